@@ -1,0 +1,214 @@
+//! Paths of a session: handshake phase, RTT estimate, in-flight accounting,
+//! and the balance rule that picks a path for each message.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::config::EndpointConfig;
+use crate::ids::{ChannelId, PathId};
+use crate::time::Time;
+
+/// RFC 6298 smoothed RTT.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RttEstimator {
+    pub(crate) srtt: Duration,
+    pub(crate) rttvar: Duration,
+    pub(crate) samples: u64,
+}
+
+impl RttEstimator {
+    pub(crate) fn new(initial: Duration) -> Self {
+        RttEstimator { srtt: initial, rttvar: initial / 2, samples: 0 }
+    }
+
+    pub(crate) fn sample(&mut self, rtt: Duration) {
+        if self.samples == 0 {
+            self.srtt = rtt;
+            self.rttvar = rtt / 2;
+        } else {
+            let diff = self.srtt.abs_diff(rtt);
+            self.rttvar = (self.rttvar * 3 + diff) / 4;
+            self.srtt = (self.srtt * 7 + rtt) / 8;
+        }
+        self.samples += 1;
+    }
+
+    /// The retransmission timeout before backoff.
+    pub(crate) fn rto(&self, cfg: &EndpointConfig) -> Duration {
+        (self.srtt + self.rttvar * 4 + cfg.max_ack_delay).clamp(cfg.min_rto, cfg.max_rto)
+    }
+}
+
+/// Where a path is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Waiting for the peer's HELLO and RESUME.
+    Handshaking,
+    /// Carrying traffic.
+    Active,
+}
+
+/// One path as a session sees it.
+#[derive(Debug)]
+pub(crate) struct PathState {
+    pub(crate) id: PathId,
+    pub(crate) phase: Phase,
+    pub(crate) created: Time,
+    /// HELLO to (re)send on this path.
+    pub(crate) hello_due: bool,
+    /// RESUME to (re)send (only once the peer's HELLO bound the path).
+    pub(crate) resume_due: bool,
+    pub(crate) peer_hello_seen: bool,
+    pub(crate) next_handshake_retry: Time,
+    /// PONGs owed to the peer (latest token only; older probes are moot).
+    pub(crate) pong_due: Option<u64>,
+    /// A PING to send now.
+    pub(crate) ping_due: bool,
+    /// The probe in flight: token and send time.
+    pub(crate) ping_outstanding: Option<(u64, Time)>,
+    pub(crate) rtt: RttEstimator,
+    pub(crate) inflight_bytes: u64,
+    /// `(channel, seq, sent_at)` in send order; may hold entries acknowledged
+    /// or moved since (checked against the cache when they reach the front).
+    pub(crate) inflight: VecDeque<(ChannelId, u64, Time)>,
+    /// Consecutive retransmission timeouts without progress.
+    pub(crate) backoff: u32,
+    /// Timed out recently; used only when no unsuspected path is available,
+    /// and probed with PINGs until it answers.
+    pub(crate) suspect: bool,
+    pub(crate) stats: PathStats,
+}
+
+/// Counters of one path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PathStats {
+    /// DATA frames written (first transmissions and re-sends).
+    pub data_sent: u64,
+    /// DATA frames that were re-sends.
+    pub resent: u64,
+    /// DATA frames received.
+    pub data_received: u64,
+    /// Retransmission timeouts that fired.
+    pub timeouts: u64,
+    /// Bytes of frames written.
+    pub bytes_sent: u64,
+}
+
+impl PathState {
+    pub(crate) fn new(id: PathId, now: Time, cfg: &EndpointConfig) -> Self {
+        PathState {
+            id,
+            phase: Phase::Handshaking,
+            created: now,
+            hello_due: true,
+            resume_due: false,
+            peer_hello_seen: false,
+            next_handshake_retry: now + cfg.handshake_retry,
+            pong_due: None,
+            ping_due: false,
+            ping_outstanding: None,
+            rtt: RttEstimator::new(cfg.initial_rtt),
+            inflight_bytes: 0,
+            inflight: VecDeque::new(),
+            backoff: 0,
+            suspect: false,
+            stats: PathStats::default(),
+        }
+    }
+
+    /// The retransmission timeout with backoff applied.
+    pub(crate) fn rto(&self, cfg: &EndpointConfig) -> Duration {
+        let base = self.rtt.rto(cfg);
+        base.saturating_mul(1u32 << self.backoff.min(16)).min(cfg.max_rto)
+    }
+
+    pub(crate) fn has_control(&self) -> bool {
+        self.hello_due
+            || self.resume_due
+            || self.pong_due.is_some()
+            || self.ping_due
+    }
+
+    /// Whether new or re-sent messages may be written to it.
+    pub(crate) fn usable(&self, cfg: &EndpointConfig) -> bool {
+        self.phase == Phase::Active && self.inflight_bytes < cfg.path_inflight_limit
+    }
+}
+
+/// The balance rule (hr-net): among usable paths prefer unsuspected ones,
+/// then the least in-flight bytes; keep the previous choice while it is
+/// within `balance_slack` of the lightest, so one channel's messages are not
+/// split across paths (and reordered) without need.
+pub(crate) fn select(paths: &[PathState], last: Option<PathId>, cfg: &EndpointConfig) -> Option<usize> {
+    let mut best: Option<usize> = None;
+    for (i, p) in paths.iter().enumerate() {
+        if !p.usable(cfg) {
+            continue;
+        }
+        best = match best {
+            None => Some(i),
+            Some(b) => {
+                let q = &paths[b];
+                let better = (p.suspect, p.inflight_bytes, p.rtt.srtt) < (q.suspect, q.inflight_bytes, q.rtt.srtt);
+                Some(if better { i } else { b })
+            }
+        };
+    }
+    let best = best?;
+    if let Some(last) = last {
+        if let Some(li) = paths.iter().position(|p| p.id == last) {
+            let l = &paths[li];
+            let b = &paths[best];
+            if l.usable(cfg) && l.suspect == b.suspect && l.inflight_bytes <= b.inflight_bytes + cfg.balance_slack {
+                return Some(li);
+            }
+        }
+    }
+    Some(best)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(id: u64, inflight: u64, suspect: bool) -> PathState {
+        let cfg = EndpointConfig::default();
+        let mut p = PathState::new(PathId(id), Time::ZERO, &cfg);
+        p.phase = Phase::Active;
+        p.inflight_bytes = inflight;
+        p.suspect = suspect;
+        p
+    }
+
+    #[test]
+    fn picks_least_loaded_with_hysteresis_and_avoids_suspects() {
+        let cfg = EndpointConfig { balance_slack: 100, ..Default::default() };
+        let paths = vec![path(1, 1000, false), path(2, 950, false), path(3, 0, true)];
+        // Lightest unsuspected is path 2; path 3 is suspect.
+        assert_eq!(select(&paths, None, &cfg), Some(1));
+        // Path 1 is within the slack of path 2: keep it.
+        assert_eq!(select(&paths, Some(PathId(1)), &cfg), Some(0));
+        let paths = vec![path(1, 1200, false), path(2, 950, false)];
+        assert_eq!(select(&paths, Some(PathId(1)), &cfg), Some(1));
+        // Only suspects left: still usable.
+        let paths = vec![path(3, 10, true)];
+        assert_eq!(select(&paths, None, &cfg), Some(0));
+        let mut full = path(4, cfg.path_inflight_limit, false);
+        assert_eq!(select(std::slice::from_ref(&full), None, &cfg), None);
+        full.phase = Phase::Handshaking;
+        full.inflight_bytes = 0;
+        assert_eq!(select(std::slice::from_ref(&full), None, &cfg), None);
+    }
+
+    #[test]
+    fn rto_backs_off_and_is_bounded() {
+        let cfg = EndpointConfig::default();
+        let mut p = path(1, 0, false);
+        p.rtt.sample(Duration::from_millis(1));
+        assert_eq!(p.rto(&cfg), cfg.min_rto);
+        p.backoff = 3;
+        assert_eq!(p.rto(&cfg), cfg.min_rto * 8);
+        p.backoff = 40;
+        assert_eq!(p.rto(&cfg), cfg.max_rto);
+    }
+}
