@@ -520,7 +520,7 @@ impl Endpoint {
         for slot in 0..self.sessions.len() {
             self.with_session(slot, |s, ctx| s.handle_timeout(now, ctx));
         }
-        let expired: Vec<PathId> = self
+        let mut expired: Vec<PathId> = self
             .paths
             .iter()
             .filter_map(|(&id, slot)| match slot {
@@ -528,6 +528,8 @@ impl Endpoint {
                 _ => None,
             })
             .collect();
+        // Map order is random; outputs must not be.
+        expired.sort_unstable();
         for path in expired {
             self.refuse_path(now, path, HandshakeError::Timeout.into());
         }
@@ -574,6 +576,12 @@ impl Endpoint {
     /// Peers with a session, in no particular order.
     pub fn peers(&self) -> impl Iterator<Item = NodeId> + '_ {
         self.by_node.keys().copied()
+    }
+
+    /// Per session: the peer, bytes in the retransmit cache, bytes buffered
+    /// on the receiving side. Cheap; for bound checks and gauges.
+    pub fn session_buffers(&self) -> impl Iterator<Item = (NodeId, u64, u64)> + '_ {
+        self.sessions.iter().flatten().map(|s| (s.node, s.send.cache_bytes, s.recv.buffered_bytes))
     }
 
     /// Paths known to the endpoint (any state).

@@ -1,0 +1,803 @@
+//! The simulator: endpoints, links, a virtual clock, and the event loop.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use surelink_proto::{
+    ChannelId, ClusterId, Endpoint, EndpointConfig, Epoch, Event, LocalIdentity, NodeId, PathId, SendError, Time,
+};
+
+use crate::checker::{make_payload, Checker, Tally};
+use crate::faults::Fault;
+
+/// Link behaviour in the absence of faults.
+#[derive(Clone, Debug)]
+pub struct LinkSpec {
+    /// One-way latency.
+    pub latency: Duration,
+    /// Extra random delay in `[0, jitter)` per transmission.
+    pub jitter: Duration,
+    /// Keep each direction first-in first-out, like a TCP stream. When false,
+    /// jitter may reorder transmissions within a connection.
+    pub fifo: bool,
+}
+
+/// The application load each node offers.
+#[derive(Clone, Debug)]
+pub struct Workload {
+    /// Each node sends one message every `interval` to a random peer.
+    pub interval: Duration,
+    /// Sending stops at this time.
+    pub until: Duration,
+    /// Channels used, `0..channels`.
+    pub channels: u16,
+    /// Payload lengths are drawn from `[8, max_len]`.
+    pub max_len: usize,
+}
+
+/// A simulation's setup.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Number of endpoints.
+    pub nodes: usize,
+    /// Paths (links) between each pair of nodes.
+    pub paths: usize,
+    /// Seeds every random choice.
+    pub seed: u64,
+    /// Configuration of every endpoint.
+    pub endpoint: EndpointConfig,
+    /// Per-link latency and jitter.
+    pub link: LinkSpec,
+    /// How long after a link goes silent both ends are told its transport
+    /// failed (models the failure detector). `None`: never; only the core's
+    /// retransmission timeout reacts.
+    pub detect_after: Option<Duration>,
+    /// Delay between connection attempts on a link without a connection.
+    pub reconnect_after: Duration,
+    /// Bytes per `poll_transmit` call.
+    pub transmit_budget: usize,
+    /// The offered load.
+    pub workload: Workload,
+}
+
+impl SimConfig {
+    /// A small, fast setup suited to property tests.
+    pub fn small(seed: u64) -> Self {
+        SimConfig {
+            nodes: 2,
+            paths: 2,
+            seed,
+            endpoint: EndpointConfig {
+                min_rto: Duration::from_millis(40),
+                max_rto: Duration::from_millis(500),
+                handshake_retry: Duration::from_millis(50),
+                handshake_timeout: Duration::from_secs(2),
+                linger: Duration::from_secs(10),
+                send_buffer: 256 << 10,
+                recv_window: 256 << 10,
+                max_message_size: 16 << 10,
+                path_inflight_limit: 128 << 10,
+                max_channels: 8,
+                ..EndpointConfig::default()
+            },
+            link: LinkSpec { latency: Duration::from_micros(200), jitter: Duration::from_micros(300), fifo: true },
+            detect_after: Some(Duration::from_millis(30)),
+            reconnect_after: Duration::from_millis(20),
+            transmit_budget: 16 << 10,
+            workload: Workload {
+                interval: Duration::from_millis(2),
+                until: Duration::from_secs(2),
+                channels: 3,
+                max_len: 600,
+            },
+        }
+    }
+}
+
+/// What a run produced.
+#[derive(Clone, Debug)]
+pub struct SimReport {
+    /// Outcome counts.
+    pub tally: Tally,
+    /// Broken promises (empty on success).
+    pub violations: Vec<String>,
+    /// Virtual time when the last pending message was delivered or reported.
+    pub drained_at: Option<Duration>,
+    /// When the last fault ended.
+    pub faults_end: Duration,
+    /// `send` calls refused with `Full` (backpressure, not loss).
+    pub refused_full: u64,
+    /// DATA frames re-sent, summed over the sessions alive at the end.
+    pub resent: u64,
+    /// Largest send cache and receive buffer seen in any session, in bytes.
+    pub peak_cache: u64,
+    /// Largest receive-side buffer seen.
+    pub peak_recv: u64,
+    /// Delivery times at each node (virtual ms), for timelines.
+    pub deliveries: Vec<(usize, f64)>,
+    /// Events processed.
+    pub steps: u64,
+}
+
+impl SimReport {
+    /// Whether every promise held.
+    pub fn ok(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+#[derive(Debug)]
+struct Node {
+    ep: Endpoint,
+    incarnation: u32,
+    paused_until: Time,
+    /// Events held while paused, replayed in order on resume.
+    inbox: VecDeque<Action>,
+    resume_scheduled: bool,
+    /// path -> (link, connection generation)
+    paths: BTreeMap<PathId, (usize, u64)>,
+    next_path: u64,
+    wake_at: Option<Time>,
+    /// Consecutive wake-ups at one instant (a timer livelock if large).
+    spins: u32,
+    last_wake: Time,
+}
+
+#[derive(Debug)]
+struct Conn {
+    gen: u64,
+    a_path: PathId,
+    b_path: PathId,
+    last_arrival: [Time; 2],
+}
+
+#[derive(Debug)]
+struct Link {
+    a: usize,
+    b: usize,
+    /// Direction up: [a->b, b->a].
+    up: [bool; 2],
+    loss: f64,
+    conn: Option<Conn>,
+    reconnect_pending: bool,
+    /// Number of outstanding down faults per direction (overlapping faults).
+    down_count: [u32; 2],
+    loss_count: u32,
+}
+
+#[derive(Clone, Debug)]
+enum Action {
+    Deliver { link: usize, gen: u64, dir: usize, bytes: Bytes },
+    AddPath { link: usize, gen: u64, path: PathId, dial: Option<NodeId> },
+    PathDown { path: PathId },
+    Wake,
+    /// The workload's next send; stale generations (from before a restart) are dropped.
+    AppTick(u32),
+}
+
+#[derive(Debug)]
+enum Job {
+    Node(usize, Action),
+    Resume(usize),
+    Fault(Fault),
+    FaultEnd(Fault),
+    Reconnect(usize),
+    Detect { link: usize, gen: u64 },
+    /// The FIN of a connection one end closed reaches the other end.
+    Retire { link: usize, gen: u64 },
+}
+
+/// The deterministic simulator.
+pub struct Sim {
+    cfg: SimConfig,
+    now: Time,
+    rng: ChaCha8Rng,
+    nodes: Vec<Node>,
+    links: Vec<Link>,
+    queue: BinaryHeap<Reverse<(Time, u64)>>,
+    jobs: BTreeMap<u64, Job>,
+    seq: u64,
+    next_gen: u64,
+    ids: BTreeMap<NodeId, usize>,
+    /// The promise checker.
+    pub checker: Checker,
+    refused_full: u64,
+    resent: u64,
+    peak_cache: u64,
+    peak_recv: u64,
+    deliveries: Vec<(usize, f64)>,
+    faults_end: Duration,
+    steps: u64,
+    buf: BytesMut,
+    /// Record delivery times (for the demo's timeline).
+    pub record_deliveries: bool,
+}
+
+fn node_id(i: usize) -> NodeId {
+    NodeId(i as u64 + 1)
+}
+
+fn ms(t: Time) -> f64 {
+    t.as_nanos() as f64 / 1e6
+}
+
+impl Sim {
+    /// Builds the nodes and links and schedules the workload and `faults`.
+    pub fn new(cfg: SimConfig, faults: &[Fault]) -> Self {
+        let mut nodes = Vec::new();
+        let mut ids = BTreeMap::new();
+        for i in 0..cfg.nodes {
+            nodes.push(Node {
+                ep: Self::endpoint(&cfg, i, 1),
+                incarnation: 1,
+                paused_until: Time::ZERO,
+                inbox: VecDeque::new(),
+                resume_scheduled: false,
+                paths: BTreeMap::new(),
+                next_path: 1,
+                wake_at: None,
+                spins: 0,
+                last_wake: Time::ZERO,
+            });
+            ids.insert(node_id(i), i);
+        }
+        let mut links = Vec::new();
+        for a in 0..cfg.nodes {
+            for b in a + 1..cfg.nodes {
+                for _ in 0..cfg.paths {
+                    links.push(Link {
+                        a,
+                        b,
+                        up: [true, true],
+                        loss: 0.0,
+                        conn: None,
+                        reconnect_pending: false,
+                        down_count: [0, 0],
+                        loss_count: 0,
+                    });
+                }
+            }
+        }
+        let mut sim = Sim {
+            rng: ChaCha8Rng::seed_from_u64(cfg.seed),
+            cfg,
+            now: Time::ZERO,
+            nodes,
+            links,
+            queue: BinaryHeap::new(),
+            jobs: BTreeMap::new(),
+            seq: 0,
+            next_gen: 1,
+            ids,
+            checker: Checker::default(),
+            refused_full: 0,
+            resent: 0,
+            peak_cache: 0,
+            peak_recv: 0,
+            deliveries: Vec::new(),
+            faults_end: Duration::ZERO,
+            steps: 0,
+            buf: BytesMut::new(),
+            record_deliveries: false,
+        };
+        for l in 0..sim.links.len() {
+            sim.schedule(Time::ZERO, Job::Reconnect(l));
+            sim.links[l].reconnect_pending = true;
+        }
+        for n in 0..sim.nodes.len() {
+            let jitter = Duration::from_micros(sim.rng.random_range(0..1000));
+            sim.schedule(Time::ZERO + jitter, Job::Node(n, Action::AppTick(1)));
+        }
+        for f in faults {
+            let f = f.clone();
+            if f.end() > sim.faults_end {
+                sim.faults_end = f.end();
+            }
+            let valid = match &f {
+                Fault::LinkDown { link, .. } | Fault::OneWay { link, .. } | Fault::Loss { link, .. } | Fault::Reset { link, .. } => {
+                    *link < sim.links.len()
+                }
+                Fault::Pause { node, .. } | Fault::Restart { node, .. } => *node < sim.nodes.len(),
+            };
+            if valid {
+                sim.schedule(Time::ZERO + f.at(), Job::Fault(f));
+            }
+        }
+        sim
+    }
+
+    fn endpoint(cfg: &SimConfig, i: usize, incarnation: u32) -> Endpoint {
+        let local = LocalIdentity { cluster: ClusterId(42), node: node_id(i), epoch: Epoch(u64::from(incarnation)) };
+        Endpoint::new(cfg.endpoint.clone(), local).expect("simulator endpoint config is valid")
+    }
+
+    /// Number of links (`nodes*(nodes-1)/2 * paths`).
+    pub fn link_count(&self) -> usize {
+        self.links.len()
+    }
+
+    /// The current virtual time.
+    pub fn now(&self) -> Time {
+        self.now
+    }
+
+    fn schedule(&mut self, at: Time, job: Job) {
+        let seq = self.seq;
+        self.seq += 1;
+        self.jobs.insert(seq, job);
+        self.queue.push(Reverse((at.max(self.now), seq)));
+    }
+
+    /// Processes the next event; returns false when nothing is left.
+    pub fn step(&mut self) -> bool {
+        let Some(Reverse((at, seq))) = self.queue.pop() else { return false };
+        let Some(job) = self.jobs.remove(&seq) else { return true };
+        self.now = at;
+        self.steps += 1;
+        match job {
+            Job::Node(n, action) => self.node_action(n, action),
+            Job::Resume(n) => self.resume(n),
+            Job::Fault(f) => self.fault(f),
+            Job::FaultEnd(f) => self.fault_end(f),
+            Job::Reconnect(l) => self.reconnect(l),
+            Job::Detect { link, gen } => self.detect(link, gen),
+            Job::Retire { link, gen } => {
+                let l = &mut self.links[link];
+                if l.conn.as_ref().is_some_and(|c| c.gen == gen) {
+                    l.conn = None;
+                }
+                self.schedule_reconnect(link);
+            }
+        }
+        true
+    }
+
+    /// Runs until virtual time `until` (or the queue empties).
+    pub fn run_until(&mut self, until: Duration) {
+        let until = Time::ZERO + until;
+        while let Some(Reverse((at, _))) = self.queue.peek() {
+            if *at > until {
+                break;
+            }
+            self.step();
+        }
+        self.now = self.now.max(until);
+    }
+
+    fn node_action(&mut self, n: usize, action: Action) {
+        let node = &mut self.nodes[n];
+        if self.now < node.paused_until || !node.inbox.is_empty() {
+            node.inbox.push_back(action);
+            if !node.resume_scheduled {
+                node.resume_scheduled = true;
+                let at = node.paused_until;
+                self.schedule(at, Job::Resume(n));
+            }
+            return;
+        }
+        self.apply(n, action);
+        self.service(n);
+    }
+
+    fn resume(&mut self, n: usize) {
+        self.nodes[n].resume_scheduled = false;
+        if self.now < self.nodes[n].paused_until {
+            self.nodes[n].resume_scheduled = true;
+            let at = self.nodes[n].paused_until;
+            self.schedule(at, Job::Resume(n));
+            return;
+        }
+        while let Some(a) = self.nodes[n].inbox.pop_front() {
+            self.apply(n, a);
+        }
+        // Timers that expired during the pause fire now.
+        self.nodes[n].wake_at = None;
+        let now = self.now;
+        self.nodes[n].ep.handle_timeout(now);
+        self.service(n);
+    }
+
+    fn apply(&mut self, n: usize, action: Action) {
+        let now = self.now;
+        match action {
+            Action::Deliver { link, gen, dir, mut bytes } => {
+                let path = match &self.links[link].conn {
+                    Some(c) if c.gen == gen => {
+                        if dir == 0 {
+                            c.b_path
+                        } else {
+                            c.a_path
+                        }
+                    }
+                    _ => return, // connection gone
+                };
+                if !self.nodes[n].paths.contains_key(&path) {
+                    return; // this end already closed it
+                }
+                let mut buf = BytesMut::from(&bytes[..]);
+                bytes.clear();
+                // On error the core queues a CLOSE and reports PathClosed, after
+                // which `service` closes the transport.
+                let _ = self.nodes[n].ep.handle_input(now, path, &mut buf);
+            }
+            Action::AddPath { link, gen, path, dial } => {
+                if !matches!(&self.links[link].conn, Some(c) if c.gen == gen) {
+                    return;
+                }
+                self.nodes[n].paths.insert(path, (link, gen));
+                if self.nodes[n].ep.add_path(now, path, dial).is_err() {
+                    self.drop_conn(link, gen);
+                }
+            }
+            Action::PathDown { path } => {
+                self.nodes[n].paths.remove(&path);
+                self.nodes[n].ep.handle_path_down(now, path);
+            }
+            Action::Wake => {
+                let node = &mut self.nodes[n];
+                if node.wake_at.is_some_and(|t| t <= now) {
+                    node.wake_at = None;
+                    if node.last_wake == now {
+                        node.spins += 1;
+                        if node.spins == 10_000 {
+                            self.checker
+                                .violations
+                                .push(format!("t={:.3}ms: node {n} timer livelock (wakes at one instant)", ms(now)));
+                        }
+                    } else {
+                        node.spins = 0;
+                        node.last_wake = now;
+                    }
+                    if node.spins < 10_000 {
+                        node.ep.handle_timeout(now);
+                    }
+                }
+            }
+            Action::AppTick(inc) => {
+                if inc != self.nodes[n].incarnation {
+                    return;
+                }
+                self.app_send(n);
+                let w = &self.cfg.workload;
+                if now.since_origin() + w.interval < w.until {
+                    let at = now + w.interval;
+                    self.schedule(at, Job::Node(n, Action::AppTick(inc)));
+                }
+            }
+        }
+    }
+
+    fn app_send(&mut self, n: usize) {
+        if self.cfg.nodes < 2 {
+            return;
+        }
+        let mut dst = self.rng.random_range(0..self.cfg.nodes - 1);
+        if dst >= n {
+            dst += 1;
+        }
+        let channel = ChannelId(self.rng.random_range(0..self.cfg.workload.channels.max(1)));
+        let len = self.rng.random_range(8..=self.cfg.workload.max_len.max(8));
+        let uid = self.checker.next_uid();
+        let payload = make_payload(uid, len);
+        let now = self.now;
+        let node = &mut self.nodes[n];
+        match node.ep.send(now, node_id(dst), channel, payload) {
+            Ok(id) => {
+                let inc = node.incarnation;
+                self.checker.sent(uid, n, inc, dst, id, len);
+            }
+            Err(SendError::Full { .. }) => self.refused_full += 1,
+            Err(e) => self.checker.violations.push(format!("node {n}: send failed: {e}")),
+        }
+    }
+
+    /// Drains a node's outputs: transmissions, events, and its timer.
+    fn service(&mut self, n: usize) {
+        let now = self.now;
+        for round in 0.. {
+            if round == 1_000_000 {
+                self.checker.violations.push(format!("t={:.3}ms: node {n} poll_transmit never returns None", ms(now)));
+                break;
+            }
+            self.buf.clear();
+            let budget = self.cfg.transmit_budget;
+            let Some(path) = self.nodes[n].ep.poll_transmit(now, &mut self.buf, budget) else { break };
+            let bytes = self.buf.split().freeze();
+            self.transmit(n, path, bytes);
+        }
+        while let Some(ev) = self.nodes[n].ep.poll_event() {
+            let inc = self.nodes[n].incarnation;
+            if std::env::var_os("SIM_TRACE").is_some() && !matches!(ev, Event::Message { .. }) {
+                eprintln!("t={:.3}ms node {n}.{inc}: {ev:?}", ms(now));
+            }
+            self.checker.event(ms(now), n, inc, &ev, &self.ids);
+            match ev {
+                Event::Message { .. } if self.record_deliveries => self.deliveries.push((n, ms(now))),
+                Event::PathClosed { path, .. } => {
+                    // The core is done with the path; close the transport.
+                    if let Some((link, gen)) = self.nodes[n].paths.remove(&path) {
+                        self.close_conn_from(n, link, gen);
+                    }
+                }
+                _ => {}
+            }
+        }
+        // Memory bounds, checked after every step.
+        for (peer, cache, recv) in self.nodes[n].ep.session_buffers() {
+            self.peak_cache = self.peak_cache.max(cache);
+            self.peak_recv = self.peak_recv.max(recv);
+            if cache > self.cfg.endpoint.send_buffer || recv > u64::from(self.cfg.endpoint.recv_window) {
+                self.checker.violations.push(format!(
+                    "t={:.3}ms: node {n} session with {peer}: cache {cache} / recv {recv} bytes over the bound",
+                    ms(now)
+                ));
+            }
+        }
+        if let Some(t) = self.nodes[n].ep.poll_timeout() {
+            let node = &mut self.nodes[n];
+            if node.wake_at.is_none_or(|w| t < w) {
+                node.wake_at = Some(t);
+                self.schedule(t, Job::Node(n, Action::Wake));
+            }
+        }
+    }
+
+    fn transmit(&mut self, n: usize, path: PathId, bytes: Bytes) {
+        let Some(&(link, gen)) = self.nodes[n].paths.get(&path) else { return };
+        let l = &self.links[link];
+        let Some(conn) = &l.conn else { return };
+        if conn.gen != gen {
+            return;
+        }
+        let dir = if n == l.a { 0 } else { 1 };
+        if !l.up[dir] || (l.loss > 0.0 && self.rng.random_bool(l.loss)) {
+            return;
+        }
+        let spec = &self.cfg.link;
+        let jitter = if spec.jitter.is_zero() {
+            Duration::ZERO
+        } else {
+            Duration::from_nanos(self.rng.random_range(0..spec.jitter.as_nanos() as u64))
+        };
+        let mut at = self.now + spec.latency + jitter;
+        let l = &mut self.links[link];
+        let to = if dir == 0 { l.b } else { l.a };
+        if let Some(conn) = &mut l.conn {
+            if spec.fifo {
+                at = at.max(conn.last_arrival[dir]);
+            }
+            // Tracked in both modes: a FIN never overtakes data.
+            conn.last_arrival[dir] = conn.last_arrival[dir].max(at);
+        }
+        self.schedule(at, Job::Node(to, Action::Deliver { link, gen, dir, bytes }));
+    }
+
+    fn reconnect(&mut self, link: usize) {
+        let l = &mut self.links[link];
+        l.reconnect_pending = false;
+        if l.conn.is_some() {
+            return;
+        }
+        if !(l.up[0] && l.up[1]) {
+            l.reconnect_pending = true;
+            let at = self.now + self.cfg.reconnect_after;
+            self.schedule(at, Job::Reconnect(link));
+            return;
+        }
+        let gen = self.next_gen;
+        self.next_gen += 1;
+        let (a, b) = (l.a, l.b);
+        let a_path = PathId(self.nodes[a].next_path);
+        self.nodes[a].next_path += 1;
+        let b_path = PathId(self.nodes[b].next_path);
+        self.nodes[b].next_path += 1;
+        self.links[link].conn = Some(Conn { gen, a_path, b_path, last_arrival: [Time::ZERO; 2] });
+        let now = self.now;
+        // The lower-numbered node dials; the other accepts.
+        self.schedule(now, Job::Node(a, Action::AddPath { link, gen, path: a_path, dial: Some(node_id(b)) }));
+        self.schedule(now, Job::Node(b, Action::AddPath { link, gen, path: b_path, dial: None }));
+    }
+
+    /// Both ends learn the connection is gone; a new one is dialled later.
+    fn drop_conn(&mut self, link: usize, gen: u64) {
+        let l = &mut self.links[link];
+        let Some(conn) = l.conn.take_if(|c| c.gen == gen) else { return };
+        let (a, b) = (l.a, l.b);
+        let now = self.now;
+        self.schedule(now, Job::Node(a, Action::PathDown { path: conn.a_path }));
+        self.schedule(now, Job::Node(b, Action::PathDown { path: conn.b_path }));
+        self.schedule_reconnect(link);
+    }
+
+    /// Node `n` closed its end; the other end notices after the bytes
+    /// already sent (the FIN follows them), and the connection retires then.
+    fn close_conn_from(&mut self, n: usize, link: usize, gen: u64) {
+        let l = &self.links[link];
+        let Some(conn) = l.conn.as_ref().filter(|c| c.gen == gen) else { return };
+        let dir = if n == l.a { 0 } else { 1 };
+        let (other, other_path) = if dir == 0 { (l.b, conn.b_path) } else { (l.a, conn.a_path) };
+        let fin_at = (self.now + self.cfg.link.latency).max(conn.last_arrival[dir]);
+        self.schedule(fin_at, Job::Node(other, Action::PathDown { path: other_path }));
+        self.schedule(fin_at, Job::Retire { link, gen });
+    }
+
+    fn schedule_reconnect(&mut self, link: usize) {
+        if !self.links[link].reconnect_pending {
+            self.links[link].reconnect_pending = true;
+            let at = self.now + self.cfg.reconnect_after;
+            self.schedule(at, Job::Reconnect(link));
+        }
+    }
+
+    fn detect(&mut self, link: usize, gen: u64) {
+        let l = &self.links[link];
+        let silent = !(l.up[0] && l.up[1]);
+        if silent && l.conn.as_ref().is_some_and(|c| c.gen == gen) {
+            self.drop_conn(link, gen);
+        }
+    }
+
+    fn fault(&mut self, f: Fault) {
+        let now = self.now;
+        match &f {
+            Fault::LinkDown { link, dur, .. } | Fault::OneWay { link, dur, .. } => {
+                let dirs: &[usize] = match &f {
+                    Fault::OneWay { a_to_b: true, .. } => &[0],
+                    Fault::OneWay { a_to_b: false, .. } => &[1],
+                    _ => &[0, 1],
+                };
+                let l = &mut self.links[*link];
+                for &d in dirs {
+                    l.down_count[d] += 1;
+                    l.up[d] = false;
+                }
+                if let (Some(after), Some(conn)) = (self.cfg.detect_after, &l.conn) {
+                    let gen = conn.gen;
+                    self.schedule(now + after, Job::Detect { link: *link, gen });
+                }
+                let end = now + *dur;
+                self.schedule(end, Job::FaultEnd(f));
+            }
+            Fault::Loss { link, percent, dur, .. } => {
+                let l = &mut self.links[*link];
+                l.loss_count += 1;
+                l.loss = f64::from(*percent) / 100.0;
+                let end = now + *dur;
+                self.schedule(end, Job::FaultEnd(f));
+            }
+            Fault::Reset { link, .. } => {
+                if let Some(gen) = self.links[*link].conn.as_ref().map(|c| c.gen) {
+                    self.drop_conn(*link, gen);
+                }
+            }
+            Fault::Pause { node, dur, .. } => {
+                let nd = &mut self.nodes[*node];
+                nd.paused_until = nd.paused_until.max(now + *dur);
+            }
+            Fault::Restart { node, .. } => self.restart(*node),
+        }
+    }
+
+    fn fault_end(&mut self, f: Fault) {
+        match f {
+            Fault::LinkDown { link, .. } | Fault::OneWay { link, .. } => {
+                let dirs: &[usize] = match &f {
+                    Fault::OneWay { a_to_b: true, .. } => &[0],
+                    Fault::OneWay { a_to_b: false, .. } => &[1],
+                    _ => &[0, 1],
+                };
+                let l = &mut self.links[link];
+                for &d in dirs {
+                    l.down_count[d] -= 1;
+                    l.up[d] = l.down_count[d] == 0;
+                }
+            }
+            Fault::Loss { link, .. } => {
+                let l = &mut self.links[link];
+                l.loss_count -= 1;
+                if l.loss_count == 0 {
+                    l.loss = 0.0;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn restart(&mut self, n: usize) {
+        let inc = self.nodes[n].incarnation;
+        self.checker.sender_died(n, inc);
+        let node = &mut self.nodes[n];
+        node.incarnation += 1;
+        node.ep = Self::endpoint(&self.cfg, n, node.incarnation);
+        node.inbox.clear();
+        node.paths.clear();
+        node.wake_at = None;
+        node.paused_until = Time::ZERO;
+        // The kernel resets every connection of the dead process; peers see
+        // the reset after one latency.
+        let at = self.now + self.cfg.link.latency;
+        for link in 0..self.links.len() {
+            let l = &mut self.links[link];
+            if l.a != n && l.b != n {
+                continue;
+            }
+            if let Some(conn) = l.conn.take() {
+                let (other, path) = if l.a == n { (l.b, conn.b_path) } else { (l.a, conn.a_path) };
+                self.schedule(at, Job::Node(other, Action::PathDown { path }));
+                self.schedule_reconnect(link);
+            }
+        }
+        let now = self.now;
+        if now.since_origin() < self.cfg.workload.until {
+            let inc = self.nodes[n].incarnation;
+            self.schedule(now, Job::Node(n, Action::AppTick(inc)));
+        }
+    }
+
+    /// Runs the workload and faults, then keeps going until every message is
+    /// delivered or reported, or `drain_limit` after the later of the last
+    /// fault and the end of the workload. Returns the report.
+    pub fn run(mut self, drain_limit: Duration) -> SimReport {
+        let quiet = self.faults_end.max(self.cfg.workload.until);
+        self.run_until(quiet);
+        let deadline = quiet + drain_limit;
+        let mut drained_at = None;
+        while self.now.since_origin() <= deadline {
+            if self.checker.pending() == 0 {
+                drained_at = Some(self.now.since_origin());
+                break;
+            }
+            // Advance in small slices so the pending check is timely.
+            let next = self.now.since_origin() + Duration::from_millis(5);
+            self.run_until(next);
+            if self.queue.is_empty() {
+                break;
+            }
+        }
+        self.finish(drained_at, quiet, drain_limit)
+    }
+
+    fn finish(mut self, drained_at: Option<Duration>, quiet: Duration, drain_limit: Duration) -> SimReport {
+        if drained_at.is_none() {
+            let pending = self.checker.pending();
+            let sample = self.checker.describe_pending(5).join("; ");
+            self.checker.violations.push(format!(
+                "{pending} messages neither delivered nor reported {:?} after the faults and load stopped at {:?} (e.g. {sample})",
+                drain_limit, quiet
+            ));
+        }
+        for n in 0..self.nodes.len() {
+            let peers: Vec<NodeId> = {
+                let mut v: Vec<NodeId> = self.nodes[n].ep.peers().collect();
+                v.sort();
+                v
+            };
+            for p in peers {
+                if let Some(s) = self.nodes[n].ep.session_stats(p) {
+                    self.resent += s.resent;
+                }
+            }
+        }
+        SimReport {
+            tally: self.checker.tally(),
+            violations: std::mem::take(&mut self.checker.violations),
+            drained_at,
+            faults_end: self.faults_end,
+            refused_full: self.refused_full,
+            resent: self.resent,
+            peak_cache: self.peak_cache,
+            peak_recv: self.peak_recv,
+            deliveries: std::mem::take(&mut self.deliveries),
+            steps: self.steps,
+        }
+    }
+
+    /// Access to a node's endpoint (for tests).
+    pub fn endpoint_of(&self, n: usize) -> &Endpoint {
+        &self.nodes[n].ep
+    }
+}

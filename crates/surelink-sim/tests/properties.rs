@@ -1,0 +1,138 @@
+//! Property test: random fault schedules against the promises.
+//!
+//! Each case draws a seed and a few knobs (nodes, paths, whether the failure
+//! detector is modelled, whether a connection keeps FIFO order, whether
+//! processes restart); the seed fixes the fault schedule, the latencies and
+//! the workload. Every run must hold every promise (see `surelink_sim`
+//! checker): no loss, no duplicate, order per channel, buffers within their
+//! bounds, and everything delivered or reported within the drain bound once
+//! faults and load stop. A failing case prints a replay command.
+//!
+//! `PROPTEST_CASES` sets the number of cases (default 500).
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use surelink_sim::{random_schedule, ScheduleSpec, Sim, SimConfig, SimReport};
+
+#[derive(Clone, Debug)]
+struct Case {
+    seed: u64,
+    nodes: usize,
+    paths: usize,
+    detect: bool,
+    fifo: bool,
+    restarts: bool,
+    faults: usize,
+}
+
+impl Case {
+    fn encode(&self) -> String {
+        format!(
+            "seed={},nodes={},paths={},detect={},fifo={},restarts={},faults={}",
+            self.seed, self.nodes, self.paths, self.detect, self.fifo, self.restarts, self.faults
+        )
+    }
+
+    fn decode(s: &str) -> Option<Case> {
+        let mut c = Case { seed: 0, nodes: 2, paths: 2, detect: true, fifo: true, restarts: false, faults: 6 };
+        for kv in s.split(',') {
+            let (k, v) = kv.split_once('=')?;
+            match k.trim() {
+                "seed" => c.seed = v.parse().ok()?,
+                "nodes" => c.nodes = v.parse().ok()?,
+                "paths" => c.paths = v.parse().ok()?,
+                "detect" => c.detect = v.parse().ok()?,
+                "fifo" => c.fifo = v.parse().ok()?,
+                "restarts" => c.restarts = v.parse().ok()?,
+                "faults" => c.faults = v.parse().ok()?,
+                _ => return None,
+            }
+        }
+        Some(c)
+    }
+}
+
+/// Bound on the time from "faults and load stopped" to "everything delivered
+/// or reported": reconnect + handshake + two backed-off retransmission
+/// timeouts, with room for the jitter of a few round trips.
+fn drain_bound(cfg: &SimConfig) -> Duration {
+    cfg.reconnect_after + cfg.endpoint.handshake_retry + cfg.endpoint.max_rto * 2 + cfg.detect_after.unwrap_or_default()
+        + Duration::from_millis(100)
+}
+
+fn run_case(c: &Case) -> (SimReport, SimConfig) {
+    let mut cfg = SimConfig::small(c.seed);
+    cfg.nodes = c.nodes;
+    cfg.paths = c.paths;
+    cfg.link.fifo = c.fifo;
+    if !c.detect {
+        cfg.detect_after = None;
+    }
+    cfg.workload.until = Duration::from_millis(1500);
+    let links = c.nodes * (c.nodes - 1) / 2 * c.paths;
+    let spec = ScheduleSpec {
+        window: Duration::from_millis(1500),
+        count: c.faults,
+        max_duration: Duration::from_millis(800),
+        restarts: c.restarts,
+        pauses: true,
+    };
+    let faults = random_schedule(c.seed, links, c.nodes, &spec);
+    let report = Sim::new(cfg.clone(), &faults).run(drain_bound(&cfg));
+    (report, cfg)
+}
+
+fn check(c: &Case) -> Result<SimReport, String> {
+    let (r, _) = run_case(c);
+    let replay = format!(
+        "replay: SURELINK_SIM_REPLAY='{}' cargo test -p surelink-sim --test properties replay -- --nocapture",
+        c.encode()
+    );
+    if !r.ok() {
+        return Err(format!("{:#?}\n{replay}", r.violations));
+    }
+    if !c.restarts && (r.tally.delivered != r.tally.sent || r.tally.abandoned != 0) {
+        // Without restarts no outage outlasts the linger time, so nothing may
+        // be abandoned.
+        return Err(format!("{:?}\n{replay}", r.tally));
+    }
+    Ok(r)
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(500)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn promises_hold_under_random_faults(
+        seed in any::<u64>(),
+        nodes in 2usize..=3,
+        paths in 1usize..=3,
+        detect in any::<bool>(),
+        fifo in prop::bool::weighted(0.8),
+        restarts in prop::bool::weighted(0.3),
+        faults in 0usize..=8,
+    ) {
+        let c = Case { seed, nodes, paths, detect, fifo, restarts, faults };
+        if let Err(e) = check(&c) {
+            prop_assert!(false, "{}", e);
+        }
+    }
+}
+
+/// Re-runs one case with a trace of the simulator's events.
+#[test]
+fn replay() {
+    let Ok(spec) = std::env::var("SURELINK_SIM_REPLAY") else { return };
+    let c = Case::decode(&spec).expect("SURELINK_SIM_REPLAY: seed=..,nodes=..,paths=..,detect=..,fifo=..,restarts=..,faults=..");
+    let (r, cfg) = run_case(&c);
+    eprintln!("{c:?}\ndrain bound {:?}\n{:?}\ndrained_at={:?} faults_end={:?}", drain_bound(&cfg), r.tally, r.drained_at, r.faults_end);
+    for v in &r.violations {
+        eprintln!("VIOLATION {v}");
+    }
+    assert!(check(&c).is_ok());
+}
