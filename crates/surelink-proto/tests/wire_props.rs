@@ -455,7 +455,7 @@ fn drain(buf: &mut BytesMut, max: u32) -> Result<(Vec<Frame>, Option<DecodeError
 // ---------------------------------------------------------------------------
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(ProptestConfig::with_cases(1024))]
 
     /// Every implemented kind decodes to what was encoded, consuming exactly
     /// its bytes, and re-encodes to the same bytes.
@@ -678,7 +678,7 @@ fn apply(v: &mut Vec<u8>, m: &Mutation) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(1024))]
+    #![proptest_config(ProptestConfig::with_cases(4096))]
 
     /// Arbitrary bytes decode to frames or an error, never a panic.
     #[test]
@@ -871,7 +871,7 @@ fn invalid_utf8() -> impl Strategy<Value = Vec<u8>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(512))]
 
     #[test]
     fn wrong_version(
@@ -988,7 +988,8 @@ proptest! {
             // More than MAX_ACK_RANGES ranges, all of them valid.
             _ => {
                 let n = u16::try_from(MAX_ACK_RANGES + 1).unwrap();
-                let ranges: Vec<(u64, u64)> = (0..u64::from(n)).map(|i| (2 * i, 2 * i + 1)).collect();
+                let ranges: Vec<(u64, u64)> =
+                    (0..u64::from(n)).map(|i| (2 * i, 2 * i + 1)).collect();
                 raw_ack_body(0, 1, &[(0, 0, n, ranges)])
             }
         };
@@ -1073,7 +1074,7 @@ proptest! {
 // ---------------------------------------------------------------------------
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(512))]
 
     #[test]
     fn decode_frame_exact(s in spec()) {

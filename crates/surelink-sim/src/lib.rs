@@ -14,11 +14,15 @@
 //! node, or neither delivered nor reported abandoned once faults stop; and
 //! any session buffer over its configured bound.
 //!
+//! [`pair::Pair`] is the hand-driven counterpart for targeted tests: two
+//! endpoints whose bytes cross only when the test says so.
+//!
 //! What it does not model: congestion, bandwidth, kernel buffers, or byte-level
 //! stream splitting (each transmission arrives whole or not at all).
 
 mod checker;
 mod faults;
+pub mod pair;
 mod sim;
 
 pub use checker::{make_payload, Checker, Outcome, Tally};

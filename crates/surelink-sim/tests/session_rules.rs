@@ -1,0 +1,267 @@
+//! Targeted checks of the session rules on a hand-driven pair: SQR re-send
+//! order, the resume handshake, restarts, backpressure, and refusal of bad
+//! input without harm to other paths.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use surelink_proto::wire::{Frame, DATA_FLAG_RETRANSMIT};
+use surelink_proto::*;
+use surelink_sim::pair::{identity, Pair, Side};
+
+fn cfg() -> EndpointConfig {
+    EndpointConfig::default()
+}
+
+fn data_frames(frames: &[Frame]) -> Vec<(u64, u16)> {
+    frames
+        .iter()
+        .filter_map(|f| match f {
+            Frame::Data(d) => Some((d.seq, d.flags)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn failed_path_in_flight_is_resent_first_on_the_survivor() {
+    let mut p = Pair::new(cfg());
+    p.connect(1);
+    p.connect(2);
+    p.settle();
+    for _ in 0..5 {
+        p.send_ab(0, b"before");
+    }
+    p.flush();
+    // All five went to one path (balance keeps the last path while light).
+    let (busy, idle) = if data_frames(&p.peek_frames(1, Side::A)).len() == 5 { (1, 2) } else { (2, 1) };
+    assert_eq!(data_frames(&p.peek_frames(busy, Side::A)).len(), 5);
+    // The busy path dies with its bytes; then the app sends more.
+    p.drop_queued(busy, Side::A);
+    let now = p.now;
+    p.a.handle_path_down(now, PathId(busy));
+    p.send_ab(0, b"after");
+    p.flush();
+    let frames = data_frames(&p.peek_frames(idle, Side::A));
+    // Re-sends of 0..5 first, flagged, then the new message 5.
+    assert_eq!(frames.len(), 6, "{frames:?}");
+    for (i, (seq, flags)) in frames.iter().enumerate().take(5) {
+        assert_eq!(*seq, i as u64);
+        assert_ne!(flags & DATA_FLAG_RETRANSMIT, 0);
+    }
+    assert_eq!(frames[5], (5, 0));
+    p.settle();
+    assert_eq!(p.received_b().len(), 6);
+    let closed = p.events_a.iter().any(|e| matches!(e, Event::PathClosed { resent: 5, .. }));
+    assert!(closed, "{:?}", p.events_a);
+}
+
+#[test]
+fn resume_resends_exactly_what_is_missing() {
+    let mut p = Pair::new(cfg());
+    p.connect(1);
+    p.settle();
+    for _ in 0..10 {
+        p.send_ab(3, b"m");
+    }
+    p.flush();
+    // B gets the data, but its acknowledgements are lost with the connection.
+    p.deliver(1, Side::A);
+    p.flush();
+    p.drop_queued(1, Side::B);
+    assert_eq!(p.received_b().len(), 10);
+    let now = p.now;
+    p.a.handle_path_down(now, PathId(1));
+    p.b.handle_path_down(now, PathId(1));
+    // Three more while no path exists.
+    for _ in 0..3 {
+        p.send_ab(3, b"n");
+    }
+    // Reconnect: the RESUME tells A that B has 0..10, so only 10..13 go out.
+    p.connect(2);
+    p.settle();
+    let received = p.received_b();
+    assert_eq!(received.len(), 13);
+    p.advance(Duration::from_millis(2)); // let B's delayed ack go out
+    p.settle();
+    let stats = p.a.session_stats(NodeId(2)).unwrap();
+    assert_eq!(stats.resent, 0, "nothing B had was sent again");
+    assert_eq!(stats.cache_messages, 0);
+    assert_eq!(p.b.session_stats(NodeId(1)).unwrap().duplicates_received, 0);
+}
+
+#[test]
+fn restarted_peer_fails_outstanding_and_gets_nothing_replayed() {
+    let mut p = Pair::new(cfg());
+    p.connect(1);
+    p.settle();
+    let first = p.send_ab(0, b"delivered");
+    p.settle();
+    p.advance(Duration::from_millis(2)); // its acknowledgement reaches A
+    p.settle();
+    // Two messages leave A, but B dies before reading them.
+    p.send_ab(0, b"lost-1");
+    p.send_ab(1, b"lost-2");
+    p.flush();
+    p.restart_b(cfg());
+    let now = p.now;
+    p.a.handle_path_down(now, PathId(1));
+    p.connect(2);
+    p.settle();
+    let ended = p.events_a.iter().find_map(|e| match e {
+        Event::SessionEnded { reason, abandoned, session, .. } => Some((reason.clone(), abandoned.clone(), *session)),
+        _ => None,
+    });
+    let (reason, abandoned, session) = ended.expect("A reports the old session ended");
+    assert_eq!(session, first.session);
+    // A dialled the new process, which refused A's HELLO for naming the old
+    // epoch: A learns of the restart but not (yet) the new epoch.
+    assert_eq!(reason, SessionEndReason::PeerRestarted { old: Epoch(1), new: None });
+    assert_eq!(
+        abandoned,
+        vec![
+            Abandoned { channel: ChannelId(0), start: 1, end: 2 },
+            Abandoned { channel: ChannelId(1), start: 0, end: 1 }
+        ]
+    );
+    assert!(p.received_b().is_empty(), "nothing replayed into the new process");
+    // The new session works and starts numbering afresh.
+    let id = p.send_ab(0, b"fresh");
+    assert_ne!(id.session, first.session);
+    assert_eq!(id.seq, 0);
+    p.settle();
+    assert_eq!(p.received_b(), vec![Bytes::from_static(b"fresh")]);
+}
+
+#[test]
+fn full_send_buffer_hands_the_message_back() {
+    let mut c = cfg();
+    c.max_message_size = 1000;
+    c.send_buffer = 4 * (1000 + MESSAGE_OVERHEAD);
+    let mut p = Pair::new(c);
+    let big = Bytes::from(vec![7u8; 1000]);
+    for _ in 0..4 {
+        p.a.send(p.now, NodeId(2), ChannelId(0), big.clone()).unwrap();
+    }
+    let err = p.a.send(p.now, NodeId(2), ChannelId(0), big.clone()).unwrap_err();
+    assert!(matches!(&err, SendError::Full { buffered, limit, .. } if buffered == limit));
+    assert_eq!(err.into_message(), Some(big.clone()));
+    // Once the peer has them (and acknowledges, after at most max_ack_delay),
+    // there is room again.
+    p.connect(1);
+    p.settle();
+    p.advance(Duration::from_millis(2));
+    p.settle();
+    assert!(p.a.send(p.now, NodeId(2), ChannelId(0), big).is_ok());
+}
+
+#[test]
+fn send_errors_are_typed() {
+    let mut p = Pair::new(cfg());
+    let now = p.now;
+    assert!(matches!(
+        p.a.send(now, NodeId(2), ChannelId(999), Bytes::new()),
+        Err(SendError::ChannelOutOfRange { channel: 999, .. })
+    ));
+    assert!(matches!(p.a.send(now, NodeId(1), ChannelId(0), Bytes::new()), Err(SendError::SelfSend(_))));
+    let huge = Bytes::from(vec![0u8; (1 << 20) + 1]);
+    assert!(matches!(p.a.send(now, NodeId(2), ChannelId(0), huge), Err(SendError::TooLarge { .. })));
+    assert!(matches!(p.a.add_path(now, PathId(5), Some(NodeId(1))), Err(AddPathError::SelfDial(_))));
+    p.a.add_path(now, PathId(5), Some(NodeId(2))).unwrap();
+    assert_eq!(p.a.add_path(now, PathId(5), Some(NodeId(2))), Err(AddPathError::Duplicate(PathId(5))));
+}
+
+#[test]
+fn garbage_closes_only_its_path() {
+    let mut p = Pair::new(cfg());
+    p.connect(1);
+    p.connect(2);
+    p.settle();
+    p.send_ab(0, b"x");
+    p.settle();
+    // A raw socket sends junk on a third, accepted connection of B.
+    let now = p.now;
+    p.b.add_path(now, PathId(9), None).unwrap();
+    let mut junk = BytesMut::from(&b"GET / HTTP/1.1\r\n\r\n"[..]);
+    let err = p.b.handle_input(now, PathId(9), &mut junk).unwrap_err();
+    assert!(matches!(err, PathError::Decode(wire::DecodeError::Version(b'G'))), "{err:?}");
+    // B answers with a CLOSE and reports the path closed, with the error.
+    let mut out = BytesMut::new();
+    assert_eq!(p.b.poll_transmit(now, &mut out, 1 << 16), Some(PathId(9)));
+    let close = wire::decode(&mut out, 1 << 20).unwrap().unwrap();
+    assert!(matches!(close, Frame::Close(wire::Close { code: wire::CloseCode::MALFORMED, .. })));
+    p.drain_events();
+    assert!(p.events_b.iter().any(|e| matches!(e,
+        Event::PathClosed { path: PathId(9), reason: PathCloseReason::Error(PathError::Decode(_)), .. })));
+    // The session with A is untouched.
+    p.send_ab(0, b"y");
+    p.settle();
+    assert_eq!(p.received_b().len(), 2);
+    assert_eq!(p.a.session_stats(NodeId(2)).unwrap().paths.len(), 2);
+}
+
+#[test]
+fn oversized_frame_is_refused_from_its_header() {
+    let mut p = Pair::new(cfg());
+    let now = p.now;
+    p.b.add_path(now, PathId(1), None).unwrap();
+    // Header only: version 1, DATA, flags 0, body length 2^31.
+    let mut hdr = BytesMut::from(&[1u8, 3, 0, 0, 0x80, 0, 0, 0][..]);
+    let err = p.b.handle_input(now, PathId(1), &mut hdr).unwrap_err();
+    assert!(matches!(err, PathError::Decode(wire::DecodeError::TooLarge { len: 0x8000_0000, .. })));
+}
+
+#[test]
+fn wrong_cluster_is_refused() {
+    let mut p = Pair::new(cfg());
+    p.b = Endpoint::new(cfg(), LocalIdentity { cluster: ClusterId(99), ..identity(2, 1) }).unwrap();
+    p.connect(1);
+    p.settle();
+    assert!(p.events_b.iter().any(|e| matches!(e,
+        Event::PathClosed { reason: PathCloseReason::Error(PathError::Handshake(HandshakeError::WrongCluster { .. })), .. })));
+    assert!(p.events_a.iter().any(|e| matches!(e,
+        Event::PathClosed { reason: PathCloseReason::ClosedByPeer { code: wire::CloseCode::WRONG_CLUSTER, .. }, .. })));
+}
+
+#[test]
+fn stalled_path_times_out_and_its_messages_move() {
+    let mut c = cfg();
+    c.min_rto = Duration::from_millis(50);
+    let mut p = Pair::new(c);
+    p.connect(1);
+    p.connect(2);
+    p.settle();
+    for _ in 0..3 {
+        p.send_ab(0, b"s");
+    }
+    p.flush();
+    let busy = if data_frames(&p.peek_frames(1, Side::A)).len() == 3 { 1 } else { 2 };
+    // The busy path silently eats everything (not dead as far as anyone knows).
+    p.drop_queued(busy, Side::A);
+    p.advance(Duration::from_millis(300));
+    p.settle();
+    assert_eq!(p.received_b().len(), 3);
+    let s = p.a.session_stats(NodeId(2)).unwrap();
+    assert!(s.timeouts >= 1 && s.resent >= 3, "{s:?}");
+}
+
+#[test]
+fn duplicate_deliveries_are_suppressed() {
+    let mut p = Pair::new(cfg());
+    p.connect(1);
+    p.settle();
+    p.send_ab(0, b"once");
+    p.flush();
+    let frames = p.peek_frames(1, Side::A);
+    p.deliver(1, Side::A);
+    // Replay the same DATA frame (a re-send after a lost ack).
+    let mut again = BytesMut::new();
+    for f in frames {
+        f.encode(&mut again);
+    }
+    let now = p.now;
+    p.b.handle_input(now, PathId(1), &mut again).unwrap();
+    p.drain_events();
+    assert_eq!(p.received_b().len(), 1);
+    assert_eq!(p.b.session_stats(NodeId(1)).unwrap().duplicates_received, 1);
+}
