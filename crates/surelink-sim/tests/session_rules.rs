@@ -129,6 +129,8 @@ fn restarted_peer_fails_outstanding_and_gets_nothing_replayed() {
     let id = p.send_ab(0, b"fresh");
     assert_ne!(id.session, first.session);
     assert_eq!(id.seq, 0);
+    // The refused path closed; the shell dials again.
+    p.connect(3);
     p.settle();
     assert_eq!(p.received_b(), vec![Bytes::from_static(b"fresh")]);
 }
