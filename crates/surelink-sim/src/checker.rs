@@ -29,6 +29,7 @@ struct Record {
     dst: usize,
     id: MessageId,
     len: usize,
+    sent_ms: f64,
     outcome: Outcome,
 }
 
@@ -65,6 +66,10 @@ pub struct Checker {
     pub delivered: u64,
     /// Duplicate deliveries seen (each also a violation).
     pub duplicates: u64,
+    /// Deliveries out of order within their channel (each also a violation).
+    pub out_of_order: u64,
+    /// `(sent at, latency)` in virtual ms of every delivery, when recording.
+    pub latencies: Option<Vec<(f64, f64)>>,
 }
 
 impl Checker {
@@ -74,9 +79,9 @@ impl Checker {
     }
 
     /// Records an accepted message (`uid` from [`Checker::next_uid`]).
-    pub fn sent(&mut self, uid: u64, src: usize, src_incarnation: u32, dst: usize, id: MessageId, len: usize) {
+    pub fn sent(&mut self, now_ms: f64, uid: u64, src: usize, src_incarnation: u32, dst: usize, id: MessageId, len: usize) {
         debug_assert_eq!(uid, self.records.len() as u64);
-        self.records.push(Record { src, src_incarnation, dst, id, len, outcome: Outcome::Pending });
+        self.records.push(Record { src, src_incarnation, dst, id, len, sent_ms: now_ms, outcome: Outcome::Pending });
         self.by_id.insert((src, src_incarnation, id.session, id.channel, id.seq), uid);
     }
 
@@ -115,12 +120,16 @@ impl Checker {
                 let next = self.order.entry((node, inc, *session, *channel)).or_insert(0);
                 if *seq != *next {
                     let expected = *next;
+                    self.out_of_order += 1;
                     self.violation(
                         now_ms,
                         format!("node {node} session {session} channel {channel}: got seq {seq}, expected {expected}"),
                     );
                 }
                 *self.order.entry((node, inc, *session, *channel)).or_insert(0) = seq + 1;
+                if let Some(l) = &mut self.latencies {
+                    l.push((rec.sent_ms, now_ms - rec.sent_ms));
+                }
                 let r = &mut self.records[uid as usize];
                 match r.outcome {
                     Outcome::Pending | Outcome::SenderDied => r.outcome = Outcome::Delivered,
@@ -181,6 +190,7 @@ impl Checker {
             }
         }
         t.duplicates = self.duplicates;
+        t.out_of_order = self.out_of_order;
         t
     }
 
@@ -213,4 +223,6 @@ pub struct Tally {
     pub pending: u64,
     /// Delivered more than once.
     pub duplicates: u64,
+    /// Delivered out of order within their channel.
+    pub out_of_order: u64,
 }

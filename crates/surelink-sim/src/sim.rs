@@ -117,8 +117,8 @@ pub struct SimReport {
     pub peak_cache: u64,
     /// Largest receive-side buffer seen.
     pub peak_recv: u64,
-    /// Delivery times at each node (virtual ms), for timelines.
-    pub deliveries: Vec<(usize, f64)>,
+    /// `(sent at, latency)` in virtual ms per delivery, when recording.
+    pub latencies: Vec<(f64, f64)>,
     /// Events processed.
     pub steps: u64,
 }
@@ -209,12 +209,9 @@ pub struct Sim {
     resent: u64,
     peak_cache: u64,
     peak_recv: u64,
-    deliveries: Vec<(usize, f64)>,
     faults_end: Duration,
     steps: u64,
     buf: BytesMut,
-    /// Record delivery times (for the demo's timeline).
-    pub record_deliveries: bool,
 }
 
 fn node_id(i: usize) -> NodeId {
@@ -278,11 +275,9 @@ impl Sim {
             resent: 0,
             peak_cache: 0,
             peak_recv: 0,
-            deliveries: Vec::new(),
             faults_end: Duration::ZERO,
             steps: 0,
             buf: BytesMut::new(),
-            record_deliveries: false,
         };
         for l in 0..sim.links.len() {
             sim.schedule(Time::ZERO, Job::Reconnect(l));
@@ -488,7 +483,7 @@ impl Sim {
         match node.ep.send(now, node_id(dst), channel, payload) {
             Ok(id) => {
                 let inc = node.incarnation;
-                self.checker.sent(uid, n, inc, dst, id, len);
+                self.checker.sent(ms(now), uid, n, inc, dst, id, len);
             }
             Err(SendError::Full { .. }) => self.refused_full += 1,
             Err(e) => self.checker.violations.push(format!("node {n}: send failed: {e}")),
@@ -516,7 +511,6 @@ impl Sim {
             }
             self.checker.event(ms(now), n, inc, &ev, &self.ids);
             match ev {
-                Event::Message { .. } if self.record_deliveries => self.deliveries.push((n, ms(now))),
                 Event::PathClosed { path, .. } => {
                     // The core is done with the path; close the transport.
                     if let Some((link, gen)) = self.nodes[n].paths.remove(&path) {
@@ -791,9 +785,14 @@ impl Sim {
             resent: self.resent,
             peak_cache: self.peak_cache,
             peak_recv: self.peak_recv,
-            deliveries: std::mem::take(&mut self.deliveries),
+            latencies: self.checker.latencies.take().unwrap_or_default(),
             steps: self.steps,
         }
+    }
+
+    /// Records the latency of every delivery in the report.
+    pub fn record_latencies(&mut self) {
+        self.checker.latencies = Some(Vec::new());
     }
 
     /// Access to a node's endpoint (for tests).
