@@ -8,7 +8,11 @@ mod demo;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "surelink", version, about = "Message passing for cluster services that keeps working through failures")]
+#[command(
+    name = "surelink",
+    version,
+    about = "Message passing for cluster services that keeps working through failures"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

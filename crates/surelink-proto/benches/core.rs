@@ -16,12 +16,15 @@
 //!
 //! Run: `cargo bench -p surelink-proto --bench core`
 
+#![allow(clippy::unwrap_used, clippy::cast_possible_truncation)]
+
 use std::hint::black_box;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use surelink_proto::{
-    ChannelId, ClusterId, Endpoint, EndpointConfig, Epoch, Event, LocalIdentity, NodeId, PathId, Time,
+    ChannelId, ClusterId, Endpoint, EndpointConfig, Epoch, Event, LocalIdentity, NodeId, PathId,
+    Time,
 };
 
 const BATCH: usize = 256;
@@ -37,7 +40,11 @@ struct Pair {
 impl Pair {
     fn new(paths: u64) -> Pair {
         let cfg = EndpointConfig::default();
-        let id = |n| LocalIdentity { cluster: ClusterId(1), node: NodeId(n), epoch: Epoch(1) };
+        let id = |n| LocalIdentity {
+            cluster: ClusterId(1),
+            node: NodeId(n),
+            epoch: Epoch(1),
+        };
         let mut p = Pair {
             a: Endpoint::new(cfg.clone(), id(1)).unwrap(),
             b: Endpoint::new(cfg, id(2)).unwrap(),
@@ -81,7 +88,9 @@ impl Pair {
     fn batch(&mut self, payload: &Bytes) {
         for i in 0..BATCH {
             let ch = ChannelId((i % 4) as u16);
-            self.a.send(self.now, NodeId(2), ch, payload.clone()).unwrap();
+            self.a
+                .send(self.now, NodeId(2), ch, payload.clone())
+                .unwrap();
         }
         self.pump();
     }
@@ -110,20 +119,32 @@ fn bench(c: &mut Criterion) {
     for size in [64usize, 4096] {
         let payload = Bytes::from(vec![0xAB; size]);
         g.throughput(Throughput::Elements(BATCH as u64));
-        g.bench_with_input(BenchmarkId::new("session_one_path", size), &payload, |bch, payload| {
-            let mut pair = Pair::new(1);
-            bch.iter(|| pair.batch(payload));
-            assert!(pair.delivered > 0);
-        });
-        g.bench_with_input(BenchmarkId::new("session_two_paths", size), &payload, |bch, payload| {
-            let mut pair = Pair::new(2);
-            bch.iter(|| pair.batch(payload));
-            assert!(pair.delivered > 0);
-        });
-        g.bench_with_input(BenchmarkId::new("length_prefix_only", size), &payload, |bch, payload| {
-            let mut out = BytesMut::with_capacity(1 << 20);
-            bch.iter(|| framing_batch(&mut out, payload));
-        });
+        g.bench_with_input(
+            BenchmarkId::new("session_one_path", size),
+            &payload,
+            |bch, payload| {
+                let mut pair = Pair::new(1);
+                bch.iter(|| pair.batch(payload));
+                assert!(pair.delivered > 0);
+            },
+        );
+        g.bench_with_input(
+            BenchmarkId::new("session_two_paths", size),
+            &payload,
+            |bch, payload| {
+                let mut pair = Pair::new(2);
+                bch.iter(|| pair.batch(payload));
+                assert!(pair.delivered > 0);
+            },
+        );
+        g.bench_with_input(
+            BenchmarkId::new("length_prefix_only", size),
+            &payload,
+            |bch, payload| {
+                let mut out = BytesMut::with_capacity(1 << 20);
+                bch.iter(|| framing_batch(&mut out, payload));
+            },
+        );
     }
     g.finish();
 }

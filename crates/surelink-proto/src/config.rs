@@ -123,7 +123,12 @@ impl EndpointConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let range = |field, value: u64, min: u64, max: u64| {
             if value < min || value > max {
-                Err(ConfigError::OutOfRange { field, value, min, max })
+                Err(ConfigError::OutOfRange {
+                    field,
+                    value,
+                    min,
+                    max,
+                })
             } else {
                 Ok(())
             }
@@ -135,7 +140,12 @@ impl EndpointConfig {
                 Ok(())
             }
         };
-        range("max_message_size", u64::from(self.max_message_size), 1, 1 << 30)?;
+        range(
+            "max_message_size",
+            u64::from(self.max_message_size),
+            1,
+            1 << 30,
+        )?;
         range("max_channels", u64::from(self.max_channels), 1, 1 << 16)?;
         range("max_sessions", u64::from(self.max_sessions), 1, 1 << 24)?;
         range("ack_frequency", u64::from(self.ack_frequency), 1, 1 << 20)?;
@@ -146,7 +156,9 @@ impl EndpointConfig {
         nonzero("handshake_timeout", self.handshake_timeout)?;
         nonzero("linger", self.linger)?;
         if self.path_inflight_limit == 0 {
-            return Err(ConfigError::Zero { field: "path_inflight_limit" });
+            return Err(ConfigError::Zero {
+                field: "path_inflight_limit",
+            });
         }
         let largest = message_cost(self.max_message_size as usize);
         for (field, value) in [
@@ -196,18 +208,45 @@ mod tests {
 
     #[test]
     fn bad_values_are_named() {
-        let c = EndpointConfig { max_channels: 0, ..Default::default() };
-        assert!(matches!(c.validate(), Err(ConfigError::OutOfRange { field: "max_channels", .. })));
-        let c = EndpointConfig { send_buffer: 10, ..Default::default() };
-        assert!(matches!(c.validate(), Err(ConfigError::Inconsistent { field: "send_buffer", .. })));
-        let c = EndpointConfig { linger: Duration::ZERO, ..Default::default() };
+        let c = EndpointConfig {
+            max_channels: 0,
+            ..Default::default()
+        };
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::OutOfRange {
+                field: "max_channels",
+                ..
+            })
+        ));
+        let c = EndpointConfig {
+            send_buffer: 10,
+            ..Default::default()
+        };
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::Inconsistent {
+                field: "send_buffer",
+                ..
+            })
+        ));
+        let c = EndpointConfig {
+            linger: Duration::ZERO,
+            ..Default::default()
+        };
         assert_eq!(c.validate(), Err(ConfigError::Zero { field: "linger" }));
         let c = EndpointConfig {
             min_rto: Duration::from_secs(2),
             max_rto: Duration::from_secs(1),
             ..Default::default()
         };
-        assert!(matches!(c.validate(), Err(ConfigError::Inconsistent { field: "max_rto", .. })));
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::Inconsistent {
+                field: "max_rto",
+                ..
+            })
+        ));
         assert!(c.validate().unwrap_err().to_string().contains("min_rto"));
     }
 }

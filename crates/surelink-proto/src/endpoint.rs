@@ -116,7 +116,11 @@ impl Endpoint {
 
     /// Runs `f` on the session in `slot` with a context, then ends the session
     /// if `f` asked for it.
-    fn with_session<R>(&mut self, slot: usize, f: impl FnOnce(&mut Session, &mut Ctx<'_>) -> R) -> Option<R> {
+    fn with_session<R>(
+        &mut self,
+        slot: usize,
+        f: impl FnOnce(&mut Session, &mut Ctx<'_>) -> R,
+    ) -> Option<R> {
         let s = self.sessions.get_mut(slot)?.as_mut()?;
         let mut ctx = Ctx {
             cfg: &self.cfg,
@@ -133,8 +137,16 @@ impl Endpoint {
     }
 
     fn end_session(&mut self, slot: usize, reason: SessionEndReason, code: CloseCode) {
-        let Some(mut s) = self.sessions.get_mut(slot).and_then(Option::take) else { return };
-        let mut ctx = Ctx { cfg: &self.cfg, local: &self.local, events: &mut self.events, closing: &mut self.closing, slot };
+        let Some(mut s) = self.sessions.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        let mut ctx = Ctx {
+            cfg: &self.cfg,
+            local: &self.local,
+            events: &mut self.events,
+            closing: &mut self.closing,
+            slot,
+        };
         s.end(reason, code, &mut ctx);
         if self.by_node.get(&s.node) == Some(&slot) {
             self.by_node.remove(&s.node);
@@ -171,7 +183,12 @@ impl Endpoint {
     /// A new transport is up. `peer` is the node it was dialled to, or `None`
     /// for an accepted connection (the peer's HELLO will say who it is). A
     /// dialled path sends HELLO at once; an accepted one answers the peer's.
-    pub fn add_path(&mut self, now: Time, path: PathId, peer: Option<NodeId>) -> Result<(), AddPathError> {
+    pub fn add_path(
+        &mut self,
+        now: Time,
+        path: PathId,
+        peer: Option<NodeId>,
+    ) -> Result<(), AddPathError> {
         self.tick(now);
         if self.paths.contains_key(&path) {
             return Err(AddPathError::Duplicate(path));
@@ -182,7 +199,9 @@ impl Endpoint {
             }
             Some(node) if node == self.local.node => return Err(AddPathError::SelfDial(node)),
             Some(node) => {
-                let slot = self.session_slot(now, node).ok_or(AddPathError::TooManySessions(self.cfg.max_sessions))?;
+                let slot = self
+                    .session_slot(now, node)
+                    .ok_or(AddPathError::TooManySessions(self.cfg.max_sessions))?;
                 let cfg = &self.cfg;
                 if let Some(s) = self.sessions[slot].as_mut() {
                     s.add_path(now, path, cfg);
@@ -229,7 +248,11 @@ impl Endpoint {
     /// Closes a path from this side (a CLOSE frame is queued for it).
     pub fn close_path(&mut self, now: Time, path: PathId) {
         self.tick(now);
-        let close = Close { scope: CloseScope::Path, code: CloseCode::NORMAL, reason: String::new() };
+        let close = Close {
+            scope: CloseScope::Path,
+            code: CloseCode::NORMAL,
+            reason: String::new(),
+        };
         match self.paths.get(&path).copied() {
             Some(PathSlot::Bound(slot)) => {
                 self.with_session(slot, |s, ctx| {
@@ -265,7 +288,12 @@ impl Endpoint {
     /// On error the path is being closed: a CLOSE frame carrying the reason is
     /// queued for it, an [`Event::PathClosed`] follows, and the caller should
     /// stop reading from the transport. Other paths and sessions carry on.
-    pub fn handle_input(&mut self, now: Time, path: PathId, buf: &mut BytesMut) -> Result<(), PathError> {
+    pub fn handle_input(
+        &mut self,
+        now: Time,
+        path: PathId,
+        buf: &mut BytesMut,
+    ) -> Result<(), PathError> {
         self.tick(now);
         loop {
             match self.paths.get(&path) {
@@ -298,11 +326,17 @@ impl Endpoint {
     fn refuse_path(&mut self, now: Time, path: PathId, e: PathError) {
         let scope = match &e {
             PathError::Handshake(
-                HandshakeError::SessionUnknown(_) | HandshakeError::EarlierIncarnation { .. } | HandshakeError::Stale { .. },
+                HandshakeError::SessionUnknown(_)
+                | HandshakeError::EarlierIncarnation { .. }
+                | HandshakeError::Stale { .. },
             ) => CloseScope::Session,
             _ => CloseScope::Path,
         };
-        let close = Close { scope, code: e.close_code(), reason: e.to_string() };
+        let close = Close {
+            scope,
+            code: e.close_code(),
+            reason: e.to_string(),
+        };
         match self.paths.get(&path).copied() {
             Some(PathSlot::Bound(slot)) => {
                 let mut e = Some(e);
@@ -347,14 +381,19 @@ impl Endpoint {
                     path,
                     peer: None,
                     close: None,
-                    reason: PathCloseReason::ClosedByPeer { code: c.code, reason: c.reason },
+                    reason: PathCloseReason::ClosedByPeer {
+                        code: c.code,
+                        reason: c.reason,
+                    },
                     resent: 0,
                 });
                 Ok(())
             }
             // Anything else before HELLO: only a lossy transport does this.
             (Some(PathSlot::Unbound { .. }), _) => Ok(()),
-            (Some(PathSlot::Bound(slot)), Frame::Hello(h)) => self.on_hello(now, path, Some(slot), h),
+            (Some(PathSlot::Bound(slot)), Frame::Hello(h)) => {
+                self.on_hello(now, path, Some(slot), h)
+            }
             (Some(PathSlot::Bound(slot)), frame) => {
                 let r = self
                     .with_session(slot, |s, ctx| match s.path_index(path) {
@@ -368,10 +407,21 @@ impl Endpoint {
         }
     }
 
-    fn on_hello(&mut self, now: Time, path: PathId, bound: Option<usize>, h: Hello) -> Result<(), PathError> {
+    fn on_hello(
+        &mut self,
+        now: Time,
+        path: PathId,
+        bound: Option<usize>,
+        h: Hello,
+    ) -> Result<(), PathError> {
         let expected = bound.and_then(|slot| self.session(slot)).map(|s| s.node);
         let cur_slot = self.by_node.get(&h.node).copied();
-        let cur = cur_slot.and_then(|slot| self.session(slot)).map(|s| Current { id: s.id, peer: s.peer });
+        let cur = cur_slot
+            .and_then(|slot| self.session(slot))
+            .map(|s| Current {
+                id: s.id,
+                peer: s.peer,
+            });
         let peer_info = PeerInfo {
             epoch: h.epoch,
             session: h.session,
@@ -425,31 +475,58 @@ impl Endpoint {
     ///
     /// When the session's send buffer is full the message comes back in
     /// [`SendError::Full`]; nothing is dropped.
-    pub fn send(&mut self, now: Time, peer: NodeId, channel: ChannelId, payload: Bytes) -> Result<MessageId, SendError> {
+    pub fn send(
+        &mut self,
+        now: Time,
+        peer: NodeId,
+        channel: ChannelId,
+        payload: Bytes,
+    ) -> Result<MessageId, SendError> {
         self.tick(now);
         if peer == self.local.node {
             return Err(SendError::SelfSend(peer));
         }
         if u32::from(channel.0) >= self.cfg.max_channels {
-            return Err(SendError::ChannelOutOfRange { channel: channel.0, max: self.cfg.max_channels });
+            return Err(SendError::ChannelOutOfRange {
+                channel: channel.0,
+                max: self.cfg.max_channels,
+            });
         }
         let mut max = self.cfg.max_message_size;
-        if let Some(p) = self.by_node.get(&peer).and_then(|&slot| self.session(slot)).and_then(|s| s.peer) {
+        if let Some(p) = self
+            .by_node
+            .get(&peer)
+            .and_then(|&slot| self.session(slot))
+            .and_then(|s| s.peer)
+        {
             max = max.min(p.max_message);
         }
         if payload.len() > max as usize {
-            return Err(SendError::TooLarge { len: payload.len(), max });
+            return Err(SendError::TooLarge {
+                len: payload.len(),
+                max,
+            });
         }
-        let slot = self.session_slot(now, peer).ok_or(SendError::TooManySessions(self.cfg.max_sessions))?;
+        let slot = self
+            .session_slot(now, peer)
+            .ok_or(SendError::TooManySessions(self.cfg.max_sessions))?;
         let cfg = &self.cfg;
         let Some(s) = self.sessions[slot].as_mut() else {
             return Err(SendError::TooManySessions(self.cfg.max_sessions));
         };
         if !s.has_room(payload.len(), cfg) {
-            return Err(SendError::Full { message: payload, buffered: s.send.cache_bytes, limit: cfg.send_buffer });
+            return Err(SendError::Full {
+                message: payload,
+                buffered: s.send.cache_bytes,
+                limit: cfg.send_buffer,
+            });
         }
         let seq = s.push(channel, payload);
-        Ok(MessageId { session: s.id, channel, seq })
+        Ok(MessageId {
+            session: s.id,
+            channel,
+            seq,
+        })
     }
 
     /// Whether a message of `len` bytes to `peer` would fit in its session's
@@ -464,7 +541,12 @@ impl Endpoint {
     /// Appends frames for one path to `buf` (roughly `max_bytes`, at least one
     /// frame) and returns that path, or `None` when nothing is to be sent.
     /// Call until it returns `None` after every input.
-    pub fn poll_transmit(&mut self, now: Time, buf: &mut BytesMut, max_bytes: usize) -> Option<PathId> {
+    pub fn poll_transmit(
+        &mut self,
+        now: Time,
+        buf: &mut BytesMut,
+        max_bytes: usize,
+    ) -> Option<PathId> {
         self.tick(now);
         if let Some(c) = self.closing.pop_front() {
             if let Some(close) = &c.close {
@@ -480,7 +562,9 @@ impl Endpoint {
             if self.sessions[slot].is_none() {
                 continue;
             }
-            let r = self.with_session(slot, |s, ctx| s.poll_transmit(now, buf, max_bytes, ctx)).flatten();
+            let r = self
+                .with_session(slot, |s, ctx| s.poll_transmit(now, buf, max_bytes, ctx))
+                .flatten();
             if let Some(path) = r {
                 // Stay on this session until it has nothing more; then move on.
                 self.cursor = slot;
@@ -524,7 +608,9 @@ impl Endpoint {
             .paths
             .iter()
             .filter_map(|(&id, slot)| match slot {
-                PathSlot::Unbound { since } if now >= *since + self.cfg.handshake_timeout => Some(id),
+                PathSlot::Unbound { since } if now >= *since + self.cfg.handshake_timeout => {
+                    Some(id)
+                }
                 _ => None,
             })
             .collect();
@@ -543,16 +629,41 @@ impl Endpoint {
         loop {
             match self.events.pop_front()? {
                 Queued::Event(e) => return Some(e),
-                Queued::Message { slot, session, peer, channel, seq, payload } => {
+                Queued::Message {
+                    slot,
+                    session,
+                    peer,
+                    channel,
+                    seq,
+                    payload,
+                } => {
                     self.consumed(slot, session, channel, seq, payload.len());
-                    return Some(Event::Message { peer, session, channel, seq, payload });
+                    return Some(Event::Message {
+                        peer,
+                        session,
+                        channel,
+                        seq,
+                        payload,
+                    });
                 }
-                Queued::Skip { slot, session, channel, seq } => self.consumed(slot, session, channel, seq, 0),
+                Queued::Skip {
+                    slot,
+                    session,
+                    channel,
+                    seq,
+                } => self.consumed(slot, session, channel, seq, 0),
             }
         }
     }
 
-    fn consumed(&mut self, slot: usize, session: SessionId, channel: ChannelId, seq: u64, len: usize) {
+    fn consumed(
+        &mut self,
+        slot: usize,
+        session: SessionId,
+        channel: ChannelId,
+        seq: u64,
+        len: usize,
+    ) {
         let now = self.now;
         if let Some(s) = self.sessions.get_mut(slot).and_then(Option::as_mut) {
             if s.id == session {
@@ -581,7 +692,10 @@ impl Endpoint {
     /// Per session: the peer, bytes in the retransmit cache, bytes buffered
     /// on the receiving side. Cheap; for bound checks and gauges.
     pub fn session_buffers(&self) -> impl Iterator<Item = (NodeId, u64, u64)> + '_ {
-        self.sessions.iter().flatten().map(|s| (s.node, s.send.cache_bytes, s.recv.buffered_bytes))
+        self.sessions
+            .iter()
+            .flatten()
+            .map(|s| (s.node, s.send.cache_bytes, s.recv.buffered_bytes))
     }
 
     /// Paths known to the endpoint (any state).

@@ -37,42 +37,66 @@ pub(crate) struct Current {
     pub(crate) peer: Option<PeerInfo>,
 }
 
-pub(crate) fn decide(local: &LocalIdentity, h: &Hello, expected: Option<NodeId>, cur: Option<Current>) -> Decision {
+pub(crate) fn decide(
+    local: &LocalIdentity,
+    h: &Hello,
+    expected: Option<NodeId>,
+    cur: Option<Current>,
+) -> Decision {
     if h.cluster != local.cluster {
-        return Decision::Reject(HandshakeError::WrongCluster { ours: local.cluster, theirs: h.cluster });
+        return Decision::Reject(HandshakeError::WrongCluster {
+            ours: local.cluster,
+            theirs: h.cluster,
+        });
     }
     if h.node == local.node {
         return Decision::Reject(HandshakeError::SelfConnect(h.node));
     }
     if let Some(expected) = expected {
         if expected != h.node {
-            return Decision::Reject(HandshakeError::UnexpectedPeer { expected, got: h.node });
+            return Decision::Reject(HandshakeError::UnexpectedPeer {
+                expected,
+                got: h.node,
+            });
         }
     }
     // The sender's session met an incarnation of ours: is it this one?
     if h.your_epoch != Epoch(0) && h.your_epoch != local.epoch {
-        return Decision::Reject(HandshakeError::EarlierIncarnation { node: h.node, epoch: h.your_epoch });
+        return Decision::Reject(HandshakeError::EarlierIncarnation {
+            node: h.node,
+            epoch: h.your_epoch,
+        });
     }
     // ...and is that session still ours?
     let knows_us = h.your_session != SessionId(0);
     if knows_us && cur.is_none_or(|c| c.id != h.your_session) {
         return Decision::Reject(HandshakeError::SessionUnknown(h.node));
     }
-    let Some(cur) = cur else { return Decision::Create };
-    let Some(peer) = cur.peer else { return Decision::Bind };
+    let Some(cur) = cur else {
+        return Decision::Create;
+    };
+    let Some(peer) = cur.peer else {
+        return Decision::Bind;
+    };
     let theirs = (h.epoch, h.session);
     let known = (peer.epoch, peer.session);
     if theirs == known {
         Decision::Attach
     } else if theirs < known {
-        Decision::Reject(HandshakeError::Stale { node: h.node, epoch: h.epoch })
+        Decision::Reject(HandshakeError::Stale {
+            node: h.node,
+            epoch: h.epoch,
+        })
     } else if knows_us {
         // A newer peer session claiming to know our current one, which is
         // bound to an older peer session: cannot arise from these rules; refuse
         // rather than guess, the peer will start afresh.
         Decision::Reject(HandshakeError::SessionUnknown(h.node))
     } else if h.epoch > peer.epoch {
-        Decision::Replace(SessionEndReason::PeerRestarted { old: peer.epoch, new: Some(h.epoch) })
+        Decision::Replace(SessionEndReason::PeerRestarted {
+            old: peer.epoch,
+            new: Some(h.epoch),
+        })
     } else {
         Decision::Replace(SessionEndReason::PeerReset)
     }
@@ -83,7 +107,11 @@ mod tests {
     use super::*;
     use crate::ids::ClusterId;
 
-    const LOCAL: LocalIdentity = LocalIdentity { cluster: ClusterId(7), node: NodeId(1), epoch: Epoch(100) };
+    const LOCAL: LocalIdentity = LocalIdentity {
+        cluster: ClusterId(7),
+        node: NodeId(1),
+        epoch: Epoch(100),
+    };
 
     fn hello(epoch: u64, session: u64, your_epoch: u64, your_session: u64) -> Hello {
         Hello {
@@ -114,36 +142,66 @@ mod tests {
     fn identity_checks() {
         let mut h = hello(5, 1, 0, 0);
         h.cluster = ClusterId(8);
-        assert!(matches!(decide(&LOCAL, &h, None, None), Decision::Reject(HandshakeError::WrongCluster { .. })));
+        assert!(matches!(
+            decide(&LOCAL, &h, None, None),
+            Decision::Reject(HandshakeError::WrongCluster { .. })
+        ));
         let mut h = hello(5, 1, 0, 0);
         h.node = NodeId(1);
-        assert_eq!(decide(&LOCAL, &h, None, None), Decision::Reject(HandshakeError::SelfConnect(NodeId(1))));
+        assert_eq!(
+            decide(&LOCAL, &h, None, None),
+            Decision::Reject(HandshakeError::SelfConnect(NodeId(1)))
+        );
         let h = hello(5, 1, 0, 0);
         assert_eq!(
             decide(&LOCAL, &h, Some(NodeId(3)), None),
-            Decision::Reject(HandshakeError::UnexpectedPeer { expected: NodeId(3), got: NodeId(2) })
+            Decision::Reject(HandshakeError::UnexpectedPeer {
+                expected: NodeId(3),
+                got: NodeId(2)
+            })
         );
     }
 
     #[test]
     fn new_peers_create_or_bind() {
-        assert_eq!(decide(&LOCAL, &hello(5, 1, 0, 0), None, None), Decision::Create);
-        let pending = Some(Current { id: SessionId(3), peer: None });
-        assert_eq!(decide(&LOCAL, &hello(5, 1, 0, 0), None, pending), Decision::Bind);
-        assert_eq!(decide(&LOCAL, &hello(5, 1, 100, 3), None, pending), Decision::Bind);
+        assert_eq!(
+            decide(&LOCAL, &hello(5, 1, 0, 0), None, None),
+            Decision::Create
+        );
+        let pending = Some(Current {
+            id: SessionId(3),
+            peer: None,
+        });
+        assert_eq!(
+            decide(&LOCAL, &hello(5, 1, 0, 0), None, pending),
+            Decision::Bind
+        );
+        assert_eq!(
+            decide(&LOCAL, &hello(5, 1, 100, 3), None, pending),
+            Decision::Bind
+        );
     }
 
     #[test]
     fn same_session_attaches() {
-        assert_eq!(decide(&LOCAL, &hello(5, 1, 100, 3), None, bound(3, 5, 1)), Decision::Attach);
-        assert_eq!(decide(&LOCAL, &hello(5, 1, 0, 0), None, bound(3, 5, 1)), Decision::Attach);
+        assert_eq!(
+            decide(&LOCAL, &hello(5, 1, 100, 3), None, bound(3, 5, 1)),
+            Decision::Attach
+        );
+        assert_eq!(
+            decide(&LOCAL, &hello(5, 1, 0, 0), None, bound(3, 5, 1)),
+            Decision::Attach
+        );
     }
 
     #[test]
     fn restart_and_reset_replace_the_session() {
         assert_eq!(
             decide(&LOCAL, &hello(6, 1, 0, 0), None, bound(3, 5, 4)),
-            Decision::Replace(SessionEndReason::PeerRestarted { old: Epoch(5), new: Some(Epoch(6)) })
+            Decision::Replace(SessionEndReason::PeerRestarted {
+                old: Epoch(5),
+                new: Some(Epoch(6))
+            })
         );
         assert_eq!(
             decide(&LOCAL, &hello(5, 2, 0, 0), None, bound(3, 5, 1)),

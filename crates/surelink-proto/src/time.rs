@@ -67,7 +67,12 @@ impl fmt::Debug for Time {
         if *self == Time::MAX {
             return f.write_str("t=never");
         }
-        write!(f, "t={}.{:06}s", self.0 / 1_000_000_000, (self.0 % 1_000_000_000) / 1_000)
+        write!(
+            f,
+            "t={}.{:06}s",
+            self.0 / 1_000_000_000,
+            (self.0 % 1_000_000_000) / 1_000
+        )
     }
 }
 
@@ -86,7 +91,10 @@ mod tests {
         let t = Time::from_nanos(u64::MAX - 1);
         assert_eq!(t + Duration::from_secs(1), Time::MAX);
         assert_eq!(Time::ZERO.saturating_since(t), Duration::ZERO);
-        assert_eq!(Time::from_millis(1500).saturating_since(Time::from_millis(500)), Duration::from_secs(1));
+        assert_eq!(
+            Time::from_millis(1500).saturating_since(Time::from_millis(500)),
+            Duration::from_secs(1)
+        );
         assert_eq!(format!("{:?}", Time::from_millis(1500)), "t=1.500000s");
     }
 }

@@ -79,10 +79,29 @@ impl Checker {
     }
 
     /// Records an accepted message (`uid` from [`Checker::next_uid`]).
-    pub fn sent(&mut self, now_ms: f64, uid: u64, src: usize, src_incarnation: u32, dst: usize, id: MessageId, len: usize) {
+    #[allow(clippy::too_many_arguments)]
+    pub fn sent(
+        &mut self,
+        now_ms: f64,
+        uid: u64,
+        src: usize,
+        src_incarnation: u32,
+        dst: usize,
+        id: MessageId,
+        len: usize,
+    ) {
         debug_assert_eq!(uid, self.records.len() as u64);
-        self.records.push(Record { src, src_incarnation, dst, id, len, sent_ms: now_ms, outcome: Outcome::Pending });
-        self.by_id.insert((src, src_incarnation, id.session, id.channel, id.seq), uid);
+        self.records.push(Record {
+            src,
+            src_incarnation,
+            dst,
+            id,
+            len,
+            sent_ms: now_ms,
+            outcome: Outcome::Pending,
+        });
+        self.by_id
+            .insert((src, src_incarnation, id.session, id.channel, id.seq), uid);
     }
 
     fn violation(&mut self, now_ms: f64, msg: String) {
@@ -93,12 +112,28 @@ impl Checker {
 
     /// An event came out of node `node` (incarnation `inc`); `ids` maps
     /// node ids to node indices.
-    pub fn event(&mut self, now_ms: f64, node: usize, inc: u32, ev: &Event, ids: &BTreeMap<NodeId, usize>) {
+    pub fn event(
+        &mut self,
+        now_ms: f64,
+        node: usize,
+        inc: u32,
+        ev: &Event,
+        ids: &BTreeMap<NodeId, usize>,
+    ) {
         match ev {
-            Event::Message { peer, session, channel, seq, payload } => {
+            Event::Message {
+                peer,
+                session,
+                channel,
+                seq,
+                payload,
+            } => {
                 self.delivered += 1;
                 let Some(uid) = payload_uid(payload) else {
-                    self.violation(now_ms, format!("node {node}: payload without uid ({} bytes)", payload.len()));
+                    self.violation(
+                        now_ms,
+                        format!("node {node}: payload without uid ({} bytes)", payload.len()),
+                    );
                     return;
                 };
                 let Some(rec) = self.records.get(uid as usize).cloned() else {
@@ -106,18 +141,33 @@ impl Checker {
                     return;
                 };
                 if *payload != make_payload(uid, rec.len) {
-                    self.violation(now_ms, format!("node {node}: payload of uid {uid} corrupted"));
+                    self.violation(
+                        now_ms,
+                        format!("node {node}: payload of uid {uid} corrupted"),
+                    );
                 }
                 if rec.dst != node || ids.get(peer) != Some(&rec.src) {
-                    self.violation(now_ms, format!("uid {uid} from {} to {} delivered at {node} from {peer}", rec.src, rec.dst));
+                    self.violation(
+                        now_ms,
+                        format!(
+                            "uid {uid} from {} to {} delivered at {node} from {peer}",
+                            rec.src, rec.dst
+                        ),
+                    );
                 }
                 if rec.id.channel != *channel || rec.id.seq != *seq {
                     self.violation(
                         now_ms,
-                        format!("uid {uid} sent as {:?} delivered as channel {channel} seq {seq}", rec.id),
+                        format!(
+                            "uid {uid} sent as {:?} delivered as channel {channel} seq {seq}",
+                            rec.id
+                        ),
                     );
                 }
-                let next = self.order.entry((node, inc, *session, *channel)).or_insert(0);
+                let next = self
+                    .order
+                    .entry((node, inc, *session, *channel))
+                    .or_insert(0);
                 if *seq != *next {
                     let expected = *next;
                     self.out_of_order += 1;
@@ -126,7 +176,10 @@ impl Checker {
                         format!("node {node} session {session} channel {channel}: got seq {seq}, expected {expected}"),
                     );
                 }
-                *self.order.entry((node, inc, *session, *channel)).or_insert(0) = seq + 1;
+                *self
+                    .order
+                    .entry((node, inc, *session, *channel))
+                    .or_insert(0) = seq + 1;
                 if let Some(l) = &mut self.latencies {
                     l.push((rec.sent_ms, now_ms - rec.sent_ms));
                 }
@@ -136,15 +189,27 @@ impl Checker {
                     Outcome::Abandoned => r.outcome = Outcome::DeliveredAndAbandoned,
                     Outcome::Delivered | Outcome::DeliveredAndAbandoned => {
                         self.duplicates += 1;
-                        self.violation(now_ms, format!("uid {uid} delivered twice (at node {node})"));
+                        self.violation(
+                            now_ms,
+                            format!("uid {uid} delivered twice (at node {node})"),
+                        );
                     }
                 }
             }
-            Event::SessionEnded { session, abandoned, .. } => {
+            Event::SessionEnded {
+                session, abandoned, ..
+            } => {
                 for a in abandoned {
                     for seq in a.start..a.end {
-                        let Some(&uid) = self.by_id.get(&(node, inc, *session, a.channel, seq)) else {
-                            self.violation(now_ms, format!("node {node}: abandoned unknown message {session}/{}/{seq}", a.channel));
+                        let Some(&uid) = self.by_id.get(&(node, inc, *session, a.channel, seq))
+                        else {
+                            self.violation(
+                                now_ms,
+                                format!(
+                                    "node {node}: abandoned unknown message {session}/{}/{seq}",
+                                    a.channel
+                                ),
+                            );
                             continue;
                         };
                         let r = &mut self.records[uid as usize];
@@ -171,12 +236,18 @@ impl Checker {
 
     /// Messages still pending.
     pub fn pending(&self) -> usize {
-        self.records.iter().filter(|r| r.outcome == Outcome::Pending).count()
+        self.records
+            .iter()
+            .filter(|r| r.outcome == Outcome::Pending)
+            .count()
     }
 
     /// Counts per outcome.
     pub fn tally(&self) -> Tally {
-        let mut t = Tally { sent: self.records.len() as u64, ..Tally::default() };
+        let mut t = Tally {
+            sent: self.records.len() as u64,
+            ..Tally::default()
+        };
         for r in &self.records {
             match r.outcome {
                 Outcome::Pending => t.pending += 1,

@@ -118,8 +118,18 @@ pub fn random_schedule(seed: u64, links: usize, nodes: usize, spec: &ScheduleSpe
         let kinds = 4 + usize::from(spec.pauses) + usize::from(spec.restarts);
         let f = match rng.random_range(0..kinds) {
             0 => Fault::LinkDown { link, at, dur },
-            1 => Fault::OneWay { link, a_to_b: rng.random_bool(0.5), at, dur },
-            2 => Fault::Loss { link, percent: rng.random_range(1..=50), at, dur },
+            1 => Fault::OneWay {
+                link,
+                a_to_b: rng.random_bool(0.5),
+                at,
+                dur,
+            },
+            2 => Fault::Loss {
+                link,
+                percent: rng.random_range(1..=50),
+                at,
+                dur,
+            },
             3 => Fault::Reset { link, at },
             4 if spec.pauses => Fault::Pause { node, at, dur },
             _ => Fault::Restart { node, at },

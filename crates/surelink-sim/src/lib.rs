@@ -20,6 +20,9 @@
 //! What it does not model: congestion, bandwidth, kernel buffers, or byte-level
 //! stream splitting (each transmission arrives whole or not at all).
 
+// Test support: virtual-time arithmetic on small simulated values.
+#![allow(clippy::cast_possible_truncation)]
+
 mod checker;
 mod faults;
 pub mod pair;

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use bytes::{Bytes, BytesMut};
 use surelink_proto::wire::{decode, Frame};
 use surelink_proto::{
-    ChannelId, ClusterId, Endpoint, EndpointConfig, Epoch, Event, LocalIdentity, MessageId, NodeId, PathId, Time,
+    ChannelId, ClusterId, Endpoint, EndpointConfig, Epoch, Event, LocalIdentity, MessageId, NodeId,
+    PathId, Time,
 };
 
 /// Which endpoint.
@@ -36,7 +37,11 @@ pub struct Pair {
 
 /// The identity of node `n` (epoch `epoch`) in cluster 1.
 pub fn identity(n: u64, epoch: u64) -> LocalIdentity {
-    LocalIdentity { cluster: ClusterId(1), node: NodeId(n), epoch: Epoch(epoch) }
+    LocalIdentity {
+        cluster: ClusterId(1),
+        node: NodeId(n),
+        epoch: Epoch(epoch),
+    }
 }
 
 impl Pair {
@@ -55,7 +60,9 @@ impl Pair {
     /// Opens path `id` (A dials, B accepts).
     pub fn connect(&mut self, id: u64) {
         let now = self.now;
-        self.a.add_path(now, PathId(id), Some(NodeId(2))).expect("add_path A");
+        self.a
+            .add_path(now, PathId(id), Some(NodeId(2)))
+            .expect("add_path A");
         self.b.add_path(now, PathId(id), None).expect("add_path B");
     }
 
@@ -70,7 +77,14 @@ impl Pair {
     /// Sends from A to B.
     pub fn send_ab(&mut self, channel: u16, payload: &'static [u8]) -> MessageId {
         let now = self.now;
-        self.a.send(now, NodeId(2), ChannelId(channel), Bytes::from_static(payload)).expect("send")
+        self.a
+            .send(
+                now,
+                NodeId(2),
+                ChannelId(channel),
+                Bytes::from_static(payload),
+            )
+            .expect("send")
     }
 
     /// Collects everything both endpoints want to write into the path queues.
@@ -80,7 +94,10 @@ impl Pair {
             let ep = if from_a { &mut self.a } else { &mut self.b };
             let mut buf = BytesMut::new();
             while let Some(path) = ep.poll_transmit(now, &mut buf, 64 << 10) {
-                self.queued.entry((path, from_a)).or_default().extend_from_slice(&buf);
+                self.queued
+                    .entry((path, from_a))
+                    .or_default()
+                    .extend_from_slice(&buf);
                 buf.clear();
             }
         }
@@ -88,7 +105,11 @@ impl Pair {
 
     /// The frames queued on `path` from `side`, decoded (not consumed).
     pub fn peek_frames(&self, path: u64, from: Side) -> Vec<Frame> {
-        let mut buf = self.queued.get(&(PathId(path), from == Side::A)).cloned().unwrap_or_default();
+        let mut buf = self
+            .queued
+            .get(&(PathId(path), from == Side::A))
+            .cloned()
+            .unwrap_or_default();
         let mut out = Vec::new();
         while let Ok(Some(f)) = decode(&mut buf, 1 << 30) {
             out.push(f);
@@ -103,9 +124,15 @@ impl Pair {
 
     /// Delivers what is queued on `path` from `side`.
     pub fn deliver(&mut self, path: u64, from: Side) {
-        let Some(mut buf) = self.queued.remove(&(PathId(path), from == Side::A)) else { return };
+        let Some(mut buf) = self.queued.remove(&(PathId(path), from == Side::A)) else {
+            return;
+        };
         let now = self.now;
-        let to = if from == Side::A { &mut self.b } else { &mut self.a };
+        let to = if from == Side::A {
+            &mut self.b
+        } else {
+            &mut self.a
+        };
         let _ = to.handle_input(now, PathId(path), &mut buf);
         self.drain_events();
     }

@@ -8,7 +8,8 @@ use bytes::{Bytes, BytesMut};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use surelink_proto::{
-    ChannelId, ClusterId, Endpoint, EndpointConfig, Epoch, Event, LocalIdentity, NodeId, PathId, SendError, Time,
+    ChannelId, ClusterId, Endpoint, EndpointConfig, Epoch, Event, LocalIdentity, NodeId, PathId,
+    SendError, Time,
 };
 
 use crate::checker::{make_payload, Checker, Tally};
@@ -84,7 +85,11 @@ impl SimConfig {
                 max_channels: 8,
                 ..EndpointConfig::default()
             },
-            link: LinkSpec { latency: Duration::from_micros(200), jitter: Duration::from_micros(300), fifo: true },
+            link: LinkSpec {
+                latency: Duration::from_micros(200),
+                jitter: Duration::from_micros(300),
+                fifo: true,
+            },
             detect_after: Some(Duration::from_millis(30)),
             reconnect_after: Duration::from_millis(20),
             transmit_budget: 16 << 10,
@@ -171,9 +176,21 @@ struct Link {
 
 #[derive(Clone, Debug)]
 enum Action {
-    Deliver { link: usize, gen: u64, dir: usize, bytes: Bytes },
-    AddPath { link: usize, gen: u64, path: PathId, dial: Option<NodeId> },
-    PathDown { path: PathId },
+    Deliver {
+        link: usize,
+        gen: u64,
+        dir: usize,
+        bytes: Bytes,
+    },
+    AddPath {
+        link: usize,
+        gen: u64,
+        path: PathId,
+        dial: Option<NodeId>,
+    },
+    PathDown {
+        path: PathId,
+    },
     Wake,
     /// The workload's next send; stale generations (from before a restart) are dropped.
     AppTick(u32),
@@ -186,9 +203,15 @@ enum Job {
     Fault(Fault),
     FaultEnd(Fault),
     Reconnect(usize),
-    Detect { link: usize, gen: u64 },
+    Detect {
+        link: usize,
+        gen: u64,
+    },
     /// The FIN of a connection one end closed reaches the other end.
-    Retire { link: usize, gen: u64 },
+    Retire {
+        link: usize,
+        gen: u64,
+    },
 }
 
 /// The deterministic simulator.
@@ -293,9 +316,10 @@ impl Sim {
                 sim.faults_end = f.end();
             }
             let valid = match &f {
-                Fault::LinkDown { link, .. } | Fault::OneWay { link, .. } | Fault::Loss { link, .. } | Fault::Reset { link, .. } => {
-                    *link < sim.links.len()
-                }
+                Fault::LinkDown { link, .. }
+                | Fault::OneWay { link, .. }
+                | Fault::Loss { link, .. }
+                | Fault::Reset { link, .. } => *link < sim.links.len(),
                 Fault::Pause { node, .. } | Fault::Restart { node, .. } => *node < sim.nodes.len(),
             };
             if valid {
@@ -306,7 +330,11 @@ impl Sim {
     }
 
     fn endpoint(cfg: &SimConfig, i: usize, incarnation: u32) -> Endpoint {
-        let local = LocalIdentity { cluster: ClusterId(42), node: node_id(i), epoch: Epoch(u64::from(incarnation)) };
+        let local = LocalIdentity {
+            cluster: ClusterId(42),
+            node: node_id(i),
+            epoch: Epoch(u64::from(incarnation)),
+        };
         Endpoint::new(cfg.endpoint.clone(), local).expect("simulator endpoint config is valid")
     }
 
@@ -329,8 +357,12 @@ impl Sim {
 
     /// Processes the next event; returns false when nothing is left.
     pub fn step(&mut self) -> bool {
-        let Some(Reverse((at, seq))) = self.queue.pop() else { return false };
-        let Some(job) = self.jobs.remove(&seq) else { return true };
+        let Some(Reverse((at, seq))) = self.queue.pop() else {
+            return false;
+        };
+        let Some(job) = self.jobs.remove(&seq) else {
+            return true;
+        };
         self.now = at;
         self.steps += 1;
         match job {
@@ -399,7 +431,12 @@ impl Sim {
     fn apply(&mut self, n: usize, action: Action) {
         let now = self.now;
         match action {
-            Action::Deliver { link, gen, dir, mut bytes } => {
+            Action::Deliver {
+                link,
+                gen,
+                dir,
+                mut bytes,
+            } => {
                 let path = match &self.links[link].conn {
                     Some(c) if c.gen == gen => {
                         if dir == 0 {
@@ -419,7 +456,12 @@ impl Sim {
                 // which `service` closes the transport.
                 let _ = self.nodes[n].ep.handle_input(now, path, &mut buf);
             }
-            Action::AddPath { link, gen, path, dial } => {
+            Action::AddPath {
+                link,
+                gen,
+                path,
+                dial,
+            } => {
                 if !matches!(&self.links[link].conn, Some(c) if c.gen == gen) {
                     return;
                 }
@@ -439,9 +481,10 @@ impl Sim {
                     if node.last_wake == now {
                         node.spins += 1;
                         if node.spins == 10_000 {
-                            self.checker
-                                .violations
-                                .push(format!("t={:.3}ms: node {n} timer livelock (wakes at one instant)", ms(now)));
+                            self.checker.violations.push(format!(
+                                "t={:.3}ms: node {n} timer livelock (wakes at one instant)",
+                                ms(now)
+                            ));
                         }
                     } else {
                         node.spins = 0;
@@ -486,7 +529,10 @@ impl Sim {
                 self.checker.sent(ms(now), uid, n, inc, dst, id, len);
             }
             Err(SendError::Full { .. }) => self.refused_full += 1,
-            Err(e) => self.checker.violations.push(format!("node {n}: send failed: {e}")),
+            Err(e) => self
+                .checker
+                .violations
+                .push(format!("node {n}: send failed: {e}")),
         }
     }
 
@@ -495,12 +541,17 @@ impl Sim {
         let now = self.now;
         for round in 0.. {
             if round == 1_000_000 {
-                self.checker.violations.push(format!("t={:.3}ms: node {n} poll_transmit never returns None", ms(now)));
+                self.checker.violations.push(format!(
+                    "t={:.3}ms: node {n} poll_transmit never returns None",
+                    ms(now)
+                ));
                 break;
             }
             self.buf.clear();
             let budget = self.cfg.transmit_budget;
-            let Some(path) = self.nodes[n].ep.poll_transmit(now, &mut self.buf, budget) else { break };
+            let Some(path) = self.nodes[n].ep.poll_transmit(now, &mut self.buf, budget) else {
+                break;
+            };
             let bytes = self.buf.split().freeze();
             self.transmit(n, path, bytes);
         }
@@ -510,21 +561,20 @@ impl Sim {
                 eprintln!("t={:.3}ms node {n}.{inc}: {ev:?}", ms(now));
             }
             self.checker.event(ms(now), n, inc, &ev, &self.ids);
-            match ev {
-                Event::PathClosed { path, .. } => {
-                    // The core is done with the path; close the transport.
-                    if let Some((link, gen)) = self.nodes[n].paths.remove(&path) {
-                        self.close_conn_from(n, link, gen);
-                    }
+            if let Event::PathClosed { path, .. } = ev {
+                // The core is done with the path; close the transport.
+                if let Some((link, gen)) = self.nodes[n].paths.remove(&path) {
+                    self.close_conn_from(n, link, gen);
                 }
-                _ => {}
             }
         }
         // Memory bounds, checked after every step.
         for (peer, cache, recv) in self.nodes[n].ep.session_buffers() {
             self.peak_cache = self.peak_cache.max(cache);
             self.peak_recv = self.peak_recv.max(recv);
-            if cache > self.cfg.endpoint.send_buffer || recv > u64::from(self.cfg.endpoint.recv_window) {
+            if cache > self.cfg.endpoint.send_buffer
+                || recv > u64::from(self.cfg.endpoint.recv_window)
+            {
                 self.checker.violations.push(format!(
                     "t={:.3}ms: node {n} session with {peer}: cache {cache} / recv {recv} bytes over the bound",
                     ms(now)
@@ -541,7 +591,9 @@ impl Sim {
     }
 
     fn transmit(&mut self, n: usize, path: PathId, bytes: Bytes) {
-        let Some(&(link, gen)) = self.nodes[n].paths.get(&path) else { return };
+        let Some(&(link, gen)) = self.nodes[n].paths.get(&path) else {
+            return;
+        };
         let l = &self.links[link];
         let Some(conn) = &l.conn else { return };
         if conn.gen != gen {
@@ -567,7 +619,18 @@ impl Sim {
             // Tracked in both modes: a FIN never overtakes data.
             conn.last_arrival[dir] = conn.last_arrival[dir].max(at);
         }
-        self.schedule(at, Job::Node(to, Action::Deliver { link, gen, dir, bytes }));
+        self.schedule(
+            at,
+            Job::Node(
+                to,
+                Action::Deliver {
+                    link,
+                    gen,
+                    dir,
+                    bytes,
+                },
+            ),
+        );
     }
 
     fn reconnect(&mut self, link: usize) {
@@ -589,17 +652,46 @@ impl Sim {
         self.nodes[a].next_path += 1;
         let b_path = PathId(self.nodes[b].next_path);
         self.nodes[b].next_path += 1;
-        self.links[link].conn = Some(Conn { gen, a_path, b_path, last_arrival: [Time::ZERO; 2] });
+        self.links[link].conn = Some(Conn {
+            gen,
+            a_path,
+            b_path,
+            last_arrival: [Time::ZERO; 2],
+        });
         let now = self.now;
         // The lower-numbered node dials; the other accepts.
-        self.schedule(now, Job::Node(a, Action::AddPath { link, gen, path: a_path, dial: Some(node_id(b)) }));
-        self.schedule(now, Job::Node(b, Action::AddPath { link, gen, path: b_path, dial: None }));
+        self.schedule(
+            now,
+            Job::Node(
+                a,
+                Action::AddPath {
+                    link,
+                    gen,
+                    path: a_path,
+                    dial: Some(node_id(b)),
+                },
+            ),
+        );
+        self.schedule(
+            now,
+            Job::Node(
+                b,
+                Action::AddPath {
+                    link,
+                    gen,
+                    path: b_path,
+                    dial: None,
+                },
+            ),
+        );
     }
 
     /// Both ends learn the connection is gone; a new one is dialled later.
     fn drop_conn(&mut self, link: usize, gen: u64) {
         let l = &mut self.links[link];
-        let Some(conn) = l.conn.take_if(|c| c.gen == gen) else { return };
+        let Some(conn) = l.conn.take_if(|c| c.gen == gen) else {
+            return;
+        };
         let (a, b) = (l.a, l.b);
         let now = self.now;
         self.schedule(now, Job::Node(a, Action::PathDown { path: conn.a_path }));
@@ -611,11 +703,20 @@ impl Sim {
     /// already sent (the FIN follows them), and the connection retires then.
     fn close_conn_from(&mut self, n: usize, link: usize, gen: u64) {
         let l = &self.links[link];
-        let Some(conn) = l.conn.as_ref().filter(|c| c.gen == gen) else { return };
+        let Some(conn) = l.conn.as_ref().filter(|c| c.gen == gen) else {
+            return;
+        };
         let dir = if n == l.a { 0 } else { 1 };
-        let (other, other_path) = if dir == 0 { (l.b, conn.b_path) } else { (l.a, conn.a_path) };
+        let (other, other_path) = if dir == 0 {
+            (l.b, conn.b_path)
+        } else {
+            (l.a, conn.a_path)
+        };
         let fin_at = (self.now + self.cfg.link.latency).max(conn.last_arrival[dir]);
-        self.schedule(fin_at, Job::Node(other, Action::PathDown { path: other_path }));
+        self.schedule(
+            fin_at,
+            Job::Node(other, Action::PathDown { path: other_path }),
+        );
         self.schedule(fin_at, Job::Retire { link, gen });
     }
 
@@ -656,7 +757,9 @@ impl Sim {
                 let end = now + *dur;
                 self.schedule(end, Job::FaultEnd(f));
             }
-            Fault::Loss { link, percent, dur, .. } => {
+            Fault::Loss {
+                link, percent, dur, ..
+            } => {
                 let l = &mut self.links[*link];
                 l.loss_count += 1;
                 l.loss = f64::from(*percent) / 100.0;
@@ -720,7 +823,11 @@ impl Sim {
                 continue;
             }
             if let Some(conn) = l.conn.take() {
-                let (other, path) = if l.a == n { (l.b, conn.b_path) } else { (l.a, conn.a_path) };
+                let (other, path) = if l.a == n {
+                    (l.b, conn.b_path)
+                } else {
+                    (l.a, conn.a_path)
+                };
                 self.schedule(at, Job::Node(other, Action::PathDown { path }));
                 self.schedule_reconnect(link);
             }
@@ -755,7 +862,12 @@ impl Sim {
         self.finish(drained_at, quiet, drain_limit)
     }
 
-    fn finish(mut self, drained_at: Option<Duration>, quiet: Duration, drain_limit: Duration) -> SimReport {
+    fn finish(
+        mut self,
+        drained_at: Option<Duration>,
+        quiet: Duration,
+        drain_limit: Duration,
+    ) -> SimReport {
         if drained_at.is_none() {
             let pending = self.checker.pending();
             let sample = self.checker.describe_pending(5).join("; ");

@@ -35,7 +35,15 @@ impl Case {
     }
 
     fn decode(s: &str) -> Option<Case> {
-        let mut c = Case { seed: 0, nodes: 2, paths: 2, detect: true, fifo: true, restarts: false, faults: 6 };
+        let mut c = Case {
+            seed: 0,
+            nodes: 2,
+            paths: 2,
+            detect: true,
+            fifo: true,
+            restarts: false,
+            faults: 6,
+        };
         for kv in s.split(',') {
             let (k, v) = kv.split_once('=')?;
             match k.trim() {
@@ -57,7 +65,10 @@ impl Case {
 /// or reported": reconnect + handshake + two backed-off retransmission
 /// timeouts, with room for the jitter of a few round trips.
 fn drain_bound(cfg: &SimConfig) -> Duration {
-    cfg.reconnect_after + cfg.endpoint.handshake_retry + cfg.endpoint.max_rto * 2 + cfg.detect_after.unwrap_or_default()
+    cfg.reconnect_after
+        + cfg.endpoint.handshake_retry
+        + cfg.endpoint.max_rto * 2
+        + cfg.detect_after.unwrap_or_default()
         + Duration::from_millis(100)
 }
 
@@ -101,7 +112,10 @@ fn check(c: &Case) -> Result<SimReport, String> {
 }
 
 fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(500)
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500)
 }
 
 proptest! {
@@ -127,10 +141,20 @@ proptest! {
 /// Re-runs one case with a trace of the simulator's events.
 #[test]
 fn replay() {
-    let Ok(spec) = std::env::var("SURELINK_SIM_REPLAY") else { return };
-    let c = Case::decode(&spec).expect("SURELINK_SIM_REPLAY: seed=..,nodes=..,paths=..,detect=..,fifo=..,restarts=..,faults=..");
+    let Ok(spec) = std::env::var("SURELINK_SIM_REPLAY") else {
+        return;
+    };
+    let c = Case::decode(&spec).expect(
+        "SURELINK_SIM_REPLAY: seed=..,nodes=..,paths=..,detect=..,fifo=..,restarts=..,faults=..",
+    );
     let (r, cfg) = run_case(&c);
-    eprintln!("{c:?}\ndrain bound {:?}\n{:?}\ndrained_at={:?} faults_end={:?}", drain_bound(&cfg), r.tally, r.drained_at, r.faults_end);
+    eprintln!(
+        "{c:?}\ndrain bound {:?}\n{:?}\ndrained_at={:?} faults_end={:?}",
+        drain_bound(&cfg),
+        r.tally,
+        r.drained_at,
+        r.faults_end
+    );
     for v in &r.violations {
         eprintln!("VIOLATION {v}");
     }

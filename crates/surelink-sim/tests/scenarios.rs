@@ -6,7 +6,10 @@ use surelink_sim::{Fault, Sim, SimConfig};
 
 fn run(cfg: SimConfig, faults: &[Fault]) -> surelink_sim::SimReport {
     let r = Sim::new(cfg, faults).run(Duration::from_secs(10));
-    eprintln!("{:?} drained_at={:?} resent={} refused_full={} steps={}", r.tally, r.drained_at, r.resent, r.refused_full, r.steps);
+    eprintln!(
+        "{:?} drained_at={:?} resent={} refused_full={} steps={}",
+        r.tally, r.drained_at, r.resent, r.refused_full, r.steps
+    );
     assert!(r.ok(), "violations: {:#?}", r.violations);
     r
 }
@@ -25,7 +28,19 @@ fn d(ms: u64) -> Duration {
 
 #[test]
 fn connection_reset_mid_stream_costs_resends_not_messages() {
-    let r = run(SimConfig::small(2), &[Fault::Reset { link: 0, at: d(500) }, Fault::Reset { link: 1, at: d(900) }]);
+    let r = run(
+        SimConfig::small(2),
+        &[
+            Fault::Reset {
+                link: 0,
+                at: d(500),
+            },
+            Fault::Reset {
+                link: 1,
+                at: d(900),
+            },
+        ],
+    );
     assert_eq!(r.tally.delivered, r.tally.sent);
 }
 
@@ -35,17 +50,38 @@ fn link_down_detected_fails_over() {
     // turn makes sure the busy one fails once.
     let r = run(
         SimConfig::small(3),
-        &[Fault::LinkDown { link: 0, at: d(300), dur: d(500) }, Fault::LinkDown { link: 1, at: d(1000), dur: d(500) }],
+        &[
+            Fault::LinkDown {
+                link: 0,
+                at: d(300),
+                dur: d(500),
+            },
+            Fault::LinkDown {
+                link: 1,
+                at: d(1000),
+                dur: d(500),
+            },
+        ],
     );
     assert_eq!(r.tally.delivered, r.tally.sent);
-    assert!(r.resent > 0, "the dead path's in-flight messages are re-sent");
+    assert!(
+        r.resent > 0,
+        "the dead path's in-flight messages are re-sent"
+    );
 }
 
 #[test]
 fn link_down_without_detector_recovers_by_timeout() {
     let mut cfg = SimConfig::small(4);
     cfg.detect_after = None;
-    let r = run(cfg, &[Fault::LinkDown { link: 1, at: d(300), dur: d(800) }]);
+    let r = run(
+        cfg,
+        &[Fault::LinkDown {
+            link: 1,
+            at: d(300),
+            dur: d(800),
+        }],
+    );
     assert_eq!(r.tally.delivered, r.tally.sent);
     assert!(r.resent > 0);
 }
@@ -54,7 +90,23 @@ fn link_down_without_detector_recovers_by_timeout() {
 fn one_way_silence_without_detector() {
     let mut cfg = SimConfig::small(5);
     cfg.detect_after = None;
-    let r = run(cfg, &[Fault::OneWay { link: 0, a_to_b: true, at: d(200), dur: d(1200) }, Fault::OneWay { link: 1, a_to_b: false, at: d(400), dur: d(300) }]);
+    let r = run(
+        cfg,
+        &[
+            Fault::OneWay {
+                link: 0,
+                a_to_b: true,
+                at: d(200),
+                dur: d(1200),
+            },
+            Fault::OneWay {
+                link: 1,
+                a_to_b: false,
+                at: d(400),
+                dur: d(300),
+            },
+        ],
+    );
     assert_eq!(r.tally.delivered, r.tally.sent);
 }
 
@@ -63,8 +115,18 @@ fn heavy_loss_on_both_paths() {
     let r = run(
         SimConfig::small(6),
         &[
-            Fault::Loss { link: 0, percent: 40, at: d(100), dur: d(1500) },
-            Fault::Loss { link: 1, percent: 30, at: d(300), dur: d(1500) },
+            Fault::Loss {
+                link: 0,
+                percent: 40,
+                at: d(100),
+                dur: d(1500),
+            },
+            Fault::Loss {
+                link: 1,
+                percent: 30,
+                at: d(300),
+                dur: d(1500),
+            },
         ],
     );
     assert_eq!(r.tally.delivered, r.tally.sent);
@@ -74,20 +136,51 @@ fn heavy_loss_on_both_paths() {
 fn both_paths_down_shorter_than_linger() {
     let r = run(
         SimConfig::small(7),
-        &[Fault::LinkDown { link: 0, at: d(500), dur: d(1000) }, Fault::LinkDown { link: 1, at: d(600), dur: d(1000) }],
+        &[
+            Fault::LinkDown {
+                link: 0,
+                at: d(500),
+                dur: d(1000),
+            },
+            Fault::LinkDown {
+                link: 1,
+                at: d(600),
+                dur: d(1000),
+            },
+        ],
     );
     assert_eq!(r.tally.delivered, r.tally.sent);
 }
 
 #[test]
 fn pause_of_either_end() {
-    let r = run(SimConfig::small(8), &[Fault::Pause { node: 0, at: d(300), dur: d(700) }, Fault::Pause { node: 1, at: d(1200), dur: d(400) }]);
+    let r = run(
+        SimConfig::small(8),
+        &[
+            Fault::Pause {
+                node: 0,
+                at: d(300),
+                dur: d(700),
+            },
+            Fault::Pause {
+                node: 1,
+                at: d(1200),
+                dur: d(400),
+            },
+        ],
+    );
     assert_eq!(r.tally.delivered, r.tally.sent);
 }
 
 #[test]
 fn restart_reports_abandoned_never_replays() {
-    let r = run(SimConfig::small(9), &[Fault::Restart { node: 1, at: d(800) }]);
+    let r = run(
+        SimConfig::small(9),
+        &[Fault::Restart {
+            node: 1,
+            at: d(800),
+        }],
+    );
     // Messages to the dead incarnation are either delivered before the crash
     // or reported abandoned; the dead sender's own unsent ones may be lost.
     assert_eq!(r.tally.pending, 0);
@@ -98,7 +191,21 @@ fn restart_reports_abandoned_never_replays() {
 fn outage_longer_than_linger_is_reported() {
     let mut cfg = SimConfig::small(10);
     cfg.endpoint.linger = d(400);
-    let r = run(cfg, &[Fault::LinkDown { link: 0, at: d(500), dur: d(1000) }, Fault::LinkDown { link: 1, at: d(500), dur: d(1000) }]);
+    let r = run(
+        cfg,
+        &[
+            Fault::LinkDown {
+                link: 0,
+                at: d(500),
+                dur: d(1000),
+            },
+            Fault::LinkDown {
+                link: 1,
+                at: d(500),
+                dur: d(1000),
+            },
+        ],
+    );
     assert!(r.tally.abandoned > 0, "{:?}", r.tally);
     assert_eq!(r.tally.pending, 0);
 }
@@ -110,10 +217,26 @@ fn three_nodes_mixed_faults() {
     let r = run(
         cfg,
         &[
-            Fault::Reset { link: 0, at: d(200) },
-            Fault::LinkDown { link: 3, at: d(400), dur: d(300) },
-            Fault::Pause { node: 2, at: d(700), dur: d(200) },
-            Fault::Loss { link: 5, percent: 20, at: d(100), dur: d(1000) },
+            Fault::Reset {
+                link: 0,
+                at: d(200),
+            },
+            Fault::LinkDown {
+                link: 3,
+                at: d(400),
+                dur: d(300),
+            },
+            Fault::Pause {
+                node: 2,
+                at: d(700),
+                dur: d(200),
+            },
+            Fault::Loss {
+                link: 5,
+                percent: 20,
+                at: d(100),
+                dur: d(1000),
+            },
         ],
     );
     assert_eq!(r.tally.delivered, r.tally.sent);

@@ -34,7 +34,11 @@ fn failed_path_in_flight_is_resent_first_on_the_survivor() {
     }
     p.flush();
     // All five went to one path (balance keeps the last path while light).
-    let (busy, idle) = if data_frames(&p.peek_frames(1, Side::A)).len() == 5 { (1, 2) } else { (2, 1) };
+    let (busy, idle) = if data_frames(&p.peek_frames(1, Side::A)).len() == 5 {
+        (1, 2)
+    } else {
+        (2, 1)
+    };
     assert_eq!(data_frames(&p.peek_frames(busy, Side::A)).len(), 5);
     // The busy path dies with its bytes; then the app sends more.
     p.drop_queued(busy, Side::A);
@@ -52,7 +56,10 @@ fn failed_path_in_flight_is_resent_first_on_the_survivor() {
     assert_eq!(frames[5], (5, 0));
     p.settle();
     assert_eq!(p.received_b().len(), 6);
-    let closed = p.events_a.iter().any(|e| matches!(e, Event::PathClosed { resent: 5, .. }));
+    let closed = p
+        .events_a
+        .iter()
+        .any(|e| matches!(e, Event::PathClosed { resent: 5, .. }));
     assert!(closed, "{:?}", p.events_a);
 }
 
@@ -109,22 +116,44 @@ fn restarted_peer_fails_outstanding_and_gets_nothing_replayed() {
     p.connect(2);
     p.settle();
     let ended = p.events_a.iter().find_map(|e| match e {
-        Event::SessionEnded { reason, abandoned, session, .. } => Some((reason.clone(), abandoned.clone(), *session)),
+        Event::SessionEnded {
+            reason,
+            abandoned,
+            session,
+            ..
+        } => Some((reason.clone(), abandoned.clone(), *session)),
         _ => None,
     });
     let (reason, abandoned, session) = ended.expect("A reports the old session ended");
     assert_eq!(session, first.session);
     // A dialled the new process, which refused A's HELLO for naming the old
     // epoch: A learns of the restart but not (yet) the new epoch.
-    assert_eq!(reason, SessionEndReason::PeerRestarted { old: Epoch(1), new: None });
+    assert_eq!(
+        reason,
+        SessionEndReason::PeerRestarted {
+            old: Epoch(1),
+            new: None
+        }
+    );
     assert_eq!(
         abandoned,
         vec![
-            Abandoned { channel: ChannelId(0), start: 1, end: 2 },
-            Abandoned { channel: ChannelId(1), start: 0, end: 1 }
+            Abandoned {
+                channel: ChannelId(0),
+                start: 1,
+                end: 2
+            },
+            Abandoned {
+                channel: ChannelId(1),
+                start: 0,
+                end: 1
+            }
         ]
     );
-    assert!(p.received_b().is_empty(), "nothing replayed into the new process");
+    assert!(
+        p.received_b().is_empty(),
+        "nothing replayed into the new process"
+    );
     // The new session works and starts numbering afresh.
     let id = p.send_ab(0, b"fresh");
     assert_ne!(id.session, first.session);
@@ -143,9 +172,12 @@ fn full_send_buffer_hands_the_message_back() {
     let mut p = Pair::new(c);
     let big = Bytes::from(vec![7u8; 1000]);
     for _ in 0..4 {
-        p.a.send(p.now, NodeId(2), ChannelId(0), big.clone()).unwrap();
+        p.a.send(p.now, NodeId(2), ChannelId(0), big.clone())
+            .unwrap();
     }
-    let err = p.a.send(p.now, NodeId(2), ChannelId(0), big.clone()).unwrap_err();
+    let err =
+        p.a.send(p.now, NodeId(2), ChannelId(0), big.clone())
+            .unwrap_err();
     assert!(matches!(&err, SendError::Full { buffered, limit, .. } if buffered == limit));
     assert_eq!(err.into_message(), Some(big.clone()));
     // Once the peer has them (and acknowledges, after at most max_ack_delay),
@@ -165,12 +197,24 @@ fn send_errors_are_typed() {
         p.a.send(now, NodeId(2), ChannelId(999), Bytes::new()),
         Err(SendError::ChannelOutOfRange { channel: 999, .. })
     ));
-    assert!(matches!(p.a.send(now, NodeId(1), ChannelId(0), Bytes::new()), Err(SendError::SelfSend(_))));
+    assert!(matches!(
+        p.a.send(now, NodeId(1), ChannelId(0), Bytes::new()),
+        Err(SendError::SelfSend(_))
+    ));
     let huge = Bytes::from(vec![0u8; (1 << 20) + 1]);
-    assert!(matches!(p.a.send(now, NodeId(2), ChannelId(0), huge), Err(SendError::TooLarge { .. })));
-    assert!(matches!(p.a.add_path(now, PathId(5), Some(NodeId(1))), Err(AddPathError::SelfDial(_))));
+    assert!(matches!(
+        p.a.send(now, NodeId(2), ChannelId(0), huge),
+        Err(SendError::TooLarge { .. })
+    ));
+    assert!(matches!(
+        p.a.add_path(now, PathId(5), Some(NodeId(1))),
+        Err(AddPathError::SelfDial(_))
+    ));
     p.a.add_path(now, PathId(5), Some(NodeId(2))).unwrap();
-    assert_eq!(p.a.add_path(now, PathId(5), Some(NodeId(2))), Err(AddPathError::Duplicate(PathId(5))));
+    assert_eq!(
+        p.a.add_path(now, PathId(5), Some(NodeId(2))),
+        Err(AddPathError::Duplicate(PathId(5)))
+    );
 }
 
 #[test]
@@ -186,15 +230,30 @@ fn garbage_closes_only_its_path() {
     p.b.add_path(now, PathId(9), None).unwrap();
     let mut junk = BytesMut::from(&b"GET / HTTP/1.1\r\n\r\n"[..]);
     let err = p.b.handle_input(now, PathId(9), &mut junk).unwrap_err();
-    assert!(matches!(err, PathError::Decode(wire::DecodeError::Version(b'G'))), "{err:?}");
+    assert!(
+        matches!(err, PathError::Decode(wire::DecodeError::Version(b'G'))),
+        "{err:?}"
+    );
     // B answers with a CLOSE and reports the path closed, with the error.
     let mut out = BytesMut::new();
     assert_eq!(p.b.poll_transmit(now, &mut out, 1 << 16), Some(PathId(9)));
     let close = wire::decode(&mut out, 1 << 20).unwrap().unwrap();
-    assert!(matches!(close, Frame::Close(wire::Close { code: wire::CloseCode::MALFORMED, .. })));
+    assert!(matches!(
+        close,
+        Frame::Close(wire::Close {
+            code: wire::CloseCode::MALFORMED,
+            ..
+        })
+    ));
     p.drain_events();
-    assert!(p.events_b.iter().any(|e| matches!(e,
-        Event::PathClosed { path: PathId(9), reason: PathCloseReason::Error(PathError::Decode(_)), .. })));
+    assert!(p.events_b.iter().any(|e| matches!(
+        e,
+        Event::PathClosed {
+            path: PathId(9),
+            reason: PathCloseReason::Error(PathError::Decode(_)),
+            ..
+        }
+    )));
     // The session with A is untouched.
     p.send_ab(0, b"y");
     p.settle();
@@ -210,19 +269,47 @@ fn oversized_frame_is_refused_from_its_header() {
     // Header only: version 1, DATA, flags 0, body length 2^31.
     let mut hdr = BytesMut::from(&[1u8, 3, 0, 0, 0x80, 0, 0, 0][..]);
     let err = p.b.handle_input(now, PathId(1), &mut hdr).unwrap_err();
-    assert!(matches!(err, PathError::Decode(wire::DecodeError::TooLarge { len: 0x8000_0000, .. })));
+    assert!(matches!(
+        err,
+        PathError::Decode(wire::DecodeError::TooLarge {
+            len: 0x8000_0000,
+            ..
+        })
+    ));
 }
 
 #[test]
 fn wrong_cluster_is_refused() {
     let mut p = Pair::new(cfg());
-    p.b = Endpoint::new(cfg(), LocalIdentity { cluster: ClusterId(99), ..identity(2, 1) }).unwrap();
+    p.b = Endpoint::new(
+        cfg(),
+        LocalIdentity {
+            cluster: ClusterId(99),
+            ..identity(2, 1)
+        },
+    )
+    .unwrap();
     p.connect(1);
     p.settle();
-    assert!(p.events_b.iter().any(|e| matches!(e,
-        Event::PathClosed { reason: PathCloseReason::Error(PathError::Handshake(HandshakeError::WrongCluster { .. })), .. })));
-    assert!(p.events_a.iter().any(|e| matches!(e,
-        Event::PathClosed { reason: PathCloseReason::ClosedByPeer { code: wire::CloseCode::WRONG_CLUSTER, .. }, .. })));
+    assert!(p.events_b.iter().any(|e| matches!(
+        e,
+        Event::PathClosed {
+            reason: PathCloseReason::Error(PathError::Handshake(
+                HandshakeError::WrongCluster { .. }
+            )),
+            ..
+        }
+    )));
+    assert!(p.events_a.iter().any(|e| matches!(
+        e,
+        Event::PathClosed {
+            reason: PathCloseReason::ClosedByPeer {
+                code: wire::CloseCode::WRONG_CLUSTER,
+                ..
+            },
+            ..
+        }
+    )));
 }
 
 #[test]
@@ -237,7 +324,11 @@ fn stalled_path_times_out_and_its_messages_move() {
         p.send_ab(0, b"s");
     }
     p.flush();
-    let busy = if data_frames(&p.peek_frames(1, Side::A)).len() == 3 { 1 } else { 2 };
+    let busy = if data_frames(&p.peek_frames(1, Side::A)).len() == 3 {
+        1
+    } else {
+        2
+    };
     // The busy path silently eats everything (not dead as far as anyone knows).
     p.drop_queued(busy, Side::A);
     p.advance(Duration::from_millis(300));

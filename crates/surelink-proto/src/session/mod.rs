@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use bytes::Bytes;
 
 pub use paths::PathStats;
-use paths::{Phase, PathState};
+use paths::{PathState, Phase};
 use recv::{Offer, RecvSide};
 use send::{AckOutcome, EntryState, SendSide};
 
@@ -55,9 +55,21 @@ pub(crate) struct PeerInfo {
 pub(crate) enum Queued {
     Event(Event),
     /// A released message: consuming it advances the cumulative ack.
-    Message { slot: usize, session: SessionId, peer: NodeId, channel: ChannelId, seq: u64, payload: Bytes },
+    Message {
+        slot: usize,
+        session: SessionId,
+        peer: NodeId,
+        channel: ChannelId,
+        seq: u64,
+        payload: Bytes,
+    },
     /// A withdrawn number: consumed silently.
-    Skip { slot: usize, session: SessionId, channel: ChannelId, seq: u64 },
+    Skip {
+        slot: usize,
+        session: SessionId,
+        channel: ChannelId,
+        seq: u64,
+    },
 }
 
 /// A path leaving a session; the endpoint writes its CLOSE frame (if any)
@@ -230,7 +242,10 @@ impl Session {
                 if p.phase == Phase::Handshaking {
                     p.phase = Phase::Active;
                     let path = p.id;
-                    ctx.events.push_back(Queued::Event(Event::PathUp { peer: self.node, path }));
+                    ctx.events.push_back(Queued::Event(Event::PathUp {
+                        peer: self.node,
+                        path,
+                    }));
                     self.update_reachability(now, ctx);
                 }
                 Ok(())
@@ -259,30 +274,62 @@ impl Session {
         }
     }
 
-    fn on_data(&mut self, now: Time, pi: usize, d: DataFrame, ctx: &mut Ctx<'_>) -> Result<(), PathError> {
+    fn on_data(
+        &mut self,
+        now: Time,
+        pi: usize,
+        d: DataFrame,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), PathError> {
         if u32::from(d.channel.0) >= ctx.cfg.max_channels {
             return Err(ProtocolViolation::ChannelOutOfRange(d.channel.0).into());
         }
         if d.payload.len() > ctx.cfg.max_message_size as usize {
-            return Err(ProtocolViolation::MessageTooLarge { len: d.payload.len(), max: ctx.cfg.max_message_size }
-                .into());
+            return Err(ProtocolViolation::MessageTooLarge {
+                len: d.payload.len(),
+                max: ctx.cfg.max_message_size,
+            }
+            .into());
         }
         let p = &mut self.paths[pi];
         p.stats.data_received += 1;
         self.last_data_path = Some(p.id);
-        let payload = if d.flags & DATA_FLAG_WITHDRAWN != 0 { None } else { Some(d.payload) };
+        let payload = if d.flags & DATA_FLAG_WITHDRAWN != 0 {
+            None
+        } else {
+            Some(d.payload)
+        };
         let (slot, session, peer, channel) = (ctx.slot, self.id, self.node, d.channel);
         let events = &mut *ctx.events;
         let mut delivered = 0;
-        let offer = self.recv.offer(now, channel, d.seq, payload, u64::from(ctx.cfg.recv_window), |seq, payload| {
-            events.push_back(match payload {
-                Some(payload) => {
-                    delivered += 1;
-                    Queued::Message { slot, session, peer, channel, seq, payload }
-                }
-                None => Queued::Skip { slot, session, channel, seq },
-            })
-        });
+        let offer = self.recv.offer(
+            now,
+            channel,
+            d.seq,
+            payload,
+            u64::from(ctx.cfg.recv_window),
+            |seq, payload| {
+                events.push_back(match payload {
+                    Some(payload) => {
+                        delivered += 1;
+                        Queued::Message {
+                            slot,
+                            session,
+                            peer,
+                            channel,
+                            seq,
+                            payload,
+                        }
+                    }
+                    None => Queued::Skip {
+                        slot,
+                        session,
+                        channel,
+                        seq,
+                    },
+                })
+            },
+        );
         self.stats.messages_delivered += delivered;
         match offer {
             Offer::Duplicate => self.stats.duplicates_received += 1,
@@ -292,7 +339,13 @@ impl Session {
         Ok(())
     }
 
-    fn on_ack(&mut self, now: Time, pi: usize, a: &AckFrame, cfg: &EndpointConfig) -> Result<(), PathError> {
+    fn on_ack(
+        &mut self,
+        now: Time,
+        pi: usize,
+        a: &AckFrame,
+        cfg: &EndpointConfig,
+    ) -> Result<(), PathError> {
         let mut out = AckOutcome::default();
         let Session { send, paths, .. } = self;
         for e in a.entries() {
@@ -307,7 +360,10 @@ impl Session {
                     p.suspect = false;
                 }
             })
-            .map_err(|seq| ProtocolViolation::AckOfUnsent { channel: e.channel.0, seq })?;
+            .map_err(|seq| ProtocolViolation::AckOfUnsent {
+                channel: e.channel.0,
+                seq,
+            })?;
         }
         if let Some((path, sent_at, _)) = out.rtt_sample {
             if let Some(p) = paths.iter_mut().find(|p| p.id == path) {
@@ -328,7 +384,9 @@ impl Session {
         let p = &mut self.paths[i];
         while let Some(&(ch, seq, t)) = p.inflight.front() {
             match self.send.entry(ch, seq) {
-                Some(e) if e.state == EntryState::InFlight && e.path == p.id && e.sent_at == t => break,
+                Some(e) if e.state == EntryState::InFlight && e.path == p.id && e.sent_at == t => {
+                    break
+                }
                 _ => {
                     p.inflight.pop_front();
                 }
@@ -355,7 +413,14 @@ impl Session {
     }
 
     /// The transport under path `pi` is gone (or the detector says so).
-    pub(crate) fn path_failed(&mut self, now: Time, pi: usize, reason: PathCloseReason, close: Option<Close>, ctx: &mut Ctx<'_>) {
+    pub(crate) fn path_failed(
+        &mut self,
+        now: Time,
+        pi: usize,
+        reason: PathCloseReason,
+        close: Option<Close>,
+        ctx: &mut Ctx<'_>,
+    ) {
         let resent = self.evacuate(pi);
         if resent > 0 {
             self.stats.failovers += 1;
@@ -364,14 +429,23 @@ impl Session {
         if self.last_path == Some(p.id) {
             self.last_path = None;
         }
-        ctx.closing.push_back(ClosingPath { path: p.id, peer: Some(self.node), close, reason, resent });
+        ctx.closing.push_back(ClosingPath {
+            path: p.id,
+            peer: Some(self.node),
+            close,
+            reason,
+            resent,
+        });
         self.update_reachability(now, ctx);
     }
 
     fn peer_closed(&mut self, now: Time, pi: usize, c: Close, ctx: &mut Ctx<'_>) {
         match c.scope {
             CloseScope::Path => {
-                let reason = PathCloseReason::ClosedByPeer { code: c.code, reason: c.reason };
+                let reason = PathCloseReason::ClosedByPeer {
+                    code: c.code,
+                    reason: c.reason,
+                };
                 self.path_failed(now, pi, reason, None, ctx);
             }
             CloseScope::Session => {
@@ -383,7 +457,10 @@ impl Session {
                         new: None,
                     },
                     CloseCode::STALE => SessionEndReason::Rejected(c.code),
-                    code => SessionEndReason::ClosedByPeer { code, reason: c.reason },
+                    code => SessionEndReason::ClosedByPeer {
+                        code,
+                        reason: c.reason,
+                    },
                 };
                 self.pending_end = Some(reason);
             }
@@ -394,11 +471,18 @@ impl Session {
         let reachable = self.paths.iter().any(|p| p.phase == Phase::Active);
         if reachable && !self.reachable {
             if let Some(peer) = self.peer {
-                ctx.events.push_back(Queued::Event(Event::PeerUp { peer: self.node, session: self.id, epoch: peer.epoch }));
+                ctx.events.push_back(Queued::Event(Event::PeerUp {
+                    peer: self.node,
+                    session: self.id,
+                    epoch: peer.epoch,
+                }));
             }
         } else if !reachable && self.reachable {
             self.unreachable_since = now;
-            ctx.events.push_back(Queued::Event(Event::PeerUnreachable { peer: self.node, session: self.id }));
+            ctx.events.push_back(Queued::Event(Event::PeerUnreachable {
+                peer: self.node,
+                session: self.id,
+            }));
         }
         self.reachable = reachable;
     }
@@ -413,7 +497,11 @@ impl Session {
                 Phase::Handshaking => {
                     if now >= p.created + cfg.handshake_timeout {
                         let err = PathError::Handshake(crate::error::HandshakeError::Timeout);
-                        let close = Close { scope: CloseScope::Path, code: err.close_code(), reason: err.to_string() };
+                        let close = Close {
+                            scope: CloseScope::Path,
+                            code: err.close_code(),
+                            reason: err.to_string(),
+                        };
                         self.path_failed(now, i, PathCloseReason::Error(err), Some(close), ctx);
                         continue;
                     }
@@ -446,7 +534,10 @@ impl Session {
             }
             i += 1;
         }
-        if !self.reachable && self.pending_end.is_none() && now >= self.unreachable_since + cfg.linger {
+        if !self.reachable
+            && self.pending_end.is_none()
+            && now >= self.unreachable_since + cfg.linger
+        {
             self.pending_end = Some(SessionEndReason::LingerExpired);
         }
     }
@@ -458,7 +549,9 @@ impl Session {
         for p in &self.paths {
             match p.phase {
                 Phase::Handshaking => {
-                    t = t.min(p.next_handshake_retry).min(p.created + cfg.handshake_timeout);
+                    t = t
+                        .min(p.next_handshake_retry)
+                        .min(p.created + cfg.handshake_timeout);
                     can_ack |= p.peer_hello_seen;
                 }
                 Phase::Active => {
@@ -486,10 +579,19 @@ impl Session {
 
     /// Ends the session: abandons every unacknowledged message and queues a
     /// session CLOSE on every path.
-    pub(crate) fn end(&mut self, reason: SessionEndReason, close_code: CloseCode, ctx: &mut Ctx<'_>) {
+    pub(crate) fn end(
+        &mut self,
+        reason: SessionEndReason,
+        close_code: CloseCode,
+        ctx: &mut Ctx<'_>,
+    ) {
         let abandoned = self.send.abandon_all();
         for p in self.paths.drain(..) {
-            let close = Close { scope: CloseScope::Session, code: close_code, reason: String::new() };
+            let close = Close {
+                scope: CloseScope::Session,
+                code: close_code,
+                reason: String::new(),
+            };
             ctx.closing.push_back(ClosingPath {
                 path: p.id,
                 peer: Some(self.node),

@@ -18,7 +18,11 @@ pub(crate) struct RttEstimator {
 
 impl RttEstimator {
     pub(crate) fn new(initial: Duration) -> Self {
-        RttEstimator { srtt: initial, rttvar: initial / 2, samples: 0 }
+        RttEstimator {
+            srtt: initial,
+            rttvar: initial / 2,
+            samples: 0,
+        }
     }
 
     pub(crate) fn sample(&mut self, rtt: Duration) {
@@ -119,14 +123,12 @@ impl PathState {
     /// The retransmission timeout with backoff applied.
     pub(crate) fn rto(&self, cfg: &EndpointConfig) -> Duration {
         let base = self.rtt.rto(cfg);
-        base.saturating_mul(1u32 << self.backoff.min(16)).min(cfg.max_rto)
+        base.saturating_mul(1u32 << self.backoff.min(16))
+            .min(cfg.max_rto)
     }
 
     pub(crate) fn has_control(&self) -> bool {
-        self.hello_due
-            || self.resume_due
-            || self.pong_due.is_some()
-            || self.ping_due
+        self.hello_due || self.resume_due || self.pong_due.is_some() || self.ping_due
     }
 
     /// Whether new or re-sent messages may be written to it.
@@ -139,7 +141,11 @@ impl PathState {
 /// then the least in-flight bytes; keep the previous choice while it is
 /// within `balance_slack` of the lightest, so one channel's messages are not
 /// split across paths (and reordered) without need.
-pub(crate) fn select(paths: &[PathState], last: Option<PathId>, cfg: &EndpointConfig) -> Option<usize> {
+pub(crate) fn select(
+    paths: &[PathState],
+    last: Option<PathId>,
+    cfg: &EndpointConfig,
+) -> Option<usize> {
     let mut best: Option<usize> = None;
     for (i, p) in paths.iter().enumerate() {
         if !p.usable(cfg) {
@@ -149,7 +155,8 @@ pub(crate) fn select(paths: &[PathState], last: Option<PathId>, cfg: &EndpointCo
             None => Some(i),
             Some(b) => {
                 let q = &paths[b];
-                let better = (p.suspect, p.inflight_bytes, p.rtt.srtt) < (q.suspect, q.inflight_bytes, q.rtt.srtt);
+                let better = (p.suspect, p.inflight_bytes, p.rtt.srtt)
+                    < (q.suspect, q.inflight_bytes, q.rtt.srtt);
                 Some(if better { i } else { b })
             }
         };
@@ -159,7 +166,10 @@ pub(crate) fn select(paths: &[PathState], last: Option<PathId>, cfg: &EndpointCo
         if let Some(li) = paths.iter().position(|p| p.id == last) {
             let l = &paths[li];
             let b = &paths[best];
-            if l.usable(cfg) && l.suspect == b.suspect && l.inflight_bytes <= b.inflight_bytes + cfg.balance_slack {
+            if l.usable(cfg)
+                && l.suspect == b.suspect
+                && l.inflight_bytes <= b.inflight_bytes + cfg.balance_slack
+            {
                 return Some(li);
             }
         }
@@ -182,7 +192,10 @@ mod tests {
 
     #[test]
     fn picks_least_loaded_with_hysteresis_and_avoids_suspects() {
-        let cfg = EndpointConfig { balance_slack: 100, ..Default::default() };
+        let cfg = EndpointConfig {
+            balance_slack: 100,
+            ..Default::default()
+        };
         let paths = vec![path(1, 1000, false), path(2, 950, false), path(3, 0, true)];
         // Lightest unsuspected is path 2; path 3 is suspect.
         assert_eq!(select(&paths, None, &cfg), Some(1));

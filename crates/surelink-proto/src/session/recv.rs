@@ -36,7 +36,7 @@ impl RangeSet {
         let mut start = seq;
         let mut end = seq + 1;
         if let Some((&s, &e)) = self.map.range(..=seq).next_back() {
-            if e >= seq + 1 {
+            if e > seq {
                 return; // already covered
             }
             if e == seq {
@@ -216,7 +216,12 @@ impl RecvSide {
     }
 
     /// Whether an acknowledgement should go out now.
-    pub(crate) fn ack_due(&self, now: Time, frequency: u32, max_delay: std::time::Duration) -> bool {
+    pub(crate) fn ack_due(
+        &self,
+        now: Time,
+        frequency: u32,
+        max_delay: std::time::Duration,
+    ) -> bool {
         if self.dirty.is_empty() {
             return false;
         }
@@ -273,16 +278,34 @@ mod tests {
         let mut got = Vec::new();
         let p = || Some(Bytes::from_static(b"x"));
         let w = 1000;
-        assert_eq!(r.offer(Time::ZERO, ch, 2, p(), w, |s, _| got.push(s)), Offer::Buffered);
-        assert_eq!(r.offer(Time::ZERO, ch, 2, p(), w, |s, _| got.push(s)), Offer::Duplicate);
-        assert_eq!(r.offer(Time::ZERO, ch, 1, p(), w, |s, _| got.push(s)), Offer::Buffered);
+        assert_eq!(
+            r.offer(Time::ZERO, ch, 2, p(), w, |s, _| got.push(s)),
+            Offer::Buffered
+        );
+        assert_eq!(
+            r.offer(Time::ZERO, ch, 2, p(), w, |s, _| got.push(s)),
+            Offer::Duplicate
+        );
+        assert_eq!(
+            r.offer(Time::ZERO, ch, 1, p(), w, |s, _| got.push(s)),
+            Offer::Buffered
+        );
         assert!(got.is_empty());
-        assert_eq!(r.offer(Time::ZERO, ch, 0, p(), w, |s, _| got.push(s)), Offer::Released);
+        assert_eq!(
+            r.offer(Time::ZERO, ch, 0, p(), w, |s, _| got.push(s)),
+            Offer::Released
+        );
         assert_eq!(got, vec![0, 1, 2]);
-        assert_eq!(r.offer(Time::ZERO, ch, 1, p(), w, |s, _| got.push(s)), Offer::Duplicate);
+        assert_eq!(
+            r.offer(Time::ZERO, ch, 1, p(), w, |s, _| got.push(s)),
+            Offer::Duplicate
+        );
         assert_eq!(r.reorder_len(), 0);
         // 3 messages of cost 65 buffered; a window of 200 has no room for a 4th.
-        assert_eq!(r.offer(Time::ZERO, ch, 3, p(), 200, |s, _| got.push(s)), Offer::OverWindow);
+        assert_eq!(
+            r.offer(Time::ZERO, ch, 3, p(), 200, |s, _| got.push(s)),
+            Offer::OverWindow
+        );
         let mut ranges = Vec::new();
         r.channels[0].ack_ranges(&mut ranges, 8);
         assert_eq!(ranges, vec![(0, 3)]);

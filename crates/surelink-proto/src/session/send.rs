@@ -154,7 +154,9 @@ impl SendSide {
             }
         };
         while ch.base < cumulative {
-            let Some(e) = ch.entries.pop_front() else { break };
+            let Some(e) = ch.entries.pop_front() else {
+                break;
+            };
             let seq = ch.base;
             ch.base += 1;
             let cost = message_cost(e.payload.len());
@@ -196,7 +198,11 @@ impl SendSide {
         for (idx, ch) in self.channels.iter_mut().enumerate() {
             if !ch.entries.is_empty() {
                 let channel = ChannelId(u16::try_from(idx).unwrap_or(u16::MAX));
-                out.push(Abandoned { channel, start: ch.base, end: ch.next_seq() });
+                out.push(Abandoned {
+                    channel,
+                    start: ch.base,
+                    end: ch.next_seq(),
+                });
                 ch.base = ch.next_seq();
                 ch.sent_end = ch.base;
                 ch.entries.clear();

@@ -12,15 +12,23 @@ use crate::event::Event;
 use crate::ids::{ChannelId, PathId};
 use crate::time::Time;
 use crate::wire::{
-    encode_data, encode_hello, encode_ping, encode_pong, AckWriter, FrameKind, Hello, DATA_FLAG_RETRANSMIT,
-    DATA_FLAG_WITHDRAWN, MAX_ACK_RANGES,
+    encode_data, encode_hello, encode_ping, encode_pong, AckWriter, FrameKind, Hello,
+    DATA_FLAG_RETRANSMIT, DATA_FLAG_WITHDRAWN, MAX_ACK_RANGES,
 };
 
 /// Largest ACK/RESUME frame we write; within every peer's `max_frame_body`.
 const ACK_FRAME_CAP: usize = AckWriter::EMPTY_LEN + AckWriter::entry_len(MAX_ACK_RANGES) * 64;
 
 /// Writes one message to a path and records where and when it went.
-fn write_entry(buf: &mut BytesMut, e: &mut Entry, ch: ChannelId, seq: u64, mut flags: u16, p: &mut PathState, now: Time) {
+fn write_entry(
+    buf: &mut BytesMut,
+    e: &mut Entry,
+    ch: ChannelId,
+    seq: u64,
+    mut flags: u16,
+    p: &mut PathState,
+    now: Time,
+) {
     if e.withdrawn {
         flags |= DATA_FLAG_WITHDRAWN;
     }
@@ -37,7 +45,13 @@ fn write_entry(buf: &mut BytesMut, e: &mut Entry, ch: ChannelId, seq: u64, mut f
 impl Session {
     /// Appends the next frames for one path to `buf` (about `budget` bytes,
     /// at least one frame) and says which path they are for.
-    pub(crate) fn poll_transmit(&mut self, now: Time, buf: &mut BytesMut, budget: usize, ctx: &mut Ctx<'_>) -> Option<PathId> {
+    pub(crate) fn poll_transmit(
+        &mut self,
+        now: Time,
+        buf: &mut BytesMut,
+        budget: usize,
+        ctx: &mut Ctx<'_>,
+    ) -> Option<PathId> {
         let start = buf.len();
         if let Some(i) = self.paths.iter().position(PathState::has_control) {
             self.write_control(now, i, buf, ctx);
@@ -49,13 +63,20 @@ impl Session {
         let ack_due = self.recv.ack_due(now, cfg.ack_frequency, cfg.max_ack_delay);
         let has_new = match (self.peer, self.send.new_queue.front()) {
             (Some(peer), Some(&(ch, seq))) => {
-                let len = self.send.entry(ch, seq).map_or(0, |e| e.payload.len().min(peer.max_message as usize));
+                let len = self
+                    .send
+                    .entry(ch, seq)
+                    .map_or(0, |e| e.payload.len().min(peer.max_message as usize));
                 self.send.outstanding_bytes + message_cost(len) <= peer.recv_window
             }
             _ => false,
         };
         let want_data = has_new || !self.send.retx_queue.is_empty();
-        let data_path = if want_data { paths::select(&self.paths, self.last_path, cfg) } else { None };
+        let data_path = if want_data {
+            paths::select(&self.paths, self.last_path, cfg)
+        } else {
+            None
+        };
         let pi = match data_path {
             Some(i) => i,
             None if ack_due => self.ack_path()?,
@@ -124,21 +145,27 @@ impl Session {
                 return Some(i);
             }
         }
-        self.paths.iter().position(|p| ok(p) && !p.suspect).or_else(|| self.paths.iter().position(ok))
+        self.paths
+            .iter()
+            .position(|p| ok(p) && !p.suspect)
+            .or_else(|| self.paths.iter().position(ok))
     }
 
     /// Writes acknowledgements: for dirty channels (`all = false`) or for every
     /// channel with state (RESUME). Splits into several frames if needed; the
     /// first carries `kind`, the rest are ACKs.
     pub(super) fn write_acks(&mut self, now: Time, buf: &mut BytesMut, kind: FrameKind, all: bool) {
-        let delay_us = self
-            .recv
-            .first_unacked
-            .map_or(0, |t| u32::try_from(now.saturating_since(t).as_micros()).unwrap_or(u32::MAX));
+        let delay_us = self.recv.first_unacked.map_or(0, |t| {
+            u32::try_from(now.saturating_since(t).as_micros()).unwrap_or(u32::MAX)
+        });
         let Session { recv, scratch, .. } = self;
         let mut frame_start = buf.len();
         let mut w = AckWriter::begin(buf, kind, delay_us);
-        let n = if all { recv.channels.len() } else { recv.dirty.len() };
+        let n = if all {
+            recv.channels.len()
+        } else {
+            recv.dirty.len()
+        };
         for k in 0..n {
             let idx = if all { k } else { usize::from(recv.dirty[k].0) };
             let ch = &mut recv.channels[idx];
@@ -147,12 +174,19 @@ impl Session {
             }
             ch.dirty = false;
             ch.ack_ranges(scratch, MAX_ACK_RANGES);
-            if buf.len() - frame_start + AckWriter::entry_len(scratch.len()) > ACK_FRAME_CAP || w.count() == u16::MAX {
+            if buf.len() - frame_start + AckWriter::entry_len(scratch.len()) > ACK_FRAME_CAP
+                || w.count() == u16::MAX
+            {
                 w.finish(buf);
                 frame_start = buf.len();
                 w = AckWriter::begin(buf, FrameKind::Ack, delay_us);
             }
-            w.entry(buf, ChannelId(u16::try_from(idx).unwrap_or(u16::MAX)), ch.consumed, scratch);
+            w.entry(
+                buf,
+                ChannelId(u16::try_from(idx).unwrap_or(u16::MAX)),
+                ch.consumed,
+                scratch,
+            );
         }
         w.finish(buf);
         for c in recv.dirty.drain(..) {
@@ -161,16 +195,36 @@ impl Session {
         recv.acked();
     }
 
-    fn write_data(&mut self, now: Time, pi: usize, buf: &mut BytesMut, start: usize, budget: usize, ctx: &mut Ctx<'_>) {
+    fn write_data(
+        &mut self,
+        now: Time,
+        pi: usize,
+        buf: &mut BytesMut,
+        start: usize,
+        budget: usize,
+        ctx: &mut Ctx<'_>,
+    ) {
         let cfg = ctx.cfg;
-        let Session { send, paths, stats, peer, node, id, .. } = self;
+        let Session {
+            send,
+            paths,
+            stats,
+            peer,
+            node,
+            id,
+            ..
+        } = self;
         let Some(peer) = *peer else { return };
         let p = &mut paths[pi];
         // Re-sends first: SQR's promise that a failed path's messages go out
         // again at once, ahead of anything new.
         while buf.len() - start < budget && p.inflight_bytes < cfg.path_inflight_limit {
-            let Some((ch, seq)) = send.retx_queue.pop_front() else { break };
-            let Some(e) = send.entry_mut(ch, seq) else { continue };
+            let Some((ch, seq)) = send.retx_queue.pop_front() else {
+                break;
+            };
+            let Some(e) = send.entry_mut(ch, seq) else {
+                continue;
+            };
             if e.state != EntryState::Pending {
                 continue; // acknowledged meanwhile
             }
@@ -179,7 +233,9 @@ impl Session {
             p.stats.resent += 1;
         }
         while buf.len() - start < budget && p.inflight_bytes < cfg.path_inflight_limit {
-            let Some(&(ch, seq)) = send.new_queue.front() else { break };
+            let Some(&(ch, seq)) = send.new_queue.front() else {
+                break;
+            };
             let Some(chan) = send.channels.get_mut(usize::from(ch.0)) else {
                 send.new_queue.pop_front();
                 continue;
@@ -189,7 +245,11 @@ impl Session {
                 continue;
             };
             let len = e.payload.len();
-            let sent_len = if len > peer.max_message as usize { 0 } else { len };
+            let sent_len = if len > peer.max_message as usize {
+                0
+            } else {
+                len
+            };
             if send.outstanding_bytes + message_cost(sent_len) > peer.recv_window {
                 break; // the peer's window is full; wait for acknowledgements
             }

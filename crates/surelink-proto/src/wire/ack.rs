@@ -76,7 +76,10 @@ impl AckFrame {
 
     /// The entries, in the order they were written.
     pub fn entries(&self) -> AckEntries {
-        AckEntries { buf: self.entries.clone(), left: self.count }
+        AckEntries {
+            buf: self.entries.clone(),
+            left: self.count,
+        }
     }
 
     /// Validates an ACK body (after the frame header) without copying it.
@@ -108,7 +111,11 @@ impl AckFrame {
             for i in 0..nranges {
                 let start = body.get_u64();
                 let end = body.get_u64();
-                let above_floor = if i == 0 { start >= floor } else { start > floor };
+                let above_floor = if i == 0 {
+                    start >= floor
+                } else {
+                    start > floor
+                };
                 if !above_floor || start >= end {
                     return Err(malformed("selective ranges not ascending and disjoint"));
                 }
@@ -118,7 +125,11 @@ impl AckFrame {
         if body.has_remaining() {
             return Err(malformed("trailing bytes after the last entry"));
         }
-        Ok(AckFrame { delay_us, count, entries })
+        Ok(AckFrame {
+            delay_us,
+            count,
+            entries,
+        })
     }
 }
 
@@ -151,8 +162,14 @@ impl Iterator for AckEntries {
         let cumulative = self.buf.get_u64();
         let n = usize::from(self.buf.get_u16()) * RANGE_LEN;
         let n = n.min(self.buf.remaining());
-        let ranges = AckRanges { buf: self.buf.split_to(n) };
-        Some(AckEntry { channel, cumulative, ranges })
+        let ranges = AckRanges {
+            buf: self.buf.split_to(n),
+        };
+        Some(AckEntry {
+            channel,
+            cumulative,
+            ranges,
+        })
     }
 }
 

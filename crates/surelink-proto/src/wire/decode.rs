@@ -39,6 +39,9 @@ pub enum DecodeError {
     },
 }
 
+/// Most a partial frame makes `decode` reserve at once.
+const RESERVE_STEP: usize = 64 * 1024;
+
 /// Checks a header and returns `(kind, flags, body length)`.
 fn parse_header(h: &[u8], max_body: u32) -> Result<(FrameKind, u16, u32), DecodeError> {
     let version = h[0];
@@ -68,9 +71,14 @@ pub fn decode(buf: &mut BytesMut, max_body: u32) -> Result<Option<Frame>, Decode
         return Ok(None);
     }
     let (kind, flags, len) = parse_header(&buf[..HEADER_LEN], max_body)?;
-    let total = HEADER_LEN + len as usize;
+    let total = usize::try_from(len)
+        .ok()
+        .and_then(|l| l.checked_add(HEADER_LEN))
+        .ok_or(DecodeError::TooLarge { len, max: max_body })?;
     if buf.len() < total {
-        buf.reserve(total - buf.len());
+        // Grow towards the announced size in steps, so 8 header bytes alone
+        // cannot make us allocate a whole maximal frame up front.
+        buf.reserve((total - buf.len()).min(RESERVE_STEP));
         return Ok(None);
     }
     let mut frame = buf.split_to(total).freeze();
@@ -119,7 +127,12 @@ fn parse_body(kind: FrameKind, flags: u16, mut body: Bytes) -> Result<Frame, Dec
             }
             let channel = ChannelId(body.get_u16());
             let seq = body.get_u64();
-            Ok(Frame::Data(DataFrame { channel, seq, flags, payload: body }))
+            Ok(Frame::Data(DataFrame {
+                channel,
+                seq,
+                flags,
+                payload: body,
+            }))
         }
         FrameKind::Ack => AckFrame::parse(body, kind).map(Frame::Ack),
         FrameKind::Resume => AckFrame::parse(body, kind).map(Frame::Resume),
@@ -162,14 +175,22 @@ fn parse_body(kind: FrameKind, flags: u16, mut body: Bytes) -> Result<Frame, Dec
             let reason = std::str::from_utf8(&body)
                 .map_err(|_| malformed("reason is not UTF-8"))?
                 .to_owned();
-            Ok(Frame::Close(Close { scope, code, reason }))
+            Ok(Frame::Close(Close {
+                scope,
+                code,
+                reason,
+            }))
         }
         FrameKind::Ping | FrameKind::Pong => {
             if body.len() != 8 {
                 return Err(malformed("body is not one 8-byte token"));
             }
             let token = body.get_u64();
-            Ok(if kind == FrameKind::Ping { Frame::Ping(token) } else { Frame::Pong(token) })
+            Ok(if kind == FrameKind::Ping {
+                Frame::Ping(token)
+            } else {
+                Frame::Pong(token)
+            })
         }
         FrameKind::Heartbeat | FrameKind::Barrier | FrameKind::Batch | FrameKind::RouteUpdate => {
             Err(DecodeError::Reserved(kind))

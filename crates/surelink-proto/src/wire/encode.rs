@@ -75,11 +75,18 @@ impl Frame {
     pub fn encode(&self, buf: &mut BytesMut) {
         match self {
             Frame::Hello(h) => encode_hello(buf, h),
-            Frame::Data(DataFrame { channel, seq, flags, payload }) => {
-                encode_data(buf, *channel, *seq, *flags, payload)
-            }
+            Frame::Data(DataFrame {
+                channel,
+                seq,
+                flags,
+                payload,
+            }) => encode_data(buf, *channel, *seq, *flags, payload),
             Frame::Ack(a) | Frame::Resume(a) => {
-                let kind = if matches!(self, Frame::Ack(_)) { FrameKind::Ack } else { FrameKind::Resume };
+                let kind = if matches!(self, Frame::Ack(_)) {
+                    FrameKind::Ack
+                } else {
+                    FrameKind::Resume
+                };
                 let delay = u32::try_from(a.delay().as_micros()).unwrap_or(u32::MAX);
                 let mut w = AckWriter::begin(buf, kind, delay);
                 let mut ranges = Vec::new();
