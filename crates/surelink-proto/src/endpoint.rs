@@ -5,7 +5,9 @@
 //! [`Endpoint::poll_transmit`] returns. The endpoint binds each path to a
 //! session by the HELLO exchange and ends sessions whose peer restarted.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use bytes::{Bytes, BytesMut};
 
@@ -62,9 +64,9 @@ impl Endpoint {
             local,
             sessions: Vec::new(),
             free: Vec::new(),
-            by_node: HashMap::new(),
+            by_node: HashMap::default(),
             next_session_id: 1,
-            paths: HashMap::new(),
+            paths: HashMap::default(),
             events: VecDeque::new(),
             closing: VecDeque::new(),
             cursor: 0,
@@ -158,6 +160,9 @@ impl Endpoint {
     /// Reports closing paths that have no CLOSE frame to write; marks the
     /// others so their input is ignored until `poll_transmit` writes them.
     fn report_closed_paths(&mut self) {
+        if self.closing.is_empty() {
+            return;
+        }
         let mut keep = VecDeque::new();
         while let Some(c) = self.closing.pop_front() {
             if c.close.is_some() {
@@ -172,12 +177,13 @@ impl Endpoint {
 
     fn finish_close(&mut self, c: ClosingPath) {
         self.paths.remove(&c.path);
-        self.events.push_back(Queued::Event(Event::PathClosed {
-            peer: c.peer,
-            path: c.path,
-            reason: c.reason,
-            resent: c.resent,
-        }));
+        self.events
+            .push_back(Queued::Event(Box::new(Event::PathClosed {
+                peer: c.peer,
+                path: c.path,
+                reason: c.reason,
+                resent: c.resent,
+            })));
     }
 
     /// A new transport is up. `peer` is the node it was dialled to, or `None`
@@ -295,8 +301,11 @@ impl Endpoint {
         buf: &mut BytesMut,
     ) -> Result<(), PathError> {
         self.tick(now);
+        // Look the path up once per call, not per frame: DATA and ACK (nearly
+        // all traffic) cannot change which session a path belongs to.
+        let mut slot = self.paths.get(&path).copied();
         loop {
-            match self.paths.get(&path) {
+            match slot {
                 None => return Err(PathError::UnknownPath(path)),
                 Some(PathSlot::Closing) => {
                     buf.clear();
@@ -314,12 +323,38 @@ impl Endpoint {
                     return Err(e);
                 }
             };
-            if let Err(e) = self.handle_frame(now, path, frame) {
+            let fast = matches!(frame, Frame::Data(_) | Frame::Ack(_));
+            let r = match slot {
+                Some(PathSlot::Bound(s)) if fast => self.session_frame(now, s, path, frame),
+                _ => self.handle_frame(now, path, frame),
+            };
+            if let Err(e) = r {
                 self.refuse_path(now, path, e.clone());
                 buf.clear();
                 return Err(e);
             }
+            if !fast {
+                slot = self.paths.get(&path).copied();
+            }
         }
+    }
+
+    /// Hands a frame to the session a path is bound to.
+    fn session_frame(
+        &mut self,
+        now: Time,
+        slot: usize,
+        path: PathId,
+        frame: Frame,
+    ) -> Result<(), PathError> {
+        let r = self
+            .with_session(slot, |s, ctx| match s.path_index(path) {
+                Some(pi) => s.handle_frame(now, pi, frame, ctx),
+                None => Ok(()),
+            })
+            .unwrap_or(Ok(()));
+        self.report_closed_paths();
+        r
     }
 
     /// Closes `path` because of `e`, telling the peer why.
@@ -394,16 +429,7 @@ impl Endpoint {
             (Some(PathSlot::Bound(slot)), Frame::Hello(h)) => {
                 self.on_hello(now, path, Some(slot), h)
             }
-            (Some(PathSlot::Bound(slot)), frame) => {
-                let r = self
-                    .with_session(slot, |s, ctx| match s.path_index(path) {
-                        Some(pi) => s.handle_frame(now, pi, frame, ctx),
-                        None => Ok(()),
-                    })
-                    .unwrap_or(Ok(()));
-                self.report_closed_paths();
-                r
-            }
+            (Some(PathSlot::Bound(slot)), frame) => self.session_frame(now, slot, path, frame),
         }
     }
 
@@ -628,7 +654,7 @@ impl Endpoint {
     pub fn poll_event(&mut self) -> Option<Event> {
         loop {
             match self.events.pop_front()? {
-                Queued::Event(e) => return Some(e),
+                Queued::Event(e) => return Some(*e),
                 Queued::Message {
                     slot,
                     session,

@@ -53,7 +53,7 @@ pub(crate) struct PeerInfo {
 /// Something queued for `poll_event`.
 #[derive(Debug)]
 pub(crate) enum Queued {
-    Event(Event),
+    Event(Box<Event>),
     /// A released message: consuming it advances the cumulative ack.
     Message {
         slot: usize,
@@ -242,10 +242,10 @@ impl Session {
                 if p.phase == Phase::Handshaking {
                     p.phase = Phase::Active;
                     let path = p.id;
-                    ctx.events.push_back(Queued::Event(Event::PathUp {
+                    ctx.events.push_back(Queued::Event(Box::new(Event::PathUp {
                         peer: self.node,
                         path,
-                    }));
+                    })));
                     self.update_reachability(now, ctx);
                 }
                 Ok(())
@@ -471,18 +471,19 @@ impl Session {
         let reachable = self.paths.iter().any(|p| p.phase == Phase::Active);
         if reachable && !self.reachable {
             if let Some(peer) = self.peer {
-                ctx.events.push_back(Queued::Event(Event::PeerUp {
+                ctx.events.push_back(Queued::Event(Box::new(Event::PeerUp {
                     peer: self.node,
                     session: self.id,
                     epoch: peer.epoch,
-                }));
+                })));
             }
         } else if !reachable && self.reachable {
             self.unreachable_since = now;
-            ctx.events.push_back(Queued::Event(Event::PeerUnreachable {
-                peer: self.node,
-                session: self.id,
-            }));
+            ctx.events
+                .push_back(Queued::Event(Box::new(Event::PeerUnreachable {
+                    peer: self.node,
+                    session: self.id,
+                })));
         }
         self.reachable = reachable;
     }
@@ -600,12 +601,13 @@ impl Session {
                 resent: 0,
             });
         }
-        ctx.events.push_back(Queued::Event(Event::SessionEnded {
-            peer: self.node,
-            session: self.id,
-            reason,
-            abandoned,
-        }));
+        ctx.events
+            .push_back(Queued::Event(Box::new(Event::SessionEnded {
+                peer: self.node,
+                session: self.id,
+                reason,
+                abandoned,
+            })));
     }
 
     /// A snapshot of counters and gauges.

@@ -260,14 +260,15 @@ impl Session {
                 e.payload = Bytes::new();
                 e.withdrawn = true;
                 send.cache_bytes -= message_cost(len) - message_cost(0);
-                ctx.events.push_back(Queued::Event(Event::MessageRejected {
-                    peer: *node,
-                    session: *id,
-                    channel: ch,
-                    seq,
-                    len,
-                    max: peer.max_message,
-                }));
+                ctx.events
+                    .push_back(Queued::Event(Box::new(Event::MessageRejected {
+                        peer: *node,
+                        session: *id,
+                        channel: ch,
+                        seq,
+                        len,
+                        max: peer.max_message,
+                    })));
             }
             write_entry(buf, e, ch, seq, 0, p, now);
             chan.sent_end = seq + 1;
