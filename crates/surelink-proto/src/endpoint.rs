@@ -724,6 +724,57 @@ impl Endpoint {
             .map(|s| (s.node, s.send.cache_bytes, s.recv.buffered_bytes))
     }
 
+    #[doc(hidden)]
+    pub fn debug_session(&self, peer: NodeId) -> String {
+        let Some(s) = self.by_node.get(&peer).and_then(|&slot| self.session(slot)) else {
+            return "none".into();
+        };
+        let mut out = format!(
+            "outstanding={} cache={} new_q={} retx_q={} peer={:?} recv_buffered={} dirty={:?}\n",
+            s.send.outstanding_bytes,
+            s.send.cache_bytes,
+            s.send.new_queue.len(),
+            s.send.retx_queue.len(),
+            s.peer,
+            s.recv.buffered_bytes,
+            s.recv.dirty
+        );
+        for (i, ch) in s.send.channels.iter().enumerate() {
+            let states: Vec<_> = ch
+                .entries
+                .iter()
+                .take(8)
+                .map(|e| (e.state, e.path, e.transmissions))
+                .collect();
+            out += &format!(
+                " send ch{i}: base={} sent_end={} len={} first={:?}\n",
+                ch.base,
+                ch.sent_end,
+                ch.entries.len(),
+                states
+            );
+        }
+        for (i, ch) in s.recv.channels.iter().enumerate() {
+            out += &format!(
+                " recv ch{i}: consumed={} next={} dirty={}\n",
+                ch.consumed, ch.next, ch.dirty
+            );
+        }
+        for p in &s.paths {
+            out += &format!(
+                " path {:?} {:?} suspect={} backoff={} inflight={} fifo={} ping={:?}\n",
+                p.id,
+                p.phase,
+                p.suspect,
+                p.backoff,
+                p.inflight_bytes,
+                p.inflight.len(),
+                p.ping_outstanding
+            );
+        }
+        out
+    }
+
     /// Paths known to the endpoint (any state).
     pub fn path_count(&self) -> usize {
         self.paths.len()

@@ -868,6 +868,18 @@ impl Sim {
         quiet: Duration,
         drain_limit: Duration,
     ) -> SimReport {
+        if drained_at.is_none() && std::env::var_os("SIM_TRACE").is_some() {
+            for n in 0..self.nodes.len() {
+                for m in 0..self.nodes.len() {
+                    if n != m {
+                        eprintln!(
+                            "node {n} -> {m}: {}",
+                            self.nodes[n].ep.debug_session(node_id(m))
+                        );
+                    }
+                }
+            }
+        }
         if drained_at.is_none() {
             let pending = self.checker.pending();
             let sample = self.checker.describe_pending(5).join("; ");

@@ -24,13 +24,22 @@ struct Case {
     fifo: bool,
     restarts: bool,
     faults: usize,
+    /// Tiny buffers and a heavy load: backpressure and flow control at work.
+    pressure: bool,
 }
 
 impl Case {
     fn encode(&self) -> String {
         format!(
-            "seed={},nodes={},paths={},detect={},fifo={},restarts={},faults={}",
-            self.seed, self.nodes, self.paths, self.detect, self.fifo, self.restarts, self.faults
+            "seed={},nodes={},paths={},detect={},fifo={},restarts={},faults={},pressure={}",
+            self.seed,
+            self.nodes,
+            self.paths,
+            self.detect,
+            self.fifo,
+            self.restarts,
+            self.faults,
+            self.pressure
         )
     }
 
@@ -43,6 +52,7 @@ impl Case {
             fifo: true,
             restarts: false,
             faults: 6,
+            pressure: false,
         };
         for kv in s.split(',') {
             let (k, v) = kv.split_once('=')?;
@@ -54,6 +64,7 @@ impl Case {
                 "fifo" => c.fifo = v.parse().ok()?,
                 "restarts" => c.restarts = v.parse().ok()?,
                 "faults" => c.faults = v.parse().ok()?,
+                "pressure" => c.pressure = v.parse().ok()?,
                 _ => return None,
             }
         }
@@ -72,6 +83,21 @@ fn drain_bound(cfg: &SimConfig) -> Duration {
         + Duration::from_millis(100)
 }
 
+fn faults_of(c: &Case) -> Vec<surelink_sim::Fault> {
+    let links = c.nodes * (c.nodes - 1) / 2 * c.paths;
+    random_schedule(c.seed, links, c.nodes, &spec(c))
+}
+
+fn spec(c: &Case) -> ScheduleSpec {
+    ScheduleSpec {
+        window: Duration::from_millis(1500),
+        count: c.faults,
+        max_duration: Duration::from_millis(800),
+        restarts: c.restarts,
+        pauses: true,
+    }
+}
+
 fn run_case(c: &Case) -> (SimReport, SimConfig) {
     let mut cfg = SimConfig::small(c.seed);
     cfg.nodes = c.nodes;
@@ -81,16 +107,21 @@ fn run_case(c: &Case) -> (SimReport, SimConfig) {
         cfg.detect_after = None;
     }
     cfg.workload.until = Duration::from_millis(1500);
+    if c.pressure {
+        cfg.endpoint.send_buffer = 24 << 10;
+        cfg.endpoint.recv_window = 8 << 10;
+        cfg.endpoint.path_inflight_limit = 6 << 10;
+        cfg.endpoint.max_message_size = 2 << 10;
+        cfg.workload.interval = Duration::from_micros(300);
+        cfg.workload.max_len = 2 << 10;
+    }
     let links = c.nodes * (c.nodes - 1) / 2 * c.paths;
-    let spec = ScheduleSpec {
-        window: Duration::from_millis(1500),
-        count: c.faults,
-        max_duration: Duration::from_millis(800),
-        restarts: c.restarts,
-        pauses: true,
-    };
-    let faults = random_schedule(c.seed, links, c.nodes, &spec);
-    let report = Sim::new(cfg.clone(), &faults).run(drain_bound(&cfg));
+    let faults = random_schedule(c.seed, links, c.nodes, &spec(c));
+    let drain = std::env::var("SURELINK_SIM_DRAIN_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or_else(|| drain_bound(&cfg), Duration::from_millis);
+    let report = Sim::new(cfg.clone(), &faults).run(drain);
     (report, cfg)
 }
 
@@ -130,8 +161,9 @@ proptest! {
         fifo in prop::bool::weighted(0.8),
         restarts in prop::bool::weighted(0.3),
         faults in 0usize..=8,
+        pressure in prop::bool::weighted(0.25),
     ) {
-        let c = Case { seed, nodes, paths, detect, fifo, restarts, faults };
+        let c = Case { seed, nodes, paths, detect, fifo, restarts, faults, pressure };
         if let Err(e) = check(&c) {
             prop_assert!(false, "{}", e);
         }
@@ -149,6 +181,10 @@ fn replay() {
     );
     let (r, cfg) = run_case(&c);
     eprintln!(
+        "refused_full={} peak_cache={} peak_recv={}",
+        r.refused_full, r.peak_cache, r.peak_recv
+    );
+    eprintln!(
         "{c:?}\ndrain bound {:?}\n{:?}\ndrained_at={:?} faults_end={:?}",
         drain_bound(&cfg),
         r.tally,
@@ -158,5 +194,6 @@ fn replay() {
     for v in &r.violations {
         eprintln!("VIOLATION {v}");
     }
+    eprintln!("faults: {:#?}", faults_of(&c));
     assert!(check(&c).is_ok());
 }

@@ -111,6 +111,8 @@ pub struct SessionStats {
     pub failovers: u64,
     /// Retransmission timeouts across paths.
     pub timeouts: u64,
+    /// Window probes: re-sends that ask a silent peer for its acknowledgement.
+    pub probes: u64,
     /// Bytes held in the retransmit cache now.
     pub cache_bytes: u64,
     /// Messages held in the retransmit cache now.
@@ -159,6 +161,9 @@ pub(crate) struct Session {
     next_ping_token: u64,
     pub(crate) stats: SessionStats,
     scratch: Vec<(u64, u64)>,
+    /// When some channel's cumulative acknowledgement last moved (or the
+    /// last window probe went out).
+    last_progress: Time,
     /// Set when the session must end (peer's session CLOSE, linger); the
     /// endpoint ends it after the call that set it.
     pub(crate) pending_end: Option<SessionEndReason>,
@@ -180,6 +185,7 @@ impl Session {
             next_ping_token: 1,
             stats: SessionStats::default(),
             scratch: Vec::new(),
+            last_progress: now,
             pending_end: None,
         }
     }
@@ -371,11 +377,37 @@ impl Session {
                 p.rtt.sample(rtt.max(std::time::Duration::from_micros(1)));
             }
         }
+        if out.progress {
+            self.last_progress = now;
+        }
         let _ = pi;
         for i in 0..self.paths.len() {
             self.trim_inflight(i);
         }
         Ok(())
+    }
+
+    /// When a window probe is due, if one can be: messages are outstanding
+    /// (sent, not cumulatively acknowledged) but none is in flight, so no
+    /// retransmission timer runs. That happens when the acknowledgement that
+    /// would free them was lost (TCP's lost window update): without a probe
+    /// the sender would wait forever with a full window.
+    fn probe_deadline(&self, cfg: &EndpointConfig) -> Option<Time> {
+        if self.send.outstanding_bytes == 0 || !self.send.retx_queue.is_empty() {
+            return None;
+        }
+        let mut rto = None;
+        for p in &self.paths {
+            if p.phase != Phase::Active {
+                continue;
+            }
+            if !p.inflight.is_empty() {
+                return None; // a retransmission timer covers it
+            }
+            let r = p.rto(cfg);
+            rto = Some(rto.map_or(r, |x: std::time::Duration| x.min(r)));
+        }
+        rto.map(|r| self.last_progress + r)
     }
 
     /// Drops references at the front of a path's in-flight queue that no
@@ -535,6 +567,18 @@ impl Session {
             }
             i += 1;
         }
+        if self.probe_deadline(cfg).is_some_and(|t| now >= t) {
+            // Re-send the oldest message the peer holds undelivered: the
+            // duplicate makes it acknowledge at once.
+            if let Some((ch, seq)) = self.send.oldest_sacked() {
+                if let Some(e) = self.send.entry_mut(ch, seq) {
+                    e.state = EntryState::Pending;
+                    self.send.retx_queue.push_back((ch, seq));
+                    self.stats.probes += 1;
+                }
+            }
+            self.last_progress = now;
+        }
         if !self.reachable
             && self.pending_end.is_none()
             && now >= self.unreachable_since + cfg.linger
@@ -574,6 +618,9 @@ impl Session {
         }
         if !self.reachable {
             t = t.min(self.unreachable_since + cfg.linger);
+        }
+        if let Some(p) = self.probe_deadline(cfg) {
+            t = t.min(p);
         }
         t
     }

@@ -74,6 +74,8 @@ pub(crate) struct AckOutcome {
     /// Newest message first-transmitted exactly once that this ack newly
     /// covered: `(path, sent_at)`, for an RTT sample (Karn's rule).
     pub(crate) rtt_sample: Option<(PathId, Time, u64)>,
+    /// Some channel's cumulative point moved.
+    pub(crate) progress: bool,
 }
 
 /// All channels' outgoing state plus the scheduling queues.
@@ -157,6 +159,7 @@ impl SendSide {
             let Some(e) = ch.entries.pop_front() else {
                 break;
             };
+            out.progress = true;
             let seq = ch.base;
             ch.base += 1;
             let cost = message_cost(e.payload.len());
@@ -190,6 +193,27 @@ impl SendSide {
             }
         }
         Ok(())
+    }
+
+    /// The oldest message the peer holds but has not yet delivered, by send
+    /// time: what a window probe re-sends.
+    pub(crate) fn oldest_sacked(&self) -> Option<(ChannelId, u64)> {
+        let mut best: Option<(Time, ChannelId, u64)> = None;
+        for (idx, ch) in self.channels.iter().enumerate() {
+            let Some((i, e)) = ch
+                .entries
+                .iter()
+                .enumerate()
+                .find(|(_, e)| e.state == EntryState::Sacked)
+            else {
+                continue;
+            };
+            if best.is_none_or(|(t, _, _)| e.sent_at < t) {
+                let channel = ChannelId(u16::try_from(idx).unwrap_or(u16::MAX));
+                best = Some((e.sent_at, channel, ch.base + i as u64));
+            }
+        }
+        best.map(|(_, c, s)| (c, s))
     }
 
     /// Removes everything; returns the unacknowledged runs per channel.
