@@ -66,6 +66,8 @@ pub struct Checker {
     pub delivered: u64,
     /// Duplicate deliveries seen (each also a violation).
     pub duplicates: u64,
+    /// Messages in `Outcome::Pending`.
+    pending: usize,
     /// Deliveries out of order within their channel (each also a violation).
     pub out_of_order: u64,
     /// `(sent at, latency)` in virtual ms of every delivery, when recording.
@@ -91,6 +93,7 @@ impl Checker {
         len: usize,
     ) {
         debug_assert_eq!(uid, self.records.len() as u64);
+        self.pending += 1;
         self.records.push(Record {
             src,
             src_incarnation,
@@ -185,7 +188,11 @@ impl Checker {
                 }
                 let r = &mut self.records[uid as usize];
                 match r.outcome {
-                    Outcome::Pending | Outcome::SenderDied => r.outcome = Outcome::Delivered,
+                    Outcome::Pending => {
+                        r.outcome = Outcome::Delivered;
+                        self.pending -= 1;
+                    }
+                    Outcome::SenderDied => r.outcome = Outcome::Delivered,
                     Outcome::Abandoned => r.outcome = Outcome::DeliveredAndAbandoned,
                     Outcome::Delivered | Outcome::DeliveredAndAbandoned => {
                         self.duplicates += 1;
@@ -213,6 +220,9 @@ impl Checker {
                             continue;
                         };
                         let r = &mut self.records[uid as usize];
+                        if r.outcome == Outcome::Pending {
+                            self.pending -= 1;
+                        }
                         r.outcome = match r.outcome {
                             Outcome::Pending => Outcome::Abandoned,
                             Outcome::Delivered => Outcome::DeliveredAndAbandoned,
@@ -230,6 +240,7 @@ impl Checker {
         for r in &mut self.records {
             if r.src == node && r.src_incarnation == inc && r.outcome == Outcome::Pending {
                 r.outcome = Outcome::SenderDied;
+                self.pending -= 1;
             }
         }
     }
@@ -260,6 +271,7 @@ impl Checker {
                 Outcome::SenderDied => t.sender_died += 1,
             }
         }
+        debug_assert_eq!(t.pending, self.pending as u64);
         t.duplicates = self.duplicates;
         t.out_of_order = self.out_of_order;
         t

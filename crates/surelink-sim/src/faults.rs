@@ -28,12 +28,16 @@ pub enum Fault {
         /// Length.
         dur: Duration,
     },
-    /// Link `link` drops each transmission with probability `percent`/100.
+    /// Link `link` drops each transmission with probability `percent`/100,
+    /// in one direction (`Some(a_to_b)`) or both (`None`).
     Loss {
         /// Index into the simulator's links.
         link: usize,
         /// Drop probability in percent.
         percent: u8,
+        /// Which direction suffers: `Some(true)` a to b, `Some(false)` b to a,
+        /// `None` both.
+        one_way: Option<bool>,
         /// Start.
         at: Duration,
         /// Length.
@@ -127,6 +131,11 @@ pub fn random_schedule(seed: u64, links: usize, nodes: usize, spec: &ScheduleSpe
             2 => Fault::Loss {
                 link,
                 percent: rng.random_range(1..=50),
+                one_way: match rng.random_range(0..3u8) {
+                    0 => Some(true),
+                    1 => Some(false),
+                    _ => None,
+                },
                 at,
                 dur,
             },

@@ -166,12 +166,13 @@ struct Link {
     b: usize,
     /// Direction up: [a->b, b->a].
     up: [bool; 2],
-    loss: f64,
+    /// Drop probability per direction: [a->b, b->a].
+    loss: [f64; 2],
     conn: Option<Conn>,
     reconnect_pending: bool,
     /// Number of outstanding down faults per direction (overlapping faults).
     down_count: [u32; 2],
-    loss_count: u32,
+    loss_count: [u32; 2],
 }
 
 #[derive(Clone, Debug)]
@@ -241,6 +242,14 @@ fn node_id(i: usize) -> NodeId {
     NodeId(i as u64 + 1)
 }
 
+fn loss_dirs(one_way: Option<bool>) -> &'static [usize] {
+    match one_way {
+        Some(true) => &[0],
+        Some(false) => &[1],
+        None => &[0, 1],
+    }
+}
+
 fn ms(t: Time) -> f64 {
     t.as_nanos() as f64 / 1e6
 }
@@ -273,11 +282,11 @@ impl Sim {
                         a,
                         b,
                         up: [true, true],
-                        loss: 0.0,
+                        loss: [0.0; 2],
                         conn: None,
                         reconnect_pending: false,
                         down_count: [0, 0],
-                        loss_count: 0,
+                        loss_count: [0; 2],
                     });
                 }
             }
@@ -600,7 +609,7 @@ impl Sim {
             return;
         }
         let dir = if n == l.a { 0 } else { 1 };
-        if !l.up[dir] || (l.loss > 0.0 && self.rng.random_bool(l.loss)) {
+        if !l.up[dir] || (l.loss[dir] > 0.0 && self.rng.random_bool(l.loss[dir])) {
             return;
         }
         let spec = &self.cfg.link;
@@ -758,11 +767,17 @@ impl Sim {
                 self.schedule(end, Job::FaultEnd(f));
             }
             Fault::Loss {
-                link, percent, dur, ..
+                link,
+                percent,
+                dur,
+                one_way,
+                ..
             } => {
                 let l = &mut self.links[*link];
-                l.loss_count += 1;
-                l.loss = f64::from(*percent) / 100.0;
+                for &d in loss_dirs(*one_way) {
+                    l.loss_count[d] += 1;
+                    l.loss[d] = f64::from(*percent) / 100.0;
+                }
                 let end = now + *dur;
                 self.schedule(end, Job::FaultEnd(f));
             }
@@ -793,11 +808,13 @@ impl Sim {
                     l.up[d] = l.down_count[d] == 0;
                 }
             }
-            Fault::Loss { link, .. } => {
+            Fault::Loss { link, one_way, .. } => {
                 let l = &mut self.links[link];
-                l.loss_count -= 1;
-                if l.loss_count == 0 {
-                    l.loss = 0.0;
+                for &d in loss_dirs(one_way) {
+                    l.loss_count[d] -= 1;
+                    if l.loss_count[d] == 0 {
+                        l.loss[d] = 0.0;
+                    }
                 }
             }
             _ => {}
@@ -847,17 +864,18 @@ impl Sim {
         self.run_until(quiet);
         let deadline = quiet + drain_limit;
         let mut drained_at = None;
-        while self.now.since_origin() <= deadline {
+        loop {
             if self.checker.pending() == 0 {
                 drained_at = Some(self.now.since_origin());
                 break;
             }
-            // Advance in small slices so the pending check is timely.
-            let next = self.now.since_origin() + Duration::from_millis(5);
-            self.run_until(next);
-            if self.queue.is_empty() {
+            // Past the bound, or nothing left that could ever change it.
+            if self.now.since_origin() > deadline || self.queue.is_empty() {
                 break;
             }
+            // Advance in small slices so the pending check is timely.
+            let next = self.now.since_origin() + Duration::from_millis(1);
+            self.run_until(next);
         }
         self.finish(drained_at, quiet, drain_limit)
     }

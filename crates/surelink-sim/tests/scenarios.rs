@@ -118,12 +118,14 @@ fn heavy_loss_on_both_paths() {
             Fault::Loss {
                 link: 0,
                 percent: 40,
+                one_way: None,
                 at: d(100),
                 dur: d(1500),
             },
             Fault::Loss {
                 link: 1,
                 percent: 30,
+                one_way: Some(true),
                 at: d(300),
                 dur: d(1500),
             },
@@ -234,6 +236,7 @@ fn three_nodes_mixed_faults() {
             Fault::Loss {
                 link: 5,
                 percent: 20,
+                one_way: Some(false),
                 at: d(100),
                 dur: d(1000),
             },
