@@ -12,7 +12,7 @@ use rustc_hash::FxHashMap as HashMap;
 use bytes::{Bytes, BytesMut};
 
 use crate::config::{ConfigError, EndpointConfig};
-use crate::error::{AddPathError, HandshakeError, PathError, SendError};
+use crate::error::{AddPathError, HandshakeError, PathError, ProtocolViolation, SendError};
 use crate::event::{Event, PathCloseReason, SessionEndReason};
 use crate::handshake::{decide, Current, Decision};
 use crate::ids::{ChannelId, Epoch, MessageId, NodeId, PathId, SessionId};
@@ -41,6 +41,8 @@ pub struct Endpoint {
     by_node: HashMap<NodeId, usize>,
     next_session_id: u64,
     paths: HashMap<PathId, PathSlot>,
+    /// Per node, the newest (epoch, session) a session of ours was bound to.
+    seen: HashMap<NodeId, (Epoch, SessionId)>,
     events: VecDeque<Queued>,
     closing: VecDeque<ClosingPath>,
     /// Round-robin cursor over sessions for `poll_transmit`.
@@ -67,6 +69,7 @@ impl Endpoint {
             by_node: HashMap::default(),
             next_session_id: 1,
             paths: HashMap::default(),
+            seen: HashMap::default(),
             events: VecDeque::new(),
             closing: VecDeque::new(),
             cursor: 0,
@@ -335,6 +338,12 @@ impl Endpoint {
             }
             if !fast {
                 slot = self.paths.get(&path).copied();
+                if slot.is_none() {
+                    // This input closed the path (the peer's CLOSE): done,
+                    // and not an error; anything after it is moot.
+                    buf.clear();
+                    return Ok(());
+                }
             }
         }
     }
@@ -441,6 +450,19 @@ impl Endpoint {
         h: Hello,
     ) -> Result<(), PathError> {
         let expected = bound.and_then(|slot| self.session(slot)).map(|s| s.node);
+        // A second HELLO on a path must name the same peer session: a path
+        // never changes sessions.
+        if let Some(s) = bound.and_then(|slot| self.session(slot)) {
+            let seen_here = s
+                .path_index(path)
+                .is_some_and(|pi| s.paths[pi].peer_hello_seen);
+            if seen_here
+                && s.peer
+                    .is_some_and(|p| (p.epoch, p.session) != (h.epoch, h.session))
+            {
+                return Err(ProtocolViolation::HelloChanged.into());
+            }
+        }
         let cur_slot = self.by_node.get(&h.node).copied();
         let cur = cur_slot
             .and_then(|slot| self.session(slot))
@@ -453,16 +475,12 @@ impl Endpoint {
             session: h.session,
             recv_window: u64::from(h.recv_window),
             max_message: h.max_message,
+            max_channels: h.max_channels,
         };
-        let slot = match decide(&self.local, &h, expected, cur) {
+        let seen = self.seen.get(&h.node).copied();
+        let slot = match decide(&self.local, &h, expected, cur, seen) {
             Decision::Reject(e) => return Err(e.into()),
-            Decision::Attach => cur_slot,
-            Decision::Bind => {
-                if let Some(s) = cur_slot.and_then(|slot| self.sessions[slot].as_mut()) {
-                    s.peer = Some(peer_info);
-                }
-                cur_slot
-            }
+            Decision::Attach | Decision::Bind => cur_slot,
             Decision::Create => self.session_slot(now, h.node),
             Decision::Replace(reason) => {
                 if let Some(old) = cur_slot {
@@ -477,13 +495,24 @@ impl Endpoint {
             }
         };
         let slot = slot.ok_or(HandshakeError::TooManySessions(self.cfg.max_sessions))?;
-        let cfg = &self.cfg;
         let Some(s) = self.sessions[slot].as_mut() else {
             return Err(HandshakeError::TooManySessions(self.cfg.max_sessions).into());
         };
         if s.peer.is_none() {
-            s.peer = Some(peer_info);
+            let mut ctx = Ctx {
+                cfg: &self.cfg,
+                local: &self.local,
+                events: &mut self.events,
+                closing: &mut self.closing,
+                slot,
+            };
+            s.bind(peer_info, &mut ctx);
+            self.remember(h.node, (h.epoch, h.session));
         }
+        let cfg = &self.cfg;
+        let Some(s) = self.sessions[slot].as_mut() else {
+            return Err(HandshakeError::TooManySessions(self.cfg.max_sessions).into());
+        };
         let pi = match s.path_index(path) {
             Some(pi) => pi,
             None => {
@@ -491,9 +520,29 @@ impl Endpoint {
                 s.paths.len() - 1
             }
         };
-        s.on_peer_hello(pi);
+        s.on_peer_hello(now, pi, cfg);
         self.paths.insert(path, PathSlot::Bound(slot));
         Ok(())
+    }
+
+    /// Notes the newest peer session bound for `node`, kept past the end of
+    /// sessions (bounded) so a late HELLO of a dead session is refused.
+    fn remember(&mut self, node: NodeId, id: (Epoch, SessionId)) {
+        let cap = 4 * self.cfg.max_sessions as usize;
+        if self.seen.len() >= cap && !self.seen.contains_key(&node) {
+            // Forget a node we have no session with (any; order is irrelevant
+            // to correctness, only to how long a stale HELLO is recognised).
+            let victim = self
+                .seen
+                .keys()
+                .copied()
+                .find(|n| !self.by_node.contains_key(n));
+            if let Some(v) = victim {
+                self.seen.remove(&v);
+            }
+        }
+        let e = self.seen.entry(node).or_insert(id);
+        *e = (*e).max(id);
     }
 
     /// Queues a message for `peer` on `channel`. Opens a session if there is
@@ -518,19 +567,10 @@ impl Endpoint {
                 max: self.cfg.max_channels,
             });
         }
-        let mut max = self.cfg.max_message_size;
-        if let Some(p) = self
-            .by_node
-            .get(&peer)
-            .and_then(|&slot| self.session(slot))
-            .and_then(|s| s.peer)
-        {
-            max = max.min(p.max_message);
-        }
-        if payload.len() > max as usize {
+        if payload.len() > self.cfg.max_message_size as usize {
             return Err(SendError::TooLarge {
                 len: payload.len(),
-                max,
+                max: self.cfg.max_message_size,
             });
         }
         let slot = self
@@ -540,6 +580,21 @@ impl Endpoint {
         let Some(s) = self.sessions[slot].as_mut() else {
             return Err(SendError::TooManySessions(self.cfg.max_sessions));
         };
+        // The peer's own limits, once its HELLO told us.
+        if let Some(p) = s.peer {
+            if u32::from(channel.0) >= p.max_channels {
+                return Err(SendError::ChannelOutOfRange {
+                    channel: channel.0,
+                    max: p.max_channels,
+                });
+            }
+            if payload.len() > p.max_message as usize {
+                return Err(SendError::TooLarge {
+                    len: payload.len(),
+                    max: p.max_message,
+                });
+            }
+        }
         if !s.has_room(payload.len(), cfg) {
             return Err(SendError::Full {
                 message: payload,

@@ -113,6 +113,19 @@ pub enum HandshakeError {
         /// The epoch it believed we had.
         epoch: Epoch,
     },
+    /// The HELLO was meant for another node (the dialler's address book is
+    /// out of date). Only this path is refused.
+    #[error("peer meant to reach node {intended}, this is node {got}")]
+    WrongNode {
+        /// The node the dialler meant.
+        intended: NodeId,
+        /// This node.
+        got: NodeId,
+    },
+    /// The HELLO announced limits nothing can be sent under (zero channels,
+    /// zero message size, or a receive window smaller than one message).
+    #[error("peer {0} announced unusable limits")]
+    BadLimits(NodeId),
     /// The handshake did not complete within `handshake_timeout`.
     #[error("handshake did not complete in time")]
     Timeout,
@@ -131,6 +144,8 @@ impl HandshakeError {
             HandshakeError::Stale { .. } => CloseCode::STALE,
             HandshakeError::SessionUnknown(_) => CloseCode::SESSION_UNKNOWN,
             HandshakeError::EarlierIncarnation { .. } => CloseCode::RESTARTED,
+            HandshakeError::WrongNode { .. } => CloseCode::UNEXPECTED_PEER,
+            HandshakeError::BadLimits(_) => CloseCode::PROTOCOL,
             HandshakeError::Timeout => CloseCode::PROTOCOL,
             HandshakeError::TooManySessions(_) => CloseCode::PROTOCOL,
         }
@@ -155,6 +170,18 @@ pub enum ProtocolViolation {
         /// The channel.
         channel: u16,
         /// The first sequence number not yet sent that it covered.
+        seq: u64,
+    },
+    /// An ACK or RESUME named the same channel twice.
+    #[error("channel {0} repeated in one acknowledgement")]
+    RepeatedAckChannel(u16),
+    /// A DATA frame's sequence number lies beyond anything the sender could
+    /// have outstanding within our receive window.
+    #[error("sequence number {seq} on channel {channel} is beyond the receive window")]
+    SeqBeyondWindow {
+        /// The channel.
+        channel: u16,
+        /// The sequence number.
         seq: u64,
     },
     /// A DATA frame carried more than the announced maximum message size.

@@ -72,9 +72,9 @@ pub enum Event {
         /// Messages whose delivery is not confirmed, as sequence ranges.
         abandoned: Vec<Abandoned>,
     },
-    /// A queued message was larger than the peer accepts and was dropped from
-    /// the session without being sent (the peer's limit was learned after
-    /// `send` accepted it).
+    /// A queued message broke a limit of the peer learned only after `send`
+    /// accepted it (the session had not met the peer yet); it was dropped
+    /// without being delivered.
     MessageRejected {
         /// The peer.
         peer: NodeId,
@@ -84,9 +84,24 @@ pub enum Event {
         channel: ChannelId,
         /// Its sequence number.
         seq: u64,
+        /// Which limit.
+        reason: RejectReason,
+    },
+}
+
+/// Which peer limit a queued message broke.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RejectReason {
+    /// Longer than the peer's maximum message size.
+    TooLarge {
         /// Its length.
         len: usize,
         /// The peer's maximum.
+        max: u32,
+    },
+    /// A channel the peer does not accept.
+    ChannelOutOfRange {
+        /// The peer's channel count.
         max: u32,
     },
 }

@@ -8,6 +8,7 @@
 //! session's frames into another; whenever a session ends, all its paths are
 //! closed and fresh ones are dialled.
 
+use crate::config::MESSAGE_OVERHEAD;
 use crate::error::HandshakeError;
 use crate::event::SessionEndReason;
 use crate::ids::{Epoch, NodeId, SessionId};
@@ -37,11 +38,16 @@ pub(crate) struct Current {
     pub(crate) peer: Option<PeerInfo>,
 }
 
+/// Decides what a HELLO means. `expected` is the node a dialled path was
+/// meant for; `cur` our current session with the HELLO's node; `seen` the
+/// newest (epoch, session) of that node we ever bound a session to, kept
+/// after sessions end so a delayed HELLO of a dead session is recognised.
 pub(crate) fn decide(
     local: &LocalIdentity,
     h: &Hello,
     expected: Option<NodeId>,
     cur: Option<Current>,
+    seen: Option<(Epoch, SessionId)>,
 ) -> Decision {
     if h.cluster != local.cluster {
         return Decision::Reject(HandshakeError::WrongCluster {
@@ -60,6 +66,20 @@ pub(crate) fn decide(
             });
         }
     }
+    // Meant for another node (an address book out of date): refuse the path
+    // only; nothing here concerns our sessions.
+    if h.your_node != NodeId(0) && h.your_node != local.node {
+        return Decision::Reject(HandshakeError::WrongNode {
+            intended: h.your_node,
+            got: local.node,
+        });
+    }
+    if h.max_message == 0
+        || h.max_channels == 0
+        || u64::from(h.recv_window) < u64::from(h.max_message) + MESSAGE_OVERHEAD
+    {
+        return Decision::Reject(HandshakeError::BadLimits(h.node));
+    }
     // The sender's session met an incarnation of ours: is it this one?
     if h.your_epoch != Epoch(0) && h.your_epoch != local.epoch {
         return Decision::Reject(HandshakeError::EarlierIncarnation {
@@ -72,13 +92,22 @@ pub(crate) fn decide(
     if knows_us && cur.is_none_or(|c| c.id != h.your_session) {
         return Decision::Reject(HandshakeError::SessionUnknown(h.node));
     }
-    let Some(cur) = cur else {
-        return Decision::Create;
-    };
-    let Some(peer) = cur.peer else {
-        return Decision::Bind;
-    };
     let theirs = (h.epoch, h.session);
+    let Some(peer) = cur.and_then(|c| c.peer) else {
+        // No session bound to this node now: a peer session we bound before
+        // (and have since ended) or an older one is stale.
+        if seen.is_some_and(|s| theirs <= s) {
+            return Decision::Reject(HandshakeError::Stale {
+                node: h.node,
+                epoch: h.epoch,
+            });
+        }
+        return if cur.is_some() {
+            Decision::Bind
+        } else {
+            Decision::Create
+        };
+    };
     let known = (peer.epoch, peer.session);
     if theirs == known {
         Decision::Attach
@@ -119,10 +148,12 @@ mod tests {
             node: NodeId(2),
             epoch: Epoch(epoch),
             session: SessionId(session),
+            your_node: NodeId(0),
             your_epoch: Epoch(your_epoch),
             your_session: SessionId(your_session),
             recv_window: 1 << 20,
             max_message: 1 << 16,
+            max_channels: 16,
         }
     }
 
@@ -134,8 +165,66 @@ mod tests {
                 session: SessionId(session),
                 recv_window: 1 << 20,
                 max_message: 1 << 16,
+                max_channels: 16,
             }),
         })
+    }
+
+    #[test]
+    fn meant_for_another_node_or_bad_limits_is_refused() {
+        let mut h = hello(5, 1, 100, 3);
+        h.your_node = NodeId(9);
+        // Refused before any session rule: even a matching session is not touched.
+        assert_eq!(
+            decide(&LOCAL, &h, None, bound(3, 5, 1), None),
+            Decision::Reject(HandshakeError::WrongNode {
+                intended: NodeId(9),
+                got: NodeId(1)
+            })
+        );
+        h.your_node = NodeId(1);
+        assert_eq!(
+            decide(&LOCAL, &h, None, bound(3, 5, 1), None),
+            Decision::Attach
+        );
+        let mut h = hello(5, 1, 0, 0);
+        h.recv_window = 10;
+        assert_eq!(
+            decide(&LOCAL, &h, None, None, None),
+            Decision::Reject(HandshakeError::BadLimits(NodeId(2)))
+        );
+        let mut h = hello(5, 1, 0, 0);
+        h.max_channels = 0;
+        assert_eq!(
+            decide(&LOCAL, &h, None, None, None),
+            Decision::Reject(HandshakeError::BadLimits(NodeId(2)))
+        );
+    }
+
+    #[test]
+    fn a_dead_peer_session_cannot_bind_again() {
+        // We once bound to (5, 4) and that session ended.
+        let seen = Some((Epoch(5), SessionId(4)));
+        assert!(matches!(
+            decide(&LOCAL, &hello(5, 4, 0, 0), None, None, seen),
+            Decision::Reject(HandshakeError::Stale { .. })
+        ));
+        let pending = Some(Current {
+            id: SessionId(8),
+            peer: None,
+        });
+        assert!(matches!(
+            decide(&LOCAL, &hello(5, 3, 0, 0), None, pending, seen),
+            Decision::Reject(HandshakeError::Stale { .. })
+        ));
+        assert_eq!(
+            decide(&LOCAL, &hello(5, 5, 0, 0), None, pending, seen),
+            Decision::Bind
+        );
+        assert_eq!(
+            decide(&LOCAL, &hello(6, 1, 0, 0), None, None, seen),
+            Decision::Create
+        );
     }
 
     #[test]
@@ -143,18 +232,18 @@ mod tests {
         let mut h = hello(5, 1, 0, 0);
         h.cluster = ClusterId(8);
         assert!(matches!(
-            decide(&LOCAL, &h, None, None),
+            decide(&LOCAL, &h, None, None, None),
             Decision::Reject(HandshakeError::WrongCluster { .. })
         ));
         let mut h = hello(5, 1, 0, 0);
         h.node = NodeId(1);
         assert_eq!(
-            decide(&LOCAL, &h, None, None),
+            decide(&LOCAL, &h, None, None, None),
             Decision::Reject(HandshakeError::SelfConnect(NodeId(1)))
         );
         let h = hello(5, 1, 0, 0);
         assert_eq!(
-            decide(&LOCAL, &h, Some(NodeId(3)), None),
+            decide(&LOCAL, &h, Some(NodeId(3)), None, None),
             Decision::Reject(HandshakeError::UnexpectedPeer {
                 expected: NodeId(3),
                 got: NodeId(2)
@@ -165,7 +254,7 @@ mod tests {
     #[test]
     fn new_peers_create_or_bind() {
         assert_eq!(
-            decide(&LOCAL, &hello(5, 1, 0, 0), None, None),
+            decide(&LOCAL, &hello(5, 1, 0, 0), None, None, None),
             Decision::Create
         );
         let pending = Some(Current {
@@ -173,11 +262,11 @@ mod tests {
             peer: None,
         });
         assert_eq!(
-            decide(&LOCAL, &hello(5, 1, 0, 0), None, pending),
+            decide(&LOCAL, &hello(5, 1, 0, 0), None, pending, None),
             Decision::Bind
         );
         assert_eq!(
-            decide(&LOCAL, &hello(5, 1, 100, 3), None, pending),
+            decide(&LOCAL, &hello(5, 1, 100, 3), None, pending, None),
             Decision::Bind
         );
     }
@@ -185,11 +274,11 @@ mod tests {
     #[test]
     fn same_session_attaches() {
         assert_eq!(
-            decide(&LOCAL, &hello(5, 1, 100, 3), None, bound(3, 5, 1)),
+            decide(&LOCAL, &hello(5, 1, 100, 3), None, bound(3, 5, 1), None),
             Decision::Attach
         );
         assert_eq!(
-            decide(&LOCAL, &hello(5, 1, 0, 0), None, bound(3, 5, 1)),
+            decide(&LOCAL, &hello(5, 1, 0, 0), None, bound(3, 5, 1), None),
             Decision::Attach
         );
     }
@@ -197,14 +286,14 @@ mod tests {
     #[test]
     fn restart_and_reset_replace_the_session() {
         assert_eq!(
-            decide(&LOCAL, &hello(6, 1, 0, 0), None, bound(3, 5, 4)),
+            decide(&LOCAL, &hello(6, 1, 0, 0), None, bound(3, 5, 4), None),
             Decision::Replace(SessionEndReason::PeerRestarted {
                 old: Epoch(5),
                 new: Some(Epoch(6))
             })
         );
         assert_eq!(
-            decide(&LOCAL, &hello(5, 2, 0, 0), None, bound(3, 5, 1)),
+            decide(&LOCAL, &hello(5, 2, 0, 0), None, bound(3, 5, 1), None),
             Decision::Replace(SessionEndReason::PeerReset)
         );
     }
@@ -212,26 +301,26 @@ mod tests {
     #[test]
     fn stale_and_unknown_are_refused() {
         assert!(matches!(
-            decide(&LOCAL, &hello(4, 9, 0, 0), None, bound(3, 5, 1)),
+            decide(&LOCAL, &hello(4, 9, 0, 0), None, bound(3, 5, 1), None),
             Decision::Reject(HandshakeError::Stale { .. })
         ));
         // Talks about an earlier incarnation of us.
         assert!(matches!(
-            decide(&LOCAL, &hello(5, 1, 99, 3), None, bound(3, 5, 1)),
+            decide(&LOCAL, &hello(5, 1, 99, 3), None, bound(3, 5, 1), None),
             Decision::Reject(HandshakeError::EarlierIncarnation { .. })
         ));
         // Talks about a session of ours that ended.
         assert_eq!(
-            decide(&LOCAL, &hello(5, 1, 100, 2), None, bound(3, 5, 1)),
+            decide(&LOCAL, &hello(5, 1, 100, 2), None, bound(3, 5, 1), None),
             Decision::Reject(HandshakeError::SessionUnknown(NodeId(2)))
         );
         assert_eq!(
-            decide(&LOCAL, &hello(5, 1, 100, 2), None, None),
+            decide(&LOCAL, &hello(5, 1, 100, 2), None, None, None),
             Decision::Reject(HandshakeError::SessionUnknown(NodeId(2)))
         );
         // Newer peer session that claims to know our current one.
         assert_eq!(
-            decide(&LOCAL, &hello(5, 2, 100, 3), None, bound(3, 5, 1)),
+            decide(&LOCAL, &hello(5, 2, 100, 3), None, bound(3, 5, 1), None),
             Decision::Reject(HandshakeError::SessionUnknown(NodeId(2)))
         );
     }

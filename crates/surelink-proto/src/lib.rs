@@ -74,7 +74,7 @@ pub mod wire;
 pub use config::{ConfigError, EndpointConfig, MESSAGE_OVERHEAD};
 pub use endpoint::Endpoint;
 pub use error::{AddPathError, HandshakeError, PathError, ProtocolViolation, SendError};
-pub use event::{Abandoned, Event, PathCloseReason, SessionEndReason};
+pub use event::{Abandoned, Event, PathCloseReason, RejectReason, SessionEndReason};
 pub use ids::{ChannelId, ClusterId, Epoch, MessageId, NodeId, PathId, SessionId};
 pub use session::{LocalIdentity, PathSnapshot, PathStats, SessionStats};
 pub use time::Time;

@@ -185,21 +185,28 @@ fn hello_with(
         any::<u64>(),
         epoch,
         session,
-        any::<u64>(),
-        any::<u64>(),
-        any::<u32>(),
-        any::<u32>(),
+        (any::<u64>(), any::<u64>(), any::<u64>()),
+        (any::<u32>(), any::<u32>(), any::<u32>()),
     )
         .prop_map(
-            |(cluster, node, epoch, session, your_epoch, your_session, rw, mm)| Hello {
+            |(
+                cluster,
+                node,
+                epoch,
+                session,
+                (your_node, your_epoch, your_session),
+                (rw, mm, mc),
+            )| Hello {
                 cluster: ClusterId(cluster),
                 node: NodeId(node),
                 epoch: Epoch(epoch),
                 session: SessionId(session),
+                your_node: NodeId(your_node),
                 your_epoch: Epoch(your_epoch),
                 your_session: SessionId(your_session),
                 recv_window: rw,
                 max_message: mm,
+                max_channels: mc,
             },
         )
 }

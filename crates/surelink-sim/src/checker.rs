@@ -203,6 +203,20 @@ impl Checker {
                     }
                 }
             }
+            Event::MessageRejected {
+                session,
+                channel,
+                seq,
+                ..
+            } => {
+                if let Some(&uid) = self.by_id.get(&(node, inc, *session, *channel, *seq)) {
+                    let r = &mut self.records[uid as usize];
+                    if r.outcome == Outcome::Pending {
+                        r.outcome = Outcome::Abandoned;
+                        self.pending -= 1;
+                    }
+                }
+            }
             Event::SessionEnded {
                 session, abandoned, ..
             } => {

@@ -21,11 +21,11 @@ use bytes::Bytes;
 pub use paths::PathStats;
 use paths::{PathState, Phase};
 use recv::{Offer, RecvSide};
-use send::{AckOutcome, EntryState, SendSide};
+use send::{AckError, AckOutcome, EntryState, SendSide};
 
 use crate::config::{message_cost, EndpointConfig};
 use crate::error::{PathError, ProtocolViolation};
-use crate::event::{Event, PathCloseReason, SessionEndReason};
+use crate::event::{Event, PathCloseReason, RejectReason, SessionEndReason};
 use crate::ids::{ChannelId, ClusterId, Epoch, NodeId, PathId, SessionId};
 use crate::time::Time;
 use crate::wire::{AckFrame, Close, CloseCode, CloseScope, DataFrame, Frame, DATA_FLAG_WITHDRAWN};
@@ -48,6 +48,7 @@ pub(crate) struct PeerInfo {
     pub(crate) session: SessionId,
     pub(crate) recv_window: u64,
     pub(crate) max_message: u32,
+    pub(crate) max_channels: u32,
 }
 
 /// Something queued for `poll_event`.
@@ -164,6 +165,10 @@ pub(crate) struct Session {
     /// When some channel's cumulative acknowledgement last moved (or the
     /// last window probe went out).
     last_progress: Time,
+    /// Consecutive window probes without progress (backs the probe off).
+    probe_backoff: u32,
+    /// ACK and RESUME frames processed (stamps each; see `apply_ack`).
+    ack_frames: u64,
     /// Set when the session must end (peer's session CLOSE, linger); the
     /// endpoint ends it after the call that set it.
     pub(crate) pending_end: Option<SessionEndReason>,
@@ -186,6 +191,8 @@ impl Session {
             stats: SessionStats::default(),
             scratch: Vec::new(),
             last_progress: now,
+            probe_backoff: 0,
+            ack_frames: 0,
             pending_end: None,
         }
     }
@@ -194,22 +201,53 @@ impl Session {
         self.paths.iter().position(|p| p.id == path)
     }
 
+    /// The peer's identity and limits are known (first HELLO). Messages
+    /// queued for channels the peer does not accept are dropped and reported;
+    /// they were never sent, so no sequence number of an accepted channel moves.
+    pub(crate) fn bind(&mut self, peer: PeerInfo, ctx: &mut Ctx<'_>) {
+        self.peer = Some(peer);
+        let from = usize::try_from(peer.max_channels).unwrap_or(usize::MAX);
+        for idx in from..self.send.channels.len() {
+            let channel = ChannelId(u16::try_from(idx).unwrap_or(u16::MAX));
+            let ch = &mut self.send.channels[idx];
+            let base = ch.base;
+            for (i, e) in ch.entries.drain(..).enumerate() {
+                self.send.cache_bytes -= message_cost(e.payload.len());
+                self.send.cache_len -= 1;
+                ctx.events
+                    .push_back(Queued::Event(Box::new(Event::MessageRejected {
+                        peer: self.node,
+                        session: self.id,
+                        channel,
+                        seq: base + i as u64,
+                        reason: RejectReason::ChannelOutOfRange {
+                            max: peer.max_channels,
+                        },
+                    })));
+            }
+            ch.base = ch.sent_end.max(base);
+        }
+    }
+
     /// A new transport joins; HELLO goes out first.
     pub(crate) fn add_path(&mut self, now: Time, path: PathId, cfg: &EndpointConfig) {
         self.paths.push(PathState::new(path, now, cfg));
     }
 
     /// The peer's HELLO arrived on `path` (the endpoint checked it fits).
-    pub(crate) fn on_peer_hello(&mut self, path: usize) {
+    pub(crate) fn on_peer_hello(&mut self, now: Time, path: usize, cfg: &EndpointConfig) {
         let p = &mut self.paths[path];
         if !p.peer_hello_seen {
             p.peer_hello_seen = true;
             p.resume_due = true;
-        } else if p.phase == Phase::Active {
+        } else if p.phase == Phase::Active
+            && p.last_resume.is_none_or(|t| now >= t + cfg.handshake_retry)
+        {
             // A repeated HELLO on a path that works for us: the peer retries
             // because our RESUME was lost (it has our HELLO, or it would not
             // have sent its RESUME). Answering with a HELLO too could make
-            // two endpoints echo each other forever.
+            // two endpoints echo each other forever; answering every HELLO
+            // with a RESUME (much larger) would amplify a flood of them.
             p.resume_due = true;
         }
         // Still handshaking: our own retry timer re-sends HELLO and RESUME.
@@ -258,6 +296,8 @@ impl Session {
             }
             Frame::Ping(token) => {
                 self.paths[pi].pong_due = Some(token);
+                // A probe may mean our last acknowledgements were lost.
+                self.recv.request_full_ack(now);
                 Ok(())
             }
             Frame::Pong(token) => {
@@ -340,6 +380,13 @@ impl Session {
         match offer {
             Offer::Duplicate => self.stats.duplicates_received += 1,
             Offer::OverWindow => self.stats.over_window += 1,
+            Offer::BeyondWindow => {
+                return Err(ProtocolViolation::SeqBeyondWindow {
+                    channel: channel.0,
+                    seq: d.seq,
+                }
+                .into())
+            }
             Offer::Released | Offer::Buffered => {}
         }
         Ok(())
@@ -353,22 +400,34 @@ impl Session {
         cfg: &EndpointConfig,
     ) -> Result<(), PathError> {
         let mut out = AckOutcome::default();
+        self.ack_frames += 1;
+        let stamp = self.ack_frames;
         let Session { send, paths, .. } = self;
         for e in a.entries() {
             if u32::from(e.channel.0) >= cfg.max_channels {
                 return Err(ProtocolViolation::ChannelOutOfRange(e.channel.0).into());
             }
-            send.apply_ack(e.channel, e.cumulative, e.ranges, &mut out, |path, cost| {
-                if let Some(p) = paths.iter_mut().find(|p| p.id == path) {
-                    p.inflight_bytes = p.inflight_bytes.saturating_sub(cost);
-                    // Progress on the path: it works again.
-                    p.backoff = 0;
-                    p.suspect = false;
-                }
-            })
-            .map_err(|seq| ProtocolViolation::AckOfUnsent {
-                channel: e.channel.0,
-                seq,
+            send.apply_ack(
+                e.channel,
+                e.cumulative,
+                e.ranges,
+                stamp,
+                &mut out,
+                |path, cost| {
+                    if let Some(p) = paths.iter_mut().find(|p| p.id == path) {
+                        p.inflight_bytes = p.inflight_bytes.saturating_sub(cost);
+                        // Progress on the path: it works again.
+                        p.backoff = 0;
+                        p.suspect = false;
+                    }
+                },
+            )
+            .map_err(|err| match err {
+                AckError::Unsent(seq) => ProtocolViolation::AckOfUnsent {
+                    channel: e.channel.0,
+                    seq,
+                },
+                AckError::RepeatedChannel => ProtocolViolation::RepeatedAckChannel(e.channel.0),
             })?;
         }
         if let Some((path, sent_at, _)) = out.rtt_sample {
@@ -379,6 +438,7 @@ impl Session {
         }
         if out.progress {
             self.last_progress = now;
+            self.probe_backoff = 0;
         }
         let _ = pi;
         for i in 0..self.paths.len() {
@@ -407,7 +467,7 @@ impl Session {
             let r = p.rto(cfg);
             rto = Some(rto.map_or(r, |x: std::time::Duration| x.min(r)));
         }
-        rto.map(|r| self.last_progress + r)
+        rto.map(|r| self.last_progress + r.saturating_mul(1 << self.probe_backoff.min(6)))
     }
 
     /// Drops references at the front of a path's in-flight queue that no
@@ -568,15 +628,14 @@ impl Session {
             i += 1;
         }
         if self.probe_deadline(cfg).is_some_and(|t| now >= t) {
-            // Re-send the oldest message the peer holds undelivered: the
-            // duplicate makes it acknowledge at once.
-            if let Some((ch, seq)) = self.send.oldest_sacked() {
-                if let Some(e) = self.send.entry_mut(ch, seq) {
-                    e.state = EntryState::Pending;
-                    self.send.retx_queue.push_back((ch, seq));
-                    self.stats.probes += 1;
-                }
+            // A PING makes the peer send its whole receive state (see
+            // `RecvSide::request_full_ack`); backed off while nothing moves,
+            // as when the peer's application is merely slow.
+            if let Some(i) = paths::select(&self.paths, self.last_path, cfg) {
+                self.paths[i].ping_due = true;
+                self.stats.probes += 1;
             }
+            self.probe_backoff = self.probe_backoff.saturating_add(1);
             self.last_progress = now;
         }
         if !self.reachable

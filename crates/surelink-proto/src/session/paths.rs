@@ -63,6 +63,8 @@ pub(crate) struct PathState {
     /// RESUME to (re)send (only once the peer's HELLO bound the path).
     pub(crate) resume_due: bool,
     pub(crate) peer_hello_seen: bool,
+    /// When a RESUME last went out on it.
+    pub(crate) last_resume: Option<Time>,
     pub(crate) next_handshake_retry: Time,
     /// PONGs owed to the peer (latest token only; older probes are moot).
     pub(crate) pong_due: Option<u64>,
@@ -107,6 +109,7 @@ impl PathState {
             hello_due: true,
             resume_due: false,
             peer_hello_seen: false,
+            last_resume: None,
             next_handshake_retry: now + cfg.handshake_retry,
             pong_due: None,
             ping_due: false,

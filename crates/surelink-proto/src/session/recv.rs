@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 
-use crate::config::message_cost;
+use crate::config::{message_cost, MESSAGE_OVERHEAD};
 use crate::ids::ChannelId;
 use crate::time::Time;
 use crate::wire::MAX_ACK_RANGES;
@@ -34,7 +34,8 @@ pub(crate) struct RangeSet {
 impl RangeSet {
     pub(crate) fn insert(&mut self, seq: u64) {
         let mut start = seq;
-        let mut end = seq + 1;
+        // Callers bound `seq` far below u64::MAX; saturate all the same.
+        let mut end = seq.saturating_add(1);
         if let Some((&s, &e)) = self.map.range(..=seq).next_back() {
             if e > seq {
                 return; // already covered
@@ -56,7 +57,7 @@ impl RangeSet {
         if let Some((&s, &e)) = self.map.first_key_value() {
             if s == seq {
                 self.map.remove(&s);
-                if e > seq + 1 {
+                if e > seq.saturating_add(1) {
                     self.map.insert(seq + 1, e);
                 }
             }
@@ -119,6 +120,9 @@ pub(crate) enum Offer {
     /// Would exceed the receive window; dropped unacknowledged (the sender
     /// will re-send it).
     OverWindow,
+    /// Numbered beyond anything a sender honouring our window could have
+    /// outstanding: a protocol violation.
+    BeyondWindow,
 }
 
 /// All channels' incoming state.
@@ -135,6 +139,8 @@ pub(crate) struct RecvSide {
     pub(crate) first_unacked: Option<Time>,
     /// Send an acknowledgement without waiting (duplicate or gap seen).
     pub(crate) ack_now: bool,
+    /// Where `refresh` continues.
+    refresh_cursor: usize,
 }
 
 impl RecvSide {
@@ -170,6 +176,12 @@ impl RecvSide {
         let cost = message_cost(payload.as_ref().map_or(0, Bytes::len));
         let buffered = self.buffered_bytes;
         let ch = self.channel_mut(channel);
+        // Every outstanding message costs at least MESSAGE_OVERHEAD against
+        // the window, so none can be numbered further ahead than this. (Also
+        // keeps `seq + 1` below from overflowing.)
+        if seq > ch.consumed.saturating_add(window / MESSAGE_OVERHEAD) {
+            return Offer::BeyondWindow;
+        }
         if seq < ch.next || ch.reorder.contains_key(&seq) {
             self.ack_now = true;
             self.mark_dirty(channel, now);
@@ -195,7 +207,10 @@ impl RecvSide {
             self.mark_dirty(channel, now);
             Offer::Released
         } else {
-            ch.reorder.insert(seq, payload);
+            // Copied: a zero-copy slice would pin the whole receive buffer it
+            // came from for as long as the gap stays open.
+            ch.reorder
+                .insert(seq, payload.map(|p| Bytes::copy_from_slice(&p)));
             ch.ranges.insert(seq);
             self.buffered_bytes += cost;
             // A gap: tell the sender soon, so it can re-send what is missing.
@@ -213,6 +228,39 @@ impl RecvSide {
             ch.consumed = seq + 1;
         }
         self.mark_dirty(channel, now);
+    }
+
+    /// Marks every channel with state for acknowledgement, at once: the peer
+    /// probed, perhaps because an acknowledgement of ours was lost.
+    pub(crate) fn request_full_ack(&mut self, now: Time) {
+        for idx in 0..self.channels.len() {
+            if self.channels[idx].has_state() {
+                let channel = ChannelId(u16::try_from(idx).unwrap_or(u16::MAX));
+                self.mark_dirty(channel, now);
+            }
+        }
+        self.ack_now = true;
+    }
+
+    /// Picks up to `n` channels with state that are not dirty, round robin,
+    /// and marks them dirty: every ACK refreshes a few quiet channels, so a
+    /// lost final acknowledgement is repaired while any traffic flows.
+    pub(crate) fn refresh(&mut self, n: usize, now: Time) {
+        let len = self.channels.len();
+        let mut added = 0;
+        for _ in 0..len {
+            if added == n {
+                break;
+            }
+            self.refresh_cursor = (self.refresh_cursor + 1) % len;
+            let idx = self.refresh_cursor;
+            let ch = &self.channels[idx];
+            if !ch.dirty && ch.has_state() {
+                let channel = ChannelId(u16::try_from(idx).unwrap_or(u16::MAX));
+                self.mark_dirty(channel, now);
+                added += 1;
+            }
+        }
     }
 
     /// Whether an acknowledgement should go out now.

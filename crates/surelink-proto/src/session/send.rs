@@ -50,6 +50,20 @@ pub(crate) struct SendChannel {
     /// sequence order per channel, so everything below was sent at least once
     /// and the peer may acknowledge nothing at or above it.
     pub(crate) sent_end: u64,
+    /// Every entry below this (and at or above `base`) is `Sacked`: the
+    /// peer holds it. (Sacked is final until the cumulative ack passes.)
+    pub(crate) sacked_to: u64,
+    /// The last ACK frame that named this channel (see `apply_ack`).
+    pub(crate) ack_stamp: u64,
+}
+
+/// Why an ACK entry was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AckError {
+    /// It acknowledged a message never sent (the first unsent number).
+    Unsent(u64),
+    /// The frame named the channel twice.
+    RepeatedChannel,
 }
 
 impl SendChannel {
@@ -133,19 +147,32 @@ impl SendSide {
 
     /// Applies one channel's acknowledgement. `on_inflight_freed(path, cost)`
     /// is told of every in-flight message that stops counting against its path.
+    ///
+    /// `stamp` identifies the ACK frame: a channel may appear once per frame,
+    /// which (with ranges being disjoint) bounds the work of one frame by the
+    /// size of the cache.
     pub(crate) fn apply_ack(
         &mut self,
         channel: ChannelId,
         cumulative: u64,
         ranges: impl Iterator<Item = (u64, u64)>,
+        stamp: u64,
         out: &mut AckOutcome,
         mut on_inflight_freed: impl FnMut(PathId, u64),
-    ) -> Result<(), u64> {
+    ) -> Result<(), AckError> {
         let Some(ch) = self.channels.get_mut(usize::from(channel.0)) else {
-            return if cumulative == 0 { Ok(()) } else { Err(0) };
+            return if cumulative == 0 {
+                Ok(())
+            } else {
+                Err(AckError::Unsent(0))
+            };
         };
+        if ch.ack_stamp == stamp {
+            return Err(AckError::RepeatedChannel);
+        }
+        ch.ack_stamp = stamp;
         if cumulative > ch.sent_end {
-            return Err(ch.sent_end);
+            return Err(AckError::Unsent(ch.sent_end));
         }
         let note_sample = |e: &Entry, seq: u64, out: &mut AckOutcome| {
             if e.transmissions == 1 && e.state == EntryState::InFlight {
@@ -178,9 +205,16 @@ impl SendSide {
         }
         for (start, end) in ranges {
             if end > ch.sent_end {
-                return Err(ch.sent_end);
+                return Err(AckError::Unsent(ch.sent_end));
             }
-            let from = start.max(ch.base);
+            // Entries in [base, sacked_to) are already marked; a receiver
+            // whose application is slow repeats that prefix in every ACK, so
+            // skip it rather than walk it again.
+            let mut from = start.max(ch.base);
+            let contiguous = from <= ch.sacked_to.max(ch.base);
+            if contiguous {
+                from = from.max(ch.sacked_to);
+            }
             for seq in from..end {
                 let Some(e) = ch.get_mut(seq) else { break };
                 if matches!(e.state, EntryState::InFlight | EntryState::Pending) {
@@ -191,29 +225,11 @@ impl SendSide {
                     e.state = EntryState::Sacked;
                 }
             }
-        }
-        Ok(())
-    }
-
-    /// The oldest message the peer holds but has not yet delivered, by send
-    /// time: what a window probe re-sends.
-    pub(crate) fn oldest_sacked(&self) -> Option<(ChannelId, u64)> {
-        let mut best: Option<(Time, ChannelId, u64)> = None;
-        for (idx, ch) in self.channels.iter().enumerate() {
-            let Some((i, e)) = ch
-                .entries
-                .iter()
-                .enumerate()
-                .find(|(_, e)| e.state == EntryState::Sacked)
-            else {
-                continue;
-            };
-            if best.is_none_or(|(t, _, _)| e.sent_at < t) {
-                let channel = ChannelId(u16::try_from(idx).unwrap_or(u16::MAX));
-                best = Some((e.sent_at, channel, ch.base + i as u64));
+            if contiguous {
+                ch.sacked_to = ch.sacked_to.max(end);
             }
         }
-        best.map(|(_, c, s)| (c, s))
+        Ok(())
     }
 
     /// Removes everything; returns the unacknowledged runs per channel.

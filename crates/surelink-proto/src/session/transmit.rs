@@ -8,13 +8,16 @@ use super::paths::{self, PathState, Phase};
 use super::send::{Entry, EntryState};
 use super::{Ctx, Queued, Session};
 use crate::config::message_cost;
-use crate::event::Event;
+use crate::event::{Event, RejectReason};
 use crate::ids::{ChannelId, PathId};
 use crate::time::Time;
 use crate::wire::{
     encode_data, encode_hello, encode_ping, encode_pong, AckWriter, FrameKind, Hello,
     DATA_FLAG_RETRANSMIT, DATA_FLAG_WITHDRAWN, MAX_ACK_RANGES,
 };
+
+/// Quiet channels re-acknowledged in every ACK frame (see `RecvSide::refresh`).
+const REFRESH_PER_ACK: usize = 2;
 
 /// Largest ACK/RESUME frame we write; within every peer's `max_frame_body`.
 const ACK_FRAME_CAP: usize = AckWriter::EMPTY_LEN + AckWriter::entry_len(MAX_ACK_RANGES) * 64;
@@ -113,15 +116,18 @@ impl Session {
                     node: local.node,
                     epoch: local.epoch,
                     session: self.id,
+                    your_node: self.node,
                     your_epoch: self.peer.map_or(crate::Epoch(0), |p| p.epoch),
                     your_session: self.peer.map_or(crate::SessionId(0), |p| p.session),
                     recv_window: ctx.cfg.recv_window,
                     max_message: ctx.cfg.max_message_size,
+                    max_channels: ctx.cfg.max_channels,
                 },
             );
         }
         if resume {
             self.write_acks(now, buf, FrameKind::Resume, true);
+            self.paths[i].last_resume = Some(now);
         }
         let p = &mut self.paths[i];
         if let Some(token) = p.pong_due.take() {
@@ -158,6 +164,9 @@ impl Session {
         let delay_us = self.recv.first_unacked.map_or(0, |t| {
             u32::try_from(now.saturating_since(t).as_micros()).unwrap_or(u32::MAX)
         });
+        if !all {
+            self.recv.refresh(REFRESH_PER_ACK, now);
+        }
         let Session { recv, scratch, .. } = self;
         let mut frame_start = buf.len();
         let mut w = AckWriter::begin(buf, kind, delay_us);
@@ -266,8 +275,10 @@ impl Session {
                         session: *id,
                         channel: ch,
                         seq,
-                        len,
-                        max: peer.max_message,
+                        reason: RejectReason::TooLarge {
+                            len,
+                            max: peer.max_message,
+                        },
                     })));
             }
             write_entry(buf, e, ch, seq, 0, p, now);

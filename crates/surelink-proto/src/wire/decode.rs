@@ -145,10 +145,12 @@ fn parse_body(kind: FrameKind, flags: u16, mut body: Bytes) -> Result<Frame, Dec
                 node: NodeId(body.get_u64()),
                 epoch: Epoch(body.get_u64()),
                 session: SessionId(body.get_u64()),
+                your_node: NodeId(body.get_u64()),
                 your_epoch: Epoch(body.get_u64()),
                 your_session: SessionId(body.get_u64()),
                 recv_window: body.get_u32(),
                 max_message: body.get_u32(),
+                max_channels: body.get_u32(),
             };
             if hello.epoch.0 == 0 {
                 return Err(malformed("epoch 0 is not a valid incarnation"));

@@ -40,10 +40,12 @@ pub fn encode_hello(buf: &mut BytesMut, h: &Hello) {
     buf.put_u64(h.node.0);
     buf.put_u64(h.epoch.0);
     buf.put_u64(h.session.0);
+    buf.put_u64(h.your_node.0);
     buf.put_u64(h.your_epoch.0);
     buf.put_u64(h.your_session.0);
     buf.put_u32(h.recv_window);
     buf.put_u32(h.max_message);
+    buf.put_u32(h.max_channels);
 }
 
 /// Appends a PING frame.

@@ -89,6 +89,11 @@ pub struct Hello {
     pub epoch: Epoch,
     /// The sender's local id of the session this path joins.
     pub session: SessionId,
+    /// The node the sender means to reach (the one it dialled), or 0 when
+    /// answering an accepted connection. A node that is not it refuses the
+    /// path before any session logic, so a stale address book cannot end a
+    /// healthy session.
+    pub your_node: NodeId,
     /// The receiver's incarnation as the sender's session knows it; 0 when
     /// the sender's session has not yet met the receiver. Lets the receiver
     /// notice that the sender still talks to an earlier incarnation.
@@ -102,6 +107,8 @@ pub struct Hello {
     pub recv_window: u32,
     /// The largest message payload the sender accepts.
     pub max_message: u32,
+    /// Channels the sender accepts (ids below this).
+    pub max_channels: u32,
 }
 
 /// One application message.

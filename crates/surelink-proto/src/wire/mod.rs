@@ -13,7 +13,7 @@
 //!
 //! | kind | name | body |
 //! |---|---|---|
-//! | 0x01 | HELLO | cluster u64, node u64, epoch u64, session u64, your_epoch u64, your_session u64, recv_window u32, max_message u32 |
+//! | 0x01 | HELLO | cluster u64, node u64, epoch u64, session u64, your_node u64, your_epoch u64, your_session u64, recv_window u32, max_message u32, max_channels u32 |
 //! | 0x02 | RESUME | an ack body: the sender's whole receive state, sent once per new path |
 //! | 0x03 | DATA | channel u16, seq u64, payload (rest of the body) |
 //! | 0x04 | ACK | ack_delay_us u32, count u16, count × (channel u16, cumulative u64, ranges u16, ranges × (start u64, end u64)) |
@@ -52,7 +52,7 @@ pub const HEADER_LEN: usize = 8;
 /// Bytes a DATA frame adds in front of its payload (header + channel + seq).
 pub const DATA_OVERHEAD: usize = HEADER_LEN + 2 + 8;
 /// Body length of a HELLO frame.
-pub const HELLO_BODY_LEN: usize = 8 * 6 + 4 + 4;
+pub const HELLO_BODY_LEN: usize = 8 * 7 + 4 * 3;
 /// Flag on DATA: this is a re-send of a message already sent once.
 pub const DATA_FLAG_RETRANSMIT: u16 = 0x0001;
 /// Flag on DATA: the sender withdrew this message (it was larger than the
