@@ -737,6 +737,17 @@ impl Endpoint {
         }
     }
 
+    /// The payload of the next event, if that event is a message: lets a
+    /// shell decide, before taking it, whether it has room for it (taking a
+    /// message acknowledges it to the sender).
+    pub fn peek_message(&self) -> Option<&Bytes> {
+        self.events.iter().find_map(|q| match q {
+            Queued::Skip { .. } => None,
+            Queued::Message { payload, .. } => Some(Some(payload)),
+            Queued::Event(_) => Some(None),
+        })?
+    }
+
     fn consumed(
         &mut self,
         slot: usize,

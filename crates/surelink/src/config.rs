@@ -1,0 +1,239 @@
+//! Endpoint configuration: plain values with defaults, validated once.
+//!
+//! A *network* is one of the independent networks a node is attached to
+//! (one NIC, one address range). `listen[i]` is this node's address on
+//! network `i`; a peer's `addrs[i]` is its address on the same network. The
+//! endpoint dials each configured peer on every network both have, from the
+//! local address of that network, `connections_per_network` times.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use surelink_proto::{ClusterId, EndpointConfig, Epoch, NodeId};
+
+/// A peer this endpoint dials.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerConfig {
+    /// Its node id.
+    pub node: NodeId,
+    /// Its address on each network, in the order of [`Config::listen`];
+    /// `None` where it is not attached.
+    pub addrs: Vec<Option<SocketAddr>>,
+}
+
+/// How an endpoint runs. Build one with [`Config::new`] and adjust fields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// This node.
+    pub node: NodeId,
+    /// The cluster; handshakes with other clusters are refused.
+    pub cluster: ClusterId,
+    /// This process's incarnation. `None`: the wall-clock time at start in
+    /// microseconds, which grows across restarts.
+    pub epoch: Option<Epoch>,
+    /// One listening address per network (port 0 picks a free port). May be
+    /// empty for a pure client, which still dials from the addresses in
+    /// `dial_from`.
+    pub listen: Vec<SocketAddr>,
+    /// Local address to dial from on each network when `listen` is empty or
+    /// shorter; otherwise `listen[i]`'s IP is used.
+    pub dial_from: Vec<SocketAddr>,
+    /// Peers to dial.
+    pub peers: Vec<PeerConfig>,
+    /// TCP connections per network per peer (hr-net's redundancy inside one
+    /// network).
+    pub connections_per_network: usize,
+    /// First delay before re-dialling a lost connection; doubles per failure.
+    pub reconnect_initial: Duration,
+    /// Upper bound of the re-dial delay.
+    pub reconnect_max: Duration,
+    /// Connect attempts give up after this long.
+    pub connect_timeout: Duration,
+    /// `TCP_USER_TIMEOUT`: the kernel fails a connection whose sent data
+    /// stays unacknowledged this long.
+    pub tcp_user_timeout: Option<Duration>,
+    /// Requests being handled at once; beyond it, requests wait in the
+    /// session (unacknowledged, so the sender is held back).
+    pub max_concurrent_requests: usize,
+    /// One-way messages buffered for [`crate::Endpoint::recv`]; beyond it,
+    /// they wait in the session likewise.
+    pub incoming_buffer: usize,
+    /// The protocol core's settings.
+    pub core: EndpointConfig,
+}
+
+impl Config {
+    /// Defaults for node `node` in cluster `cluster`.
+    pub fn new(node: NodeId, cluster: ClusterId) -> Config {
+        Config {
+            node,
+            cluster,
+            epoch: None,
+            listen: Vec::new(),
+            dial_from: Vec::new(),
+            peers: Vec::new(),
+            connections_per_network: 1,
+            reconnect_initial: Duration::from_millis(10),
+            reconnect_max: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(2),
+            tcp_user_timeout: Some(Duration::from_secs(5)),
+            max_concurrent_requests: 4096,
+            incoming_buffer: 65_536,
+            core: EndpointConfig::default(),
+        }
+    }
+
+    /// Number of networks: the longest of `listen`, `dial_from` and the
+    /// peers' address lists.
+    pub fn networks(&self) -> usize {
+        let peers = self.peers.iter().map(|p| p.addrs.len()).max().unwrap_or(0);
+        self.listen.len().max(self.dial_from.len()).max(peers)
+    }
+
+    /// Checks every field; returns the first problem found.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.core.validate()?;
+        if self.node == NodeId(0) {
+            return Err(ConfigError::Invalid {
+                field: "node",
+                reason: "node id 0 is reserved",
+            });
+        }
+        if self.epoch == Some(Epoch(0)) {
+            return Err(ConfigError::Invalid {
+                field: "epoch",
+                reason: "epoch 0 is reserved",
+            });
+        }
+        if self.connections_per_network == 0 || self.connections_per_network > 64 {
+            return Err(ConfigError::Invalid {
+                field: "connections_per_network",
+                reason: "must be 1..=64",
+            });
+        }
+        if self.reconnect_initial.is_zero() || self.reconnect_max < self.reconnect_initial {
+            return Err(ConfigError::Invalid {
+                field: "reconnect_initial",
+                reason: "must be non-zero and at most reconnect_max",
+            });
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(ConfigError::Invalid {
+                field: "connect_timeout",
+                reason: "must be non-zero",
+            });
+        }
+        if self.max_concurrent_requests == 0 || self.incoming_buffer == 0 {
+            return Err(ConfigError::Invalid {
+                field: "max_concurrent_requests/incoming_buffer",
+                reason: "must be non-zero",
+            });
+        }
+        let mut seen = std::collections::HashSet::new();
+        for p in &self.peers {
+            if p.node == self.node {
+                return Err(ConfigError::Peer {
+                    node: p.node,
+                    reason: "a peer cannot have this node's id",
+                });
+            }
+            if !seen.insert(p.node) {
+                return Err(ConfigError::Peer {
+                    node: p.node,
+                    reason: "listed twice",
+                });
+            }
+            if p.addrs.iter().all(Option::is_none) {
+                return Err(ConfigError::Peer {
+                    node: p.node,
+                    reason: "has no address on any network",
+                });
+            }
+            for (i, a) in p.addrs.iter().enumerate() {
+                if a.is_some() && self.local_addr(i).is_none() {
+                    return Err(ConfigError::Peer {
+                        node: p.node,
+                        reason: "has an address on a network this node has no local address for",
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The local address to use on network `i` (its port is ignored when dialling).
+    pub fn local_addr(&self, i: usize) -> Option<SocketAddr> {
+        self.listen
+            .get(i)
+            .or_else(|| self.dial_from.get(i))
+            .copied()
+    }
+}
+
+/// A configuration that cannot work.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// A setting of the protocol core.
+    #[error("core: {0}")]
+    Core(#[from] surelink_proto::ConfigError),
+    /// A field of the shell configuration.
+    #[error("`{field}`: {reason}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A peer entry.
+    #[error("peer {node}: {reason}")]
+    Peer {
+        /// The peer.
+        node: NodeId,
+        /// What is wrong.
+        reason: &'static str,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn validation_names_the_problem() {
+        let mut c = Config::new(NodeId(1), ClusterId(1));
+        c.listen = vec![addr("127.0.1.1:0")];
+        c.peers = vec![PeerConfig {
+            node: NodeId(2),
+            addrs: vec![Some(addr("127.0.1.2:7000"))],
+        }];
+        c.validate().unwrap();
+        let mut bad = c.clone();
+        bad.peers.push(bad.peers[0].clone());
+        assert_eq!(
+            bad.validate(),
+            Err(ConfigError::Peer {
+                node: NodeId(2),
+                reason: "listed twice"
+            })
+        );
+        let mut bad = c.clone();
+        bad.peers[0].addrs.push(Some(addr("127.0.2.2:7000")));
+        assert!(matches!(bad.validate(), Err(ConfigError::Peer { .. })));
+        let mut bad = c.clone();
+        bad.core.max_channels = 0;
+        assert!(matches!(bad.validate(), Err(ConfigError::Core(_))));
+        let mut bad = c;
+        bad.connections_per_network = 0;
+        assert!(matches!(
+            bad.validate(),
+            Err(ConfigError::Invalid {
+                field: "connections_per_network",
+                ..
+            })
+        ));
+    }
+}

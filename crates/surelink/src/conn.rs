@@ -1,0 +1,271 @@
+//! One TCP connection under a path: socket options, the write queue, and
+//! the reader task that feeds the core.
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::{Shutdown, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use socket2::SockRef;
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{oneshot, Notify};
+use tracing::{debug, warn};
+
+use surelink_proto::{NodeId, PathId};
+
+use crate::driver::{self, Shared};
+
+/// Bytes asked of the kernel per read.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// The IO half of a connection, shared by the reader task, the writer task
+/// and whoever drives the core (which writes directly when the socket takes it).
+#[derive(Debug)]
+pub(crate) struct ConnIo {
+    pub(crate) path: PathId,
+    pub(crate) network: usize,
+    pub(crate) local: SocketAddr,
+    pub(crate) remote: SocketAddr,
+    stream: TcpStream,
+    /// Bytes the socket did not take yet, in order.
+    pending: Mutex<VecDeque<Bytes>>,
+    wake: Notify,
+    failed: AtomicBool,
+}
+
+impl ConnIo {
+    /// Queues `b` for the socket, writing at once what the kernel accepts.
+    pub(crate) fn write(&self, mut b: Bytes) {
+        let mut q = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if q.is_empty() {
+            loop {
+                match self.stream.try_write(&b) {
+                    Ok(n) => {
+                        b.advance(n);
+                        if b.is_empty() {
+                            return;
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        debug!(path = %self.path, error = %e, "write failed");
+                        self.failed.store(true, Ordering::Relaxed);
+                        drop(q);
+                        self.kill();
+                        return;
+                    }
+                }
+            }
+        }
+        q.push_back(b);
+        drop(q);
+        self.wake.notify_one();
+    }
+
+    fn has_pending(&self) -> bool {
+        !self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+
+    /// Shuts the socket down both ways, as `ss -K` would: both ends see the
+    /// connection end and the core fails the path over.
+    pub(crate) fn kill(&self) {
+        let _ = SockRef::from(&self.stream).shutdown(Shutdown::Both);
+    }
+
+    /// Closes after the queued bytes (a CLOSE frame) are written, or after a
+    /// second if the peer does not read them.
+    pub(crate) async fn close_after_flush(self: Arc<Self>) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        while self.has_pending() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.kill();
+    }
+}
+
+/// Writes what the socket did not take at once, when it becomes writable.
+async fn write_loop(io: Arc<ConnIo>) {
+    loop {
+        while !io.has_pending() {
+            io.wake.notified().await;
+            if io.failed.load(Ordering::Relaxed) {
+                return;
+            }
+        }
+        if io.stream.writable().await.is_err() {
+            return;
+        }
+        let mut q = io.pending.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(front) = q.front_mut() {
+            match io.stream.try_write(front) {
+                Ok(n) => {
+                    front.advance(n);
+                    if front.is_empty() {
+                        q.pop_front();
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    io.failed.store(true, Ordering::Relaxed);
+                    q.clear();
+                    drop(q);
+                    io.kill();
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Reads until the connection ends, feeding the core; then reports the
+/// path down.
+async fn read_loop(shared: Arc<Shared>, io: Arc<ConnIo>) {
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    loop {
+        if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+            buf.reserve(READ_CHUNK);
+        }
+        if io.stream.readable().await.is_err() {
+            break;
+        }
+        match io.stream.try_read_buf(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => shared.stats.bytes_received(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => {
+                debug!(path = %io.path, error = %e, "read failed");
+                break;
+            }
+        }
+        let refused = driver::input(&shared, io.path, &mut buf);
+        if let Some(e) = refused {
+            warn!(path = %io.path, remote = %io.remote, error = %e, "refused input from peer; closing the connection");
+            break;
+        }
+    }
+    driver::path_down(&shared, io.path);
+}
+
+fn configure(stream: &TcpStream, shared: &Shared) {
+    let _ = stream.set_nodelay(true);
+    if let Some(t) = shared.config.tcp_user_timeout {
+        let _ = SockRef::from(stream).set_tcp_user_timeout(Some(t));
+    }
+}
+
+/// Registers a connected stream as a new path and starts its tasks. The
+/// receiver resolves when the connection has ended.
+pub(crate) fn start(
+    shared: &Arc<Shared>,
+    stream: TcpStream,
+    network: usize,
+    peer: Option<NodeId>,
+) -> io::Result<oneshot::Receiver<()>> {
+    configure(&stream, shared);
+    let local = stream.local_addr()?;
+    let remote = stream.peer_addr()?;
+    let path = shared.next_path_id();
+    let io = Arc::new(ConnIo {
+        path,
+        network,
+        local,
+        remote,
+        stream,
+        pending: Mutex::new(VecDeque::new()),
+        wake: Notify::new(),
+        failed: AtomicBool::new(false),
+    });
+    let (done_tx, done_rx) = oneshot::channel();
+    driver::add_path(shared, io.clone(), peer);
+    shared.spawn(write_loop(io.clone()));
+    let sh = shared.clone();
+    shared.spawn(async move {
+        read_loop(sh, io.clone()).await;
+        // The writer finishes what is queued (a CLOSE frame) and stops.
+        io.failed.store(true, Ordering::Relaxed);
+        io.wake.notify_one();
+        let _ = done_tx.send(());
+    });
+    Ok(done_rx)
+}
+
+/// Opens a listening socket on `addr`.
+pub(crate) fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+/// Dials `remote` from the IP of `local`.
+pub(crate) async fn dial(
+    local: SocketAddr,
+    remote: SocketAddr,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
+    let socket = if remote.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.bind(SocketAddr::new(local.ip(), 0))?;
+    match tokio::time::timeout(timeout, socket.connect(remote)).await {
+        Ok(r) => r,
+        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")),
+    }
+}
+
+/// Accepts connections on network `network` for ever.
+pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, network: usize) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, from)) => {
+                if let Err(e) = start(&shared, stream, network, None) {
+                    debug!(%from, error = %e, "accepted connection vanished");
+                }
+            }
+            Err(e) => {
+                warn!(network, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Keeps `connections` connections to `peer` on one network, re-dialling with
+/// capped exponential backoff.
+pub(crate) async fn dial_loop(
+    shared: Arc<Shared>,
+    peer: NodeId,
+    network: usize,
+    local: SocketAddr,
+    remote: SocketAddr,
+) {
+    let cfg = &shared.config;
+    let mut backoff = cfg.reconnect_initial;
+    loop {
+        match dial(local, remote, cfg.connect_timeout).await {
+            Ok(stream) => match start(&shared, stream, network, Some(peer)) {
+                Ok(done) => {
+                    backoff = cfg.reconnect_initial;
+                    let _ = done.await;
+                }
+                Err(e) => debug!(%peer, network, error = %e, "connection vanished"),
+            },
+            Err(e) => debug!(%peer, network, %remote, error = %e, "dial failed"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(cfg.reconnect_max);
+    }
+}

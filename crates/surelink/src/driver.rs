@@ -1,0 +1,600 @@
+//! The state every task shares, and the one routine that drives the core:
+//! after any input, write what the core wants written, hand out what it
+//! delivered, and re-arm its timer.
+//!
+//! There is no driver task in the way of the data: a reader task that
+//! receives bytes, or a caller that sends, locks the core, feeds it, and
+//! writes its output straight to the sockets. Work that may block or take
+//! long (running a request handler) happens after the lock is released.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::{Bytes, BytesMut};
+use tokio::sync::{broadcast, oneshot, Notify};
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use surelink_proto::{
+    ChannelId, Endpoint as Core, Epoch, Event, MessageId, NodeId, PathCloseReason, PathError,
+    PathId, SessionEndReason, SessionId, Time,
+};
+
+use crate::config::Config;
+use crate::conn::ConnIo;
+use crate::error::CallError;
+use crate::rpc::{self, Body};
+use crate::stats::Stats;
+
+/// Bytes per `poll_transmit`: big enough to batch, small enough to interleave paths.
+const TRANSMIT_BUDGET: usize = 256 * 1024;
+
+/// A request handed to a [`Handler`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// The caller.
+    pub peer: NodeId,
+    /// The channel it came on (the reply goes back on it).
+    pub channel: u16,
+    /// The request body.
+    pub body: Bytes,
+}
+
+/// A one-way message taken by [`Endpoint::recv`](crate::Endpoint::recv).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Incoming {
+    /// The sender.
+    pub peer: NodeId,
+    /// Its channel.
+    pub channel: u16,
+    /// The message.
+    pub body: Bytes,
+}
+
+/// The boxed future a handler returns.
+pub type HandlerFuture = Pin<Box<dyn Future<Output = Bytes> + Send + 'static>>;
+
+/// Serves requests: one call per request, exactly once per request the
+/// session delivers; the returned bytes are the reply.
+pub trait Handler: Send + Sync + 'static {
+    /// Handles one request.
+    fn handle(&self, request: Request) -> HandlerFuture;
+}
+
+impl<F, Fut> Handler for F
+where
+    F: Fn(Request) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Bytes> + Send + 'static,
+{
+    fn handle(&self, request: Request) -> HandlerFuture {
+        Box::pin(self(request))
+    }
+}
+
+/// What the endpoint reports about paths and peers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NetEvent {
+    /// A path finished its handshake.
+    PathUp {
+        /// The peer.
+        peer: NodeId,
+        /// The path.
+        path: PathId,
+        /// Its network.
+        network: usize,
+    },
+    /// A path is gone; its in-flight messages moved to the other paths.
+    PathDown {
+        /// The peer, when known.
+        peer: Option<NodeId>,
+        /// The path.
+        path: PathId,
+        /// Its network.
+        network: usize,
+        /// Messages re-sent elsewhere.
+        resent: usize,
+        /// Why, in words.
+        reason: String,
+    },
+    /// A peer has a working path (again).
+    PeerUp {
+        /// The peer.
+        peer: NodeId,
+        /// Its incarnation.
+        epoch: Epoch,
+    },
+    /// A peer has no working path; messages queue until one returns or the
+    /// linger time passes.
+    PeerUnreachable {
+        /// The peer.
+        peer: NodeId,
+    },
+    /// A session ended; outstanding calls failed with the matching error.
+    SessionEnded {
+        /// The peer.
+        peer: NodeId,
+        /// Why (e.g. `PeerRestarted`).
+        reason: SessionEndReason,
+        /// Messages whose delivery was not confirmed.
+        abandoned: u64,
+    },
+}
+
+/// A call waiting for its reply.
+#[derive(Debug)]
+pub(crate) struct PendingCall {
+    pub(crate) peer: NodeId,
+    pub(crate) session: SessionId,
+    pub(crate) tx: oneshot::Sender<Result<Bytes, CallError>>,
+}
+
+/// A connection as the core's driver knows it.
+#[derive(Debug)]
+pub(crate) struct ConnEntry {
+    pub(crate) io: Arc<ConnIo>,
+    pub(crate) peer: Option<NodeId>,
+}
+
+/// Everything behind the lock.
+pub(crate) struct Inner {
+    pub(crate) core: Core,
+    pub(crate) conns: HashMap<PathId, ConnEntry>,
+    pub(crate) calls: HashMap<u64, PendingCall>,
+    pub(crate) next_call: u64,
+    pub(crate) incoming: VecDeque<Incoming>,
+    pub(crate) requests_running: usize,
+    pub(crate) handler: Option<Arc<dyn Handler>>,
+    out: BytesMut,
+    /// The deadline the timer task sleeps towards.
+    armed: Option<Time>,
+}
+
+/// State shared by the public handles and every task.
+pub(crate) struct Shared {
+    inner: Mutex<Inner>,
+    pub(crate) config: Config,
+    pub(crate) epoch: Epoch,
+    base: tokio::time::Instant,
+    /// Re-arms the timer task.
+    timer: Notify,
+    /// Send-buffer space may have been freed.
+    pub(crate) space: Notify,
+    /// A one-way message was queued for `recv`.
+    pub(crate) incoming_ready: Notify,
+    pub(crate) events: broadcast::Sender<NetEvent>,
+    pub(crate) stats: Stats,
+    next_path: AtomicU64,
+    pub(crate) closed: AtomicBool,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// Work found while holding the lock, done after releasing it.
+pub(crate) enum Job {
+    Request {
+        handler: Arc<dyn Handler>,
+        request: Request,
+        id: u64,
+    },
+    Event(NetEvent),
+    Close(Arc<ConnIo>),
+    IncomingReady,
+}
+
+impl Shared {
+    pub(crate) fn new(config: Config, core: Core, epoch: Epoch) -> Shared {
+        let (events, _) = broadcast::channel(1024);
+        Shared {
+            inner: Mutex::new(Inner {
+                core,
+                conns: HashMap::new(),
+                calls: HashMap::new(),
+                next_call: 1,
+                incoming: VecDeque::new(),
+                requests_running: 0,
+                handler: None,
+                out: BytesMut::with_capacity(TRANSMIT_BUDGET * 2),
+                armed: None,
+            }),
+            config,
+            epoch,
+            base: tokio::time::Instant::now(),
+            timer: Notify::new(),
+            space: Notify::new(),
+            incoming_ready: Notify::new(),
+            events,
+            stats: Stats::default(),
+            next_path: AtomicU64::new(1),
+            closed: AtomicBool::new(false),
+            tasks: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves the core consistent enough to
+        // continue (every mutation is a whole core call); do not cascade it.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The core's clock: time since the endpoint started.
+    pub(crate) fn now(&self) -> Time {
+        Time::from_nanos(u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    fn instant(&self, t: Time) -> tokio::time::Instant {
+        self.base + t.since_origin()
+    }
+
+    pub(crate) fn next_path_id(&self) -> PathId {
+        PathId(self.next_path.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Spawns a task that is aborted when the endpoint shuts down.
+    pub(crate) fn spawn(&self, fut: impl Future<Output = ()> + Send + 'static) {
+        let handle = tokio::spawn(fut);
+        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        tasks.retain(|t| !t.is_finished());
+        tasks.push(handle);
+    }
+
+    /// Shuts down every connection's socket and forgets them.
+    pub(crate) fn kill_connections(&self) {
+        let mut g = self.lock();
+        for (_, c) in g.conns.drain() {
+            c.io.kill();
+        }
+    }
+
+    pub(crate) fn abort_tasks(&self) {
+        for t in self
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            t.abort();
+        }
+    }
+}
+
+/// Writes what the core wants written, hands out what it delivered, and
+/// re-arms the timer. Call with the lock held after every input to the core.
+pub(crate) fn drive(inner: &mut Inner, shared: &Shared) -> Vec<Job> {
+    let now = shared.now();
+    let mut jobs = Vec::new();
+    loop {
+        let Inner {
+            core, out, conns, ..
+        } = &mut *inner;
+        let Some(path) = core.poll_transmit(now, out, TRANSMIT_BUDGET) else {
+            break;
+        };
+        let bytes = out.split().freeze();
+        shared.stats.bytes_sent(bytes.len());
+        if let Some(c) = conns.get(&path) {
+            c.io.write(bytes);
+        }
+    }
+    loop {
+        // Take a message only if there is room for it: leaving it in the core
+        // leaves it unacknowledged, which holds the sender back.
+        if let Some(p) = inner.core.peek_message() {
+            match rpc::kind(p) {
+                Some(rpc::REQUEST)
+                    if inner.requests_running >= shared.config.max_concurrent_requests =>
+                {
+                    break
+                }
+                Some(rpc::ONEWAY) if inner.incoming.len() >= shared.config.incoming_buffer => break,
+                _ => {}
+            }
+        }
+        let Some(ev) = inner.core.poll_event() else {
+            break;
+        };
+        handle_event(inner, shared, ev, &mut jobs);
+    }
+    let t = inner.core.poll_timeout();
+    if t.is_some() && (inner.armed.is_none() || t < inner.armed) {
+        inner.armed = t;
+        shared.timer.notify_one();
+    }
+    jobs
+}
+
+fn handle_event(inner: &mut Inner, shared: &Shared, ev: Event, jobs: &mut Vec<Job>) {
+    match ev {
+        Event::Message {
+            peer,
+            channel,
+            payload,
+            ..
+        } => {
+            shared.stats.message_received();
+            match rpc::decode(payload) {
+                Some(Body::Oneway(body)) => {
+                    inner.incoming.push_back(Incoming {
+                        peer,
+                        channel: channel.0,
+                        body,
+                    });
+                    jobs.push(Job::IncomingReady);
+                }
+                Some(Body::Request(id, body)) => match &inner.handler {
+                    Some(handler) => {
+                        inner.requests_running += 1;
+                        jobs.push(Job::Request {
+                            handler: handler.clone(),
+                            request: Request {
+                                peer,
+                                channel: channel.0,
+                                body,
+                            },
+                            id,
+                        });
+                    }
+                    None => {
+                        // No handler: answer with an empty reply rather than
+                        // leave the caller to time out.
+                        warn!(%peer, id, "request received but no handler is registered");
+                        let reply = rpc::encode_call(rpc::REPLY, id, b"");
+                        let now = shared.now();
+                        let _ = inner.core.send(now, peer, channel, reply);
+                    }
+                },
+                Some(Body::Reply(id, body)) => {
+                    if let Some(call) = inner.calls.remove(&id) {
+                        if call.peer == peer {
+                            let _ = call.tx.send(Ok(body));
+                        } else {
+                            inner.calls.insert(id, call);
+                        }
+                    }
+                }
+                None => {
+                    shared.stats.malformed_message();
+                    warn!(%peer, channel = channel.0, "message without a valid header dropped");
+                }
+            }
+        }
+        Event::PathUp { peer, path } => {
+            let network = inner.conns.get(&path).map_or(0, |c| c.io.network);
+            if let Some(c) = inner.conns.get_mut(&path) {
+                c.peer = Some(peer);
+            }
+            info!(%peer, %path, network, "path up");
+            shared.stats.path_up();
+            jobs.push(Job::Event(NetEvent::PathUp {
+                peer,
+                path,
+                network,
+            }));
+        }
+        Event::PathClosed {
+            peer,
+            path,
+            reason,
+            resent,
+        } => {
+            let (network, peer) = match inner.conns.remove(&path) {
+                Some(c) => {
+                    let network = c.io.network;
+                    jobs.push(Job::Close(c.io));
+                    (network, peer.or(c.peer))
+                }
+                None => (0, peer),
+            };
+            match &reason {
+                PathCloseReason::Error(e) => warn!(%path, ?peer, error = %e, "path closed"),
+                r => info!(%path, ?peer, reason = ?r, resent, "path closed"),
+            }
+            shared.stats.path_down(resent);
+            jobs.push(Job::Event(NetEvent::PathDown {
+                peer,
+                path,
+                network,
+                resent,
+                reason: format!("{reason:?}"),
+            }));
+        }
+        Event::PeerUp { peer, epoch, .. } => {
+            jobs.push(Job::Event(NetEvent::PeerUp { peer, epoch }))
+        }
+        Event::PeerUnreachable { peer, .. } => {
+            warn!(%peer, "peer unreachable: no working path");
+            jobs.push(Job::Event(NetEvent::PeerUnreachable { peer }))
+        }
+        Event::SessionEnded {
+            peer,
+            session,
+            reason,
+            abandoned,
+        } => {
+            let failed: Vec<u64> = inner
+                .calls
+                .iter()
+                .filter(|(_, c)| c.peer == peer && c.session == session)
+                .map(|(&id, _)| id)
+                .collect();
+            for id in failed {
+                if let Some(c) = inner.calls.remove(&id) {
+                    let _ = c.tx.send(Err(CallError::from_end(peer, &reason)));
+                }
+            }
+            let n: u64 = abandoned.iter().map(|a| a.end - a.start).sum();
+            warn!(%peer, ?reason, abandoned = n, "session ended");
+            jobs.push(Job::Event(NetEvent::SessionEnded {
+                peer,
+                reason,
+                abandoned: n,
+            }));
+        }
+        Event::MessageRejected { peer, reason, .. } => {
+            warn!(%peer, ?reason, "queued message rejected by the peer's limits");
+        }
+    }
+}
+
+/// Does what `drive` found, outside the lock.
+pub(crate) fn run_jobs(shared: &Arc<Shared>, jobs: Vec<Job>) {
+    for job in jobs {
+        match job {
+            Job::Request {
+                handler,
+                request,
+                id,
+            } => {
+                let sh = shared.clone();
+                tokio::spawn(async move {
+                    let (peer, channel) = (request.peer, request.channel);
+                    let reply = handler.handle(request).await;
+                    let msg = rpc::encode_call(rpc::REPLY, id, &reply);
+                    if let Err(e) = send_message(&sh, peer, ChannelId(channel), msg).await {
+                        debug!(%peer, error = %e, "reply not sent");
+                    }
+                    let jobs = {
+                        let mut g = sh.lock();
+                        g.requests_running -= 1;
+                        drive(&mut g, &sh)
+                    };
+                    run_jobs(&sh, jobs);
+                });
+            }
+            Job::Event(e) => {
+                let _ = shared.events.send(e);
+            }
+            Job::Close(io) => {
+                tokio::spawn(io.close_after_flush());
+            }
+            Job::IncomingReady => shared.incoming_ready.notify_waiters(),
+        }
+    }
+}
+
+/// Queues a message, waiting while the session's send buffer is full.
+pub(crate) async fn send_message(
+    shared: &Arc<Shared>,
+    peer: NodeId,
+    channel: ChannelId,
+    mut msg: Bytes,
+) -> Result<MessageId, crate::error::SendError> {
+    loop {
+        let space = shared.space.notified();
+        tokio::pin!(space);
+        space.as_mut().enable();
+        if shared.closed.load(Ordering::Relaxed) {
+            return Err(crate::error::SendError::Closed);
+        }
+        let (r, jobs) = {
+            let mut g = shared.lock();
+            let now = shared.now();
+            let r = g.core.send(now, peer, channel, msg);
+            let jobs = if r.is_ok() {
+                drive(&mut g, shared)
+            } else {
+                Vec::new()
+            };
+            (r, jobs)
+        };
+        run_jobs(shared, jobs);
+        match r {
+            Ok(id) => {
+                shared.stats.message_sent();
+                return Ok(id);
+            }
+            Err(surelink_proto::SendError::Full { message, .. }) => {
+                msg = message;
+                space.await;
+            }
+            Err(e) => return Err(crate::error::SendError::Core(e)),
+        }
+    }
+}
+
+/// Bytes arrived on `path`. Returns the error if the core refused them (the
+/// connection is then closed).
+pub(crate) fn input(shared: &Arc<Shared>, path: PathId, buf: &mut BytesMut) -> Option<PathError> {
+    let (err, jobs) = {
+        let mut g = shared.lock();
+        let now = shared.now();
+        let err = g.core.handle_input(now, path, buf).err();
+        (err, drive(&mut g, shared))
+    };
+    run_jobs(shared, jobs);
+    // Acknowledgements may have freed send-buffer space.
+    shared.space.notify_waiters();
+    if let Some(e) = &err {
+        shared.stats.refused_input();
+        if matches!(e, PathError::UnknownPath(_)) {
+            return None; // closed meanwhile; the reader ends on its own
+        }
+    }
+    err
+}
+
+/// A new connection joins the core.
+pub(crate) fn add_path(shared: &Arc<Shared>, io: Arc<ConnIo>, peer: Option<NodeId>) {
+    let jobs = {
+        let mut g = shared.lock();
+        let now = shared.now();
+        let path = io.path;
+        g.conns.insert(path, ConnEntry { io, peer });
+        if let Err(e) = g.core.add_path(now, path, peer) {
+            warn!(%path, error = %e, "path refused");
+            if let Some(c) = g.conns.remove(&path) {
+                c.io.kill();
+            }
+        }
+        drive(&mut g, shared)
+    };
+    run_jobs(shared, jobs);
+}
+
+/// A connection ended.
+pub(crate) fn path_down(shared: &Arc<Shared>, path: PathId) {
+    let jobs = {
+        let mut g = shared.lock();
+        let now = shared.now();
+        g.core.handle_path_down(now, path);
+        g.conns.remove(&path);
+        drive(&mut g, shared)
+    };
+    run_jobs(shared, jobs);
+    shared.space.notify_waiters();
+}
+
+/// Runs the core's timers.
+pub(crate) async fn timer_loop(shared: Arc<Shared>) {
+    loop {
+        let notified = shared.timer.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let deadline = {
+            let mut g = shared.lock();
+            let t = g.core.poll_timeout();
+            g.armed = t;
+            t
+        };
+        match deadline {
+            Some(t) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(shared.instant(t)) => {
+                        let jobs = {
+                            let mut g = shared.lock();
+                            let now = shared.now();
+                            g.core.handle_timeout(now);
+                            g.armed = None;
+                            drive(&mut g, &shared)
+                        };
+                        run_jobs(&shared, jobs);
+                        shared.space.notify_waiters();
+                    }
+                    _ = &mut notified => {}
+                }
+            }
+            None => notified.await,
+        }
+    }
+}

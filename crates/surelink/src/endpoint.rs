@@ -1,0 +1,407 @@
+//! The public handle: bind, call, send, serve, receive, observe.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::{broadcast, oneshot};
+use tracing::info;
+
+use surelink_proto::{ChannelId, Endpoint as Core, Epoch, LocalIdentity, NodeId, PathId};
+
+use crate::config::{Config, PeerConfig};
+use crate::conn;
+use crate::driver::{self, Handler, Incoming, NetEvent, PendingCall, Shared};
+use crate::error::{BindError, CallError, SendError, TrySendError};
+use crate::rpc;
+use crate::stats::StatsSnapshot;
+
+/// A path as the endpoint sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PathInfo {
+    /// The path.
+    pub id: PathId,
+    /// The peer, once known.
+    pub peer: Option<NodeId>,
+    /// Its network.
+    pub network: usize,
+    /// Local socket address.
+    pub local: SocketAddr,
+    /// Remote socket address.
+    pub remote: SocketAddr,
+}
+
+/// Aborts the endpoint's tasks when the last handle is dropped.
+struct Guard(Arc<Shared>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        // Like a process exit: tasks stop and the kernel closes every socket
+        // (handler tasks still running may hold the shared state, so close
+        // the connections explicitly).
+        self.0.closed.store(true, Ordering::Relaxed);
+        self.0.abort_tasks();
+        self.0.kill_connections();
+    }
+}
+
+/// A surelink endpoint: one process's sessions with its peers, over every
+/// network it shares with them. Cheap to clone; the last clone dropped stops
+/// it.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use surelink::{Config, Endpoint, PeerConfig};
+/// use surelink::proto::{ClusterId, NodeId};
+///
+/// // A server on two networks.
+/// let mut cfg = Config::new(NodeId(1), ClusterId(7));
+/// cfg.listen = vec!["127.0.1.1:7100".parse()?, "127.0.2.1:7100".parse()?];
+/// let server = Endpoint::bind(cfg).await?;
+/// server.serve(|req: surelink::Request| async move { req.body });
+///
+/// // A client that dials it on both.
+/// let mut cfg = Config::new(NodeId(2), ClusterId(7));
+/// cfg.dial_from = vec!["127.0.1.2:0".parse()?, "127.0.2.2:0".parse()?];
+/// cfg.peers = vec![PeerConfig {
+///     node: NodeId(1),
+///     addrs: vec![Some("127.0.1.1:7100".parse()?), Some("127.0.2.1:7100".parse()?)],
+/// }];
+/// let client = Endpoint::bind(cfg).await?;
+/// let reply = client.call(NodeId(1), 0, "ping".into(), Duration::from_secs(1)).await?;
+/// assert_eq!(reply, "ping");
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Endpoint {
+    shared: Arc<Shared>,
+    _guard: Arc<Guard>,
+    listen: Arc<Vec<SocketAddr>>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("node", &self.shared.config.node)
+            .field("listen", &self.listen)
+            .finish()
+    }
+}
+
+impl Endpoint {
+    /// Validates `config`, opens the listeners, and starts dialling the
+    /// configured peers. Must be called within a tokio runtime.
+    pub async fn bind(config: Config) -> Result<Endpoint, BindError> {
+        config.validate()?;
+        let epoch = config.epoch.unwrap_or_else(|| {
+            let us = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+            Epoch(us.max(1))
+        });
+        let local = LocalIdentity {
+            cluster: config.cluster,
+            node: config.node,
+            epoch,
+        };
+        let core =
+            Core::new(config.core.clone(), local).map_err(|e| BindError::Config(e.into()))?;
+        let mut listeners = Vec::new();
+        for &addr in &config.listen {
+            let l = conn::listen(addr).map_err(|source| BindError::Listen { addr, source })?;
+            listeners.push(l);
+        }
+        let listen: Vec<SocketAddr> = listeners
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .collect();
+        let peers = config.peers.clone();
+        let shared = Arc::new(Shared::new(config, core, epoch));
+        shared.spawn(driver::timer_loop(shared.clone()));
+        for (network, l) in listeners.into_iter().enumerate() {
+            shared.spawn(conn::accept_loop(shared.clone(), l, network));
+        }
+        let ep = Endpoint {
+            _guard: Arc::new(Guard(shared.clone())),
+            shared,
+            listen: Arc::new(listen),
+        };
+        for p in peers {
+            ep.dial_peer(&p);
+        }
+        info!(node = %ep.shared.config.node, epoch = %epoch, listen = ?ep.listen, "endpoint up");
+        Ok(ep)
+    }
+
+    fn dial_peer(&self, p: &PeerConfig) {
+        let cfg = &self.shared.config;
+        for (network, addr) in p.addrs.iter().enumerate() {
+            let (Some(remote), Some(local)) = (addr, cfg.local_addr(network)) else {
+                continue;
+            };
+            for _ in 0..cfg.connections_per_network {
+                self.shared.spawn(conn::dial_loop(
+                    self.shared.clone(),
+                    p.node,
+                    network,
+                    local,
+                    *remote,
+                ));
+            }
+        }
+    }
+
+    /// Starts dialling a peer not in the configuration (e.g. one whose port
+    /// was only known after it bound). Addresses on networks this node has
+    /// no local address for are ignored.
+    pub fn add_peer(&self, peer: PeerConfig) {
+        self.dial_peer(&peer);
+    }
+
+    /// This node's id.
+    pub fn node(&self) -> NodeId {
+        self.shared.config.node
+    }
+
+    /// This process's incarnation.
+    pub fn epoch(&self) -> Epoch {
+        self.shared.epoch
+    }
+
+    /// The listening addresses, one per network, with the ports bound.
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.listen.to_vec()
+    }
+
+    /// Sends `request` to `peer` on `channel` and waits for the reply.
+    ///
+    /// The request is delivered exactly once as long as some path to the
+    /// peer works again within the linger time, whatever happens to the
+    /// connections meanwhile. Fails with [`CallError::PeerRestarted`] if the
+    /// peer's process restarts first (the request is never replayed into the
+    /// new process), and with [`CallError::Timeout`] after `timeout`.
+    pub async fn call(
+        &self,
+        peer: NodeId,
+        channel: u16,
+        request: Bytes,
+        timeout: Duration,
+    ) -> Result<Bytes, CallError> {
+        let start = Instant::now();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let (tx, rx) = oneshot::channel();
+        let id = {
+            let mut g = self.shared.lock();
+            let id = g.next_call;
+            g.next_call += 1;
+            id
+        };
+        let msg = rpc::encode_call(rpc::REQUEST, id, &request);
+        let sent = tokio::time::timeout_at(deadline, async {
+            // Register before sending: the reply can come back before `send` returns.
+            let session = {
+                let g = self.shared.lock();
+                g.core.session_with(peer).map(|(s, _)| s)
+            };
+            if let Some(session) = session {
+                self.shared
+                    .lock()
+                    .calls
+                    .insert(id, PendingCall { peer, session, tx });
+                let mid = driver::send_message(&self.shared, peer, ChannelId(channel), msg).await?;
+                if mid.session != session {
+                    // The session changed in between; re-key the call.
+                    let mut g = self.shared.lock();
+                    if let Some(mut c) = g.calls.remove(&id) {
+                        c.session = mid.session;
+                        g.calls.insert(id, c);
+                    }
+                }
+            } else {
+                let mid = driver::send_message(&self.shared, peer, ChannelId(channel), msg).await?;
+                self.shared.lock().calls.insert(
+                    id,
+                    PendingCall {
+                        peer,
+                        session: mid.session,
+                        tx,
+                    },
+                );
+            }
+            Ok::<(), SendError>(())
+        })
+        .await;
+        let result = match sent {
+            Err(_) => Err(CallError::Timeout),
+            Ok(Err(e)) => Err(CallError::Send(e)),
+            Ok(Ok(())) => match tokio::time::timeout_at(deadline, rx).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(_)) => Err(CallError::Send(SendError::Closed)),
+                Err(_) => Err(CallError::Timeout),
+            },
+        };
+        if result.is_err() {
+            self.shared.lock().calls.remove(&id);
+        }
+        self.shared
+            .stats
+            .call_done(result.as_ref().ok().map(|_| start.elapsed()));
+        result
+    }
+
+    /// Sends a one-way message, waiting while the session's send buffer is full.
+    pub async fn send(&self, peer: NodeId, channel: u16, message: Bytes) -> Result<(), SendError> {
+        driver::send_message(
+            &self.shared,
+            peer,
+            ChannelId(channel),
+            rpc::encode_oneway(&message),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Sends a one-way message if there is room now; otherwise hands it back.
+    pub fn try_send(&self, peer: NodeId, channel: u16, message: Bytes) -> Result<(), TrySendError> {
+        if self.shared.closed.load(Ordering::Relaxed) {
+            return Err(SendError::Closed.into());
+        }
+        let (r, jobs) = {
+            let mut g = self.shared.lock();
+            let now = self.shared.now();
+            let r = g
+                .core
+                .send(now, peer, ChannelId(channel), rpc::encode_oneway(&message));
+            let jobs = if r.is_ok() {
+                driver::drive(&mut g, &self.shared)
+            } else {
+                Vec::new()
+            };
+            (r, jobs)
+        };
+        driver::run_jobs(&self.shared, jobs);
+        match r {
+            Ok(_) => {
+                self.shared.stats.message_sent();
+                Ok(())
+            }
+            Err(surelink_proto::SendError::Full { .. }) => Err(TrySendError::Full(message)),
+            Err(e) => Err(SendError::Core(e).into()),
+        }
+    }
+
+    /// Serves requests with `handler` (replacing any earlier one). Each
+    /// request runs in its own task; at most `max_concurrent_requests` at once.
+    pub fn serve<H: Handler>(&self, handler: H) {
+        let jobs = {
+            let mut g = self.shared.lock();
+            g.handler = Some(Arc::new(handler));
+            driver::drive(&mut g, &self.shared)
+        };
+        driver::run_jobs(&self.shared, jobs);
+    }
+
+    /// The next one-way message, in order per peer and channel. `None` once
+    /// the endpoint is shut down.
+    pub async fn recv(&self) -> Option<Incoming> {
+        loop {
+            let notified = self.shared.incoming_ready.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.shared.closed.load(Ordering::Relaxed) {
+                return None;
+            }
+            let (m, jobs) = {
+                let mut g = self.shared.lock();
+                let was_full = g.incoming.len() >= self.shared.config.incoming_buffer;
+                let m = g.incoming.pop_front();
+                // Room again: take the messages that waited in the core.
+                let jobs = if was_full && m.is_some() {
+                    driver::drive(&mut g, &self.shared)
+                } else {
+                    Vec::new()
+                };
+                (m, jobs)
+            };
+            driver::run_jobs(&self.shared, jobs);
+            if let Some(m) = m {
+                return Some(m);
+            }
+            notified.await;
+        }
+    }
+
+    /// Path and peer events (path up/down, peer up/unreachable, session ended).
+    pub fn events(&self) -> broadcast::Receiver<NetEvent> {
+        self.shared.events.subscribe()
+    }
+
+    /// Counters, histograms and per-session state.
+    pub fn stats(&self) -> StatsSnapshot {
+        let sessions = {
+            let g = self.shared.lock();
+            let mut peers: Vec<NodeId> = g.core.peers().collect();
+            peers.sort();
+            peers
+                .into_iter()
+                .filter_map(|p| g.core.session_stats(p).map(|s| (p, s)))
+                .collect()
+        };
+        self.shared.stats.snapshot(sessions)
+    }
+
+    /// The connections carrying paths now.
+    pub fn paths(&self) -> Vec<PathInfo> {
+        let g = self.shared.lock();
+        let mut v: Vec<PathInfo> = g
+            .conns
+            .values()
+            .map(|c| PathInfo {
+                id: c.io.path,
+                peer: c.peer,
+                network: c.io.network,
+                local: c.io.local,
+                remote: c.io.remote,
+            })
+            .collect();
+        v.sort_by_key(|p| p.id);
+        v
+    }
+
+    /// Shuts down the sockets of every connection on `network` (as `ss -K`
+    /// would), returning how many. Both ends see the connections end; their
+    /// messages fail over and the dialler reconnects. For tests and demos.
+    pub fn kill_network(&self, network: usize) -> usize {
+        let g = self.shared.lock();
+        let mut n = 0;
+        for c in g.conns.values().filter(|c| c.io.network == network) {
+            c.io.kill();
+            n += 1;
+        }
+        n
+    }
+
+    /// Closes every session (peers see an orderly close) and stops all tasks.
+    pub async fn shutdown(self) {
+        let jobs = {
+            let mut g = self.shared.lock();
+            let now = self.shared.now();
+            let peers: Vec<NodeId> = g.core.peers().collect();
+            for p in peers {
+                g.core.close_session(now, p);
+            }
+            driver::drive(&mut g, &self.shared)
+        };
+        driver::run_jobs(&self.shared, jobs);
+        // Give the CLOSE frames a moment to leave.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        self.shared.closed.store(true, Ordering::Relaxed);
+        self.shared.incoming_ready.notify_waiters();
+        self.shared.space.notify_waiters();
+        self.shared.abort_tasks();
+        self.shared.kill_connections();
+    }
+}

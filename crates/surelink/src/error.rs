@@ -1,0 +1,94 @@
+//! Errors of the public API, one enum per operation.
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use surelink_proto::{Epoch, NodeId, SessionEndReason};
+
+use crate::config::ConfigError;
+
+/// Why [`Endpoint::bind`](crate::Endpoint::bind) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// The configuration does not validate.
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigError),
+    /// A listening socket could not be opened.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// Why a message could not be queued.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum SendError {
+    /// Refused by the protocol core (too large, bad channel, ...).
+    #[error(transparent)]
+    Core(surelink_proto::SendError),
+    /// The endpoint is shut down.
+    #[error("endpoint closed")]
+    Closed,
+}
+
+/// Why [`Endpoint::try_send`](crate::Endpoint::try_send) did not queue a message.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum TrySendError {
+    /// The session's send buffer is full; the message is handed back.
+    #[error("send buffer full; message handed back")]
+    Full(Bytes),
+    /// Any other refusal.
+    #[error(transparent)]
+    Send(#[from] SendError),
+}
+
+/// Why a [`call`](crate::Endpoint::call) did not return a reply.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum CallError {
+    /// No reply within the deadline. The request may or may not have run.
+    #[error("no reply within the deadline")]
+    Timeout,
+    /// The peer's process restarted while the call was outstanding. The
+    /// request is not replayed into the new process; it may have run in
+    /// the old one.
+    #[error("peer {peer} restarted (epoch {old} -> {new:?}); the call was not replayed")]
+    PeerRestarted {
+        /// The peer.
+        peer: NodeId,
+        /// The incarnation the call went to.
+        old: Epoch,
+        /// The new incarnation, when known.
+        new: Option<Epoch>,
+    },
+    /// The session ended for another reason (no path for the linger time,
+    /// closed by either side).
+    #[error("session with {peer} ended: {reason:?}")]
+    SessionEnded {
+        /// The peer.
+        peer: NodeId,
+        /// Why.
+        reason: SessionEndReason,
+    },
+    /// The request could not be queued.
+    #[error(transparent)]
+    Send(#[from] SendError),
+}
+
+impl CallError {
+    pub(crate) fn from_end(peer: NodeId, reason: &SessionEndReason) -> CallError {
+        match reason {
+            SessionEndReason::PeerRestarted { old, new } => CallError::PeerRestarted {
+                peer,
+                old: *old,
+                new: *new,
+            },
+            other => CallError::SessionEnded {
+                peer,
+                reason: other.clone(),
+            },
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! Counters and histograms: kept here as atomics (cheap on the data path),
+//! mirrored to the `metrics` facade for whatever recorder the application
+//! installs, snapshot for `surelink stats`, and rendered as Prometheus text.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use surelink_proto::{NodeId, SessionStats};
+
+/// The endpoint's counters.
+#[derive(Debug)]
+pub(crate) struct Stats {
+    messages_sent: AtomicU64,
+    messages_received: AtomicU64,
+    bytes_sent: AtomicU64,
+    bytes_received: AtomicU64,
+    paths_up: AtomicU64,
+    paths_down: AtomicU64,
+    failover_resends: AtomicU64,
+    calls: AtomicU64,
+    call_errors: AtomicU64,
+    refused_inputs: AtomicU64,
+    malformed_messages: AtomicU64,
+    /// Call round trips, microseconds.
+    call_rtt: Mutex<Histogram<u64>>,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            messages_sent: AtomicU64::new(0),
+            messages_received: AtomicU64::new(0),
+            bytes_sent: AtomicU64::new(0),
+            bytes_received: AtomicU64::new(0),
+            paths_up: AtomicU64::new(0),
+            paths_down: AtomicU64::new(0),
+            failover_resends: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
+            call_errors: AtomicU64::new(0),
+            refused_inputs: AtomicU64::new(0),
+            malformed_messages: AtomicU64::new(0),
+            // 1 µs .. 1 h, 3 significant digits; creation cannot fail for
+            // these constants.
+            call_rtt: Mutex::new(
+                Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("constant bounds are valid"),
+            ),
+        }
+    }
+}
+
+impl Stats {
+    pub(crate) fn message_sent(&self) {
+        self.messages_sent.fetch_add(1, Relaxed);
+        metrics::counter!("surelink_messages_sent_total").increment(1);
+    }
+    pub(crate) fn message_received(&self) {
+        self.messages_received.fetch_add(1, Relaxed);
+        metrics::counter!("surelink_messages_received_total").increment(1);
+    }
+    pub(crate) fn bytes_sent(&self, n: usize) {
+        self.bytes_sent.fetch_add(n as u64, Relaxed);
+        metrics::counter!("surelink_bytes_sent_total").increment(n as u64);
+    }
+    pub(crate) fn bytes_received(&self, n: usize) {
+        self.bytes_received.fetch_add(n as u64, Relaxed);
+        metrics::counter!("surelink_bytes_received_total").increment(n as u64);
+    }
+    pub(crate) fn path_up(&self) {
+        self.paths_up.fetch_add(1, Relaxed);
+        metrics::counter!("surelink_paths_up_total").increment(1);
+    }
+    pub(crate) fn path_down(&self, resent: usize) {
+        self.paths_down.fetch_add(1, Relaxed);
+        self.failover_resends.fetch_add(resent as u64, Relaxed);
+        metrics::counter!("surelink_paths_down_total").increment(1);
+        metrics::counter!("surelink_failover_resends_total").increment(resent as u64);
+    }
+    pub(crate) fn call_done(&self, rtt: Option<Duration>) {
+        self.calls.fetch_add(1, Relaxed);
+        match rtt {
+            Some(rtt) => {
+                let us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX).max(1);
+                if let Ok(mut h) = self.call_rtt.lock() {
+                    let high = h.high();
+                    let _ = h.record(us.min(high));
+                }
+                metrics::histogram!("surelink_call_seconds").record(rtt.as_secs_f64());
+            }
+            None => {
+                self.call_errors.fetch_add(1, Relaxed);
+                metrics::counter!("surelink_call_errors_total").increment(1);
+            }
+        }
+    }
+    pub(crate) fn refused_input(&self) {
+        self.refused_inputs.fetch_add(1, Relaxed);
+        metrics::counter!("surelink_refused_inputs_total").increment(1);
+    }
+    pub(crate) fn malformed_message(&self) {
+        self.malformed_messages.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self, sessions: Vec<(NodeId, SessionStats)>) -> StatsSnapshot {
+        let (p50, p99, p999, max) = match self.call_rtt.lock() {
+            Ok(h) if !h.is_empty() => (
+                h.value_at_quantile(0.5),
+                h.value_at_quantile(0.99),
+                h.value_at_quantile(0.999),
+                h.max(),
+            ),
+            _ => (0, 0, 0, 0),
+        };
+        StatsSnapshot {
+            messages_sent: self.messages_sent.load(Relaxed),
+            messages_received: self.messages_received.load(Relaxed),
+            bytes_sent: self.bytes_sent.load(Relaxed),
+            bytes_received: self.bytes_received.load(Relaxed),
+            paths_up: self.paths_up.load(Relaxed),
+            paths_down: self.paths_down.load(Relaxed),
+            failover_resends: self.failover_resends.load(Relaxed),
+            calls: self.calls.load(Relaxed),
+            call_errors: self.call_errors.load(Relaxed),
+            refused_inputs: self.refused_inputs.load(Relaxed),
+            malformed_messages: self.malformed_messages.load(Relaxed),
+            call_rtt_us: [p50, p99, p999, max],
+            sessions,
+        }
+    }
+}
+
+/// The counters at one moment.
+#[derive(Clone, Debug, Default)]
+pub struct StatsSnapshot {
+    /// Messages queued by this endpoint (one-way, requests, replies).
+    pub messages_sent: u64,
+    /// Messages delivered to this endpoint.
+    pub messages_received: u64,
+    /// Bytes written to sockets.
+    pub bytes_sent: u64,
+    /// Bytes read from sockets.
+    pub bytes_received: u64,
+    /// Paths that finished a handshake.
+    pub paths_up: u64,
+    /// Paths closed (failovers and shutdowns).
+    pub paths_down: u64,
+    /// Messages moved to another path when theirs failed.
+    pub failover_resends: u64,
+    /// Calls completed (with or without error).
+    pub calls: u64,
+    /// Calls that failed.
+    pub call_errors: u64,
+    /// Connections closed because their peer sent bytes the core refused.
+    pub refused_inputs: u64,
+    /// Session messages without a valid shell header.
+    pub malformed_messages: u64,
+    /// Call round trip p50, p99, p99.9, max in microseconds.
+    pub call_rtt_us: [u64; 4],
+    /// Per peer session counters from the core.
+    pub sessions: Vec<(NodeId, SessionStats)>,
+}
+
+impl StatsSnapshot {
+    /// Prometheus text exposition format.
+    pub fn to_prometheus(&self) -> String {
+        let mut s = String::new();
+        let mut counter = |name: &str, help: &str, v: u64| {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        };
+        counter(
+            "surelink_messages_sent_total",
+            "Messages queued",
+            self.messages_sent,
+        );
+        counter(
+            "surelink_messages_received_total",
+            "Messages delivered",
+            self.messages_received,
+        );
+        counter(
+            "surelink_bytes_sent_total",
+            "Bytes written to sockets",
+            self.bytes_sent,
+        );
+        counter(
+            "surelink_bytes_received_total",
+            "Bytes read from sockets",
+            self.bytes_received,
+        );
+        counter(
+            "surelink_paths_up_total",
+            "Paths that finished a handshake",
+            self.paths_up,
+        );
+        counter("surelink_paths_down_total", "Paths closed", self.paths_down);
+        counter(
+            "surelink_failover_resends_total",
+            "Messages moved off a failed path",
+            self.failover_resends,
+        );
+        counter("surelink_calls_total", "Calls completed", self.calls);
+        counter(
+            "surelink_call_errors_total",
+            "Calls failed",
+            self.call_errors,
+        );
+        counter(
+            "surelink_refused_inputs_total",
+            "Connections closed for bad input",
+            self.refused_inputs,
+        );
+        let _ = writeln!(s, "# HELP surelink_call_rtt_microseconds Call round trip\n# TYPE surelink_call_rtt_microseconds summary");
+        for (q, v) in [
+            ("0.5", self.call_rtt_us[0]),
+            ("0.99", self.call_rtt_us[1]),
+            ("0.999", self.call_rtt_us[2]),
+        ] {
+            let _ = writeln!(s, "surelink_call_rtt_microseconds{{quantile=\"{q}\"}} {v}");
+        }
+        let _ = writeln!(s, "# HELP surelink_session_resent_total Messages re-sent per peer\n# TYPE surelink_session_resent_total counter");
+        for (peer, st) in &self.sessions {
+            let _ = writeln!(
+                s,
+                "surelink_session_resent_total{{peer=\"{peer}\"}} {}",
+                st.resent
+            );
+        }
+        let _ = writeln!(s, "# HELP surelink_path_srtt_microseconds Smoothed RTT per path\n# TYPE surelink_path_srtt_microseconds gauge");
+        for (peer, st) in &self.sessions {
+            for p in &st.paths {
+                let _ = writeln!(
+                    s,
+                    "surelink_path_srtt_microseconds{{peer=\"{peer}\",path=\"{}\"}} {}",
+                    p.id,
+                    p.srtt.as_micros()
+                );
+            }
+        }
+        s
+    }
+}
