@@ -1,9 +1,20 @@
 //! `surelink`: the command-line tool.
 //!
-//! `surelink demo` runs two endpoints over two paths, fails one path in the
-//! middle of a message stream, brings it back, and reports what arrived.
+//! - `demo`: two endpoints, two networks, connections killed mid-stream;
+//!   what arrived (`--simulated` for the deterministic simulator).
+//! - `serve --config F`: an echo server; `call --config F --peer N`: a ping
+//!   client; `stats --metrics ADDR`: a running endpoint's counters.
+//! - `bench`: surelink against plain TCP, latency and throughput.
 
+// Reporting code converts counts and durations for display.
+#![allow(clippy::cast_possible_truncation)]
+
+mod bench;
+mod config_file;
 mod demo;
+mod demo_sim;
+mod serve;
+mod stats;
 
 use clap::{Parser, Subcommand};
 
@@ -20,12 +31,38 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Two endpoints, two paths, one path fails mid-stream: what arrived?
+    /// Two endpoints, two networks, connections killed mid-stream: what arrived?
     Demo(demo::DemoArgs),
+    /// Run an echo server from a TOML configuration.
+    Serve(serve::ServeArgs),
+    /// Call a peer (ping/echo) from a TOML configuration.
+    Call(serve::CallArgs),
+    /// Print a running endpoint's counters from its metrics port.
+    Stats(stats::StatsArgs),
+    /// Benchmark against plain TCP: round-trip latency and throughput.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
-        Command::Demo(args) => demo::run(&args),
-    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        match cli.command {
+            Command::Demo(a) => demo::run(&a).await,
+            Command::Serve(a) => serve::serve(&a).await,
+            Command::Call(a) => serve::call(&a).await,
+            Command::Stats(a) => stats::run(&a).await,
+            Command::Bench(a) => bench::run(&a).await,
+        }
+    })
 }

@@ -160,6 +160,8 @@ pub(crate) struct Shared {
     base: tokio::time::Instant,
     /// Re-arms the timer task.
     timer: Notify,
+    /// Asks the flush task to write what `send` queued.
+    flush: Notify,
     /// Send-buffer space may have been freed.
     pub(crate) space: Notify,
     /// A one-way message was queued for `recv`.
@@ -202,6 +204,7 @@ impl Shared {
             epoch,
             base: tokio::time::Instant::now(),
             timer: Notify::new(),
+            flush: Notify::new(),
             space: Notify::new(),
             incoming_ready: Notify::new(),
             events,
@@ -245,6 +248,25 @@ impl Shared {
         for (_, c) in g.conns.drain() {
             c.io.kill();
         }
+    }
+
+    /// Counters, histograms and per-session state.
+    pub(crate) fn snapshot(&self) -> crate::stats::StatsSnapshot {
+        let sessions = {
+            let g = self.lock();
+            let mut peers: Vec<NodeId> = g.core.peers().collect();
+            peers.sort();
+            peers
+                .into_iter()
+                .filter_map(|p| g.core.session_stats(p).map(|s| (p, s)))
+                .collect()
+        };
+        self.stats.snapshot(sessions)
+    }
+
+    /// Wakes the flush task.
+    pub(crate) fn request_flush(&self) {
+        self.flush.notify_one();
     }
 
     pub(crate) fn abort_tasks(&self) {
@@ -424,7 +446,12 @@ fn handle_event(inner: &mut Inner, shared: &Shared, ev: Event, jobs: &mut Vec<Jo
                 }
             }
             let n: u64 = abandoned.iter().map(|a| a.end - a.start).sum();
-            warn!(%peer, ?reason, abandoned = n, "session ended");
+            match reason {
+                SessionEndReason::ClosedLocally | SessionEndReason::ClosedByPeer { .. } => {
+                    info!(%peer, ?reason, abandoned = n, "session closed")
+                }
+                _ => warn!(%peer, ?reason, abandoned = n, "session ended"),
+            }
             jobs.push(Job::Event(NetEvent::SessionEnded {
                 peer,
                 reason,
@@ -451,7 +478,9 @@ pub(crate) fn run_jobs(shared: &Arc<Shared>, jobs: Vec<Job>) {
                     let (peer, channel) = (request.peer, request.channel);
                     let reply = handler.handle(request).await;
                     let msg = rpc::encode_call(rpc::REPLY, id, &reply);
-                    if let Err(e) = send_message(&sh, peer, ChannelId(channel), msg).await {
+                    if let Err(e) =
+                        send_message(&sh, peer, ChannelId(channel), msg, Flush::Now).await
+                    {
                         debug!(%peer, error = %e, "reply not sent");
                     }
                     let jobs = {
@@ -473,12 +502,36 @@ pub(crate) fn run_jobs(shared: &Arc<Shared>, jobs: Vec<Job>) {
     }
 }
 
+/// When a queued message is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Flush {
+    /// By the caller, before `send_message` returns: lowest latency (calls,
+    /// replies).
+    Now,
+    /// By the flush task: a caller sending in a loop does not pay a system
+    /// call per message; the flush task writes whatever accumulated at once.
+    Deferred,
+}
+
+/// Writes what `send` queued; see [`Flush::Deferred`].
+pub(crate) async fn flush_loop(shared: Arc<Shared>) {
+    loop {
+        shared.flush.notified().await;
+        let jobs = {
+            let mut g = shared.lock();
+            drive(&mut g, &shared)
+        };
+        run_jobs(&shared, jobs);
+    }
+}
+
 /// Queues a message, waiting while the session's send buffer is full.
 pub(crate) async fn send_message(
     shared: &Arc<Shared>,
     peer: NodeId,
     channel: ChannelId,
     mut msg: Bytes,
+    flush: Flush,
 ) -> Result<MessageId, crate::error::SendError> {
     loop {
         let space = shared.space.notified();
@@ -491,7 +544,7 @@ pub(crate) async fn send_message(
             let mut g = shared.lock();
             let now = shared.now();
             let r = g.core.send(now, peer, channel, msg);
-            let jobs = if r.is_ok() {
+            let jobs = if r.is_ok() && flush == Flush::Now {
                 drive(&mut g, shared)
             } else {
                 Vec::new()
@@ -501,6 +554,9 @@ pub(crate) async fn send_message(
         run_jobs(shared, jobs);
         match r {
             Ok(id) => {
+                if flush == Flush::Deferred {
+                    shared.flush.notify_one();
+                }
                 shared.stats.message_sent();
                 return Ok(id);
             }
@@ -558,8 +614,11 @@ pub(crate) fn path_down(shared: &Arc<Shared>, path: PathId) {
         let mut g = shared.lock();
         let now = shared.now();
         g.core.handle_path_down(now, path);
+        // Drive first: the PathClosed event it yields still finds the
+        // connection (for its network).
+        let jobs = drive(&mut g, shared);
         g.conns.remove(&path);
-        drive(&mut g, shared)
+        jobs
     };
     run_jobs(shared, jobs);
     shared.space.notify_waiters();

@@ -13,7 +13,7 @@ use surelink_proto::{ChannelId, Endpoint as Core, Epoch, LocalIdentity, NodeId, 
 
 use crate::config::{Config, PeerConfig};
 use crate::conn;
-use crate::driver::{self, Handler, Incoming, NetEvent, PendingCall, Shared};
+use crate::driver::{self, Flush, Handler, Incoming, NetEvent, PendingCall, Shared};
 use crate::error::{BindError, CallError, SendError, TrySendError};
 use crate::rpc;
 use crate::stats::StatsSnapshot;
@@ -121,6 +121,7 @@ impl Endpoint {
         let peers = config.peers.clone();
         let shared = Arc::new(Shared::new(config, core, epoch));
         shared.spawn(driver::timer_loop(shared.clone()));
+        shared.spawn(driver::flush_loop(shared.clone()));
         for (network, l) in listeners.into_iter().enumerate() {
             shared.spawn(conn::accept_loop(shared.clone(), l, network));
         }
@@ -211,7 +212,9 @@ impl Endpoint {
                     .lock()
                     .calls
                     .insert(id, PendingCall { peer, session, tx });
-                let mid = driver::send_message(&self.shared, peer, ChannelId(channel), msg).await?;
+                let mid =
+                    driver::send_message(&self.shared, peer, ChannelId(channel), msg, Flush::Now)
+                        .await?;
                 if mid.session != session {
                     // The session changed in between; re-key the call.
                     let mut g = self.shared.lock();
@@ -221,7 +224,9 @@ impl Endpoint {
                     }
                 }
             } else {
-                let mid = driver::send_message(&self.shared, peer, ChannelId(channel), msg).await?;
+                let mid =
+                    driver::send_message(&self.shared, peer, ChannelId(channel), msg, Flush::Now)
+                        .await?;
                 self.shared.lock().calls.insert(
                     id,
                     PendingCall {
@@ -259,6 +264,7 @@ impl Endpoint {
             peer,
             ChannelId(channel),
             rpc::encode_oneway(&message),
+            Flush::Deferred,
         )
         .await
         .map(|_| ())
@@ -275,16 +281,12 @@ impl Endpoint {
             let r = g
                 .core
                 .send(now, peer, ChannelId(channel), rpc::encode_oneway(&message));
-            let jobs = if r.is_ok() {
-                driver::drive(&mut g, &self.shared)
-            } else {
-                Vec::new()
-            };
-            (r, jobs)
+            (r, Vec::new())
         };
         driver::run_jobs(&self.shared, jobs);
         match r {
             Ok(_) => {
+                self.shared.request_flush();
                 self.shared.stats.message_sent();
                 Ok(())
             }
@@ -341,16 +343,17 @@ impl Endpoint {
 
     /// Counters, histograms and per-session state.
     pub fn stats(&self) -> StatsSnapshot {
-        let sessions = {
-            let g = self.shared.lock();
-            let mut peers: Vec<NodeId> = g.core.peers().collect();
-            peers.sort();
-            peers
-                .into_iter()
-                .filter_map(|p| g.core.session_stats(p).map(|s| (p, s)))
-                .collect()
-        };
-        self.shared.stats.snapshot(sessions)
+        self.shared.snapshot()
+    }
+
+    /// Serves the counters as Prometheus text on `http://addr/metrics`.
+    /// Returns the bound address (port 0 picks one).
+    pub async fn serve_metrics(&self, addr: SocketAddr) -> std::io::Result<SocketAddr> {
+        let listener = crate::exporter::bind(addr).await?;
+        let bound = listener.local_addr()?;
+        self.shared
+            .spawn(crate::exporter::serve(listener, self.shared.clone()));
+        Ok(bound)
     }
 
     /// The connections carrying paths now.

@@ -31,6 +31,7 @@ mod conn;
 mod driver;
 mod endpoint;
 mod error;
+mod exporter;
 mod rpc;
 mod stats;
 

@@ -1,0 +1,188 @@
+//! The TOML form of an endpoint's configuration, read by `serve` and `call`.
+//!
+//! ```toml
+//! node = 1
+//! cluster = 7
+//! listen = ["127.0.1.1:7100", "127.0.2.1:7100"]   # one per network
+//! # dial_from = ["127.0.1.9:0", "127.0.2.9:0"]     # clients without listeners
+//! connections_per_network = 1
+//! metrics = "127.0.0.1:9100"                        # optional Prometheus port
+//!
+//! [[peers]]
+//! node = 2
+//! addrs = ["127.0.1.2:7100", "127.0.2.2:7100"]     # "" where not attached
+//!
+//! [core]                                            # all optional
+//! linger_ms = 30000
+//! min_rto_ms = 200
+//! send_buffer = 16777216
+//! ```
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde::Deserialize;
+use surelink::proto::{ClusterId, Epoch, NodeId};
+use surelink::{Config, PeerConfig};
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct File {
+    node: u64,
+    cluster: u64,
+    epoch: Option<u64>,
+    #[serde(default)]
+    listen: Vec<SocketAddr>,
+    #[serde(default)]
+    dial_from: Vec<SocketAddr>,
+    connections_per_network: Option<usize>,
+    reconnect_initial_ms: Option<u64>,
+    reconnect_max_ms: Option<u64>,
+    tcp_user_timeout_ms: Option<u64>,
+    metrics: Option<SocketAddr>,
+    #[serde(default)]
+    peers: Vec<Peer>,
+    #[serde(default)]
+    core: Core,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct Peer {
+    node: u64,
+    addrs: Vec<String>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct Core {
+    max_message_size: Option<u32>,
+    send_buffer: Option<u64>,
+    recv_window: Option<u32>,
+    max_channels: Option<u32>,
+    linger_ms: Option<u64>,
+    min_rto_ms: Option<u64>,
+    max_rto_ms: Option<u64>,
+    max_ack_delay_us: Option<u64>,
+    handshake_timeout_ms: Option<u64>,
+}
+
+/// A parsed configuration plus the CLI-only settings.
+#[derive(Debug)]
+pub(crate) struct Loaded {
+    pub(crate) config: Config,
+    pub(crate) metrics: Option<SocketAddr>,
+}
+
+pub(crate) fn load(path: &Path) -> Result<Loaded> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    parse(&text).with_context(|| format!("in {}", path.display()))
+}
+
+pub(crate) fn parse(text: &str) -> Result<Loaded> {
+    let f: File = toml::from_str(text)?;
+    let mut c = Config::new(NodeId(f.node), ClusterId(f.cluster));
+    c.epoch = f.epoch.map(Epoch);
+    c.listen = f.listen;
+    c.dial_from = f.dial_from;
+    if let Some(n) = f.connections_per_network {
+        c.connections_per_network = n;
+    }
+    let ms = Duration::from_millis;
+    if let Some(v) = f.reconnect_initial_ms {
+        c.reconnect_initial = ms(v);
+    }
+    if let Some(v) = f.reconnect_max_ms {
+        c.reconnect_max = ms(v);
+    }
+    if let Some(v) = f.tcp_user_timeout_ms {
+        c.tcp_user_timeout = (v > 0).then(|| ms(v));
+    }
+    for p in f.peers {
+        let addrs = p
+            .addrs
+            .iter()
+            .map(|a| {
+                if a.is_empty() {
+                    Ok(None)
+                } else {
+                    a.parse().map(Some)
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .with_context(|| format!("peer {}: bad address", p.node))?;
+        c.peers.push(PeerConfig {
+            node: NodeId(p.node),
+            addrs,
+        });
+    }
+    let k = &mut c.core;
+    let core = f.core;
+    if let Some(v) = core.max_message_size {
+        k.max_message_size = v;
+    }
+    if let Some(v) = core.send_buffer {
+        k.send_buffer = v;
+    }
+    if let Some(v) = core.recv_window {
+        k.recv_window = v;
+    }
+    if let Some(v) = core.max_channels {
+        k.max_channels = v;
+    }
+    if let Some(v) = core.linger_ms {
+        k.linger = ms(v);
+    }
+    if let Some(v) = core.min_rto_ms {
+        k.min_rto = ms(v);
+    }
+    if let Some(v) = core.max_rto_ms {
+        k.max_rto = ms(v);
+    }
+    if let Some(v) = core.max_ack_delay_us {
+        k.max_ack_delay = Duration::from_micros(v);
+    }
+    if let Some(v) = core.handshake_timeout_ms {
+        k.handshake_timeout = ms(v);
+    }
+    c.validate()?;
+    Ok(Loaded {
+        config: c,
+        metrics: f.metrics,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_documented_example_and_refuses_typos() {
+        let ok = r#"
+            node = 1
+            cluster = 7
+            listen = ["127.0.1.1:7100", "127.0.2.1:7100"]
+            metrics = "127.0.0.1:9100"
+            [[peers]]
+            node = 2
+            addrs = ["127.0.1.2:7100", ""]
+            [core]
+            linger_ms = 5000
+        "#;
+        let l = parse(ok).unwrap();
+        assert_eq!(l.config.peers[0].addrs[1], None);
+        assert_eq!(l.config.core.linger, Duration::from_secs(5));
+        assert!(l.metrics.is_some());
+        assert!(parse("node = 1\ncluster = 7\nlisten_typo = []\n").is_err());
+        assert!(
+            parse("node = 0\ncluster = 7\n").is_err(),
+            "node 0 is refused by validation"
+        );
+        let err =
+            parse("node = 1\ncluster = 7\n[[peers]]\nnode = 2\naddrs = [\"nope\"]\n").unwrap_err();
+        assert!(format!("{err:#}").contains("bad address"));
+    }
+}
