@@ -68,7 +68,7 @@ impl Default for EndpointConfig {
             max_channels: 256,
             max_sessions: 4096,
             ack_frequency: 32,
-            max_ack_delay: Duration::from_millis(1),
+            max_ack_delay: Duration::from_millis(25),
             initial_rtt: Duration::from_millis(10),
             min_rto: Duration::from_millis(200),
             max_rto: Duration::from_secs(4),

@@ -184,12 +184,12 @@ fn a_lost_final_ack_on_a_quiet_channel_is_repaired_while_traffic_flows() {
     a.send(now, NodeId(2), ChannelId(1), Bytes::from_static(b"quiet"))
         .unwrap();
     pump(&mut a, &mut b, now, &keep);
-    now += Duration::from_millis(2);
+    now += Duration::from_millis(30);
     b.handle_timeout(now);
     pump(&mut b, &mut a, now, &keep);
     // The app takes it; the cumulative ACK saying so is lost.
     assert_eq!(events(&mut b).len(), 1);
-    now += Duration::from_millis(2);
+    now += Duration::from_millis(30);
     b.handle_timeout(now);
     let lost = pump(&mut b, &mut a, now, &|f| matches!(f, Frame::Ack(_)));
     assert!(lost.iter().any(|f| matches!(f, Frame::Ack(_))));
@@ -208,7 +208,7 @@ fn a_lost_final_ack_on_a_quiet_channel_is_repaired_while_traffic_flows() {
         pump(&mut b, &mut a, now, &keep);
         events(&mut a);
     }
-    now += Duration::from_millis(5);
+    now += Duration::from_millis(30);
     b.handle_timeout(now);
     pump(&mut b, &mut a, now, &keep);
     let s = a.session_stats(NodeId(2)).unwrap();

@@ -89,7 +89,7 @@ fn resume_resends_exactly_what_is_missing() {
     p.settle();
     let received = p.received_b();
     assert_eq!(received.len(), 13);
-    p.advance(Duration::from_millis(2)); // let B's delayed ack go out
+    p.advance(Duration::from_millis(30)); // let B's delayed ack go out
     p.settle();
     let stats = p.a.session_stats(NodeId(2)).unwrap();
     assert_eq!(stats.resent, 0, "nothing B had was sent again");
@@ -104,7 +104,7 @@ fn restarted_peer_fails_outstanding_and_gets_nothing_replayed() {
     p.settle();
     let first = p.send_ab(0, b"delivered");
     p.settle();
-    p.advance(Duration::from_millis(2)); // its acknowledgement reaches A
+    p.advance(Duration::from_millis(30)); // its acknowledgement reaches A
     p.settle();
     // Two messages leave A, but B dies before reading them.
     p.send_ab(0, b"lost-1");
@@ -184,7 +184,7 @@ fn full_send_buffer_hands_the_message_back() {
     // there is room again.
     p.connect(1);
     p.settle();
-    p.advance(Duration::from_millis(2));
+    p.advance(Duration::from_millis(30));
     p.settle();
     assert!(p.a.send(p.now, NodeId(2), ChannelId(0), big).is_ok());
 }

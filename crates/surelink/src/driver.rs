@@ -473,10 +473,23 @@ pub(crate) fn run_jobs(shared: &Arc<Shared>, jobs: Vec<Job>) {
                 request,
                 id,
             } => {
+                let (peer, channel) = (request.peer, request.channel);
+                let mut fut = handler.handle(request);
+                // Try the handler right here first: most handlers of a
+                // metadata or key-value service answer without waiting, and
+                // then the reply leaves without a task switch. One that waits
+                // moves to its own task (polling it again there registers
+                // the real waker; the no-op one used here is forgotten).
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                if let std::task::Poll::Ready(reply) = fut.as_mut().poll(&mut cx) {
+                    if reply_now(shared, peer, channel, id, &reply) {
+                        continue;
+                    }
+                    fut = Box::pin(async move { reply });
+                }
                 let sh = shared.clone();
                 tokio::spawn(async move {
-                    let (peer, channel) = (request.peer, request.channel);
-                    let reply = handler.handle(request).await;
+                    let reply = fut.await;
                     let msg = rpc::encode_call(rpc::REPLY, id, &reply);
                     if let Err(e) =
                         send_message(&sh, peer, ChannelId(channel), msg, Flush::Now).await
@@ -500,6 +513,25 @@ pub(crate) fn run_jobs(shared: &Arc<Shared>, jobs: Vec<Job>) {
             Job::IncomingReady => shared.incoming_ready.notify_waiters(),
         }
     }
+}
+
+/// Sends a reply at once if the send buffer has room (and finishes the
+/// request); returns false if it must wait, leaving that to the caller.
+fn reply_now(shared: &Arc<Shared>, peer: NodeId, channel: u16, id: u64, reply: &Bytes) -> bool {
+    let msg = rpc::encode_call(rpc::REPLY, id, reply);
+    let jobs = {
+        let mut g = shared.lock();
+        let now = shared.now();
+        match g.core.send(now, peer, ChannelId(channel), msg) {
+            Err(surelink_proto::SendError::Full { .. }) => return false,
+            Err(e) => debug!(%peer, error = %e, "reply not sent"),
+            Ok(_) => shared.stats.message_sent(),
+        }
+        g.requests_running -= 1;
+        drive(&mut g, shared)
+    };
+    run_jobs(shared, jobs);
+    true
 }
 
 /// When a queued message is written.
@@ -533,10 +565,11 @@ pub(crate) async fn send_message(
     mut msg: Bytes,
     flush: Flush,
 ) -> Result<MessageId, crate::error::SendError> {
+    // Registered only once the buffer was found full (registering costs a
+    // lock); the retry after registering closes the race with a wake-up.
+    let mut space = std::pin::pin!(shared.space.notified());
+    let mut registered = false;
     loop {
-        let space = shared.space.notified();
-        tokio::pin!(space);
-        space.as_mut().enable();
         if shared.closed.load(Ordering::Relaxed) {
             return Err(crate::error::SendError::Closed);
         }
@@ -562,7 +595,14 @@ pub(crate) async fn send_message(
             }
             Err(surelink_proto::SendError::Full { message, .. }) => {
                 msg = message;
-                space.await;
+                if registered {
+                    space.as_mut().await;
+                    space.set(shared.space.notified());
+                    registered = false;
+                } else {
+                    space.as_mut().enable();
+                    registered = true;
+                }
             }
             Err(e) => return Err(crate::error::SendError::Core(e)),
         }
