@@ -16,7 +16,9 @@ use crate::error::{AddPathError, HandshakeError, PathError, ProtocolViolation, S
 use crate::event::{Event, PathCloseReason, SessionEndReason};
 use crate::handshake::{decide, Current, Decision};
 use crate::ids::{ChannelId, Epoch, MessageId, NodeId, PathId, SessionId};
-use crate::session::{ClosingPath, Ctx, LocalIdentity, PeerInfo, Queued, Session, SessionStats};
+use crate::session::{
+    ClosingPath, Ctx, LocalIdentity, PeerInfo, Prefix, Queued, Session, SessionStats,
+};
 use crate::time::Time;
 use crate::wire::{decode, Close, CloseCode, CloseScope, Frame, Hello};
 
@@ -557,7 +559,23 @@ impl Endpoint {
         channel: ChannelId,
         payload: Bytes,
     ) -> Result<MessageId, SendError> {
+        self.send_with_prefix(now, peer, channel, Prefix::default(), payload)
+    }
+
+    /// Like [`Endpoint::send`], for a message made of a short `prefix` (a
+    /// shell's own header) followed by `payload`, without copying either
+    /// into a new buffer. The receiver gets them as one message. On
+    /// [`SendError::Full`] only `payload` is handed back.
+    pub fn send_with_prefix(
+        &mut self,
+        now: Time,
+        peer: NodeId,
+        channel: ChannelId,
+        prefix: Prefix,
+        payload: Bytes,
+    ) -> Result<MessageId, SendError> {
         self.tick(now);
+        let len = prefix.as_slice().len() + payload.len();
         if peer == self.local.node {
             return Err(SendError::SelfSend(peer));
         }
@@ -567,9 +585,9 @@ impl Endpoint {
                 max: self.cfg.max_channels,
             });
         }
-        if payload.len() > self.cfg.max_message_size as usize {
+        if len > self.cfg.max_message_size as usize {
             return Err(SendError::TooLarge {
-                len: payload.len(),
+                len,
                 max: self.cfg.max_message_size,
             });
         }
@@ -588,21 +606,21 @@ impl Endpoint {
                     max: p.max_channels,
                 });
             }
-            if payload.len() > p.max_message as usize {
+            if len > p.max_message as usize {
                 return Err(SendError::TooLarge {
-                    len: payload.len(),
+                    len,
                     max: p.max_message,
                 });
             }
         }
-        if !s.has_room(payload.len(), cfg) {
+        if !s.has_room(len, cfg) {
             return Err(SendError::Full {
                 message: payload,
                 buffered: s.send.cache_bytes,
                 limit: cfg.send_buffer,
             });
         }
-        let seq = s.push(channel, payload);
+        let seq = s.push(channel, prefix, payload);
         Ok(MessageId {
             session: s.id,
             channel,

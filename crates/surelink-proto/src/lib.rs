@@ -76,5 +76,5 @@ pub use endpoint::Endpoint;
 pub use error::{AddPathError, HandshakeError, PathError, ProtocolViolation, SendError};
 pub use event::{Abandoned, Event, PathCloseReason, RejectReason, SessionEndReason};
 pub use ids::{ChannelId, ClusterId, Epoch, MessageId, NodeId, PathId, SessionId};
-pub use session::{LocalIdentity, PathSnapshot, PathStats, SessionStats};
+pub use session::{LocalIdentity, PathSnapshot, PathStats, Prefix, SessionStats};
 pub use time::Time;

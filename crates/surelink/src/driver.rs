@@ -20,7 +20,7 @@ use tracing::{debug, info, warn};
 
 use surelink_proto::{
     ChannelId, Endpoint as Core, Epoch, Event, MessageId, NodeId, PathCloseReason, PathError,
-    PathId, SessionEndReason, SessionId, Time,
+    PathId, Prefix, SessionEndReason, SessionId, Time,
 };
 
 use crate::config::Config;
@@ -28,6 +28,9 @@ use crate::conn::ConnIo;
 use crate::error::CallError;
 use crate::rpc::{self, Body};
 use crate::stats::Stats;
+
+/// Bytes of deferred sends after which the sender writes them itself.
+const FLUSH_BATCH: usize = 32 * 1024;
 
 /// Bytes per `poll_transmit`: big enough to batch, small enough to interleave paths.
 const TRANSMIT_BUDGET: usize = 256 * 1024;
@@ -143,8 +146,9 @@ pub(crate) struct Inner {
     pub(crate) core: Core,
     pub(crate) conns: HashMap<PathId, ConnEntry>,
     pub(crate) calls: HashMap<u64, PendingCall>,
-    pub(crate) next_call: u64,
-    pub(crate) incoming: VecDeque<Incoming>,
+    /// One-way messages taken in this `drive`, moved to `Shared::incoming`
+    /// at its end in one go.
+    incoming_batch: Vec<Incoming>,
     pub(crate) requests_running: usize,
     pub(crate) handler: Option<Arc<dyn Handler>>,
     out: BytesMut,
@@ -166,9 +170,19 @@ pub(crate) struct Shared {
     pub(crate) space: Notify,
     /// A one-way message was queued for `recv`.
     pub(crate) incoming_ready: Notify,
+    /// One-way messages for `recv`, behind their own lock so a receiving
+    /// application does not contend with the core.
+    pub(crate) incoming: Mutex<VecDeque<Incoming>>,
+    pub(crate) incoming_len: std::sync::atomic::AtomicUsize,
     pub(crate) events: broadcast::Sender<NetEvent>,
     pub(crate) stats: Stats,
     next_path: AtomicU64,
+    next_call: AtomicU64,
+    last_now: AtomicU64,
+    /// Bytes queued by deferred sends since the core was last driven.
+    unflushed: std::sync::atomic::AtomicUsize,
+    /// The flush task has been asked to run and has not started yet.
+    flush_scheduled: AtomicBool,
     pub(crate) closed: AtomicBool,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -193,8 +207,7 @@ impl Shared {
                 core,
                 conns: HashMap::new(),
                 calls: HashMap::new(),
-                next_call: 1,
-                incoming: VecDeque::new(),
+                incoming_batch: Vec::new(),
                 requests_running: 0,
                 handler: None,
                 out: BytesMut::with_capacity(TRANSMIT_BUDGET * 2),
@@ -207,9 +220,15 @@ impl Shared {
             flush: Notify::new(),
             space: Notify::new(),
             incoming_ready: Notify::new(),
+            incoming: Mutex::new(VecDeque::new()),
+            incoming_len: std::sync::atomic::AtomicUsize::new(0),
             events,
             stats: Stats::default(),
             next_path: AtomicU64::new(1),
+            next_call: AtomicU64::new(1),
+            last_now: AtomicU64::new(0),
+            unflushed: std::sync::atomic::AtomicUsize::new(0),
+            flush_scheduled: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             tasks: Mutex::new(Vec::new()),
         }
@@ -223,7 +242,15 @@ impl Shared {
 
     /// The core's clock: time since the endpoint started.
     pub(crate) fn now(&self) -> Time {
-        Time::from_nanos(u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX))
+        let t = u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.last_now.store(t, Ordering::Relaxed);
+        Time::from_nanos(t)
+    }
+
+    /// The last time read by `now`: good enough for queueing a message (the
+    /// core only keeps its clock monotonic with it), and free.
+    fn now_cached(&self) -> Time {
+        Time::from_nanos(self.last_now.load(Ordering::Relaxed))
     }
 
     fn instant(&self, t: Time) -> tokio::time::Instant {
@@ -264,6 +291,11 @@ impl Shared {
         self.stats.snapshot(sessions)
     }
 
+    /// A fresh call id.
+    pub(crate) fn next_call_id(&self) -> u64 {
+        self.next_call.fetch_add(1, Ordering::Relaxed)
+    }
+
     /// Wakes the flush task.
     pub(crate) fn request_flush(&self) {
         self.flush.notify_one();
@@ -285,6 +317,7 @@ impl Shared {
 /// re-arms the timer. Call with the lock held after every input to the core.
 pub(crate) fn drive(inner: &mut Inner, shared: &Shared) -> Vec<Job> {
     let now = shared.now();
+    shared.unflushed.store(0, Ordering::Relaxed);
     let mut jobs = Vec::new();
     loop {
         let Inner {
@@ -309,7 +342,12 @@ pub(crate) fn drive(inner: &mut Inner, shared: &Shared) -> Vec<Job> {
                 {
                     break
                 }
-                Some(rpc::ONEWAY) if inner.incoming.len() >= shared.config.incoming_buffer => break,
+                Some(rpc::ONEWAY)
+                    if shared.incoming_len.load(Ordering::Relaxed) + inner.incoming_batch.len()
+                        >= shared.config.incoming_buffer =>
+                {
+                    break
+                }
                 _ => {}
             }
         }
@@ -317,6 +355,14 @@ pub(crate) fn drive(inner: &mut Inner, shared: &Shared) -> Vec<Job> {
             break;
         };
         handle_event(inner, shared, ev, &mut jobs);
+    }
+    if !inner.incoming_batch.is_empty() {
+        let mut q = shared.incoming.lock().unwrap_or_else(|e| e.into_inner());
+        shared
+            .incoming_len
+            .fetch_add(inner.incoming_batch.len(), Ordering::Relaxed);
+        q.extend(inner.incoming_batch.drain(..));
+        jobs.push(Job::IncomingReady);
     }
     let t = inner.core.poll_timeout();
     if t.is_some() && (inner.armed.is_none() || t < inner.armed) {
@@ -337,12 +383,11 @@ fn handle_event(inner: &mut Inner, shared: &Shared, ev: Event, jobs: &mut Vec<Jo
             shared.stats.message_received();
             match rpc::decode(payload) {
                 Some(Body::Oneway(body)) => {
-                    inner.incoming.push_back(Incoming {
+                    inner.incoming_batch.push(Incoming {
                         peer,
                         channel: channel.0,
                         body,
                     });
-                    jobs.push(Job::IncomingReady);
                 }
                 Some(Body::Request(id, body)) => match &inner.handler {
                     Some(handler) => {
@@ -361,9 +406,12 @@ fn handle_event(inner: &mut Inner, shared: &Shared, ev: Event, jobs: &mut Vec<Jo
                         // No handler: answer with an empty reply rather than
                         // leave the caller to time out.
                         warn!(%peer, id, "request received but no handler is registered");
-                        let reply = rpc::encode_call(rpc::REPLY, id, b"");
                         let now = shared.now();
-                        let _ = inner.core.send(now, peer, channel, reply);
+                        let prefix = rpc::call_prefix(rpc::REPLY, id);
+                        let _ =
+                            inner
+                                .core
+                                .send_with_prefix(now, peer, channel, prefix, Bytes::new());
                     }
                 },
                 Some(Body::Reply(id, body)) => {
@@ -490,9 +538,17 @@ pub(crate) fn run_jobs(shared: &Arc<Shared>, jobs: Vec<Job>) {
                 let sh = shared.clone();
                 tokio::spawn(async move {
                     let reply = fut.await;
-                    let msg = rpc::encode_call(rpc::REPLY, id, &reply);
-                    if let Err(e) =
-                        send_message(&sh, peer, ChannelId(channel), msg, Flush::Now).await
+                    let prefix = rpc::call_prefix(rpc::REPLY, id);
+                    if let Err(e) = send_message(
+                        &sh,
+                        peer,
+                        ChannelId(channel),
+                        prefix,
+                        reply,
+                        Flush::Now,
+                        |_, _| {},
+                    )
+                    .await
                     {
                         debug!(%peer, error = %e, "reply not sent");
                     }
@@ -518,11 +574,14 @@ pub(crate) fn run_jobs(shared: &Arc<Shared>, jobs: Vec<Job>) {
 /// Sends a reply at once if the send buffer has room (and finishes the
 /// request); returns false if it must wait, leaving that to the caller.
 fn reply_now(shared: &Arc<Shared>, peer: NodeId, channel: u16, id: u64, reply: &Bytes) -> bool {
-    let msg = rpc::encode_call(rpc::REPLY, id, reply);
+    let prefix = rpc::call_prefix(rpc::REPLY, id);
     let jobs = {
         let mut g = shared.lock();
         let now = shared.now();
-        match g.core.send(now, peer, ChannelId(channel), msg) {
+        match g
+            .core
+            .send_with_prefix(now, peer, ChannelId(channel), prefix, reply.clone())
+        {
             Err(surelink_proto::SendError::Full { .. }) => return false,
             Err(e) => debug!(%peer, error = %e, "reply not sent"),
             Ok(_) => shared.stats.message_sent(),
@@ -549,6 +608,10 @@ pub(crate) enum Flush {
 pub(crate) async fn flush_loop(shared: Arc<Shared>) {
     loop {
         shared.flush.notified().await;
+        // Let a sender in a loop add a few more messages first: one write
+        // for many, at the cost of one scheduling round of latency.
+        tokio::task::yield_now().await;
+        shared.flush_scheduled.store(false, Ordering::Relaxed);
         let jobs = {
             let mut g = shared.lock();
             drive(&mut g, &shared)
@@ -562,9 +625,12 @@ pub(crate) async fn send_message(
     shared: &Arc<Shared>,
     peer: NodeId,
     channel: ChannelId,
+    prefix: Prefix,
     mut msg: Bytes,
     flush: Flush,
+    on_queued: impl FnOnce(&mut Inner, MessageId),
 ) -> Result<MessageId, crate::error::SendError> {
+    let mut on_queued = Some(on_queued);
     // Registered only once the buffer was found full (registering costs a
     // lock); the retry after registering closes the race with a wake-up.
     let mut space = std::pin::pin!(shared.space.notified());
@@ -573,21 +639,34 @@ pub(crate) async fn send_message(
         if shared.closed.load(Ordering::Relaxed) {
             return Err(crate::error::SendError::Closed);
         }
-        let (r, jobs) = {
+        let len = prefix.as_slice().len() + msg.len();
+        let (r, drove, jobs) = {
             let mut g = shared.lock();
-            let now = shared.now();
-            let r = g.core.send(now, peer, channel, msg);
-            let jobs = if r.is_ok() && flush == Flush::Now {
+            let now = if flush == Flush::Now {
+                shared.now()
+            } else {
+                shared.now_cached()
+            };
+            let r = g.core.send_with_prefix(now, peer, channel, prefix, msg);
+            if let (Ok(id), Some(f)) = (&r, on_queued.take()) {
+                f(&mut g, *id);
+            }
+            // Deferred sends still write themselves once a batch is big
+            // enough to be worth a system call.
+            let drive_now = r.is_ok()
+                && (flush == Flush::Now
+                    || shared.unflushed.fetch_add(len, Ordering::Relaxed) + len >= FLUSH_BATCH);
+            let jobs = if drive_now {
                 drive(&mut g, shared)
             } else {
                 Vec::new()
             };
-            (r, jobs)
+            (r, drive_now, jobs)
         };
         run_jobs(shared, jobs);
         match r {
             Ok(id) => {
-                if flush == Flush::Deferred {
+                if !drove && !shared.flush_scheduled.swap(true, Ordering::Relaxed) {
                     shared.flush.notify_one();
                 }
                 shared.stats.message_sent();

@@ -194,55 +194,36 @@ impl Endpoint {
         let start = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
         let (tx, rx) = oneshot::channel();
-        let id = {
-            let mut g = self.shared.lock();
-            let id = g.next_call;
-            g.next_call += 1;
-            id
+        let id = self.shared.next_call_id();
+        // The call is registered under the same lock that queues and writes
+        // the request, so the reply cannot arrive before it is expected.
+        let register = move |g: &mut driver::Inner, mid: surelink_proto::MessageId| {
+            g.calls.insert(
+                id,
+                PendingCall {
+                    peer,
+                    session: mid.session,
+                    tx,
+                },
+            );
         };
-        let msg = rpc::encode_call(rpc::REQUEST, id, &request);
-        let sent = tokio::time::timeout_at(deadline, async {
-            // Register before sending: the reply can come back before `send` returns.
-            let session = {
-                let g = self.shared.lock();
-                g.core.session_with(peer).map(|(s, _)| s)
-            };
-            if let Some(session) = session {
-                self.shared
-                    .lock()
-                    .calls
-                    .insert(id, PendingCall { peer, session, tx });
-                let mid =
-                    driver::send_message(&self.shared, peer, ChannelId(channel), msg, Flush::Now)
-                        .await?;
-                if mid.session != session {
-                    // The session changed in between; re-key the call.
-                    let mut g = self.shared.lock();
-                    if let Some(mut c) = g.calls.remove(&id) {
-                        c.session = mid.session;
-                        g.calls.insert(id, c);
-                    }
-                }
-            } else {
-                let mid =
-                    driver::send_message(&self.shared, peer, ChannelId(channel), msg, Flush::Now)
-                        .await?;
-                self.shared.lock().calls.insert(
-                    id,
-                    PendingCall {
-                        peer,
-                        session: mid.session,
-                        tx,
-                    },
-                );
-            }
-            Ok::<(), SendError>(())
-        })
+        let sent = tokio::time::timeout_at(
+            deadline,
+            driver::send_message(
+                &self.shared,
+                peer,
+                ChannelId(channel),
+                rpc::call_prefix(rpc::REQUEST, id),
+                request,
+                Flush::Now,
+                register,
+            ),
+        )
         .await;
         let result = match sent {
             Err(_) => Err(CallError::Timeout),
             Ok(Err(e)) => Err(CallError::Send(e)),
-            Ok(Ok(())) => match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(_)) => match tokio::time::timeout_at(deadline, rx).await {
                 Ok(Ok(r)) => r,
                 Ok(Err(_)) => Err(CallError::Send(SendError::Closed)),
                 Err(_) => Err(CallError::Timeout),
@@ -263,8 +244,10 @@ impl Endpoint {
             &self.shared,
             peer,
             ChannelId(channel),
-            rpc::encode_oneway(&message),
+            rpc::oneway_prefix(),
+            message,
             Flush::Deferred,
+            |_, _| {},
         )
         .await
         .map(|_| ())
@@ -278,9 +261,13 @@ impl Endpoint {
         let (r, jobs) = {
             let mut g = self.shared.lock();
             let now = self.shared.now();
-            let r = g
-                .core
-                .send(now, peer, ChannelId(channel), rpc::encode_oneway(&message));
+            let r = g.core.send_with_prefix(
+                now,
+                peer,
+                ChannelId(channel),
+                rpc::oneway_prefix(),
+                message,
+            );
             (r, Vec::new())
         };
         driver::run_jobs(&self.shared, jobs);
@@ -290,7 +277,9 @@ impl Endpoint {
                 self.shared.stats.message_sent();
                 Ok(())
             }
-            Err(surelink_proto::SendError::Full { .. }) => Err(TrySendError::Full(message)),
+            Err(surelink_proto::SendError::Full { message, .. }) => {
+                Err(TrySendError::Full(message))
+            }
             Err(e) => Err(SendError::Core(e).into()),
         }
     }
@@ -316,20 +305,28 @@ impl Endpoint {
             if self.shared.closed.load(Ordering::Relaxed) {
                 return None;
             }
-            let (m, jobs) = {
-                let mut g = self.shared.lock();
-                let was_full = g.incoming.len() >= self.shared.config.incoming_buffer;
-                let m = g.incoming.pop_front();
-                // Room again: take the messages that waited in the core.
-                let jobs = if was_full && m.is_some() {
-                    driver::drive(&mut g, &self.shared)
-                } else {
-                    Vec::new()
-                };
-                (m, jobs)
+            let (m, was_full) = {
+                let mut q = self
+                    .shared
+                    .incoming
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                let m = q.pop_front();
+                let before = self.shared.incoming_len.load(Ordering::Relaxed);
+                if m.is_some() {
+                    self.shared.incoming_len.fetch_sub(1, Ordering::Relaxed);
+                }
+                (m, before >= self.shared.config.incoming_buffer)
             };
-            driver::run_jobs(&self.shared, jobs);
             if let Some(m) = m {
+                if was_full {
+                    // Room again: take the messages that waited in the core.
+                    let jobs = {
+                        let mut g = self.shared.lock();
+                        driver::drive(&mut g, &self.shared)
+                    };
+                    driver::run_jobs(&self.shared, jobs);
+                }
                 return Some(m);
             }
             notified.await;

@@ -2,7 +2,10 @@
 //! then for requests and replies the call id. Calls and replies travel on the
 //! channel the caller chose, each direction numbered on its own.
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
+#[cfg(test)]
+use bytes::{BufMut, BytesMut};
+use surelink_proto::Prefix;
 
 /// A one-way message.
 pub(crate) const ONEWAY: u8 = 0;
@@ -30,14 +33,29 @@ pub(crate) fn kind(msg: &[u8]) -> Option<u8> {
     msg.first().copied()
 }
 
-pub(crate) fn encode_oneway(body: &[u8]) -> Bytes {
+/// The header of a one-way message.
+pub(crate) fn oneway_prefix() -> Prefix {
+    Prefix::new(&[ONEWAY]).unwrap_or_default()
+}
+
+/// The header of a request or reply.
+pub(crate) fn call_prefix(kind: u8, id: u64) -> Prefix {
+    let mut h = [0u8; CALL_HEADER];
+    h[0] = kind;
+    h[1..].copy_from_slice(&id.to_be_bytes());
+    Prefix::new(&h).unwrap_or_default()
+}
+
+#[cfg(test)]
+fn encode_oneway(body: &[u8]) -> Bytes {
     let mut b = BytesMut::with_capacity(1 + body.len());
     b.put_u8(ONEWAY);
     b.put_slice(body);
     b.freeze()
 }
 
-pub(crate) fn encode_call(kind: u8, id: u64, body: &[u8]) -> Bytes {
+#[cfg(test)]
+fn encode_call(kind: u8, id: u64, body: &[u8]) -> Bytes {
     let mut b = BytesMut::with_capacity(CALL_HEADER + body.len());
     b.put_u8(kind);
     b.put_u64(id);
@@ -71,6 +89,11 @@ mod tests {
 
     #[test]
     fn round_trip_and_garbage() {
+        assert_eq!(
+            call_prefix(REPLY, 7).as_slice(),
+            &encode_call(REPLY, 7, b"")[..]
+        );
+        assert_eq!(oneway_prefix().as_slice(), &[ONEWAY]);
         assert_eq!(
             decode(encode_oneway(b"hi")),
             Some(Body::Oneway(Bytes::from_static(b"hi")))

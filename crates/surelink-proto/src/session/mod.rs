@@ -21,6 +21,7 @@ use bytes::Bytes;
 pub use paths::PathStats;
 use paths::{PathState, Phase};
 use recv::{Offer, RecvSide};
+pub use send::Prefix;
 use send::{AckError, AckOutcome, EntryState, SendSide};
 
 use crate::config::{message_cost, EndpointConfig};
@@ -212,7 +213,7 @@ impl Session {
             let ch = &mut self.send.channels[idx];
             let base = ch.base;
             for (i, e) in ch.entries.drain(..).enumerate() {
-                self.send.cache_bytes -= message_cost(e.payload.len());
+                self.send.cache_bytes -= message_cost(e.len());
                 self.send.cache_len -= 1;
                 ctx.events
                     .push_back(Queued::Event(Box::new(Event::MessageRejected {
@@ -254,9 +255,9 @@ impl Session {
     }
 
     /// Accepts a message from the application (checks done by the endpoint).
-    pub(crate) fn push(&mut self, channel: ChannelId, payload: Bytes) -> u64 {
+    pub(crate) fn push(&mut self, channel: ChannelId, prefix: Prefix, payload: Bytes) -> u64 {
         self.stats.messages_sent += 1;
-        self.send.push(channel, payload)
+        self.send.push(channel, prefix, payload)
     }
 
     /// Handles one frame (not HELLO) that arrived on path index `pi`.

@@ -28,8 +28,37 @@ pub(crate) enum EntryState {
     Pending,
 }
 
+/// Up to [`Prefix::MAX`] bytes written in front of a message's payload: a
+/// shell's own header, so it need not copy the payload to prepend it.
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct Prefix {
+    len: u8,
+    bytes: [u8; Prefix::MAX],
+}
+
+impl Prefix {
+    /// Longest prefix.
+    pub const MAX: usize = 15;
+
+    /// A prefix of `b`, if it is at most [`Prefix::MAX`] bytes.
+    pub fn new(b: &[u8]) -> Option<Prefix> {
+        let mut p = Prefix {
+            len: u8::try_from(b.len()).ok()?,
+            bytes: [0; Prefix::MAX],
+        };
+        p.bytes.get_mut(..b.len())?.copy_from_slice(b);
+        Some(p)
+    }
+
+    /// The prefix bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Entry {
+    pub(crate) prefix: Prefix,
     pub(crate) payload: Bytes,
     pub(crate) sent_at: Time,
     pub(crate) path: PathId,
@@ -38,6 +67,13 @@ pub(crate) struct Entry {
     pub(crate) transmissions: u8,
     /// Replaced by an empty "withdrawn" marker (too large for the peer).
     pub(crate) withdrawn: bool,
+}
+
+impl Entry {
+    /// The message's length on the wire: prefix and payload.
+    pub(crate) fn len(&self) -> usize {
+        usize::from(self.prefix.len) + self.payload.len()
+    }
 }
 
 /// One channel's outgoing stream.
@@ -119,11 +155,12 @@ impl SendSide {
         &mut self.channels[idx]
     }
 
-    pub(crate) fn push(&mut self, channel: ChannelId, payload: Bytes) -> u64 {
-        let cost = message_cost(payload.len());
+    pub(crate) fn push(&mut self, channel: ChannelId, prefix: Prefix, payload: Bytes) -> u64 {
+        let cost = message_cost(usize::from(prefix.len) + payload.len());
         let ch = self.channel_mut(channel);
         let seq = ch.next_seq();
         ch.entries.push_back(Entry {
+            prefix,
             payload,
             sent_at: Time::ZERO,
             path: PathId(0),
@@ -189,7 +226,7 @@ impl SendSide {
             out.progress = true;
             let seq = ch.base;
             ch.base += 1;
-            let cost = message_cost(e.payload.len());
+            let cost = message_cost(e.len());
             note_sample(&e, seq, out);
             match e.state {
                 EntryState::InFlight => {
@@ -220,7 +257,7 @@ impl SendSide {
                 if matches!(e.state, EntryState::InFlight | EntryState::Pending) {
                     note_sample(e, seq, out);
                     if e.state == EntryState::InFlight {
-                        on_inflight_freed(e.path, message_cost(e.payload.len()));
+                        on_inflight_freed(e.path, message_cost(e.len()));
                     }
                     e.state = EntryState::Sacked;
                 }

@@ -5,14 +5,14 @@
 use bytes::{Bytes, BytesMut};
 
 use super::paths::{self, PathState, Phase};
-use super::send::{Entry, EntryState};
+use super::send::{Entry, EntryState, Prefix};
 use super::{Ctx, Queued, Session};
 use crate::config::message_cost;
 use crate::event::{Event, RejectReason};
 use crate::ids::{ChannelId, PathId};
 use crate::time::Time;
 use crate::wire::{
-    encode_data, encode_hello, encode_ping, encode_pong, AckWriter, FrameKind, Hello,
+    encode_data_parts, encode_hello, encode_ping, encode_pong, AckWriter, FrameKind, Hello,
     DATA_FLAG_RETRANSMIT, DATA_FLAG_WITHDRAWN, MAX_ACK_RANGES,
 };
 
@@ -35,12 +35,12 @@ fn write_entry(
     if e.withdrawn {
         flags |= DATA_FLAG_WITHDRAWN;
     }
-    encode_data(buf, ch, seq, flags, &e.payload);
+    encode_data_parts(buf, ch, seq, flags, e.prefix.as_slice(), &e.payload);
     e.state = EntryState::InFlight;
     e.path = p.id;
     e.sent_at = now;
     e.transmissions = e.transmissions.saturating_add(1);
-    p.inflight_bytes += message_cost(e.payload.len());
+    p.inflight_bytes += message_cost(e.len());
     p.inflight.push_back((ch, seq, now));
     p.stats.data_sent += 1;
 }
@@ -69,7 +69,7 @@ impl Session {
                 let len = self
                     .send
                     .entry(ch, seq)
-                    .map_or(0, |e| e.payload.len().min(peer.max_message as usize));
+                    .map_or(0, |e| e.len().min(peer.max_message as usize));
                 self.send.outstanding_bytes + message_cost(len) <= peer.recv_window
             }
             _ => false,
@@ -253,7 +253,7 @@ impl Session {
                 send.new_queue.pop_front();
                 continue;
             };
-            let len = e.payload.len();
+            let len = e.len();
             let sent_len = if len > peer.max_message as usize {
                 0
             } else {
@@ -267,6 +267,7 @@ impl Session {
                 // Too large for this peer (learned after `send` took it):
                 // withdraw it, keeping the sequence number so order holds.
                 e.payload = Bytes::new();
+                e.prefix = Prefix::default();
                 e.withdrawn = true;
                 send.cache_bytes -= message_cost(len) - message_cost(0);
                 ctx.events

@@ -18,9 +18,22 @@ fn put_header(buf: &mut BytesMut, kind: FrameKind, flags: u16, body_len: usize) 
 /// Appends a DATA frame. The hot path: one header write and one copy.
 #[inline]
 pub fn encode_data(buf: &mut BytesMut, channel: ChannelId, seq: u64, flags: u16, payload: &[u8]) {
+    encode_data_parts(buf, channel, seq, flags, &[], payload)
+}
+
+/// Appends a DATA frame whose message is `prefix` followed by `payload`.
+#[inline]
+pub fn encode_data_parts(
+    buf: &mut BytesMut,
+    channel: ChannelId,
+    seq: u64,
+    flags: u16,
+    prefix: &[u8],
+    payload: &[u8],
+) {
     // One 18-byte write for header, channel and sequence number: this is the
     // per-message cost of the whole protocol, so it avoids per-field checks.
-    let body = u32::try_from(10 + payload.len()).unwrap_or(u32::MAX);
+    let body = u32::try_from(10 + prefix.len() + payload.len()).unwrap_or(u32::MAX);
     let mut h = [0u8; HEADER_LEN + 10];
     h[0] = PROTOCOL_VERSION;
     h[1] = FrameKind::Data as u8;
@@ -28,8 +41,9 @@ pub fn encode_data(buf: &mut BytesMut, channel: ChannelId, seq: u64, flags: u16,
     h[4..8].copy_from_slice(&body.to_be_bytes());
     h[8..10].copy_from_slice(&channel.0.to_be_bytes());
     h[10..18].copy_from_slice(&seq.to_be_bytes());
-    buf.reserve(h.len() + payload.len());
+    buf.reserve(h.len() + prefix.len() + payload.len());
     buf.extend_from_slice(&h);
+    buf.extend_from_slice(prefix);
     buf.extend_from_slice(payload);
 }
 

@@ -42,7 +42,7 @@ mod frame;
 
 pub use ack::{AckEntry, AckFrame, AckRanges, AckWriter};
 pub use decode::{decode, decode_frame, DecodeError};
-pub use encode::{encode_data, encode_hello, encode_ping, encode_pong};
+pub use encode::{encode_data, encode_data_parts, encode_hello, encode_ping, encode_pong};
 pub use frame::{Close, CloseCode, CloseScope, DataFrame, Frame, FrameKind, Hello};
 
 /// The protocol version this build speaks.
