@@ -32,37 +32,95 @@ pub(crate) struct ConnIo {
     stream: TcpStream,
     /// Bytes the socket did not take yet, in order.
     pending: Mutex<VecDeque<Bytes>>,
+    /// Someone is writing `pending` to the socket.
+    flushing: AtomicBool,
     wake: Notify,
     failed: AtomicBool,
 }
 
+/// How a flush ended.
+enum Flushed {
+    /// Everything queued is written.
+    Done,
+    /// The socket is full; the writer task finishes when it is writable.
+    Blocked,
+    /// The connection is broken.
+    Failed,
+}
+
+/// Most buffers handed to one vectored write.
+const MAX_IOV: usize = 64;
+
 impl ConnIo {
-    /// Queues `b` for the socket, writing at once what the kernel accepts.
-    pub(crate) fn write(&self, mut b: Bytes) {
-        let mut q = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if q.is_empty() {
-            loop {
-                match self.stream.try_write(&b) {
-                    Ok(n) => {
-                        b.advance(n);
-                        if b.is_empty() {
-                            return;
+    /// Queues `b` behind everything queued before (call with the core lock
+    /// held, so the queue order is the core's order); `flush` writes it.
+    pub(crate) fn enqueue(&self, b: Bytes) {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).push_back(b);
+    }
+
+    /// Writes what is queued, outside the core lock. If another thread is
+    /// already writing to this socket, returns at once: that thread writes
+    /// these bytes too (it loops until the queue is empty), so concurrent
+    /// senders share system calls instead of queueing for the lock.
+    pub(crate) fn flush(&self) {
+        loop {
+            if self.flushing.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            let outcome = self.write_pending();
+            self.flushing.store(false, Ordering::Release);
+            match outcome {
+                Flushed::Blocked => {
+                    self.wake.notify_one();
+                    return;
+                }
+                Flushed::Failed => {
+                    self.failed.store(true, Ordering::Relaxed);
+                    self.kill();
+                    self.wake.notify_one();
+                    return;
+                }
+                // Bytes queued while we were finishing would be stranded:
+                // look again.
+                Flushed::Done if !self.has_pending() => return,
+                Flushed::Done => {}
+            }
+        }
+    }
+
+    /// Writes the queue front to back with vectored writes. Only the holder
+    /// of `flushing` removes from the front; others only append.
+    fn write_pending(&self) -> Flushed {
+        let mut batch: Vec<Bytes> = Vec::new();
+        loop {
+            batch.clear();
+            batch.extend(self.pending.lock().unwrap_or_else(|e| e.into_inner()).iter().take(MAX_IOV).cloned());
+            if batch.is_empty() {
+                return Flushed::Done;
+            }
+            let slices: Vec<io::IoSlice<'_>> = batch.iter().map(|b| io::IoSlice::new(b)).collect();
+            match self.stream.try_write_vectored(&slices) {
+                Ok(mut n) => {
+                    let mut q = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+                    while n > 0 {
+                        let Some(front) = q.front_mut() else { break };
+                        if n >= front.len() {
+                            n -= front.len();
+                            q.pop_front();
+                        } else {
+                            front.advance(n);
+                            n = 0;
                         }
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) => {
-                        debug!(path = %self.path, error = %e, "write failed");
-                        self.failed.store(true, Ordering::Relaxed);
-                        drop(q);
-                        self.kill();
-                        return;
-                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Flushed::Blocked,
+                Err(e) => {
+                    debug!(path = %self.path, error = %e, "write failed");
+                    self.pending.lock().unwrap_or_else(|e| e.into_inner()).clear();
+                    return Flushed::Failed;
                 }
             }
         }
-        q.push_back(b);
-        drop(q);
-        self.wake.notify_one();
     }
 
     fn has_pending(&self) -> bool {
@@ -90,35 +148,21 @@ impl ConnIo {
     }
 }
 
-/// Writes what the socket did not take at once, when it becomes writable.
+/// Finishes what the socket did not take at once, when it becomes writable.
 async fn write_loop(io: Arc<ConnIo>) {
     loop {
-        while !io.has_pending() {
-            io.wake.notified().await;
-            if io.failed.load(Ordering::Relaxed) {
-                return;
-            }
-        }
-        if io.stream.writable().await.is_err() {
+        io.wake.notified().await;
+        if io.failed.load(Ordering::Relaxed) && !io.has_pending() {
             return;
         }
-        let mut q = io.pending.lock().unwrap_or_else(|e| e.into_inner());
-        while let Some(front) = q.front_mut() {
-            match io.stream.try_write(front) {
-                Ok(n) => {
-                    front.advance(n);
-                    if front.is_empty() {
-                        q.pop_front();
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(_) => {
-                    io.failed.store(true, Ordering::Relaxed);
-                    q.clear();
-                    drop(q);
-                    io.kill();
-                    return;
-                }
+        while io.has_pending() {
+            if io.stream.writable().await.is_err() || io.failed.load(Ordering::Relaxed) {
+                return;
+            }
+            io.flush();
+            // Another thread may be writing; give it a moment rather than spin.
+            if io.has_pending() {
+                tokio::task::yield_now().await;
             }
         }
     }
@@ -179,6 +223,7 @@ pub(crate) fn start(
         remote,
         stream,
         pending: Mutex::new(VecDeque::new()),
+        flushing: AtomicBool::new(false),
         wake: Notify::new(),
         failed: AtomicBool::new(false),
     });

@@ -197,6 +197,8 @@ pub(crate) enum Job {
     Event(NetEvent),
     Close(Arc<ConnIo>),
     IncomingReady,
+    /// Write what was queued on this connection.
+    Flush(Arc<ConnIo>),
 }
 
 impl Shared {
@@ -329,7 +331,11 @@ pub(crate) fn drive(inner: &mut Inner, shared: &Shared) -> Vec<Job> {
         let bytes = out.split().freeze();
         shared.stats.bytes_sent(bytes.len());
         if let Some(c) = conns.get(&path) {
-            c.io.write(bytes);
+            c.io.enqueue(bytes);
+            // Written after the lock is released (see `ConnIo::flush`).
+            if !jobs.iter().any(|j| matches!(j, Job::Flush(io) if io.path == path)) {
+                jobs.push(Job::Flush(c.io.clone()));
+            }
         }
     }
     loop {
@@ -514,6 +520,7 @@ fn handle_event(inner: &mut Inner, shared: &Shared, ev: Event, jobs: &mut Vec<Jo
 
 /// Does what `drive` found, outside the lock.
 pub(crate) fn run_jobs(shared: &Arc<Shared>, jobs: Vec<Job>) {
+    let mut ready = Vec::new();
     for job in jobs {
         match job {
             Job::Request {
@@ -530,35 +537,12 @@ pub(crate) fn run_jobs(shared: &Arc<Shared>, jobs: Vec<Job>) {
                 // the real waker; the no-op one used here is forgotten).
                 let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
                 if let std::task::Poll::Ready(reply) = fut.as_mut().poll(&mut cx) {
-                    if reply_now(shared, peer, channel, id, &reply) {
-                        continue;
-                    }
-                    fut = Box::pin(async move { reply });
+                    // Answered at once: queued with the other ready replies
+                    // of this batch, written together below.
+                    ready.push((peer, channel, id, reply));
+                    continue;
                 }
-                let sh = shared.clone();
-                tokio::spawn(async move {
-                    let reply = fut.await;
-                    let prefix = rpc::call_prefix(rpc::REPLY, id);
-                    if let Err(e) = send_message(
-                        &sh,
-                        peer,
-                        ChannelId(channel),
-                        prefix,
-                        reply,
-                        Flush::Now,
-                        |_, _| {},
-                    )
-                    .await
-                    {
-                        debug!(%peer, error = %e, "reply not sent");
-                    }
-                    let jobs = {
-                        let mut g = sh.lock();
-                        g.requests_running -= 1;
-                        drive(&mut g, &sh)
-                    };
-                    run_jobs(&sh, jobs);
-                });
+                spawn_reply(shared, peer, channel, id, fut);
             }
             Job::Event(e) => {
                 let _ = shared.events.send(e);
@@ -567,30 +551,71 @@ pub(crate) fn run_jobs(shared: &Arc<Shared>, jobs: Vec<Job>) {
                 tokio::spawn(io.close_after_flush());
             }
             Job::IncomingReady => shared.incoming_ready.notify_waiters(),
+            Job::Flush(io) => io.flush(),
         }
+    }
+    if !ready.is_empty() {
+        reply_batch(shared, ready);
     }
 }
 
-/// Sends a reply at once if the send buffer has room (and finishes the
-/// request); returns false if it must wait, leaving that to the caller.
-fn reply_now(shared: &Arc<Shared>, peer: NodeId, channel: u16, id: u64, reply: &Bytes) -> bool {
-    let prefix = rpc::call_prefix(rpc::REPLY, id);
+/// Runs a handler that has to wait in its own task, then sends its reply.
+fn spawn_reply(shared: &Arc<Shared>, peer: NodeId, channel: u16, id: u64, fut: HandlerFuture) {
+    let sh = shared.clone();
+    tokio::spawn(async move {
+        let reply = fut.await;
+        let prefix = rpc::call_prefix(rpc::REPLY, id);
+        if let Err(e) = send_message(
+            &sh,
+            peer,
+            ChannelId(channel),
+            prefix,
+            reply,
+            Flush::Now,
+            |_, _| {},
+        )
+        .await
+        {
+            debug!(%peer, error = %e, "reply not sent");
+        }
+        let jobs = {
+            let mut g = sh.lock();
+            g.requests_running -= 1;
+            drive(&mut g, &sh)
+        };
+        run_jobs(&sh, jobs);
+    });
+}
+
+/// Queues replies that were ready at once, all under one lock, and writes
+/// them with one `drive` (one system call per path for the whole batch).
+/// Replies that do not fit the send buffer wait in their own task.
+fn reply_batch(shared: &Arc<Shared>, ready: Vec<(NodeId, u16, u64, Bytes)>) {
+    let mut waiting = Vec::new();
     let jobs = {
         let mut g = shared.lock();
         let now = shared.now();
-        match g
-            .core
-            .send_with_prefix(now, peer, ChannelId(channel), prefix, reply.clone())
-        {
-            Err(surelink_proto::SendError::Full { .. }) => return false,
-            Err(e) => debug!(%peer, error = %e, "reply not sent"),
-            Ok(_) => shared.stats.message_sent(),
+        for (peer, channel, id, reply) in ready {
+            let prefix = rpc::call_prefix(rpc::REPLY, id);
+            match g
+                .core
+                .send_with_prefix(now, peer, ChannelId(channel), prefix, reply)
+            {
+                Err(surelink_proto::SendError::Full { message, .. }) => {
+                    waiting.push((peer, channel, id, message));
+                    continue;
+                }
+                Err(e) => debug!(%peer, error = %e, "reply not sent"),
+                Ok(_) => shared.stats.message_sent(),
+            }
+            g.requests_running -= 1;
         }
-        g.requests_running -= 1;
         drive(&mut g, shared)
     };
+    for (peer, channel, id, reply) in waiting {
+        spawn_reply(shared, peer, channel, id, Box::pin(async move { reply }));
+    }
     run_jobs(shared, jobs);
-    true
 }
 
 /// When a queued message is written.
