@@ -37,6 +37,9 @@ struct File {
     listen: Vec<SocketAddr>,
     #[serde(default)]
     dial_from: Vec<SocketAddr>,
+    /// Interface per network ("" for none).
+    #[serde(default)]
+    devices: Vec<String>,
     connections_per_network: Option<usize>,
     reconnect_initial_ms: Option<u64>,
     reconnect_max_ms: Option<u64>,
@@ -88,6 +91,11 @@ pub(crate) fn parse(text: &str) -> Result<Loaded> {
     c.epoch = f.epoch.map(Epoch);
     c.listen = f.listen;
     c.dial_from = f.dial_from;
+    c.devices = f
+        .devices
+        .into_iter()
+        .map(|d| (!d.is_empty()).then_some(d))
+        .collect();
     if let Some(n) = f.connections_per_network {
         c.connections_per_network = n;
     }

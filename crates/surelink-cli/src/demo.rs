@@ -80,22 +80,11 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     }];
     let client = Endpoint::bind(ccfg).await.context("binding the client")?;
     let mut events = client.events();
-    let t0 = Instant::now();
-    // Wait for both paths.
-    loop {
-        let up = client
-            .stats()
-            .sessions
-            .iter()
-            .map(|(_, s)| s.paths.iter().filter(|p| p.active).count())
-            .sum::<usize>();
-        if up >= 2 {
-            break;
-        }
-        if t0.elapsed() > Duration::from_secs(5) {
-            bail!("the two paths did not come up: {:?}", client.paths());
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+    if !client
+        .wait_for_paths(SERVER, 2, Duration::from_secs(5))
+        .await
+    {
+        bail!("the two paths did not come up: {:?}", client.paths());
     }
     let n = args.seconds * 1_000_000 / args.interval_us;
     println!("surelink demo: two endpoints on loopback, two networks (127.0.1.x, 127.0.2.x)");

@@ -38,6 +38,10 @@ pub struct Config {
     /// Local address to dial from on each network when `listen` is empty or
     /// shorter; otherwise `listen[i]`'s IP is used.
     pub dial_from: Vec<SocketAddr>,
+    /// Network interface per network (`SO_BINDTODEVICE`, needs
+    /// CAP_NET_RAW), so a network's traffic cannot take another's route;
+    /// `None` (or a shorter list): bind by address only.
+    pub devices: Vec<Option<String>>,
     /// Peers to dial.
     pub peers: Vec<PeerConfig>,
     /// TCP connections per network per peer (hr-net's redundancy inside one
@@ -71,6 +75,7 @@ impl Config {
             epoch: None,
             listen: Vec::new(),
             dial_from: Vec::new(),
+            devices: Vec::new(),
             peers: Vec::new(),
             connections_per_network: 1,
             reconnect_initial: Duration::from_millis(10),

@@ -12,7 +12,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use socket2::SockRef;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{oneshot, Notify};
-use tracing::{debug, warn};
+use tracing::{debug, warn, Instrument};
 
 use surelink_proto::{NodeId, PathId};
 
@@ -55,7 +55,10 @@ impl ConnIo {
     /// Queues `b` behind everything queued before (call with the core lock
     /// held, so the queue order is the core's order); `flush` writes it.
     pub(crate) fn enqueue(&self, b: Bytes) {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).push_back(b);
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(b);
     }
 
     /// Writes what is queued, outside the core lock. If another thread is
@@ -94,7 +97,14 @@ impl ConnIo {
         let mut batch: Vec<Bytes> = Vec::new();
         loop {
             batch.clear();
-            batch.extend(self.pending.lock().unwrap_or_else(|e| e.into_inner()).iter().take(MAX_IOV).cloned());
+            batch.extend(
+                self.pending
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .take(MAX_IOV)
+                    .cloned(),
+            );
             if batch.is_empty() {
                 return Flushed::Done;
             }
@@ -116,7 +126,10 @@ impl ConnIo {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Flushed::Blocked,
                 Err(e) => {
                     debug!(path = %self.path, error = %e, "write failed");
-                    self.pending.lock().unwrap_or_else(|e| e.into_inner()).clear();
+                    self.pending
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clear();
                     return Flushed::Failed;
                 }
             }
@@ -229,25 +242,40 @@ pub(crate) fn start(
     });
     let (done_tx, done_rx) = oneshot::channel();
     driver::add_path(shared, io.clone(), peer);
-    shared.spawn(write_loop(io.clone()));
+    // Every event of this connection's tasks carries its path, network and peer address.
+    let span = tracing::info_span!("conn", %path, network, %remote, ?peer);
+    shared.spawn(write_loop(io.clone()).instrument(span.clone()));
     let sh = shared.clone();
-    shared.spawn(async move {
-        read_loop(sh, io.clone()).await;
-        // The writer finishes what is queued (a CLOSE frame) and stops.
-        io.failed.store(true, Ordering::Relaxed);
-        io.wake.notify_one();
-        let _ = done_tx.send(());
-    });
+    shared.spawn(
+        async move {
+            read_loop(sh, io.clone()).await;
+            // The writer finishes what is queued (a CLOSE frame) and stops.
+            io.failed.store(true, Ordering::Relaxed);
+            io.wake.notify_one();
+            let _ = done_tx.send(());
+        }
+        .instrument(span),
+    );
     Ok(done_rx)
 }
 
+/// Binds `socket` to a network interface (`SO_BINDTODEVICE`), so its
+/// traffic cannot leave by another network's interface.
+fn bind_device(socket: &TcpSocket, device: Option<&str>) -> io::Result<()> {
+    match device {
+        Some(d) => SockRef::from(socket).bind_device(Some(d.as_bytes())),
+        None => Ok(()),
+    }
+}
+
 /// Opens a listening socket on `addr`.
-pub(crate) fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+pub(crate) fn listen(addr: SocketAddr, device: Option<&str>) -> io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
     } else {
         TcpSocket::new_v6()?
     };
+    bind_device(&socket, device)?;
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(1024)
@@ -257,6 +285,7 @@ pub(crate) fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
 pub(crate) async fn dial(
     local: SocketAddr,
     remote: SocketAddr,
+    device: Option<&str>,
     timeout: Duration,
 ) -> io::Result<TcpStream> {
     let socket = if remote.is_ipv4() {
@@ -264,6 +293,7 @@ pub(crate) async fn dial(
     } else {
         TcpSocket::new_v6()?
     };
+    bind_device(&socket, device)?;
     socket.bind(SocketAddr::new(local.ip(), 0))?;
     match tokio::time::timeout(timeout, socket.connect(remote)).await {
         Ok(r) => r,
@@ -300,7 +330,8 @@ pub(crate) async fn dial_loop(
     let cfg = &shared.config;
     let mut backoff = cfg.reconnect_initial;
     loop {
-        match dial(local, remote, cfg.connect_timeout).await {
+        let device = cfg.devices.get(network).and_then(|d| d.as_deref());
+        match dial(local, remote, device, cfg.connect_timeout).await {
             Ok(stream) => match start(&shared, stream, network, Some(peer)) {
                 Ok(done) => {
                     backoff = cfg.reconnect_initial;

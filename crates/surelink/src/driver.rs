@@ -29,6 +29,9 @@ use crate::error::CallError;
 use crate::rpc::{self, Body};
 use crate::stats::Stats;
 
+/// Longest the timer task sleeps while the core has any deadline.
+const TIMER_TICK: std::time::Duration = std::time::Duration::from_millis(25);
+
 /// Bytes of deferred sends after which the sender writes them itself.
 const FLUSH_BATCH: usize = 32 * 1024;
 
@@ -333,7 +336,10 @@ pub(crate) fn drive(inner: &mut Inner, shared: &Shared) -> Vec<Job> {
         if let Some(c) = conns.get(&path) {
             c.io.enqueue(bytes);
             // Written after the lock is released (see `ConnIo::flush`).
-            if !jobs.iter().any(|j| matches!(j, Job::Flush(io) if io.path == path)) {
+            if !jobs
+                .iter()
+                .any(|j| matches!(j, Job::Flush(io) if io.path == path))
+            {
                 jobs.push(Job::Flush(c.io.clone()));
             }
         }
@@ -725,13 +731,15 @@ pub(crate) fn input(shared: &Arc<Shared>, path: PathId, buf: &mut BytesMut) -> O
     run_jobs(shared, jobs);
     // Acknowledgements may have freed send-buffer space.
     shared.space.notify_waiters();
-    if let Some(e) = &err {
-        shared.stats.refused_input();
-        if matches!(e, PathError::UnknownPath(_)) {
-            return None; // closed meanwhile; the reader ends on its own
+    match err {
+        // Closed meanwhile; the reader ends on its own.
+        Some(PathError::UnknownPath(_)) => None,
+        Some(e) => {
+            shared.stats.refused_input();
+            Some(e)
         }
+        None => None,
     }
-    err
 }
 
 /// A new connection joins the core.
@@ -774,21 +782,27 @@ pub(crate) async fn timer_loop(shared: Arc<Shared>) {
         let notified = shared.timer.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let deadline = {
+        // Sleep to the core's deadline, but never longer than a tick while
+        // one exists: then a new deadline at least a tick away (a delayed
+        // acknowledgement, a retransmission timeout) needs no wake-up call
+        // from the data path, which would cost a thread switch per message.
+        let wake_at = {
             let mut g = shared.lock();
-            let t = g.core.poll_timeout();
-            g.armed = t;
-            t
+            let now = shared.now();
+            let w = g.core.poll_timeout().map(|t| t.min(now + TIMER_TICK));
+            g.armed = w;
+            w
         };
-        match deadline {
+        match wake_at {
             Some(t) => {
                 tokio::select! {
                     _ = tokio::time::sleep_until(shared.instant(t)) => {
                         let jobs = {
                             let mut g = shared.lock();
                             let now = shared.now();
-                            g.core.handle_timeout(now);
-                            g.armed = None;
+                            if g.core.poll_timeout().is_some_and(|d| d <= now) {
+                                g.core.handle_timeout(now);
+                            }
                             drive(&mut g, &shared)
                         };
                         run_jobs(&shared, jobs);

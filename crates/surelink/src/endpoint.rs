@@ -110,8 +110,10 @@ impl Endpoint {
         let core =
             Core::new(config.core.clone(), local).map_err(|e| BindError::Config(e.into()))?;
         let mut listeners = Vec::new();
-        for &addr in &config.listen {
-            let l = conn::listen(addr).map_err(|source| BindError::Listen { addr, source })?;
+        for (i, &addr) in config.listen.iter().enumerate() {
+            let device = config.devices.get(i).and_then(|d| d.as_deref());
+            let l =
+                conn::listen(addr, device).map_err(|source| BindError::Listen { addr, source })?;
             listeners.push(l);
         }
         let listen: Vec<SocketAddr> = listeners
@@ -343,6 +345,29 @@ impl Endpoint {
         self.shared.snapshot()
     }
 
+    /// Waits until the session with `peer` has at least `paths` working
+    /// paths, or `timeout` passes. Returns whether it did.
+    pub async fn wait_for_paths(&self, peer: NodeId, paths: usize, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut events = self.events();
+        loop {
+            let up = {
+                let g = self.shared.lock();
+                g.core
+                    .session_stats(peer)
+                    .map_or(0, |s| s.paths.iter().filter(|p| p.active).count())
+            };
+            if up >= paths {
+                return true;
+            }
+            // Woken by any path event, checked at least every 10 ms.
+            let wait = tokio::time::timeout(Duration::from_millis(10), events.recv());
+            if tokio::time::timeout_at(deadline, wait).await.is_err() {
+                return false;
+            }
+        }
+    }
+
     /// Serves the counters as Prometheus text on `http://addr/metrics`.
     /// Returns the bound address (port 0 picks one).
     pub async fn serve_metrics(&self, addr: SocketAddr) -> std::io::Result<SocketAddr> {
@@ -386,6 +411,10 @@ impl Endpoint {
 
     /// Closes every session (peers see an orderly close) and stops all tasks.
     pub async fn shutdown(self) {
+        // Stop dialling, reading and timers first, so nothing reopens a
+        // session while the goodbyes go out.
+        self.shared.closed.store(true, Ordering::Relaxed);
+        self.shared.abort_tasks();
         let jobs = {
             let mut g = self.shared.lock();
             let now = self.shared.now();
@@ -396,12 +425,10 @@ impl Endpoint {
             driver::drive(&mut g, &self.shared)
         };
         driver::run_jobs(&self.shared, jobs);
-        // Give the CLOSE frames a moment to leave.
+        // Give the CLOSE frames (written inline above) a moment to leave.
         tokio::time::sleep(Duration::from_millis(20)).await;
-        self.shared.closed.store(true, Ordering::Relaxed);
         self.shared.incoming_ready.notify_waiters();
         self.shared.space.notify_waiters();
-        self.shared.abort_tasks();
         self.shared.kill_connections();
     }
 }

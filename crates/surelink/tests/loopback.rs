@@ -46,19 +46,11 @@ async fn client_for(server: &[std::net::SocketAddr]) -> Endpoint {
 }
 
 async fn wait_paths(ep: &Endpoint, n: usize) {
-    for _ in 0..500 {
-        let active = ep
-            .stats()
-            .sessions
-            .iter()
-            .map(|(_, s)| s.paths.iter().filter(|p| p.active).count())
-            .sum::<usize>();
-        if active >= n {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{n} active paths did not come up: {:?}", ep.paths());
+    assert!(
+        ep.wait_for_paths(SERVER, n, Duration::from_secs(5)).await,
+        "{n} active paths did not come up: {:?}",
+        ep.paths()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
