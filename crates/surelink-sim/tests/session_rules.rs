@@ -358,3 +358,38 @@ fn duplicate_deliveries_are_suppressed() {
     assert_eq!(p.received_b().len(), 1);
     assert_eq!(p.b.session_stats(NodeId(1)).unwrap().duplicates_received, 1);
 }
+
+#[test]
+fn a_prefix_and_payload_arrive_as_one_message() {
+    let mut p = Pair::new(cfg());
+    p.connect(1);
+    p.settle();
+    assert!(Prefix::new(&[0u8; Prefix::MAX + 1]).is_none());
+    let prefix = Prefix::new(b"hdr:").unwrap();
+    let now = p.now;
+    p.a.send_with_prefix(
+        now,
+        NodeId(2),
+        ChannelId(0),
+        prefix,
+        Bytes::from_static(b"body"),
+    )
+    .unwrap();
+    p.settle();
+    assert_eq!(p.received_b(), vec![Bytes::from_static(b"hdr:body")]);
+    // The prefix counts against the limits like the payload.
+    let mut c = cfg();
+    c.max_message_size = 8;
+    let mut q = Pair::new(c);
+    let now = q.now;
+    let err =
+        q.a.send_with_prefix(
+            now,
+            NodeId(2),
+            ChannelId(0),
+            prefix,
+            Bytes::from_static(b"12345"),
+        )
+        .unwrap_err();
+    assert_eq!(err, SendError::TooLarge { len: 9, max: 8 });
+}
