@@ -1,0 +1,153 @@
+//! Latency by percentile, one panel per case: x = round trip (µs, log
+//! scale), y = percentile on a "nines" scale (0, 90, 99, 99.9, ...), so
+//! both the body and the tail are visible.
+
+use std::path::Path;
+
+use anyhow::Result;
+use hdrhistogram::Histogram;
+use plotters::prelude::*;
+use plotters::style::{register_font, FontStyle};
+
+use super::report::LatencyCase;
+
+const FONT_CANDIDATES: [&str; 4] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+];
+
+/// Registers a TTF as "sans-serif" (the ab_glyph backend has no system
+/// fonts). `SURELINK_BENCH_FONT` overrides the search.
+fn register_sans_serif() -> bool {
+    let from_env = std::env::var("SURELINK_BENCH_FONT").ok();
+    for path in from_env.iter().map(String::as_str).chain(FONT_CANDIDATES) {
+        let Ok(bytes) = std::fs::read(path) else {
+            continue;
+        };
+        // plotters keeps the font for the rest of the process.
+        let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        if register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
+            return true;
+        }
+    }
+    false
+}
+
+/// Percentile as "nines": -log10(1 - q), capped at `top`.
+fn nines(q: f64, top: f64) -> f64 {
+    if q >= 1.0 {
+        top
+    } else {
+        (-(1.0 - q).log10()).clamp(0.0, top)
+    }
+}
+
+fn nines_label(y: f64) -> String {
+    const LABELS: [&str; 7] = ["0", "90", "99", "99.9", "99.99", "99.999", "99.9999"];
+    LABELS
+        .iter()
+        .enumerate()
+        .find(|(k, _)| (y - *k as f64).abs() < 1e-6)
+        .map_or_else(String::new, |(_, l)| format!("{l}%"))
+}
+
+/// The histogram's CDF as (µs, nines) points.
+fn cdf(h: &Histogram<u64>, top: f64) -> Vec<(f64, f64)> {
+    let mut points = vec![(h.min() as f64 / 1e3, 0.0)];
+    points.extend(
+        h.iter_recorded()
+            .map(|v| (v.value_iterated_to() as f64 / 1e3, nines(v.quantile(), top))),
+    );
+    points
+}
+
+/// Draws `path`. Returns false (after a warning) when no font is found.
+pub(super) fn latency_cdf(path: &Path, cases: &[LatencyCase]) -> Result<bool> {
+    if !register_sans_serif() {
+        eprintln!(
+            "warning: no TTF font found (tried {}; set SURELINK_BENCH_FONT to one); {} not written",
+            FONT_CANDIDATES.join(", "),
+            path.display()
+        );
+        return Ok(false);
+    }
+    let cols = if cases.len() > 1 { 2 } else { 1 };
+    let rows = cases.len().div_ceil(cols);
+    let width = u32::try_from(cols * 640)?;
+    let height = u32::try_from(rows * 420)? + 50;
+    let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (title, body) = root.split_vertically(50);
+    title.draw_text(
+        "Round-trip latency by percentile: surelink (2 paths) vs plain TCP, all rounds",
+        &("sans-serif", 22).into_font().color(&BLACK),
+        (20, 15),
+    )?;
+    let panels = body.split_evenly((rows, cols));
+    for (case, panel) in cases.iter().zip(panels.iter()) {
+        let sides = [
+            ("surelink", &case.surelink.merged, BLUE),
+            ("plain TCP", &case.tcp.merged, RED),
+        ];
+        let count = sides.iter().map(|(_, h, _)| h.len()).min().unwrap_or(0);
+        // As many nines as there are samples to support them.
+        let steps: usize = match count {
+            0..1_000 => 2,
+            1_000..10_000 => 3,
+            10_000..100_000 => 4,
+            100_000..1_000_000 => 5,
+            _ => 6,
+        };
+        let top = f64::from(u32::try_from(steps)?);
+        let series: Vec<_> = sides
+            .iter()
+            .filter(|(_, h, _)| !h.is_empty())
+            .map(|(name, h, color)| (*name, cdf(h, top), *color))
+            .collect();
+        let xs = series
+            .iter()
+            .flat_map(|(_, p, _)| p.iter().map(|&(x, _)| x));
+        let lo = xs.clone().fold(f64::INFINITY, f64::min).max(0.1) * 0.8;
+        let hi = xs.fold(0.0, f64::max).max(lo * 2.0) * 1.25;
+        let callers = if case.callers == 1 {
+            "1 caller".to_owned()
+        } else {
+            format!("{} concurrent callers", case.callers)
+        };
+        let mut chart = ChartBuilder::on(panel)
+            .caption(
+                format!("{} B payload, {callers}", case.payload),
+                ("sans-serif", 18),
+            )
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d((lo..hi).log_scale(), 0.0..top)?;
+        chart
+            .configure_mesh()
+            .x_desc("round trip (µs, log scale)")
+            .y_desc("percentile")
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_labels(4 * steps + 1)
+            .y_label_formatter(&|y| nines_label(*y))
+            .draw()?;
+        for (name, points, color) in series {
+            chart
+                .draw_series(LineSeries::new(points, color.stroke_width(2)))?
+                .label(name)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()?;
+    }
+    root.present()?;
+    Ok(true)
+}
