@@ -22,6 +22,20 @@ use crate::session::{
 use crate::time::Time;
 use crate::wire::{decode, Close, CloseCode, CloseScope, Frame, Hello};
 
+/// A session's view of the endpoint, built from disjoint fields so the
+/// session itself can be borrowed at the same time.
+macro_rules! ctx {
+    ($ep:ident, $slot:expr) => {
+        Ctx {
+            cfg: &$ep.cfg,
+            local: &$ep.local,
+            events: &mut $ep.events,
+            closing: &mut $ep.closing,
+            slot: $slot,
+        }
+    };
+}
+
 #[derive(Debug, Clone, Copy)]
 enum PathSlot {
     /// Accepted, waiting for the peer's HELLO to say who it is.
@@ -129,13 +143,7 @@ impl Endpoint {
         f: impl FnOnce(&mut Session, &mut Ctx<'_>) -> R,
     ) -> Option<R> {
         let s = self.sessions.get_mut(slot)?.as_mut()?;
-        let mut ctx = Ctx {
-            cfg: &self.cfg,
-            local: &self.local,
-            events: &mut self.events,
-            closing: &mut self.closing,
-            slot,
-        };
+        let mut ctx = ctx!(self, slot);
         let r = f(s, &mut ctx);
         if let Some(reason) = s.pending_end.take() {
             self.end_session(slot, reason, CloseCode::NORMAL);
@@ -147,13 +155,7 @@ impl Endpoint {
         let Some(mut s) = self.sessions.get_mut(slot).and_then(Option::take) else {
             return;
         };
-        let mut ctx = Ctx {
-            cfg: &self.cfg,
-            local: &self.local,
-            events: &mut self.events,
-            closing: &mut self.closing,
-            slot,
-        };
+        let mut ctx = ctx!(self, slot);
         s.end(reason, code, &mut ctx);
         if self.by_node.get(&s.node) == Some(&slot) {
             self.by_node.remove(&s.node);
@@ -501,13 +503,7 @@ impl Endpoint {
             return Err(HandshakeError::TooManySessions(self.cfg.max_sessions).into());
         };
         if s.peer.is_none() {
-            let mut ctx = Ctx {
-                cfg: &self.cfg,
-                local: &self.local,
-                events: &mut self.events,
-                closing: &mut self.closing,
-                slot,
-            };
+            let mut ctx = ctx!(self, slot);
             s.bind(peer_info, &mut ctx);
             self.remember(h.node, (h.epoch, h.session));
         }
