@@ -49,7 +49,7 @@ enum Flushed {
 }
 
 /// Most buffers handed to one vectored write.
-const MAX_IOV: usize = 64;
+const MAX_IOV: usize = 16;
 
 impl ConnIo {
     /// Queues `b` behind everything queued before (call with the core lock
@@ -94,22 +94,29 @@ impl ConnIo {
     /// Writes the queue front to back with vectored writes. Only the holder
     /// of `flushing` removes from the front; others only append.
     fn write_pending(&self) -> Flushed {
-        let mut batch: Vec<Bytes> = Vec::new();
+        // On the stack: one flush per call is the common case, and it
+        // should not allocate.
+        let mut batch: [Bytes; MAX_IOV] = std::array::from_fn(|_| Bytes::new());
         loop {
-            batch.clear();
-            batch.extend(
-                self.pending
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .iter()
-                    .take(MAX_IOV)
-                    .cloned(),
-            );
-            if batch.is_empty() {
+            let n = {
+                let q = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+                let mut n = 0;
+                for (slot, b) in batch.iter_mut().zip(q.iter()) {
+                    *slot = b.clone();
+                    n += 1;
+                }
+                n
+            };
+            if n == 0 {
                 return Flushed::Done;
             }
-            let slices: Vec<io::IoSlice<'_>> = batch.iter().map(|b| io::IoSlice::new(b)).collect();
-            match self.stream.try_write_vectored(&slices) {
+            let slices: [io::IoSlice<'_>; MAX_IOV] =
+                std::array::from_fn(|i| io::IoSlice::new(&batch[i]));
+            let written = self.stream.try_write_vectored(&slices[..n]);
+            for b in &mut batch[..n] {
+                *b = Bytes::new();
+            }
+            match written {
                 Ok(mut n) => {
                     let mut q = self.pending.lock().unwrap_or_else(|e| e.into_inner());
                     while n > 0 {

@@ -1,5 +1,6 @@
 //! The public handle: bind, call, send, serve, receive, observe.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -209,19 +210,25 @@ impl Endpoint {
                 },
             );
         };
-        let sent = tokio::time::timeout_at(
-            deadline,
-            driver::send_message(
-                &self.shared,
-                peer,
-                ChannelId(channel),
-                rpc::call_prefix(rpc::REQUEST, id),
-                request,
-                Flush::Now,
-                register,
-            ),
-        )
-        .await;
+        let mut send = std::pin::pin!(driver::send_message(
+            &self.shared,
+            peer,
+            ChannelId(channel),
+            rpc::call_prefix(rpc::REQUEST, id),
+            request,
+            Flush::Now,
+            register,
+        ));
+        // Queueing nearly always completes at once; only a full send buffer
+        // makes it wait, and only then is a timer needed for it.
+        let first = {
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            send.as_mut().poll(&mut cx)
+        };
+        let sent = match first {
+            std::task::Poll::Ready(r) => Ok(r),
+            std::task::Poll::Pending => tokio::time::timeout_at(deadline, send).await,
+        };
         let result = match sent {
             Err(_) => Err(CallError::Timeout),
             Ok(Err(e)) => Err(CallError::Send(e)),
