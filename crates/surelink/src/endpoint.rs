@@ -267,19 +267,13 @@ impl Endpoint {
         if self.shared.closed.load(Ordering::Relaxed) {
             return Err(SendError::Closed.into());
         }
-        let (r, jobs) = {
+        // Written by the flush task, as for `send`.
+        let r = {
             let mut g = self.shared.lock();
             let now = self.shared.now();
-            let r = g.core.send_with_prefix(
-                now,
-                peer,
-                ChannelId(channel),
-                rpc::oneway_prefix(),
-                message,
-            );
-            (r, Vec::new())
+            g.core
+                .send_with_prefix(now, peer, ChannelId(channel), rpc::oneway_prefix(), message)
         };
-        driver::run_jobs(&self.shared, jobs);
         match r {
             Ok(_) => {
                 self.shared.request_flush();
