@@ -301,39 +301,83 @@ impl Endpoint {
     /// The next one-way message, in order per peer and channel. `None` once
     /// the endpoint is shut down.
     pub async fn recv(&self) -> Option<Incoming> {
+        let mut one = Vec::with_capacity(1);
+        if self.recv_many(&mut one, 1).await == 0 {
+            return None;
+        }
+        one.pop()
+    }
+
+    /// Waits for one-way messages and appends up to `limit` of them to
+    /// `buf` (in order per peer and channel); returns how many. `0` once the
+    /// endpoint is shut down (or when `limit` is 0). One lock for the whole
+    /// batch: the way to keep up with a peer sending small messages fast.
+    ///
+    /// ```no_run
+    /// # async fn f(ep: surelink::Endpoint) {
+    /// let mut batch = Vec::new();
+    /// while ep.recv_many(&mut batch, 256).await > 0 {
+    ///     for m in batch.drain(..) {
+    ///         println!("{} bytes from {}", m.body.len(), m.peer);
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub async fn recv_many(&self, buf: &mut Vec<Incoming>, limit: usize) -> usize {
+        if limit == 0 {
+            return 0;
+        }
         loop {
+            if self.shared.closed.load(Ordering::Relaxed) {
+                return 0;
+            }
+            // Fast path first: registering for a wake-up takes a lock, and a
+            // busy receiver almost always finds messages waiting.
+            let n = self.take_incoming(buf, limit);
+            if n > 0 {
+                return n;
+            }
             let notified = self.shared.incoming_ready.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            // Re-check after registering: a message queued in between would
+            // otherwise wait for the next one.
             if self.shared.closed.load(Ordering::Relaxed) {
-                return None;
+                return 0;
             }
-            let (m, was_full) = {
-                let mut q = self
-                    .shared
-                    .incoming
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                let m = q.pop_front();
-                let before = self.shared.incoming_len.load(Ordering::Relaxed);
-                if m.is_some() {
-                    self.shared.incoming_len.fetch_sub(1, Ordering::Relaxed);
-                }
-                (m, before >= self.shared.config.incoming_buffer)
-            };
-            if let Some(m) = m {
-                if was_full {
-                    // Room again: take the messages that waited in the core.
-                    let jobs = {
-                        let mut g = self.shared.lock();
-                        driver::drive(&mut g, &self.shared)
-                    };
-                    driver::run_jobs(&self.shared, jobs);
-                }
-                return Some(m);
+            let n = self.take_incoming(buf, limit);
+            if n > 0 {
+                return n;
             }
             notified.await;
         }
+    }
+
+    /// Moves up to `limit` queued messages into `buf`; when the queue was
+    /// full, lets the core hand over the messages that waited for room.
+    fn take_incoming(&self, buf: &mut Vec<Incoming>, limit: usize) -> usize {
+        let (n, was_full) = {
+            let mut q = self
+                .shared
+                .incoming
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let n = q.len().min(limit);
+            let before = self.shared.incoming_len.load(Ordering::Relaxed);
+            buf.extend(q.drain(..n));
+            if n > 0 {
+                self.shared.incoming_len.fetch_sub(n, Ordering::Relaxed);
+            }
+            (n, before >= self.shared.config.incoming_buffer)
+        };
+        if n > 0 && was_full {
+            let jobs = {
+                let mut g = self.shared.lock();
+                driver::drive(&mut g, &self.shared)
+            };
+            driver::run_jobs(&self.shared, jobs);
+        }
+        n
     }
 
     /// Path and peer events (path up/down, peer up/unreachable, session ended).
