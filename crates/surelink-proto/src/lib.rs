@@ -62,6 +62,7 @@
 //! ```
 
 mod config;
+pub mod detector;
 mod endpoint;
 mod error;
 mod event;

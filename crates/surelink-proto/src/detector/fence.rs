@@ -1,0 +1,291 @@
+//! The SafeTimer sender fence (paper Fig. 3).
+//!
+//! `t_valid` says until when this process may let frames out. It starts at
+//! the first heartbeat's deadline and each heartbeat that left the host in
+//! time moves it to the next heartbeat's deadline. Heartbeats are confirmed
+//! in order: a heartbeat that missed its deadline fences the process for
+//! good, even if a later one leaves in time, because a receiver may already
+//! have counted the gap (see the module docs of [`crate::detector`]).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use super::DetectorConfig;
+use crate::time::Time;
+
+/// A heartbeat to send now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeartbeatDue {
+    /// Its number in the schedule.
+    pub seq: u64,
+    /// It counts only if it leaves the host by this time.
+    pub deadline: Time,
+}
+
+/// Whether frames may leave.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FenceState {
+    /// Frames may leave until `t_valid`.
+    Valid {
+        /// The current `t_valid`.
+        t_valid: Time,
+    },
+    /// A heartbeat missed its deadline: nothing leaves any more (until the
+    /// process starts a new epoch).
+    Fenced {
+        /// The `t_valid` that ran out: nothing generated after it left.
+        at: Time,
+        /// The heartbeat that was late or never sent.
+        missed_seq: u64,
+    },
+}
+
+/// The sender side of SafeTimer for one process.
+#[derive(Clone, Debug)]
+pub struct Fence {
+    origin: Time,
+    interval: Duration,
+    slack: Duration,
+    /// Next heartbeat to hand out.
+    next_seq: u64,
+    /// Every heartbeat below this left in time.
+    confirmed: u64,
+    /// Heartbeats above `confirmed` that already left in time (several
+    /// sockets confirm out of order).
+    early: BTreeSet<u64>,
+    fenced: Option<(Time, u64)>,
+}
+
+impl Fence {
+    /// A fence whose schedule starts at `now` (heartbeat 0 is due at once).
+    pub fn new(config: &DetectorConfig, now: Time) -> Self {
+        Fence {
+            origin: now,
+            interval: config.interval,
+            slack: config.send_slack,
+            next_seq: 0,
+            confirmed: 0,
+            early: BTreeSet::new(),
+            fenced: None,
+        }
+    }
+
+    /// When heartbeat `seq` is scheduled.
+    pub fn scheduled(&self, seq: u64) -> Time {
+        let nanos = u64::try_from(self.interval.as_nanos())
+            .unwrap_or(u64::MAX)
+            .saturating_mul(seq);
+        Time::from_nanos(self.origin.as_nanos().saturating_add(nanos))
+    }
+
+    /// The time heartbeat `seq` must have left the host by.
+    pub fn deadline(&self, seq: u64) -> Time {
+        self.scheduled(seq) + self.slack
+    }
+
+    /// The current state (fences first if a deadline has passed unconfirmed
+    /// by `now`).
+    pub fn state(&mut self, now: Time) -> FenceState {
+        self.check(now);
+        match self.fenced {
+            Some((at, missed_seq)) => FenceState::Fenced { at, missed_seq },
+            None => FenceState::Valid {
+                t_valid: self.t_valid(),
+            },
+        }
+    }
+
+    /// `t_valid`: no frame may leave after it.
+    pub fn t_valid(&self) -> Time {
+        match self.fenced {
+            Some((at, _)) => at,
+            None => self.deadline(self.confirmed),
+        }
+    }
+
+    /// Whether a frame may leave at `now`. Passive: it does not fence (a
+    /// confirmation may still be on its way from the socket's error queue);
+    /// [`Fence::state`] and [`Fence::poll_heartbeat`] do.
+    pub fn may_send(&self, now: Time) -> bool {
+        self.fenced.is_none() && now <= self.t_valid()
+    }
+
+    /// Whether the fence has closed for good.
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.is_some()
+    }
+
+    /// The heartbeat to send now, if one is due. A heartbeat whose deadline
+    /// passed before it could even be handed out (this process was not
+    /// running) fences instead.
+    pub fn poll_heartbeat(&mut self, now: Time) -> Option<HeartbeatDue> {
+        self.check(now);
+        if self.fenced.is_some() || now < self.scheduled(self.next_seq) {
+            return None;
+        }
+        let seq = self.next_seq;
+        if now > self.deadline(seq) {
+            self.fence(seq);
+            return None;
+        }
+        self.next_seq += 1;
+        Some(HeartbeatDue {
+            seq,
+            deadline: self.deadline(seq),
+        })
+    }
+
+    /// When the next heartbeat is due (`None` once fenced).
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.fenced
+            .is_none()
+            .then(|| self.scheduled(self.next_seq))
+    }
+
+    /// Heartbeat `seq` left the host at `sent_at` (its TX timestamp, or the
+    /// time after the send call returned when there is none). Late means
+    /// fenced.
+    pub fn handle_sent(&mut self, seq: u64, sent_at: Time) {
+        if self.fenced.is_some() || seq < self.confirmed || seq >= self.next_seq {
+            return;
+        }
+        if sent_at > self.deadline(seq) {
+            self.fence(seq);
+            return;
+        }
+        self.early.insert(seq);
+        while self.early.remove(&self.confirmed) {
+            self.confirmed += 1;
+        }
+    }
+
+    fn check(&mut self, now: Time) {
+        if self.fenced.is_none() && now > self.deadline(self.confirmed) {
+            // The deadline of the first unconfirmed heartbeat has passed.
+            // Called only where confirmations have been read first (the
+            // heartbeat task), so this is a miss, not a slow read.
+            self.fence(self.confirmed);
+        }
+    }
+
+    fn fence(&mut self, missed_seq: u64) {
+        if self.fenced.is_none() {
+            self.fenced = Some((self.deadline(self.confirmed), missed_seq));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> DetectorConfig {
+        DetectorConfig::with_interval(Duration::from_millis(10))
+    }
+
+    fn ms(m: u64) -> Time {
+        Time::from_millis(m)
+    }
+
+    #[test]
+    fn starts_valid_until_the_first_deadline() {
+        let f = Fence::new(&cfg(), ms(0));
+        assert_eq!(f.t_valid(), ms(20));
+        assert!(f.may_send(ms(20)));
+        assert!(!f.may_send(ms(21)));
+    }
+
+    #[test]
+    fn in_time_heartbeats_extend_t_valid() {
+        let mut f = Fence::new(&cfg(), ms(0));
+        for k in 0..5u64 {
+            let due = f.poll_heartbeat(ms(10 * k)).unwrap();
+            assert_eq!(due.seq, k);
+            assert_eq!(due.deadline, ms(10 * k + 20));
+            assert_eq!(f.poll_heartbeat(ms(10 * k)), None, "one per slot");
+            f.handle_sent(k, ms(10 * k + 1));
+            assert_eq!(f.t_valid(), ms(10 * (k + 1) + 20));
+        }
+        assert!(matches!(f.state(ms(45)), FenceState::Valid { .. }));
+    }
+
+    #[test]
+    fn late_tx_timestamp_fences_for_good() {
+        let mut f = Fence::new(&cfg(), ms(0));
+        f.poll_heartbeat(ms(0)).unwrap();
+        f.handle_sent(0, ms(1));
+        let due = f.poll_heartbeat(ms(10)).unwrap();
+        f.handle_sent(due.seq, ms(31)); // deadline 30
+        assert_eq!(
+            f.state(ms(31)),
+            FenceState::Fenced {
+                at: ms(30),
+                missed_seq: 1
+            }
+        );
+        // A later heartbeat in time changes nothing.
+        assert_eq!(f.poll_heartbeat(ms(40)), None);
+        f.handle_sent(2, ms(40));
+        assert!(!f.may_send(ms(25)));
+        assert!(f.is_fenced());
+    }
+
+    #[test]
+    fn woken_after_the_deadline_fences_instead_of_sending() {
+        let mut f = Fence::new(&cfg(), ms(0));
+        f.poll_heartbeat(ms(0)).unwrap();
+        f.handle_sent(0, ms(0));
+        // The task slept through heartbeat 1's deadline (30 ms).
+        assert_eq!(f.poll_heartbeat(ms(2000)), None);
+        assert_eq!(
+            f.state(ms(2000)),
+            FenceState::Fenced {
+                at: ms(30),
+                missed_seq: 1
+            }
+        );
+    }
+
+    #[test]
+    fn passive_gate_closes_at_t_valid_without_fencing() {
+        let mut f = Fence::new(&cfg(), ms(0));
+        f.poll_heartbeat(ms(0)).unwrap();
+        f.handle_sent(0, ms(0));
+        let due = f.poll_heartbeat(ms(10)).unwrap();
+        // The confirmation of heartbeat 1 is not read yet at 31 ms: frames
+        // wait, but the fence is not final.
+        assert!(!f.may_send(ms(31)));
+        assert!(!f.is_fenced());
+        // It had left at 29 ms: valid again.
+        f.handle_sent(due.seq, ms(29));
+        assert!(f.may_send(ms(31)));
+    }
+
+    #[test]
+    fn unconfirmed_heartbeat_fences_at_its_deadline() {
+        let mut f = Fence::new(&cfg(), ms(0));
+        f.poll_heartbeat(ms(0)).unwrap();
+        // Never confirmed (every send failed).
+        assert!(matches!(f.state(ms(20)), FenceState::Valid { .. }));
+        assert!(matches!(
+            f.state(ms(21)),
+            FenceState::Fenced { missed_seq: 0, .. }
+        ));
+    }
+
+    #[test]
+    fn out_of_order_confirmations_advance_only_when_contiguous() {
+        let mut f = Fence::new(&cfg(), ms(0));
+        f.poll_heartbeat(ms(0)).unwrap();
+        f.poll_heartbeat(ms(10)).unwrap();
+        f.handle_sent(1, ms(11));
+        assert_eq!(f.t_valid(), ms(20), "heartbeat 0 still unconfirmed");
+        f.handle_sent(0, ms(12));
+        assert_eq!(f.t_valid(), ms(40));
+        // Duplicate and unknown confirmations are ignored.
+        f.handle_sent(0, ms(500));
+        f.handle_sent(7, ms(11));
+        assert_eq!(f.t_valid(), ms(40));
+        assert!(!f.is_fenced());
+    }
+}

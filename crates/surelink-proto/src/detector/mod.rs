@@ -1,0 +1,44 @@
+//! The failure detector's logic (SafeTimer), without sockets or clocks.
+//!
+//! Three pieces, each a plain state machine driven with explicit `now`:
+//!
+//! - [`Fence`] (the SafeTimer *sender*, paper Fig. 3): a fixed heartbeat
+//!   schedule; each heartbeat that provably left the host before its
+//!   deadline extends `t_valid` to the next heartbeat's deadline. The shell
+//!   lets no frame leave after `t_valid`; a heartbeat that missed its
+//!   deadline fences the process for good (recovery is a new epoch).
+//! - [`Monitor`] (the SafeTimer *receiver*, paper Fig. 2): per watched path
+//!   (peer, network), the time something was last heard. When a path has
+//!   been silent for a whole window it is only *suspected*: the monitor asks
+//!   for a barrier through the heartbeat socket's queue and reports the path
+//!   down only if the barrier came back, nothing was heard since the window
+//!   began, and no receive-side drop was counted since then. A barrier that
+//!   does not come back means no report this round. A plain-timeout mode
+//!   (no barrier, no drop check) is kept as the baseline.
+//! - [`datagram`]: the heartbeat and barrier datagrams.
+//!
+//! # Why the fence and the window fit together
+//!
+//! Heartbeat `k` is scheduled at `origin + k·interval` and must leave by
+//! `deadline(k) = scheduled(k) + send_slack`. The receiver reports a path
+//! down at `t` only for a window `[t − timeout, t]` with nothing in it. If
+//! `timeout ≥ interval + send_slack + max_network_delay`, the window holds
+//! the schedule of a heartbeat whose deadline plus the network delay is
+//! before `t`; if the sender were still valid at `t`, that heartbeat left in
+//! time and arrived inside the window. So a report at `t` means the sender
+//! sends nothing after `t` (Theorem A.1), with only durations compared on
+//! each side (no synchronised clocks), as long as the network delivers a
+//! sent heartbeat within `max_network_delay` (the blackbox assumption).
+//!
+//! What this module does **not** do: open sockets, read drop counters, pin
+//! threads to CPUs or read TX timestamps. The shell does those and feeds
+//! the results in.
+
+mod config;
+pub mod datagram;
+mod fence;
+mod monitor;
+
+pub use config::{DetectorConfig, DetectorMode};
+pub use fence::{Fence, FenceState, HeartbeatDue};
+pub use monitor::{Monitor, MonitorAction, MonitorStats, PathReport, Watch};
