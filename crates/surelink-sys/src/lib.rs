@@ -1,0 +1,30 @@
+//! The Linux parts of surelink's failure detector (SafeTimer), kept apart
+//! so the rest of the workspace has no `unsafe` and no platform code.
+//!
+//! - [`HeartbeatSocket`]: a UDP socket that reports its receive-queue drop
+//!   count with every datagram (`SO_RXQ_OVFL`) and the software TX
+//!   timestamp of every datagram it sends (`SO_TIMESTAMPING`, read from the
+//!   socket's error queue).
+//! - [`counters`]: the system's UDP receive errors (`/proc/net/snmp`) and an
+//!   interface's `rx_dropped`.
+//! - [`cpu`]: pinning the calling thread to one CPU, so a barrier can be sent
+//!   through each CPU's receive backlog in turn.
+//!
+//! What the checks cover: a barrier sent from a second socket on this host
+//! enters the same per-CPU backlog and the same socket queue as the
+//! heartbeats that arrived before it on that CPU; when every CPU's barrier
+//! has come out of the heartbeat socket, every heartbeat the kernel accepted
+//! before the barriers were sent has been read or counted as dropped. It
+//! does **not** cover the NIC's own rings and drop counters (drivers read
+//! them lazily; the paper patches the driver for that) — on loopback and
+//! veth there is no NIC ring.
+//!
+//! Nothing here works on other platforms; the crate does not build there.
+
+#![allow(unsafe_code)]
+
+pub mod counters;
+pub mod cpu;
+mod socket;
+
+pub use socket::{HeartbeatSocket, Received, TxTimestamp};

@@ -1,0 +1,295 @@
+//! The heartbeat socket: UDP with receive-drop counts and TX timestamps.
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// One datagram received.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Received {
+    /// Bytes in the datagram (written to the caller's buffer).
+    pub len: usize,
+    /// Who sent it.
+    pub from: SocketAddr,
+    /// The socket's count of datagrams dropped for a full receive queue
+    /// since it was opened (`SO_RXQ_OVFL`), as of this datagram. The kernel
+    /// leaves it out until the first drop; `None` then means zero.
+    pub drops: Option<u32>,
+}
+
+/// When a sent datagram reached the network device (software TX timestamp).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TxTimestamp {
+    /// The datagram's number: the value [`HeartbeatSocket::send_to`]
+    /// returned for it.
+    pub id: u32,
+    /// The kernel's timestamp (`CLOCK_REALTIME`).
+    pub at: SystemTime,
+}
+
+/// A UDP socket for heartbeats and barriers.
+#[derive(Debug)]
+pub struct HeartbeatSocket {
+    sock: UdpSocket,
+    /// Datagrams sent so far (the kernel numbers TX timestamps the same way).
+    sent: AtomicU32,
+    timestamps: bool,
+}
+
+fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> {
+    // SAFETY: `value` outlives the call and its size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&value as *const i32).cast(),
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn to_socket_addr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    if i32::from(ss.ss_family) != libc::AF_INET {
+        return None;
+    }
+    // SAFETY: the family says this is a sockaddr_in.
+    let sin = unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+    Some(SocketAddr::V4(SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
+        u16::from_be(sin.sin_port),
+    )))
+}
+
+/// Room for the control messages we ask for (aligned like cmsghdr).
+#[repr(C, align(8))]
+struct CmsgBuf([u8; 256]);
+
+impl HeartbeatSocket {
+    /// Binds to `addr` (IPv4), asks for drop counts and, where the kernel
+    /// offers them, software TX timestamps.
+    pub fn bind(addr: SocketAddr) -> io::Result<Self> {
+        if !addr.is_ipv4() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "heartbeat sockets are IPv4 only",
+            ));
+        }
+        let sock = UdpSocket::bind(addr)?;
+        let fd = sock.as_raw_fd();
+        setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, 1)?;
+        let flags = libc::SOF_TIMESTAMPING_TX_SOFTWARE
+            | libc::SOF_TIMESTAMPING_SOFTWARE
+            | libc::SOF_TIMESTAMPING_OPT_ID
+            | libc::SOF_TIMESTAMPING_OPT_TSONLY;
+        let timestamps = i32::try_from(flags)
+            .ok()
+            .is_some_and(|f| setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPING, f).is_ok());
+        Ok(HeartbeatSocket {
+            sock,
+            sent: AtomicU32::new(0),
+            timestamps,
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.sock.local_addr()
+    }
+
+    /// Whether sends get TX timestamps.
+    pub fn timestamps_enabled(&self) -> bool {
+        self.timestamps
+    }
+
+    /// How long [`HeartbeatSocket::recv`] blocks (`None`: for ever).
+    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.sock.set_read_timeout(timeout)
+    }
+
+    /// Sets the receive buffer size (bytes; the kernel doubles it).
+    pub fn set_recv_buffer(&self, bytes: usize) -> io::Result<()> {
+        setsockopt_int(
+            self.sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            i32::try_from(bytes).unwrap_or(i32::MAX),
+        )
+    }
+
+    /// Sends one datagram; returns its number for matching TX timestamps.
+    pub fn send_to(&self, buf: &[u8], to: SocketAddr) -> io::Result<u32> {
+        self.sock.send_to(buf, to)?;
+        Ok(self.sent.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Receives one datagram into `buf` (blocking up to the read timeout).
+    pub fn recv(&self, buf: &mut [u8]) -> io::Result<Received> {
+        // SAFETY: zeroed structs are valid inputs to recvmsg.
+        let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let mut cbuf = CmsgBuf([0; 256]);
+        // SAFETY: as above.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_name = (&mut from as *mut libc::sockaddr_storage).cast();
+        msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.0.as_mut_ptr().cast();
+        msg.msg_controllen = cbuf.0.len();
+        // SAFETY: every pointer in `msg` is valid for the sizes given.
+        let n = unsafe { libc::recvmsg(self.sock.as_raw_fd(), &mut msg, 0) };
+        let len = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
+        let mut drops = None;
+        // SAFETY: walking the control messages recvmsg wrote.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SO_RXQ_OVFL {
+                    drops = Some(std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<u32>()));
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        let from = to_socket_addr(&from)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "non-IPv4 sender"))?;
+        Ok(Received { len, from, drops })
+    }
+
+    /// Moves every TX timestamp waiting in the socket's error queue to `out`
+    /// (never blocks).
+    pub fn take_tx_timestamps(&self, out: &mut Vec<TxTimestamp>) -> io::Result<()> {
+        loop {
+            let mut data = [0u8; 64];
+            let mut iov = libc::iovec {
+                iov_base: data.as_mut_ptr().cast(),
+                iov_len: data.len(),
+            };
+            let mut cbuf = CmsgBuf([0; 256]);
+            // SAFETY: a zeroed msghdr is a valid input.
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cbuf.0.as_mut_ptr().cast();
+            msg.msg_controllen = cbuf.0.len();
+            // SAFETY: every pointer in `msg` is valid for the sizes given.
+            let n = unsafe {
+                libc::recvmsg(
+                    self.sock.as_raw_fd(),
+                    &mut msg,
+                    libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                return match e.kind() {
+                    io::ErrorKind::WouldBlock => Ok(()),
+                    _ => Err(e),
+                };
+            }
+            let mut at = None;
+            let mut id = None;
+            // SAFETY: walking the control messages recvmsg wrote.
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(&msg);
+                while !c.is_null() {
+                    let (level, ty) = ((*c).cmsg_level, (*c).cmsg_type);
+                    if level == libc::SOL_SOCKET && ty == libc::SO_TIMESTAMPING {
+                        // struct scm_timestamping: ts[0] is the software stamp.
+                        let ts = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::timespec>());
+                        if let (Ok(s), Ok(ns)) = (u64::try_from(ts.tv_sec), u32::try_from(ts.tv_nsec)) {
+                            at = Some(UNIX_EPOCH + Duration::new(s, ns));
+                        }
+                    } else if (level == libc::SOL_IP && ty == libc::IP_RECVERR)
+                        || (level == libc::SOL_IPV6 && ty == libc::IPV6_RECVERR)
+                    {
+                        let ee = std::ptr::read_unaligned(
+                            libc::CMSG_DATA(c).cast::<libc::sock_extended_err>(),
+                        );
+                        if ee.ee_origin == libc::SO_EE_ORIGIN_TIMESTAMPING {
+                            id = Some(ee.ee_data);
+                        }
+                    }
+                    c = libc::CMSG_NXTHDR(&msg, c);
+                }
+            }
+            if let (Some(at), Some(id)) = (at, id) {
+                out.push(TxTimestamp { id, at });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (HeartbeatSocket, HeartbeatSocket) {
+        let a = HeartbeatSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let b = HeartbeatSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        b.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        (a, b)
+    }
+
+    #[test]
+    fn send_receive_and_tx_timestamps() {
+        let (a, b) = pair();
+        let before = SystemTime::now();
+        for i in 0..3u32 {
+            assert_eq!(a.send_to(b"hb", b.local_addr().unwrap()).unwrap(), i);
+        }
+        let mut buf = [0u8; 16];
+        for _ in 0..3 {
+            let r = b.recv(&mut buf).unwrap();
+            assert_eq!(&buf[..r.len], b"hb");
+            assert_eq!(r.from, a.local_addr().unwrap());
+            assert_eq!(r.drops.unwrap_or(0), 0);
+        }
+        assert!(a.timestamps_enabled(), "software TX timestamps on loopback");
+        let mut ts = Vec::new();
+        for _ in 0..100 {
+            a.take_tx_timestamps(&mut ts).unwrap();
+            if ts.len() == 3 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let ids: Vec<u32> = ts.iter().map(|t| t.id).collect();
+        assert_eq!(ids, vec![0, 1, 2]);
+        let after = SystemTime::now();
+        assert!(ts.iter().all(|t| t.at >= before && t.at <= after));
+    }
+
+    #[test]
+    fn overflow_is_counted_by_rxq_ovfl() {
+        let (a, b) = pair();
+        b.set_recv_buffer(1).unwrap(); // the kernel's minimum
+        let to = b.local_addr().unwrap();
+        for _ in 0..2000 {
+            a.send_to(&[0u8; 512], to).unwrap();
+        }
+        let mut buf = [0u8; 1024];
+        let r = b.recv(&mut buf).unwrap();
+        // Drain what fitted; the last datagram read carries the count.
+        b.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let mut drops = r.drops;
+        while let Ok(r) = b.recv(&mut buf) {
+            drops = r.drops.or(drops);
+        }
+        a.send_to(b"x", to).unwrap();
+        if let Ok(r) = b.recv(&mut buf) {
+            drops = r.drops.or(drops);
+        }
+        assert!(drops.unwrap_or(0) > 0, "a full queue must be counted: {drops:?}");
+    }
+}
