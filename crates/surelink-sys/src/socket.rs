@@ -46,7 +46,7 @@ fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> 
             level,
             name,
             (&value as *const i32).cast(),
-            std::mem::size_of::<i32>() as libc::socklen_t,
+            libc::socklen_t::try_from(std::mem::size_of::<i32>()).unwrap_or(4),
         )
     };
     if rc == 0 {
@@ -89,9 +89,9 @@ impl HeartbeatSocket {
             | libc::SOF_TIMESTAMPING_SOFTWARE
             | libc::SOF_TIMESTAMPING_OPT_ID
             | libc::SOF_TIMESTAMPING_OPT_TSONLY;
-        let timestamps = i32::try_from(flags)
-            .ok()
-            .is_some_and(|f| setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPING, f).is_ok());
+        let timestamps = i32::try_from(flags).ok().is_some_and(|f| {
+            setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPING, f).is_ok()
+        });
         Ok(HeartbeatSocket {
             sock,
             sent: AtomicU32::new(0),
@@ -142,7 +142,8 @@ impl HeartbeatSocket {
         // SAFETY: as above.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
         msg.msg_name = (&mut from as *mut libc::sockaddr_storage).cast();
-        msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        msg.msg_namelen =
+            libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_storage>()).unwrap_or(128);
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
         msg.msg_control = cbuf.0.as_mut_ptr().cast();
@@ -206,8 +207,11 @@ impl HeartbeatSocket {
                     let (level, ty) = ((*c).cmsg_level, (*c).cmsg_type);
                     if level == libc::SOL_SOCKET && ty == libc::SO_TIMESTAMPING {
                         // struct scm_timestamping: ts[0] is the software stamp.
-                        let ts = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::timespec>());
-                        if let (Ok(s), Ok(ns)) = (u64::try_from(ts.tv_sec), u32::try_from(ts.tv_nsec)) {
+                        let ts =
+                            std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::timespec>());
+                        if let (Ok(s), Ok(ns)) =
+                            (u64::try_from(ts.tv_sec), u32::try_from(ts.tv_nsec))
+                        {
                             at = Some(UNIX_EPOCH + Duration::new(s, ns));
                         }
                     } else if (level == libc::SOL_IP && ty == libc::IP_RECVERR)
@@ -290,6 +294,9 @@ mod tests {
         if let Ok(r) = b.recv(&mut buf) {
             drops = r.drops.or(drops);
         }
-        assert!(drops.unwrap_or(0) > 0, "a full queue must be counted: {drops:?}");
+        assert!(
+            drops.unwrap_or(0) > 0,
+            "a full queue must be counted: {drops:?}"
+        );
     }
 }

@@ -137,9 +137,7 @@ impl Fence {
 
     /// When the next heartbeat is due (`None` once fenced).
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.fenced
-            .is_none()
-            .then(|| self.scheduled(self.next_seq))
+        self.fenced.is_none().then(|| self.scheduled(self.next_seq))
     }
 
     /// Heartbeat `seq` left the host at `sent_at` (its TX timestamp, or the

@@ -184,7 +184,9 @@ impl Monitor {
                 .push_back(MonitorAction::Report(PathReport::PathUp { watch }));
             if peer_was_down {
                 self.actions
-                    .push_back(MonitorAction::Report(PathReport::PeerUp { peer: watch.peer }));
+                    .push_back(MonitorAction::Report(PathReport::PeerUp {
+                        peer: watch.peer,
+                    }));
             }
         }
     }
@@ -240,17 +242,27 @@ impl Monitor {
             let last_heard = p.last_heard;
             self.stats.reported_down += 1;
             self.actions
-                .push_back(MonitorAction::Report(PathReport::PathDown { watch, last_heard }));
+                .push_back(MonitorAction::Report(PathReport::PathDown {
+                    watch,
+                    last_heard,
+                }));
             if self.peer_down(watch.peer) {
                 self.actions
-                    .push_back(MonitorAction::Report(PathReport::PeerDown { peer: watch.peer }));
+                    .push_back(MonitorAction::Report(PathReport::PeerDown {
+                        peer: watch.peer,
+                    }));
             }
         }
     }
 
     fn peer_down(&self, peer: NodeId) -> bool {
         self.paths
-            .range(Watch { peer, network: 0 }..=Watch { peer, network: u16::MAX })
+            .range(
+                Watch { peer, network: 0 }..=Watch {
+                    peer,
+                    network: u16::MAX,
+                },
+            )
             .all(|(_, p)| p.down)
     }
 
@@ -276,7 +288,12 @@ impl Monitor {
             .paths
             .iter()
             .filter(|(_, p)| !p.down && p.last_heard + window < now)
-            .map(|(w, _)| (*w, Time::from_nanos(now.as_nanos().saturating_sub(nanos(window)))))
+            .map(|(w, _)| {
+                (
+                    *w,
+                    Time::from_nanos(now.as_nanos().saturating_sub(nanos(window))),
+                )
+            })
             .collect();
         if suspects.is_empty() {
             return;
@@ -292,8 +309,7 @@ impl Monitor {
                     sent_at: now,
                     suspects,
                 });
-                self.actions
-                    .push_back(MonitorAction::SendBarrier { token });
+                self.actions.push_back(MonitorAction::SendBarrier { token });
             }
             _ => {}
         }

@@ -149,7 +149,10 @@ fn drop_since_window_start_means_no_report() {
         }
     }
     let t = reported_at.expect("reported once the window is clear of drops");
-    assert!(t > 105, "window [t-50, t] must start after the drop at 55 ms: {t}");
+    assert!(
+        t > 105,
+        "window [t-50, t] must start after the drop at 55 ms: {t}"
+    );
 }
 
 #[test]
