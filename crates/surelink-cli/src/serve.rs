@@ -97,6 +97,28 @@ fn print_event(e: &NetEvent) {
         } => {
             println!("session with {peer} ended: {reason:?} ({abandoned} messages abandoned)")
         }
+        NetEvent::PathSilent {
+            peer,
+            network,
+            silent_for_us,
+        } => println!(
+            "path to {peer} on network {network} silent for {} ms: failed over",
+            silent_for_us / 1000
+        ),
+        NetEvent::PathHeard { peer, network } => {
+            println!("path to {peer} on network {network} heard again")
+        }
+        NetEvent::PeerDead { peer } => println!("peer {peer} dead: every path silent"),
+        NetEvent::PeerAlive { peer } => println!("peer {peer} heard again"),
+        NetEvent::Fenced {
+            old_epoch,
+            new_epoch,
+            calls_failed,
+            abandoned,
+        } => println!(
+            "FENCED: a heartbeat missed its deadline; epoch {old_epoch} -> {new_epoch} \
+             ({calls_failed} calls failed, {abandoned} messages abandoned)"
+        ),
     }
 }
 

@@ -124,6 +124,13 @@ impl HeartbeatSocket {
         )
     }
 
+    /// Shuts the socket down both ways: a thread blocked in
+    /// [`HeartbeatSocket::recv`] returns at once.
+    pub fn shutdown(&self) {
+        // SAFETY: plain system call on our own descriptor.
+        unsafe { libc::shutdown(self.sock.as_raw_fd(), libc::SHUT_RDWR) };
+    }
+
     /// Sends one datagram; returns its number for matching TX timestamps.
     pub fn send_to(&self, buf: &[u8], to: SocketAddr) -> io::Result<u32> {
         self.sock.send_to(buf, to)?;

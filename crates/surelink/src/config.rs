@@ -9,6 +9,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use surelink_proto::detector::DetectorConfig;
 use surelink_proto::{ClusterId, EndpointConfig, Epoch, NodeId};
 
 /// A peer this endpoint dials.
@@ -64,6 +65,10 @@ pub struct Config {
     pub incoming_buffer: usize,
     /// The protocol core's settings.
     pub core: EndpointConfig,
+    /// The failure detector: heartbeats per path over UDP (on the same
+    /// address and port as each listener), SafeTimer checks and the send
+    /// fence. See [`DetectorConfig`].
+    pub detector: DetectorConfig,
 }
 
 impl Config {
@@ -85,6 +90,7 @@ impl Config {
             max_concurrent_requests: 4096,
             incoming_buffer: 65_536,
             core: EndpointConfig::default(),
+            detector: DetectorConfig::default(),
         }
     }
 
@@ -98,6 +104,7 @@ impl Config {
     /// Checks every field; returns the first problem found.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.core.validate()?;
+        self.detector.validate()?;
         if self.node == NodeId(0) {
             return Err(ConfigError::Invalid {
                 field: "node",

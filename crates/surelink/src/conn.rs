@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::net::{Shutdown, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,6 +16,7 @@ use tracing::{debug, warn, Instrument};
 
 use surelink_proto::{NodeId, PathId};
 
+use crate::detector::{Detector, Gate};
 use crate::driver::{self, Shared};
 
 /// Bytes asked of the kernel per read.
@@ -36,6 +37,13 @@ pub(crate) struct ConnIo {
     flushing: AtomicBool,
     wake: Notify,
     failed: AtomicBool,
+    /// The last flush stopped at the send fence.
+    gated: AtomicBool,
+    /// The peer, once the handshake named it (0: not yet).
+    peer: AtomicU64,
+    /// The send fence (SafeTimer); `None` when the detector is off.
+    gate: Option<Arc<Gate>>,
+    detector: Option<Arc<Detector>>,
 }
 
 /// How a flush ended.
@@ -44,6 +52,9 @@ enum Flushed {
     Done,
     /// The socket is full; the writer task finishes when it is writable.
     Blocked,
+    /// The send fence is shut (`t_valid` passed): the bytes wait until a
+    /// heartbeat moves it, or the fence closes and the connection dies.
+    Gated,
     /// The connection is broken.
     Failed,
 }
@@ -73,7 +84,7 @@ impl ConnIo {
             let outcome = self.write_pending();
             self.flushing.store(false, Ordering::Release);
             match outcome {
-                Flushed::Blocked => {
+                Flushed::Blocked | Flushed::Gated => {
                     self.wake.notify_one();
                     return;
                 }
@@ -110,6 +121,13 @@ impl ConnIo {
             if n == 0 {
                 return Flushed::Done;
             }
+            if self.gate.as_ref().is_some_and(|g| !g.may_send()) {
+                for b in &mut batch[..n] {
+                    *b = Bytes::new();
+                }
+                self.gated.store(true, Ordering::Relaxed);
+                return Flushed::Gated;
+            }
             let slices: [io::IoSlice<'_>; MAX_IOV] =
                 std::array::from_fn(|i| io::IoSlice::new(&batch[i]));
             let written = self.stream.try_write_vectored(&slices[..n]);
@@ -141,6 +159,18 @@ impl ConnIo {
                 }
             }
         }
+    }
+
+    /// The peer this connection reached, once known.
+    pub(crate) fn peer(&self) -> Option<NodeId> {
+        match self.peer.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(NodeId(n)),
+        }
+    }
+
+    pub(crate) fn set_peer(&self, peer: NodeId) {
+        self.peer.store(peer.0, Ordering::Relaxed);
     }
 
     fn has_pending(&self) -> bool {
@@ -176,6 +206,11 @@ async fn write_loop(io: Arc<ConnIo>) {
             return;
         }
         while io.has_pending() {
+            if io.gated.swap(false, Ordering::Relaxed) {
+                // The fence is shut: look again shortly (a heartbeat may move
+                // it; if it closes for good, the connection is killed).
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
             if io.stream.writable().await.is_err() || io.failed.load(Ordering::Relaxed) {
                 return;
             }
@@ -201,7 +236,13 @@ async fn read_loop(shared: Arc<Shared>, io: Arc<ConnIo>) {
         }
         match io.stream.try_read_buf(&mut buf) {
             Ok(0) => break,
-            Ok(n) => shared.stats.bytes_received(n),
+            Ok(n) => {
+                shared.stats.bytes_received(n);
+                // Anything from the peer counts as a heartbeat for this path.
+                if let (Some(d), Some(peer)) = (&io.detector, io.peer()) {
+                    d.heard(peer, io.network);
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => {
                 debug!(path = %io.path, error = %e, "read failed");
@@ -246,6 +287,10 @@ pub(crate) fn start(
         flushing: AtomicBool::new(false),
         wake: Notify::new(),
         failed: AtomicBool::new(false),
+        gated: AtomicBool::new(false),
+        peer: AtomicU64::new(peer.map_or(0, |p| p.0)),
+        gate: shared.detector.as_ref().map(|d| d.gate.clone()),
+        detector: shared.detector.clone(),
     });
     let (done_tx, done_rx) = oneshot::channel();
     driver::add_path(shared, io.clone(), peer);
@@ -348,7 +393,10 @@ pub(crate) async fn dial_loop(
             },
             Err(e) => debug!(%peer, network, %remote, error = %e, "dial failed"),
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(cfg.reconnect_max);
+        // A silent path heard again is worth trying at once.
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => backoff = (backoff * 2).min(cfg.reconnect_max),
+            _ = shared.redial.notified() => backoff = cfg.reconnect_initial,
+        }
     }
 }

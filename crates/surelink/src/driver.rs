@@ -18,6 +18,7 @@ use tokio::sync::{broadcast, oneshot, Notify};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use surelink_proto::detector::PathReport;
 use surelink_proto::{
     ChannelId, Endpoint as Core, Epoch, Event, MessageId, NodeId, PathCloseReason, PathError,
     PathId, Prefix, SessionEndReason, SessionId, Time,
@@ -118,6 +119,47 @@ pub enum NetEvent {
         /// The peer.
         peer: NodeId,
     },
+    /// The failure detector found a path silent for a whole window (after
+    /// its SafeTimer checks); its connections were shut down and their
+    /// in-flight messages moved to the other paths.
+    PathSilent {
+        /// The peer.
+        peer: NodeId,
+        /// The network.
+        network: usize,
+        /// How long ago it was last heard, in microseconds.
+        silent_for_us: u64,
+    },
+    /// A silent path is heard again (and is being re-dialled).
+    PathHeard {
+        /// The peer.
+        peer: NodeId,
+        /// The network.
+        network: usize,
+    },
+    /// Every path to the peer is silent: the detector considers it dead.
+    PeerDead {
+        /// The peer.
+        peer: NodeId,
+    },
+    /// A peer considered dead is heard again.
+    PeerAlive {
+        /// The peer.
+        peer: NodeId,
+    },
+    /// This process missed a heartbeat deadline and fenced itself: nothing
+    /// it queued before went out after `t_valid`, every session ended, and it
+    /// continues as a new incarnation (peers see `PeerRestarted`).
+    Fenced {
+        /// The incarnation that was fenced.
+        old_epoch: Epoch,
+        /// The new one.
+        new_epoch: Epoch,
+        /// Calls failed with [`CallError::Fenced`].
+        calls_failed: usize,
+        /// Messages that were not confirmed delivered.
+        abandoned: u64,
+    },
     /// A session ended; outstanding calls failed with the matching error.
     SessionEnded {
         /// The peer.
@@ -163,8 +205,13 @@ pub(crate) struct Inner {
 pub(crate) struct Shared {
     inner: Mutex<Inner>,
     pub(crate) config: Config,
-    pub(crate) epoch: Epoch,
+    /// This process's incarnation (a new one after a fence).
+    pub(crate) epoch: AtomicU64,
     base: tokio::time::Instant,
+    /// The failure detector, unless it is off.
+    pub(crate) detector: Option<Arc<crate::detector::Detector>>,
+    /// A silent path is heard again: dial loops retry at once.
+    pub(crate) redial: Notify,
     /// Re-arms the timer task.
     timer: Notify,
     /// Asks the flush task to write what `send` queued.
@@ -205,7 +252,13 @@ pub(crate) enum Job {
 }
 
 impl Shared {
-    pub(crate) fn new(config: Config, core: Core, epoch: Epoch) -> Shared {
+    pub(crate) fn new(
+        config: Config,
+        core: Core,
+        epoch: Epoch,
+        base: std::time::Instant,
+        detector: Option<Arc<crate::detector::Detector>>,
+    ) -> Shared {
         let (events, _) = broadcast::channel(1024);
         Shared {
             inner: Mutex::new(Inner {
@@ -219,8 +272,10 @@ impl Shared {
                 armed: None,
             }),
             config,
-            epoch,
-            base: tokio::time::Instant::now(),
+            epoch: AtomicU64::new(epoch.0),
+            base: tokio::time::Instant::from_std(base),
+            detector,
+            redial: Notify::new(),
             timer: Notify::new(),
             flush: Notify::new(),
             space: Notify::new(),
@@ -293,7 +348,9 @@ impl Shared {
                 .filter_map(|p| g.core.session_stats(p).map(|s| (p, s)))
                 .collect()
         };
-        self.stats.snapshot(sessions)
+        let mut snap = self.stats.snapshot(sessions);
+        snap.detector = self.detector.as_ref().map(|d| d.snapshot());
+        snap
     }
 
     /// A fresh call id.
@@ -445,6 +502,7 @@ fn handle_event(inner: &mut Inner, shared: &Shared, ev: Event, jobs: &mut Vec<Jo
             let network = inner.conns.get(&path).map_or(0, |c| c.io.network);
             if let Some(c) = inner.conns.get_mut(&path) {
                 c.peer = Some(peer);
+                c.io.set_peer(peer);
             }
             info!(%peer, %path, network, "path up");
             shared.stats.path_up();
@@ -814,4 +872,96 @@ pub(crate) async fn timer_loop(shared: Arc<Shared>) {
             None => notified.await,
         }
     }
+}
+
+/// Acts on a failure-detector report.
+pub(crate) fn detector_report(shared: &Arc<Shared>, report: PathReport) {
+    let event = match report {
+        PathReport::PathDown { watch, last_heard } => {
+            let network = usize::from(watch.network);
+            let mut killed = 0;
+            {
+                let g = shared.lock();
+                for c in g.conns.values() {
+                    if c.io.network == network && c.io.peer() == Some(watch.peer) {
+                        // The reader sees the end at once and the session
+                        // re-sends this path's in-flight messages elsewhere.
+                        c.io.kill();
+                        killed += 1;
+                    }
+                }
+            }
+            let silent = shared.now().saturating_since(last_heard);
+            warn!(peer = %watch.peer, network, silent_ms = silent.as_millis(), killed, "path silent: failing over");
+            NetEvent::PathSilent {
+                peer: watch.peer,
+                network,
+                silent_for_us: u64::try_from(silent.as_micros()).unwrap_or(u64::MAX),
+            }
+        }
+        PathReport::PathUp { watch } => {
+            info!(peer = %watch.peer, network = watch.network, "path heard again");
+            shared.redial.notify_waiters();
+            NetEvent::PathHeard {
+                peer: watch.peer,
+                network: usize::from(watch.network),
+            }
+        }
+        PathReport::PeerDown { peer } => {
+            warn!(%peer, "every path to the peer is silent: peer dead");
+            NetEvent::PeerDead { peer }
+        }
+        PathReport::PeerUp { peer } => NetEvent::PeerAlive { peer },
+    };
+    let _ = shared.events.send(event);
+}
+
+/// After the fence closed: end every session, fail every call, and go on
+/// as a new incarnation so peers learn that this one stopped.
+pub(crate) fn recover_from_fence(shared: &Arc<Shared>) {
+    let old = Epoch(shared.epoch.load(Ordering::Relaxed));
+    let new = Epoch(old.0 + 1);
+    let (calls_failed, abandoned) = {
+        let mut g = shared.lock();
+        for (_, c) in g.conns.drain() {
+            c.io.kill();
+        }
+        let abandoned: u64 = g
+            .core
+            .peers()
+            .collect::<Vec<_>>()
+            .into_iter()
+            .filter_map(|p| g.core.session_stats(p))
+            .map(|s| s.cache_messages)
+            .sum();
+        let calls: Vec<PendingCall> = g.calls.drain().map(|(_, c)| c).collect();
+        let n = calls.len();
+        for c in calls {
+            let _ = c.tx.send(Err(CallError::Fenced { epoch: old }));
+        }
+        let identity = surelink_proto::LocalIdentity {
+            cluster: shared.config.cluster,
+            node: shared.config.node,
+            epoch: new,
+        };
+        match Core::new(shared.config.core.clone(), identity) {
+            Ok(core) => g.core = core,
+            Err(e) => warn!(error = %e, "could not start the new incarnation"),
+        }
+        shared.epoch.store(new.0, Ordering::Relaxed);
+        g.armed = None;
+        (n, abandoned)
+    };
+    if let Some(d) = &shared.detector {
+        d.restart_fence(new);
+    }
+    shared.timer.notify_one();
+    shared.space.notify_waiters();
+    shared.redial.notify_waiters();
+    let _ = shared.events.send(NetEvent::Fenced {
+        old_epoch: old,
+        new_epoch: new,
+        calls_failed,
+        abandoned,
+    });
 }

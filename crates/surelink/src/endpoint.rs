@@ -14,6 +14,7 @@ use surelink_proto::{ChannelId, Endpoint as Core, Epoch, LocalIdentity, NodeId, 
 
 use crate::config::{Config, PeerConfig};
 use crate::conn;
+use crate::detector::{DelayPoint, Detector};
 use crate::driver::{self, Flush, Handler, Incoming, NetEvent, PendingCall, Shared};
 use crate::error::{BindError, CallError, SendError, TrySendError};
 use crate::rpc;
@@ -43,6 +44,9 @@ impl Drop for Guard {
         // (handler tasks still running may hold the shared state, so close
         // the connections explicitly).
         self.0.closed.store(true, Ordering::Relaxed);
+        if let Some(d) = &self.0.detector {
+            d.close();
+        }
         self.0.abort_tasks();
         self.0.kill_connections();
     }
@@ -122,7 +126,36 @@ impl Endpoint {
             .filter_map(|l| l.local_addr().ok())
             .collect();
         let peers = config.peers.clone();
-        let shared = Arc::new(Shared::new(config, core, epoch));
+        // One heartbeat socket per network: on the listener's address and
+        // port, or the dial-from address with a free port.
+        let hb_addrs: Vec<SocketAddr> = (0..config.networks())
+            .filter_map(|i| match (listen.get(i), config.local_addr(i)) {
+                (Some(l), _) => Some(*l),
+                (None, Some(a)) => Some(SocketAddr::new(a.ip(), 0)),
+                (None, None) => None,
+            })
+            .collect();
+        let base = std::time::Instant::now();
+        let detector = Detector::start(
+            &config.detector,
+            base,
+            config.cluster,
+            config.node,
+            epoch,
+            &hb_addrs,
+        )
+        .map_err(|source| BindError::Detector {
+            addrs: hb_addrs.clone(),
+            source,
+        })?;
+        let (detector, signals) = match detector {
+            Some((d, rx)) => (Some(d), Some(rx)),
+            None => (None, None),
+        };
+        let shared = Arc::new(Shared::new(config, core, epoch, base, detector));
+        if let Some(rx) = signals {
+            shared.spawn(crate::detector::signal_loop(shared.clone(), rx));
+        }
         shared.spawn(driver::timer_loop(shared.clone()));
         shared.spawn(driver::flush_loop(shared.clone()));
         for (network, l) in listeners.into_iter().enumerate() {
@@ -146,6 +179,10 @@ impl Endpoint {
             let (Some(remote), Some(local)) = (addr, cfg.local_addr(network)) else {
                 continue;
             };
+            if let Some(d) = &self.shared.detector {
+                // The peer's heartbeat socket shares its listener's port.
+                d.add_destination(p.node, network, *remote);
+            }
             for _ in 0..cfg.connections_per_network {
                 self.shared.spawn(conn::dial_loop(
                     self.shared.clone(),
@@ -165,6 +202,36 @@ impl Endpoint {
         self.dial_peer(&peer);
     }
 
+    /// The failure detector's heartbeat addresses (UDP), one per network;
+    /// empty when the detector is off.
+    pub fn heartbeat_addrs(&self) -> Vec<SocketAddr> {
+        self.shared
+            .detector
+            .as_ref()
+            .map(|d| d.local_addrs())
+            .unwrap_or_default()
+    }
+
+    /// Stalls one of the failure detector's threads for `d`, as a GC pause
+    /// or a blocked disk would. For experiments and tests; does nothing when
+    /// the detector is off.
+    #[doc(hidden)]
+    pub fn inject_delay(&self, point: DelayPoint, d: Duration) {
+        if let Some(det) = &self.shared.detector {
+            det.inject_delay(point, d);
+        }
+    }
+
+    /// Sets the heartbeat sockets' receive buffer (experiments that make
+    /// the kernel drop heartbeats).
+    #[doc(hidden)]
+    pub fn set_heartbeat_recv_buffer(&self, bytes: usize) -> std::io::Result<()> {
+        match &self.shared.detector {
+            Some(d) => d.set_recv_buffer(bytes),
+            None => Ok(()),
+        }
+    }
+
     /// This node's id.
     pub fn node(&self) -> NodeId {
         self.shared.config.node
@@ -172,7 +239,7 @@ impl Endpoint {
 
     /// This process's incarnation.
     pub fn epoch(&self) -> Epoch {
-        self.shared.epoch
+        Epoch(self.shared.epoch.load(Ordering::Relaxed))
     }
 
     /// The listening addresses, one per network, with the ports bound.
@@ -459,6 +526,9 @@ impl Endpoint {
         // Stop dialling, reading and timers first, so nothing reopens a
         // session while the goodbyes go out.
         self.shared.closed.store(true, Ordering::Relaxed);
+        if let Some(d) = &self.shared.detector {
+            d.close();
+        }
         self.shared.abort_tasks();
         let jobs = {
             let mut g = self.shared.lock();

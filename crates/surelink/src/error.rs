@@ -21,6 +21,15 @@ pub enum BindError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The failure detector's heartbeat sockets or threads could not start
+    /// (a heartbeat socket binds the listener's address and port over UDP).
+    #[error("cannot start the failure detector on {addrs:?}: {source}")]
+    Detector {
+        /// The heartbeat addresses.
+        addrs: Vec<SocketAddr>,
+        /// The OS error.
+        source: std::io::Error,
+    },
 }
 
 /// Why a message could not be queued.
@@ -71,6 +80,14 @@ pub enum CallError {
         peer: NodeId,
         /// Why.
         reason: SessionEndReason,
+    },
+    /// This process missed a heartbeat deadline and fenced itself (SafeTimer)
+    /// while the call was outstanding; the session ended and the process
+    /// continues as a new incarnation. The request may have run.
+    #[error("this process was fenced (epoch {epoch} ended): the call was abandoned")]
+    Fenced {
+        /// The incarnation that was fenced.
+        epoch: Epoch,
     },
     /// The request could not be queued.
     #[error(transparent)]

@@ -28,6 +28,7 @@
 
 mod config;
 mod conn;
+mod detector;
 mod driver;
 mod endpoint;
 mod error;
@@ -36,8 +37,10 @@ mod rpc;
 mod stats;
 
 pub use config::{Config, ConfigError, PeerConfig};
+pub use detector::{DelayPoint, DetectorSnapshot};
 pub use driver::{Handler, HandlerFuture, Incoming, NetEvent, Request};
 pub use endpoint::{Endpoint, PathInfo};
 pub use error::{BindError, CallError, SendError, TrySendError};
 pub use stats::StatsSnapshot;
 pub use surelink_proto as proto;
+pub use surelink_proto::detector::{DetectorConfig, DetectorMode};

@@ -127,6 +127,7 @@ impl Stats {
             malformed_messages: self.malformed_messages.load(Relaxed),
             call_rtt_us: [p50, p99, p999, max],
             sessions,
+            detector: None,
         }
     }
 }
@@ -160,6 +161,8 @@ pub struct StatsSnapshot {
     pub call_rtt_us: [u64; 4],
     /// Per peer session counters from the core.
     pub sessions: Vec<(NodeId, SessionStats)>,
+    /// The failure detector's counters (`None` when it is off).
+    pub detector: Option<crate::DetectorSnapshot>,
 }
 
 impl StatsSnapshot {

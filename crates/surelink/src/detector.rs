@@ -1,0 +1,668 @@
+//! The failure detector's shell: heartbeat sockets and threads around the
+//! core's [`Fence`] and [`Monitor`] (SafeTimer).
+//!
+//! One UDP socket per network (bound to the TCP listener's address and
+//! port, or an ephemeral port for a pure client) carries heartbeats; a
+//! second socket per network sends barriers to the first. Three kinds of OS
+//! thread, so a saturated async runtime cannot starve them:
+//!
+//! - the *sender* runs the fence: sends each heartbeat to every known peer
+//!   address, reads the kernel's TX timestamps and moves `t_valid`;
+//! - a *reader* per socket feeds heartbeats and barriers to the monitor in
+//!   queue order, with the socket's drop count;
+//! - the *checker* runs the monitor's windows and sends barriers, one per
+//!   CPU (pinned to each in turn, since the kernel queues a packet in the
+//!   backlog of the CPU that sent or received it).
+//!
+//! Reports and the fence's closing go to an async task that acts on the
+//! session: a silent path's connections are shut down (the session re-sends
+//! their in-flight messages elsewhere), a path heard again is re-dialled at
+//! once, and a fenced process starts a new epoch.
+//!
+//! The [`Gate`] is the send fence every socket write passes.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use surelink_proto::detector::datagram::{self, Datagram, MAX_DATAGRAM};
+use surelink_proto::detector::{
+    DetectorConfig, DetectorMode, Fence, FenceState, Monitor, MonitorAction, MonitorStats,
+    PathReport, Watch,
+};
+use surelink_proto::{ClusterId, Epoch, NodeId, Time};
+use surelink_sys::{counters, cpu, HeartbeatSocket, TxTimestamp};
+
+/// How long a blocked reader waits before looking at the closed flag.
+const READ_POLL: Duration = Duration::from_millis(50);
+/// How long the sender waits for the kernel's TX timestamps of one round.
+const TIMESTAMP_WAIT: Duration = Duration::from_millis(2);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The send fence every socket write passes: no frame leaves after
+/// `t_valid` (SafeTimer, paper Fig. 3).
+#[derive(Debug)]
+pub(crate) struct Gate {
+    base: Instant,
+    /// Nanoseconds since `base`; `u64::MAX` when no fence runs.
+    t_valid: AtomicU64,
+}
+
+impl Gate {
+    fn new(base: Instant) -> Gate {
+        Gate {
+            base,
+            t_valid: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// Whether a frame may leave now.
+    pub(crate) fn may_send(&self) -> bool {
+        let t = self.t_valid.load(Ordering::Acquire);
+        t == u64::MAX || self.now().as_nanos() <= t
+    }
+
+    fn now(&self) -> Time {
+        Time::from_nanos(u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+/// Where a test or experiment can stall one of the detector's threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DelayPoint {
+    /// The thread that reads heartbeats off the sockets (after it took one
+    /// datagram, before handing it on).
+    Reader,
+    /// The thread that checks windows and sends barriers.
+    Checker,
+    /// The thread that sends heartbeats.
+    Sender,
+}
+
+/// What the threads tell the async side.
+#[derive(Debug)]
+pub(crate) enum Signal {
+    Report(PathReport),
+    Fenced { at: Time, missed_seq: u64 },
+}
+
+/// Detector counters for stats and experiments.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DetectorSnapshot {
+    /// Which detector runs.
+    pub mode: Option<DetectorMode>,
+    /// Heartbeats sent (one per peer address per interval).
+    pub heartbeats_sent: u64,
+    /// Heartbeats received.
+    pub heartbeats_received: u64,
+    /// Heartbeats whose TX timestamp came from the kernel (the rest used
+    /// the time after the send call returned).
+    pub tx_timestamped: u64,
+    /// Times this process fenced itself.
+    pub fences: u64,
+    /// Microseconds from now until `t_valid` (negative: the gate is shut).
+    pub t_valid_in_us: i64,
+    /// The monitor's counters.
+    pub monitor: MonitorStats,
+}
+
+struct RoundState {
+    token: u64,
+    /// Barrier copies still to come back.
+    missing: usize,
+}
+
+struct CheckerState {
+    monitor: Monitor,
+    round: Option<RoundState>,
+    /// Latest `SO_RXQ_OVFL` count per socket.
+    ovfl: Vec<u64>,
+}
+
+/// The detector of one endpoint.
+pub(crate) struct Detector {
+    cfg: DetectorConfig,
+    pub(crate) gate: Arc<Gate>,
+    cluster: ClusterId,
+    node: NodeId,
+    epoch: AtomicU64,
+    /// Heartbeat sockets per network; emptied by `close` (closing them).
+    sockets: Mutex<Vec<Arc<HeartbeatSocket>>>,
+    /// The second socket per network that barriers come from.
+    barrier_from: Mutex<Vec<Arc<HeartbeatSocket>>>,
+    networks: usize,
+    interfaces: Vec<String>,
+    checker: Mutex<CheckerState>,
+    fence: Mutex<Fence>,
+    /// Bumped when the fence is replaced after a new epoch.
+    fence_generation: AtomicU64,
+    dests: Mutex<BTreeMap<(NodeId, usize), SocketAddr>>,
+    signals: mpsc::UnboundedSender<Signal>,
+    delays: [AtomicU64; 3],
+    closed: AtomicBool,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    heartbeats_sent: AtomicU64,
+    heartbeats_received: AtomicU64,
+    tx_timestamped: AtomicU64,
+    fences: AtomicU64,
+}
+
+impl std::fmt::Debug for Detector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Detector")
+            .field("mode", &self.cfg.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Detector {
+    /// Opens the sockets (one per local address) and starts the threads.
+    /// `None` when the detector is off.
+    pub(crate) fn start(
+        cfg: &DetectorConfig,
+        base: Instant,
+        cluster: ClusterId,
+        node: NodeId,
+        epoch: Epoch,
+        local: &[SocketAddr],
+    ) -> std::io::Result<Option<(Arc<Detector>, mpsc::UnboundedReceiver<Signal>)>> {
+        if cfg.mode == DetectorMode::Off {
+            return Ok(None);
+        }
+        let mut sockets = Vec::new();
+        let mut barrier_from = Vec::new();
+        let mut interfaces = Vec::new();
+        for addr in local {
+            let s = HeartbeatSocket::bind(*addr)?;
+            s.set_read_timeout(Some(READ_POLL))?;
+            barrier_from.push(Arc::new(HeartbeatSocket::bind(SocketAddr::new(
+                addr.ip(),
+                0,
+            ))?));
+            if let Some(i) = counters::interface_of(addr.ip()) {
+                if !interfaces.contains(&i) {
+                    interfaces.push(i);
+                }
+            }
+            sockets.push(Arc::new(s));
+        }
+        let gate = Arc::new(Gate::new(base));
+        let now = gate.now();
+        let fence = Fence::new(cfg, now);
+        if cfg.mode == DetectorMode::SafeTimer {
+            gate.t_valid.store(fence.t_valid().as_nanos(), Ordering::Release);
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let n = sockets.len();
+        let det = Arc::new(Detector {
+            cfg: cfg.clone(),
+            gate,
+            cluster,
+            node,
+            epoch: AtomicU64::new(epoch.0),
+            sockets: Mutex::new(sockets),
+            barrier_from: Mutex::new(barrier_from),
+            networks: n,
+            interfaces,
+            checker: Mutex::new(CheckerState {
+                monitor: Monitor::new(cfg, now),
+                round: None,
+                ovfl: vec![0; n],
+            }),
+            fence: Mutex::new(fence),
+            fence_generation: AtomicU64::new(0),
+            dests: Mutex::new(BTreeMap::new()),
+            signals: tx,
+            delays: std::array::from_fn(|_| AtomicU64::new(0)),
+            closed: AtomicBool::new(false),
+            threads: Mutex::new(Vec::new()),
+            heartbeats_sent: AtomicU64::new(0),
+            heartbeats_received: AtomicU64::new(0),
+            tx_timestamped: AtomicU64::new(0),
+            fences: AtomicU64::new(0),
+        });
+        {
+            let drops = det.drop_total(&lock(&det.checker).ovfl);
+            lock(&det.checker).monitor.handle_drop_count(now, drops);
+        }
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+            let h = std::thread::Builder::new().name(name).spawn(f)?;
+            lock(&det.threads).push(h);
+            Ok::<_, std::io::Error>(())
+        };
+        let d = det.clone();
+        spawn("surelink-hb-send".into(), Box::new(move || d.sender_thread()))?;
+        let d = det.clone();
+        spawn("surelink-hb-check".into(), Box::new(move || d.checker_thread()))?;
+        for i in 0..n {
+            let d = det.clone();
+            spawn(format!("surelink-hb-read{i}"), Box::new(move || d.reader_thread(i)))?;
+        }
+        Ok(Some((det, rx)))
+    }
+
+    /// The heartbeat sockets' addresses, one per network.
+    pub(crate) fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.socks()
+            .iter()
+            .filter_map(|s| s.local_addr().ok())
+            .collect()
+    }
+
+    /// Heartbeats for `peer` on `network` go to `addr` (its listener's
+    /// address: the heartbeat socket shares the port).
+    pub(crate) fn add_destination(&self, peer: NodeId, network: usize, addr: SocketAddr) {
+        lock(&self.dests).insert((peer, network), addr);
+    }
+
+    /// Traffic from `peer` arrived on `network` (counts as a heartbeat).
+    pub(crate) fn heard(&self, peer: NodeId, network: usize) {
+        let Ok(network) = u16::try_from(network) else {
+            return;
+        };
+        let now = self.gate.now();
+        let mut c = lock(&self.checker);
+        c.monitor.handle_heard(now, Watch { peer, network });
+        self.dispatch(&mut c);
+    }
+
+    /// Stops the threads and closes the sockets before returning, so a new
+    /// endpoint can bind the same addresses at once (as after a crash).
+    pub(crate) fn close(&self) {
+        if self.closed.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        for s in self.socks() {
+            s.shutdown();
+        }
+        let threads: Vec<_> = lock(&self.threads).drain(..).collect();
+        let me = std::thread::current().id();
+        for t in &threads {
+            t.thread().unpark();
+        }
+        for t in threads {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+        // The threads are gone: dropping the sockets closes them.
+        lock(&self.sockets).clear();
+        lock(&self.barrier_from).clear();
+    }
+
+    fn socks(&self) -> Vec<Arc<HeartbeatSocket>> {
+        lock(&self.sockets).clone()
+    }
+
+    /// Stalls a thread of the detector for `d` from now.
+    pub(crate) fn inject_delay(&self, point: DelayPoint, d: Duration) {
+        let until = self.gate.now() + d;
+        self.delays[point as usize].store(until.as_nanos(), Ordering::Relaxed);
+    }
+
+    /// Sets the heartbeat sockets' receive buffer.
+    pub(crate) fn set_recv_buffer(&self, bytes: usize) -> std::io::Result<()> {
+        for s in self.socks() {
+            s.set_recv_buffer(bytes)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn snapshot(&self) -> DetectorSnapshot {
+        let now = self.gate.now().as_nanos();
+        let t_valid = self.gate.t_valid.load(Ordering::Acquire);
+        let t_valid_in_us = if t_valid == u64::MAX {
+            i64::MAX
+        } else {
+            let d = i128::from(t_valid) - i128::from(now);
+            i64::try_from(d / 1000).unwrap_or(i64::MIN)
+        };
+        DetectorSnapshot {
+            mode: Some(self.cfg.mode),
+            heartbeats_sent: self.heartbeats_sent.load(Ordering::Relaxed),
+            heartbeats_received: self.heartbeats_received.load(Ordering::Relaxed),
+            tx_timestamped: self.tx_timestamped.load(Ordering::Relaxed),
+            fences: self.fences.load(Ordering::Relaxed),
+            t_valid_in_us,
+            monitor: lock(&self.checker).monitor.stats(),
+        }
+    }
+
+    /// After a fence: heartbeats carry `epoch` and a fresh schedule starts.
+    pub(crate) fn restart_fence(&self, epoch: Epoch) {
+        self.epoch.store(epoch.0, Ordering::Relaxed);
+        let now = self.gate.now();
+        let fence = Fence::new(&self.cfg, now);
+        self.gate
+            .t_valid
+            .store(fence.t_valid().as_nanos(), Ordering::Release);
+        *lock(&self.fence) = fence;
+        self.fence_generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// Sleeps while an injected delay for `point` lasts.
+    fn stall(&self, point: DelayPoint) {
+        let until = self.delays[point as usize].load(Ordering::Relaxed);
+        loop {
+            let now = self.gate.now().as_nanos();
+            if until <= now || self.closed.load(Ordering::Relaxed) {
+                return;
+            }
+            std::thread::park_timeout(Duration::from_nanos(until - now));
+        }
+    }
+
+    fn sleep_until(&self, t: Time) {
+        let now = self.gate.now();
+        let d = t.saturating_since(now).min(READ_POLL);
+        if !d.is_zero() {
+            // Parked, so `close` can wake us.
+            std::thread::park_timeout(d);
+        }
+    }
+
+    // ---- sender -------------------------------------------------------
+
+    fn sender_thread(self: Arc<Self>) {
+        let mut stamps = Vec::new();
+        let mut signalled = u64::MAX;
+        while !self.closed.load(Ordering::Relaxed) {
+            self.stall(DelayPoint::Sender);
+            let now = self.gate.now();
+            let generation = self.fence_generation.load(Ordering::Acquire);
+            let (due, state, next) = {
+                let mut f = lock(&self.fence);
+                if self.cfg.mode == DetectorMode::Plain && f.is_fenced() {
+                    // The baseline has no fence: a late thread just starts
+                    // a fresh schedule.
+                    *f = Fence::new(&self.cfg, now);
+                }
+                let due = f.poll_heartbeat(now);
+                (due, f.state(now), f.poll_timeout())
+            };
+            if let Some(due) = due {
+                let sent_at = self.send_heartbeats(due.seq, &mut stamps);
+                let mut f = lock(&self.fence);
+                f.handle_sent(due.seq, sent_at);
+                if self.cfg.mode == DetectorMode::SafeTimer {
+                    self.gate.t_valid.store(f.t_valid().as_nanos(), Ordering::Release);
+                }
+                continue;
+            }
+            if self.cfg.mode == DetectorMode::SafeTimer {
+                if let FenceState::Fenced { at, missed_seq } = state {
+                    self.gate.t_valid.store(at.as_nanos(), Ordering::Release);
+                    if signalled != generation {
+                        signalled = generation;
+                        self.fences.fetch_add(1, Ordering::Relaxed);
+                        let _ = self.signals.send(Signal::Fenced { at, missed_seq });
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
+            }
+            match next {
+                Some(t) => self.sleep_until(t),
+                None => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    }
+
+    /// Sends heartbeat `seq` everywhere; returns when it provably left the
+    /// host (the earliest TX timestamp, else the time the send returned).
+    fn send_heartbeats(&self, seq: u64, stamps: &mut Vec<TxTimestamp>) -> Time {
+        let dests: Vec<((NodeId, usize), SocketAddr)> =
+            lock(&self.dests).iter().map(|(k, v)| (*k, *v)).collect();
+        let hb = datagram::encode_heartbeat(
+            self.cluster,
+            self.node,
+            Epoch(self.epoch.load(Ordering::Relaxed)),
+            seq,
+        );
+        // Heartbeats of a fenced process must not leave either.
+        if !self.gate.may_send() && self.cfg.mode == DetectorMode::SafeTimer {
+            return Time::MAX;
+        }
+        let mut sent: Vec<(usize, u32)> = Vec::new();
+        let sockets = self.socks();
+        for ((_, network), addr) in dests {
+            let Some(sock) = sockets.get(network) else {
+                continue;
+            };
+            match sock.send_to(&hb, addr) {
+                Ok(id) => sent.push((network, id)),
+                Err(e) => debug!(%addr, error = %e, "heartbeat not sent"),
+            }
+        }
+        let t_after = self.gate.now();
+        self.heartbeats_sent
+            .fetch_add(sent.len() as u64, Ordering::Relaxed);
+        if sent.is_empty() {
+            // Nobody to tell: nobody can report us either; the thread ran
+            // in time, which is what the schedule asks.
+            return t_after;
+        }
+        // The earliest kernel timestamp among this round's datagrams.
+        let deadline = Instant::now() + TIMESTAMP_WAIT;
+        let mut best: Option<Time> = None;
+        loop {
+            for (network, sock) in sockets.iter().enumerate() {
+                if !sock.timestamps_enabled() || !sent.iter().any(|(n, _)| *n == network) {
+                    continue;
+                }
+                stamps.clear();
+                let _ = sock.take_tx_timestamps(stamps);
+                for ts in stamps.iter() {
+                    if sent.contains(&(network, ts.id)) {
+                        let at = self.to_time(ts.at);
+                        best = Some(best.map_or(at, |b| b.min(at)));
+                    }
+                }
+            }
+            if best.is_some() || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        match best {
+            Some(t) => {
+                self.tx_timestamped.fetch_add(1, Ordering::Relaxed);
+                t
+            }
+            None => t_after,
+        }
+    }
+
+    /// A kernel wall-clock timestamp on our monotonic scale.
+    fn to_time(&self, at: SystemTime) -> Time {
+        let now = self.gate.now();
+        let ago = SystemTime::now().duration_since(at).unwrap_or(Duration::ZERO);
+        Time::from_nanos(
+            now.as_nanos()
+                .saturating_sub(u64::try_from(ago.as_nanos()).unwrap_or(u64::MAX)),
+        )
+    }
+
+    // ---- reader -------------------------------------------------------
+
+    fn reader_thread(self: Arc<Self>, network: usize) {
+        let Some(sock) = self.socks().get(network).cloned() else {
+            return;
+        };
+        let mut buf = [0u8; MAX_DATAGRAM + 64];
+        while !self.closed.load(Ordering::Relaxed) {
+            let r = match sock.recv(&mut buf) {
+                Ok(r) => r,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    continue
+                }
+                Err(e) => {
+                    debug!(network, error = %e, "heartbeat read failed");
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            };
+            self.stall(DelayPoint::Reader);
+            let now = self.gate.now();
+            let mut c = lock(&self.checker);
+            if let Some(d) = r.drops {
+                c.ovfl[network] = u64::from(d);
+            }
+            match datagram::decode_datagram(&buf[..r.len.min(buf.len())]) {
+                Ok(Datagram::Heartbeat {
+                    cluster,
+                    node,
+                    epoch,
+                    ..
+                }) if cluster == self.cluster && node != self.node => {
+                    self.heartbeats_received.fetch_add(1, Ordering::Relaxed);
+                    lock(&self.dests).insert((node, network), r.from);
+                    if let Ok(n) = u16::try_from(network) {
+                        c.monitor.handle_heartbeat(
+                            now,
+                            Watch {
+                                peer: node,
+                                network: n,
+                            },
+                            epoch,
+                        );
+                    }
+                }
+                Ok(Datagram::Barrier { token, .. }) => {
+                    let done = match &mut c.round {
+                        Some(round) if round.token == token => {
+                            round.missing = round.missing.saturating_sub(1);
+                            round.missing == 0
+                        }
+                        _ => false,
+                    };
+                    if done {
+                        c.round = None;
+                        let drops = self.drop_total(&c.ovfl);
+                        c.monitor.handle_barrier(now, token, drops);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => debug!(network, from = %r.from, error = %e, "datagram ignored"),
+            }
+            self.dispatch(&mut c);
+        }
+    }
+
+    /// Every receive drop counter we can see, summed: the sockets'
+    /// `SO_RXQ_OVFL`, the system's UDP receive errors and the interfaces'
+    /// `rx_dropped`. Only changes matter. An unreadable counter counts as
+    /// a change (no report on a guess).
+    fn drop_total(&self, ovfl: &[u64]) -> u64 {
+        let mut total: u64 = ovfl.iter().sum();
+        match counters::udp_receive_errors() {
+            Ok(n) => total = total.wrapping_add(n),
+            Err(_) => total = total.wrapping_add(self.gate.now().as_nanos()),
+        }
+        for i in &self.interfaces {
+            match counters::interface_rx_dropped(i) {
+                Ok(n) => total = total.wrapping_add(n),
+                Err(_) => total = total.wrapping_add(self.gate.now().as_nanos()),
+            }
+        }
+        total
+    }
+
+    // ---- checker ------------------------------------------------------
+
+    fn checker_thread(self: Arc<Self>) {
+        let cpus = cpu::allowed_cpus().unwrap_or_default();
+        while !self.closed.load(Ordering::Relaxed) {
+            self.stall(DelayPoint::Checker);
+            let now = self.gate.now();
+            let (barrier, next) = {
+                let mut c = lock(&self.checker);
+                c.monitor.handle_timeout(now);
+                let barrier = self.dispatch(&mut c);
+                if let Some(token) = barrier {
+                    let copies = self.networks * cpus.len().max(1);
+                    c.round = Some(RoundState {
+                        token,
+                        missing: copies,
+                    });
+                }
+                (barrier, c.monitor.poll_timeout())
+            };
+            if let Some(token) = barrier {
+                self.send_barriers(token, &cpus);
+            }
+            self.sleep_until(next);
+        }
+    }
+
+    /// One barrier per CPU per socket, each sent while pinned to that CPU,
+    /// so it queues behind whatever that CPU's backlog holds.
+    fn send_barriers(&self, token: u64, cpus: &[usize]) {
+        let targets: Vec<SocketAddr> = self.local_addrs();
+        let barrier_from = lock(&self.barrier_from).clone();
+        let pinned = cpus.len() > 1;
+        for (copy, &c) in cpus.iter().enumerate() {
+            if pinned {
+                let _ = cpu::pin_to(&[c]);
+            }
+            for (from, to) in barrier_from.iter().zip(&targets) {
+                let b = datagram::encode_barrier(token, u16::try_from(copy).unwrap_or(u16::MAX));
+                if let Err(e) = from.send_to(&b, *to) {
+                    debug!(error = %e, "barrier not sent");
+                }
+            }
+        }
+        if pinned {
+            let _ = cpu::pin_to(cpus);
+        }
+        if cpus.is_empty() {
+            for (from, to) in barrier_from.iter().zip(&targets) {
+                let _ = from.send_to(&datagram::encode_barrier(token, 0), *to);
+            }
+        }
+    }
+
+    /// Forwards the monitor's reports; returns a barrier request if any.
+    fn dispatch(&self, c: &mut CheckerState) -> Option<u64> {
+        let mut barrier = None;
+        while let Some(a) = c.monitor.poll_action() {
+            match a {
+                MonitorAction::SendBarrier { token } => barrier = Some(token),
+                MonitorAction::Report(r) => {
+                    let _ = self.signals.send(Signal::Report(r));
+                }
+            }
+        }
+        barrier
+    }
+}
+
+/// Acts on the detector's signals inside the runtime.
+pub(crate) async fn signal_loop(
+    shared: Arc<crate::driver::Shared>,
+    mut rx: mpsc::UnboundedReceiver<Signal>,
+) {
+    while let Some(s) = rx.recv().await {
+        match s {
+            Signal::Report(r) => crate::driver::detector_report(&shared, r),
+            Signal::Fenced { at, missed_seq } => {
+                warn!(?at, missed_seq, "heartbeat missed its deadline: fenced; starting a new epoch");
+                crate::driver::recover_from_fence(&shared);
+            }
+        }
+    }
+    info!("detector signals ended");
+}
