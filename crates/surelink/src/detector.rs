@@ -196,10 +196,10 @@ impl Detector {
         }
         let gate = Arc::new(Gate::new(base));
         let now = gate.now();
+        // The schedule starts when the sender thread does (a cold start
+        // must not count as a missed heartbeat); until then nobody has
+        // heard us, so nobody can report us and the gate stays open.
         let fence = Fence::new(cfg, now);
-        if cfg.mode == DetectorMode::SafeTimer {
-            gate.t_valid.store(fence.t_valid().as_nanos(), Ordering::Release);
-        }
         let (tx, rx) = mpsc::unbounded_channel();
         let n = sockets.len();
         let det = Arc::new(Detector {
@@ -374,6 +374,15 @@ impl Detector {
     fn sender_thread(self: Arc<Self>) {
         let mut stamps = Vec::new();
         let mut signalled = u64::MAX;
+        {
+            let fence = Fence::new(&self.cfg, self.gate.now());
+            if self.cfg.mode == DetectorMode::SafeTimer {
+                self.gate
+                    .t_valid
+                    .store(fence.t_valid().as_nanos(), Ordering::Release);
+            }
+            *lock(&self.fence) = fence;
+        }
         while !self.closed.load(Ordering::Relaxed) {
             self.stall(DelayPoint::Sender);
             let now = self.gate.now();

@@ -19,14 +19,22 @@ pub enum DetectorMode {
     Off,
 }
 
-/// Heartbeat timing. The defaults detect a dead path in about 100 ms.
+/// Heartbeat timing. The defaults fail a silent path over in about 55 ms
+/// and report a dead peer in about 155 ms.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DetectorConfig {
     /// Which detector runs.
     pub mode: DetectorMode,
     /// Heartbeat period.
     pub interval: Duration,
-    /// The receiver's window: a path silent this long is suspected.
+    /// A path silent this long is suspected and, after the SafeTimer checks,
+    /// reported down: the session fails over. A path report claims nothing
+    /// about the peer, so this window may be short.
+    pub path_timeout: Duration,
+    /// A peer whose every path has been silent this long is suspected and,
+    /// after the checks, reported dead. Only this report is backed by the
+    /// sender fence, so it must be at least `interval + send_slack +
+    /// max_network_delay`.
     pub timeout: Duration,
     /// How late after its scheduled time a heartbeat may leave the host
     /// before the sender fences itself. Too small fences a merely busy
@@ -44,19 +52,22 @@ pub struct DetectorConfig {
 
 impl Default for DetectorConfig {
     fn default() -> Self {
-        DetectorConfig::with_interval(Duration::from_millis(20))
+        DetectorConfig::with_interval(Duration::from_millis(10))
     }
 }
 
 impl DetectorConfig {
-    /// Settings scaled to one heartbeat `interval`: window 5 intervals,
-    /// send slack 2, network delay 1, checks twice per interval.
+    /// Settings scaled to one heartbeat `interval`: path window 5
+    /// intervals, peer window 15, send slack 10 (a process may stall that
+    /// long before it fences itself), network delay 1, checks twice per
+    /// interval.
     pub fn with_interval(interval: Duration) -> Self {
         DetectorConfig {
             mode: DetectorMode::SafeTimer,
             interval,
-            timeout: interval * 5,
-            send_slack: interval * 2,
+            path_timeout: interval * 5,
+            timeout: interval * 15,
+            send_slack: interval * 10,
             max_network_delay: interval,
             check_every: interval / 2,
             barrier_timeout: interval.max(Duration::from_millis(5)),
@@ -70,6 +81,7 @@ impl DetectorConfig {
         for (field, v) in [
             ("detector.interval", self.interval),
             ("detector.timeout", self.timeout),
+            ("detector.path_timeout", self.path_timeout),
             ("detector.check_every", self.check_every),
             ("detector.barrier_timeout", self.barrier_timeout),
         ] {
@@ -87,7 +99,7 @@ impl DetectorConfig {
                 why: "a shorter window could report a sender whose heartbeat is still on time",
             });
         }
-        if self.check_every > self.timeout {
+        if self.check_every > self.path_timeout.min(self.timeout) {
             return Err(ConfigError::Inconsistent {
                 field: "detector.timeout (µs)",
                 value: ms(self.timeout),
@@ -117,12 +129,12 @@ mod tests {
     #[test]
     fn window_shorter_than_schedule_is_rejected() {
         let mut c = DetectorConfig::with_interval(Duration::from_millis(10));
-        c.timeout = Duration::from_millis(30);
+        c.timeout = Duration::from_millis(110);
         assert!(matches!(
             c.validate(),
             Err(ConfigError::Inconsistent { .. })
         ));
-        c.timeout = Duration::from_millis(40);
+        c.timeout = Duration::from_millis(120);
         c.validate().unwrap();
         c.interval = Duration::ZERO;
         assert!(matches!(c.validate(), Err(ConfigError::Zero { .. })));

@@ -177,8 +177,11 @@ impl Fence {
 mod tests {
     use super::*;
 
+    /// Heartbeats every 10 ms, each due 20 ms after its slot.
     fn cfg() -> DetectorConfig {
-        DetectorConfig::with_interval(Duration::from_millis(10))
+        let mut c = DetectorConfig::with_interval(Duration::from_millis(10));
+        c.send_slack = Duration::from_millis(20);
+        c
     }
 
     fn ms(m: u64) -> Time {

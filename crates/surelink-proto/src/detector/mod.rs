@@ -8,20 +8,26 @@
 //!   lets no frame leave after `t_valid`; a heartbeat that missed its
 //!   deadline fences the process for good (recovery is a new epoch).
 //! - [`Monitor`] (the SafeTimer *receiver*, paper Fig. 2): per watched path
-//!   (peer, network), the time something was last heard. When a path has
-//!   been silent for a whole window it is only *suspected*: the monitor asks
-//!   for a barrier through the heartbeat socket's queue and reports the path
-//!   down only if the barrier came back, nothing was heard since the window
-//!   began, and no receive-side drop was counted since then. A barrier that
-//!   does not come back means no report this round. A plain-timeout mode
-//!   (no barrier, no drop check) is kept as the baseline.
+//!   (peer, network), the time something was last heard. A path silent for
+//!   a whole window, or a peer silent on every path for a (longer) window,
+//!   is only *suspected*: the monitor asks for a barrier through the
+//!   heartbeat socket's queue and reports only if the barrier came back,
+//!   nothing was heard since the window began, and no receive-side drop was
+//!   counted since then. A barrier that does not come back means no report
+//!   this round. A plain-timeout mode (no barrier, no drop check) is kept as
+//!   the baseline.
+//!
+//! Two windows, an addition to the paper: a *path* report only moves
+//! traffic to another path (a false one costs a re-send), so its window is
+//! short and needs no fence; a *peer* report says the process is gone, and
+//! only it is backed by the fence, so its window covers the sender's slack.
 //! - [`datagram`]: the heartbeat and barrier datagrams.
 //!
 //! # Why the fence and the window fit together
 //!
 //! Heartbeat `k` is scheduled at `origin + k·interval` and must leave by
-//! `deadline(k) = scheduled(k) + send_slack`. The receiver reports a path
-//! down at `t` only for a window `[t − timeout, t]` with nothing in it. If
+//! `deadline(k) = scheduled(k) + send_slack`. The receiver reports a peer
+//! dead at `t` only for a window `[t − timeout, t]` with nothing in it. If
 //! `timeout ≥ interval + send_slack + max_network_delay`, the window holds
 //! the schedule of a heartbeat whose deadline plus the network delay is
 //! before `t`; if the sender were still valid at `t`, that heartbeat left in

@@ -3,19 +3,20 @@
 //! Watches paths, each identified by [`Watch`] (peer and network). A path
 //! comes under watch with its first heartbeat; after that, heartbeats and
 //! any other traffic on the path refresh it. Every `check_every` the
-//! monitor looks for paths silent for a whole window (`timeout`):
+//! monitor looks for paths silent for `path_timeout` and for peers silent
+//! on every path for `timeout`:
 //!
-//! - Plain mode reports them down at once.
+//! - Plain mode reports them at once.
 //! - SafeTimer mode asks the shell for a barrier (one round for all
 //!   suspects). When the shell says the barrier came out of the heartbeat
 //!   queue, with the drop counters read at that moment, each suspect whose
-//!   window began at `start` is reported down only if nothing was heard
+//!   window began at `start` is reported only if nothing was heard
 //!   since `start` and no drop was counted since `start`. A barrier not back
 //!   within `barrier_timeout` ends the round with no report; the next check
 //!   starts a new one.
 //!
-//! A down path comes back up with its next heartbeat. A peer is down when
-//! every watched path to it is down.
+//! A down path comes back up with its next heartbeat, a dead peer with its
+//! next heartbeat on any path.
 
 use std::collections::BTreeMap;
 use std::collections::VecDeque;
@@ -48,12 +49,14 @@ pub enum PathReport {
         /// Which path.
         watch: Watch,
     },
-    /// Every watched path to the peer is down.
+    /// Every path to the peer has been silent for the peer window (and the
+    /// checks passed): the peer is dead, or fenced.
     PeerDown {
         /// The peer.
         peer: NodeId,
     },
-    /// A path to a peer that was down is heard again.
+    /// A peer reported dead is heard again (a fenced peer comes back as a
+    /// new incarnation).
     PeerUp {
         /// The peer.
         peer: NodeId,
@@ -79,6 +82,8 @@ pub enum MonitorAction {
 pub struct MonitorStats {
     /// Paths reported down.
     pub reported_down: u64,
+    /// Peers reported dead.
+    pub reported_dead: u64,
     /// Barrier rounds started.
     pub barrier_rounds: u64,
     /// Rounds ended because the barrier did not come back.
@@ -98,12 +103,19 @@ struct PathState {
     down: bool,
 }
 
+/// What a round may report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Suspect {
+    Path(Watch),
+    Peer(NodeId),
+}
+
 #[derive(Clone, Debug)]
 struct Round {
     token: u64,
     sent_at: Time,
     /// Suspects and the start of their window.
-    suspects: Vec<(Watch, Time)>,
+    suspects: Vec<(Suspect, Time)>,
 }
 
 /// The receiver side of the detector for one process.
@@ -111,6 +123,7 @@ struct Round {
 pub struct Monitor {
     config: DetectorConfig,
     paths: BTreeMap<Watch, PathState>,
+    dead: std::collections::BTreeSet<NodeId>,
     next_check: Time,
     round: Option<Round>,
     next_token: u64,
@@ -127,6 +140,7 @@ impl Monitor {
         Monitor {
             config: config.clone(),
             paths: BTreeMap::new(),
+            dead: std::collections::BTreeSet::new(),
             next_check: now + config.check_every,
             round: None,
             next_token: 1,
@@ -176,18 +190,13 @@ impl Monitor {
             p.last_heard = now;
         }
         if p.down {
-            let peer_was_down = self.peer_down(watch.peer);
-            if let Some(p) = self.paths.get_mut(&watch) {
-                p.down = false;
-            }
+            p.down = false;
             self.actions
                 .push_back(MonitorAction::Report(PathReport::PathUp { watch }));
-            if peer_was_down {
-                self.actions
-                    .push_back(MonitorAction::Report(PathReport::PeerUp {
-                        peer: watch.peer,
-                    }));
-            }
+        }
+        if self.dead.remove(&watch.peer) {
+            self.actions
+                .push_back(MonitorAction::Report(PathReport::PeerUp { peer: watch.peer }));
         }
     }
 
@@ -209,15 +218,15 @@ impl Monitor {
             return;
         };
         self.handle_drop_count(now, drops);
-        let mut newly_down = Vec::new();
-        for (watch, start) in round.suspects {
-            let Some(p) = self.paths.get(&watch) else {
+        let mut confirmed = Vec::new();
+        for (suspect, start) in round.suspects {
+            let Some(last_heard) = self.last_heard(suspect) else {
                 continue;
             };
-            if p.down {
+            if self.reported(suspect) {
                 continue;
             }
-            if p.last_heard >= start {
+            if last_heard >= start {
                 // Heard after all: the heartbeat was waiting in our own
                 // pipeline.
                 self.stats.saved_by_barrier += 1;
@@ -228,42 +237,53 @@ impl Monitor {
                 self.stats.saved_by_drop += 1;
                 continue;
             }
-            newly_down.push(watch);
+            confirmed.push(suspect);
         }
-        self.mark_down(newly_down);
+        self.report(confirmed);
     }
 
-    fn mark_down(&mut self, watches: Vec<Watch>) {
-        for watch in watches {
-            let Some(p) = self.paths.get_mut(&watch) else {
-                continue;
-            };
-            p.down = true;
-            let last_heard = p.last_heard;
-            self.stats.reported_down += 1;
-            self.actions
-                .push_back(MonitorAction::Report(PathReport::PathDown {
-                    watch,
-                    last_heard,
-                }));
-            if self.peer_down(watch.peer) {
-                self.actions
-                    .push_back(MonitorAction::Report(PathReport::PeerDown {
-                        peer: watch.peer,
-                    }));
+    /// When the suspect was last heard (for a peer: on any path).
+    fn last_heard(&self, suspect: Suspect) -> Option<Time> {
+        match suspect {
+            Suspect::Path(w) => self.paths.get(&w).map(|p| p.last_heard),
+            Suspect::Peer(peer) => self.peer_paths(peer).map(|(_, p)| p.last_heard).max(),
+        }
+    }
+
+    fn reported(&self, suspect: Suspect) -> bool {
+        match suspect {
+            Suspect::Path(w) => self.paths.get(&w).is_some_and(|p| p.down),
+            Suspect::Peer(peer) => self.dead.contains(&peer),
+        }
+    }
+
+    fn peer_paths(&self, peer: NodeId) -> impl Iterator<Item = (&Watch, &PathState)> + '_ {
+        self.paths
+            .range(Watch { peer, network: 0 }..=Watch { peer, network: u16::MAX })
+    }
+
+    fn report(&mut self, suspects: Vec<Suspect>) {
+        for suspect in suspects {
+            match suspect {
+                Suspect::Path(watch) => {
+                    let Some(p) = self.paths.get_mut(&watch) else {
+                        continue;
+                    };
+                    p.down = true;
+                    let last_heard = p.last_heard;
+                    self.stats.reported_down += 1;
+                    self.actions
+                        .push_back(MonitorAction::Report(PathReport::PathDown { watch, last_heard }));
+                }
+                Suspect::Peer(peer) => {
+                    if self.dead.insert(peer) {
+                        self.stats.reported_dead += 1;
+                        self.actions
+                            .push_back(MonitorAction::Report(PathReport::PeerDown { peer }));
+                    }
+                }
             }
         }
-    }
-
-    fn peer_down(&self, peer: NodeId) -> bool {
-        self.paths
-            .range(
-                Watch { peer, network: 0 }..=Watch {
-                    peer,
-                    network: u16::MAX,
-                },
-            )
-            .all(|(_, p)| p.down)
     }
 
     /// Runs the checks due by `now`.
@@ -283,23 +303,30 @@ impl Monitor {
         }
         // Late checks do not pile up: the next one is a period from now.
         self.next_check = now + self.config.check_every;
-        let window = self.config.timeout;
-        let suspects: Vec<(Watch, Time)> = self
+        let start_of = |window| Time::from_nanos(now.as_nanos().saturating_sub(nanos(window)));
+        let path_window = self.config.path_timeout;
+        let mut suspects: Vec<(Suspect, Time)> = self
             .paths
             .iter()
-            .filter(|(_, p)| !p.down && p.last_heard + window < now)
-            .map(|(w, _)| {
-                (
-                    *w,
-                    Time::from_nanos(now.as_nanos().saturating_sub(nanos(window))),
-                )
-            })
+            .filter(|(_, p)| !p.down && p.last_heard + path_window < now)
+            .map(|(w, _)| (Suspect::Path(*w), start_of(path_window)))
             .collect();
+        let peer_window = self.config.timeout;
+        let mut peers: Vec<NodeId> = self.paths.keys().map(|w| w.peer).collect();
+        peers.dedup();
+        for peer in peers {
+            let silent = self
+                .last_heard(Suspect::Peer(peer))
+                .is_some_and(|t| t + peer_window < now);
+            if silent && !self.dead.contains(&peer) {
+                suspects.push((Suspect::Peer(peer), start_of(peer_window)));
+            }
+        }
         if suspects.is_empty() {
             return;
         }
         match self.config.mode {
-            DetectorMode::Plain => self.mark_down(suspects.into_iter().map(|(w, _)| w).collect()),
+            DetectorMode::Plain => self.report(suspects.into_iter().map(|(s, _)| s).collect()),
             DetectorMode::SafeTimer if self.round.is_none() => {
                 let token = self.next_token;
                 self.next_token += 1;
@@ -336,6 +363,11 @@ impl Monitor {
     /// Whether `watch` is watched and currently down.
     pub fn is_down(&self, watch: Watch) -> Option<bool> {
         self.paths.get(&watch).map(|p| p.down)
+    }
+
+    /// Whether `peer` is currently reported dead.
+    pub fn is_dead(&self, peer: NodeId) -> bool {
+        self.dead.contains(&peer)
     }
 
     /// Every watched path, its last-heard time and whether it is down.

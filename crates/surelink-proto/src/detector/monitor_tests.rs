@@ -69,7 +69,7 @@ fn heartbeats_in_time_mean_no_check_and_no_report() {
 }
 
 #[test]
-fn silence_barrier_back_no_drop_reports_path_and_peer_down() {
+fn silence_barrier_back_no_drop_reports_path_down() {
     let mut m = watching(DetectorMode::SafeTimer);
     // Window 50 ms: nothing to do until more than 50 ms passed.
     assert!(tick(&mut m, 1, 50).is_empty());
@@ -80,16 +80,37 @@ fn silence_barrier_back_no_drop_reports_path_and_peer_down() {
     let acts = actions(&mut m);
     assert_eq!(
         acts,
-        vec![
-            MonitorAction::Report(PathReport::PathDown {
-                watch: w(0),
-                last_heard: ms(0)
-            }),
-            MonitorAction::Report(PathReport::PeerDown { peer: A }),
-        ]
+        vec![MonitorAction::Report(PathReport::PathDown {
+            watch: w(0),
+            last_heard: ms(0)
+        })]
     );
     assert_eq!(m.is_down(w(0)), Some(true));
     assert_eq!(m.stats().reported_down, 1);
+    // The peer window (150 ms) has not passed: not dead yet.
+    assert!(!m.is_dead(A));
+}
+
+#[test]
+fn silence_for_the_peer_window_reports_the_peer_dead() {
+    let mut m = watching(DetectorMode::SafeTimer);
+    let mut dead_at = None;
+    for t in 1..=300u64 {
+        m.handle_timeout(ms(t));
+        for a in actions(&mut m) {
+            match a {
+                MonitorAction::SendBarrier { token } => m.handle_barrier(ms(t), token, 100),
+                MonitorAction::Report(PathReport::PeerDown { peer }) => {
+                    assert_eq!(peer, A);
+                    dead_at.get_or_insert(t);
+                }
+                _ => {}
+            }
+        }
+    }
+    let t = dead_at.expect("reported dead");
+    assert!((151..=160).contains(&t), "window 150 ms, checks every 5 ms: {t}");
+    assert_eq!(m.stats().reported_dead, 1, "reported once");
 }
 
 #[test]
@@ -120,7 +141,9 @@ fn heartbeat_waiting_in_our_pipeline_cancels_the_report() {
     m.handle_heartbeat(ms(2000), w(0), Epoch(1));
     m.handle_barrier(ms(2000), token, 100);
     assert_eq!(downs(&actions(&mut m)), 0);
-    assert_eq!(m.stats().saved_by_barrier, 1);
+    // Both the path and the peer were suspected; both saved.
+    assert_eq!(m.stats().saved_by_barrier, 2);
+    assert!(!m.is_dead(A));
     assert_eq!(m.is_down(w(0)), Some(false));
 }
 
@@ -183,12 +206,20 @@ fn heard_again_brings_path_and_peer_up() {
     m.handle_heartbeat(ms(80), w(0), Epoch(1));
     assert_eq!(
         actions(&mut m),
+        vec![MonitorAction::Report(PathReport::PathUp { watch: w(0) })]
+    );
+    assert_eq!(m.is_down(w(0)), Some(false));
+    // Dead, then heard: path and peer come back.
+    let acts = tick(&mut m, 81, 300);
+    assert!(acts.contains(&MonitorAction::Report(PathReport::PeerDown { peer: A })));
+    m.handle_heartbeat(ms(301), w(0), Epoch(1));
+    assert_eq!(
+        actions(&mut m),
         vec![
             MonitorAction::Report(PathReport::PathUp { watch: w(0) }),
             MonitorAction::Report(PathReport::PeerUp { peer: A }),
         ]
     );
-    assert_eq!(m.is_down(w(0)), Some(false));
 }
 
 #[test]
@@ -196,7 +227,7 @@ fn peer_is_down_only_when_every_path_is() {
     let mut m = watching(DetectorMode::Plain);
     m.handle_heartbeat(ms(0), w(1), Epoch(1));
     // Path 1 keeps talking (data counts), path 0 goes silent.
-    for t in 1..=60u64 {
+    for t in 1..=200u64 {
         m.handle_heard(ms(t), w(1));
         m.handle_timeout(ms(t));
     }
@@ -205,13 +236,16 @@ fn peer_is_down_only_when_every_path_is() {
     assert!(!acts
         .iter()
         .any(|a| matches!(a, MonitorAction::Report(PathReport::PeerDown { .. }))));
-    // Now path 1 too.
-    let acts = tick(&mut m, 61, 120);
+    // Now path 1 too: dead once both were silent for the peer window.
+    let acts = tick(&mut m, 201, 349);
+    assert_eq!(downs(&acts), 1);
+    assert!(!m.is_dead(A));
+    let acts = tick(&mut m, 350, 360);
     assert!(acts
         .iter()
         .any(|a| matches!(a, MonitorAction::Report(PathReport::PeerDown { peer: A }))));
     // One path back: the peer is up, the other path still down.
-    m.handle_heartbeat(ms(121), w(1), Epoch(1));
+    m.handle_heartbeat(ms(361), w(1), Epoch(1));
     let acts = actions(&mut m);
     assert!(acts.contains(&MonitorAction::Report(PathReport::PeerUp { peer: A })));
     assert_eq!(m.is_down(w(0)), Some(true));

@@ -1,0 +1,190 @@
+//! The failure detector on real loopback sockets (two networks): SafeTimer
+//! does not report a peer whose heartbeats wait in our own pipeline, the
+//! plain detector does; a sender whose heartbeat thread stalls fences
+//! itself and comes back as a new incarnation; a vanished peer is reported
+//! dead within the detection bound.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use surelink::proto::{ClusterId, NodeId};
+use surelink::{
+    CallError, Config, DelayPoint, DetectorConfig, DetectorMode, Endpoint, NetEvent, PeerConfig,
+    Request,
+};
+use tokio::sync::broadcast;
+
+const SERVER: NodeId = NodeId(1);
+const CLIENT: NodeId = NodeId(2);
+
+fn detector(mode: DetectorMode) -> DetectorConfig {
+    let mut d = DetectorConfig::with_interval(Duration::from_millis(10));
+    d.mode = mode;
+    d
+}
+
+async fn pair(mode: DetectorMode) -> (Endpoint, Endpoint) {
+    let mut c = Config::new(SERVER, ClusterId(5));
+    c.listen = vec![
+        "127.0.1.1:0".parse().unwrap(),
+        "127.0.2.1:0".parse().unwrap(),
+    ];
+    c.detector = detector(mode);
+    let server = Endpoint::bind(c).await.unwrap();
+    let mut c = Config::new(CLIENT, ClusterId(5));
+    c.dial_from = vec![
+        "127.0.1.2:0".parse().unwrap(),
+        "127.0.2.2:0".parse().unwrap(),
+    ];
+    c.peers = vec![PeerConfig {
+        node: SERVER,
+        addrs: server.local_addrs().into_iter().map(Some).collect(),
+    }];
+    c.detector = detector(mode);
+    let client = Endpoint::bind(c).await.unwrap();
+    assert!(client.wait_for_paths(SERVER, 2, Duration::from_secs(5)).await);
+    // Both sides hear each other's heartbeats before the test starts.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let heard = |e: &Endpoint| {
+            e.stats()
+                .detector
+                .is_some_and(|d| d.heartbeats_received >= 10)
+        };
+        if heard(&server) && heard(&client) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "heartbeats do not flow");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    (server, client)
+}
+
+/// Detector reports seen on `events` within `window`.
+async fn reports(events: &mut broadcast::Receiver<NetEvent>, window: Duration) -> Vec<NetEvent> {
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + window;
+    while let Ok(Ok(e)) = tokio::time::timeout_at(deadline, events.recv()).await {
+        if matches!(
+            e,
+            NetEvent::PathSilent { .. } | NetEvent::PeerDead { .. } | NetEvent::Fenced { .. }
+        ) {
+            out.push(e);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_reader_is_no_false_report_for_safetimer() {
+    let (server, _client) = pair(DetectorMode::SafeTimer).await;
+    let mut events = server.events();
+    // The heartbeat reader stalls for 6 windows; heartbeats queue in the
+    // socket, the barrier behind them.
+    server.inject_delay(DelayPoint::Reader, Duration::from_millis(300));
+    let got = reports(&mut events, Duration::from_millis(600)).await;
+    assert!(got.is_empty(), "false reports: {got:?}");
+    let d = server.stats().detector.unwrap();
+    assert!(d.monitor.barrier_rounds > 0, "windows were checked: {d:?}");
+    assert_eq!(d.monitor.reported_down, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_reader_is_a_false_report_for_the_plain_detector() {
+    let (server, _client) = pair(DetectorMode::Plain).await;
+    let mut events = server.events();
+    server.inject_delay(DelayPoint::Reader, Duration::from_millis(300));
+    let got = reports(&mut events, Duration::from_millis(600)).await;
+    assert!(
+        got.iter()
+            .any(|e| matches!(e, NetEvent::PeerDead { peer } if *peer == CLIENT)),
+        "the plain detector should have reported the live client: {got:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_checker_is_no_false_report() {
+    let (server, _client) = pair(DetectorMode::SafeTimer).await;
+    let mut events = server.events();
+    server.inject_delay(DelayPoint::Checker, Duration::from_millis(300));
+    let got = reports(&mut events, Duration::from_millis(600)).await;
+    assert!(got.is_empty(), "false reports: {got:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_heartbeat_sender_fences_itself_and_restarts() {
+    let (server, client) = pair(DetectorMode::SafeTimer).await;
+    server.serve(|r: Request| async move {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        r.body
+    });
+    let old_epoch = client.epoch();
+    let mut client_events = client.events();
+    let mut server_events = server.events();
+    let call = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .call(SERVER, 0, Bytes::from_static(b"x"), Duration::from_secs(5))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    client.inject_delay(DelayPoint::Sender, Duration::from_millis(200));
+    let got = reports(&mut client_events, Duration::from_millis(800)).await;
+    assert!(
+        got.iter().any(|e| matches!(
+            e,
+            NetEvent::Fenced { old_epoch: o, new_epoch: n, calls_failed: 1, .. }
+                if *o == old_epoch && n.0 == old_epoch.0 + 1
+        )),
+        "the stalled client must fence itself: {got:?}"
+    );
+    assert_eq!(client.epoch().0, old_epoch.0 + 1);
+    assert_eq!(
+        call.await.unwrap(),
+        Err(CallError::Fenced { epoch: old_epoch })
+    );
+    let stats = client.stats().detector.unwrap();
+    assert_eq!(stats.fences, 1);
+    // The server saw the client go silent (correctly: it was fenced) and
+    // then meets the new incarnation.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut restarted = false;
+    while let Ok(Ok(e)) = tokio::time::timeout_at(deadline, server_events.recv()).await {
+        if let NetEvent::SessionEnded { peer, .. } = e {
+            assert_eq!(peer, CLIENT);
+            restarted = true;
+            break;
+        }
+    }
+    assert!(restarted, "the server must see the fenced incarnation end");
+    // And the new incarnation works.
+    assert!(client.wait_for_paths(SERVER, 1, Duration::from_secs(5)).await);
+    let reply = client
+        .call(SERVER, 0, Bytes::from_static(b"again"), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(reply, Bytes::from_static(b"again"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vanished_peer_is_reported_dead_quickly() {
+    let (server, client) = pair(DetectorMode::SafeTimer).await;
+    let mut events = server.events();
+    let gone = Instant::now();
+    drop(client);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    let mut dead_after = None;
+    while let Ok(Ok(e)) = tokio::time::timeout_at(deadline, events.recv()).await {
+        if matches!(e, NetEvent::PeerDead { peer } if peer == CLIENT) {
+            dead_after = Some(gone.elapsed());
+            break;
+        }
+    }
+    let after = dead_after.expect("the vanished client is reported dead");
+    // Window 50 ms + a check period + the barrier; generous for loaded CI.
+    assert!(after < Duration::from_millis(500), "took {after:?}");
+}
