@@ -24,6 +24,7 @@
 #![allow(clippy::cast_possible_truncation)]
 
 mod checker;
+pub mod detector;
 mod faults;
 pub mod pair;
 mod sim;

@@ -599,6 +599,11 @@ impl Detector {
             let now = self.gate.now();
             let (barrier, next) = {
                 let mut c = lock(&self.checker);
+                // Read the drop counters at every check, so a drop is dated
+                // close to when it happened (a later round is not blocked
+                // by a drop long past).
+                let drops = self.drop_total(&c.ovfl);
+                c.monitor.handle_drop_count(now, drops);
                 c.monitor.handle_timeout(now);
                 let barrier = self.dispatch(&mut c);
                 if let Some(token) = barrier {

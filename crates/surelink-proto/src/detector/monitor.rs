@@ -288,13 +288,8 @@ impl Monitor {
 
     /// Runs the checks due by `now`.
     pub fn handle_timeout(&mut self, now: Time) {
-        if self
-            .round
-            .as_ref()
-            .is_some_and(|r| now >= r.sent_at + self.config.barrier_timeout)
-        {
-            // The barrier was lost (dropped, or we are too slow to see it):
-            // no report for this round.
+        if self.round.as_ref().is_some_and(|r| self.barrier_lost(r, now)) {
+            // No report for this round; the next check starts another.
             self.round = None;
             self.stats.barriers_lost += 1;
         }
@@ -340,6 +335,18 @@ impl Monitor {
             }
             _ => {}
         }
+    }
+
+    /// Whether a round's barrier counts as lost at `now`: overdue and a
+    /// drop was counted since it was sent (it may have been the barrier), or
+    /// overdue by a whole peer window. A barrier that is merely slow (our
+    /// reader stalled) is waited for: sending more would only fill the
+    /// stalled queue and cause the very drops that block reports.
+    fn barrier_lost(&self, r: &Round, now: Time) -> bool {
+        let overdue = now >= r.sent_at + self.config.barrier_timeout;
+        let dropped = self.t_drop.is_some_and(|t| t >= r.sent_at);
+        let given_up = now >= r.sent_at + self.config.barrier_timeout.max(self.config.timeout);
+        (overdue && dropped) || given_up
     }
 
     /// When to call [`Monitor::handle_timeout`] next.

@@ -1,0 +1,390 @@
+//! A virtual-time model of one heartbeat sender and one receiver, for the
+//! detector's accuracy and completeness properties.
+//!
+//! The sender runs the core's [`Fence`]: a heartbeat thread (its TX
+//! timestamp comes a little after the send, as the kernel's does) and a data
+//! thread that sends a frame every millisecond through the gate. The
+//! receiver runs the core's [`Monitor`] behind a bounded FIFO socket queue
+//! (overflow counted as drops, like `SO_RXQ_OVFL`), a reader thread that
+//! drains it, a checker thread whose barriers go through the same queue, and
+//! a TCP reader whose traffic counts as heard. Heartbeats go over two
+//! networks with a delay of at most `max_network_delay` (the paper's
+//! blackbox assumption); one network may be cut for a while.
+//!
+//! Faults: pauses of the whole sender, of its heartbeat thread, of the whole
+//! receiver, of its reader or of its checker; bursts of junk that overflow
+//! the receiver's queue; a sender crash. The model steps in 100 µs ticks.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use surelink_proto::detector::{
+    DetectorConfig, Fence, Monitor, MonitorAction, PathReport, Watch,
+};
+use surelink_proto::{Epoch, NodeId, Time};
+
+/// The sender's node id in the model.
+pub const SENDER: NodeId = NodeId(1);
+
+/// Which part of which process a pause stops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PauseTarget {
+    /// Every thread of the sender (SIGSTOP, GC).
+    SenderProcess,
+    /// Only the sender's heartbeat thread.
+    SenderHeartbeat,
+    /// Every thread of the receiver.
+    ReceiverProcess,
+    /// The receiver's heartbeat reader.
+    ReceiverReader,
+    /// The receiver's checker.
+    ReceiverChecker,
+}
+
+/// One fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DetectorFault {
+    /// `target` stops from `at` for `len`.
+    Pause {
+        /// What stops.
+        target: PauseTarget,
+        /// When, from the start.
+        at: Duration,
+        /// For how long.
+        len: Duration,
+    },
+    /// Network 1 loses everything from `at` for `len`.
+    Cut {
+        /// When.
+        at: Duration,
+        /// For how long.
+        len: Duration,
+    },
+    /// `count` junk datagrams hit the receiver's heartbeat queue at `at`.
+    Flood {
+        /// When.
+        at: Duration,
+        /// How many.
+        count: usize,
+    },
+    /// The sender dies at `at`.
+    Crash {
+        /// When.
+        at: Duration,
+    },
+}
+
+/// A scenario: settings, faults, seed.
+#[derive(Clone, Debug)]
+pub struct DetectorScenario {
+    /// Detector settings (both sides).
+    pub config: DetectorConfig,
+    /// The faults.
+    pub faults: Vec<DetectorFault>,
+    /// How long to run.
+    pub run_for: Duration,
+    /// Capacity of the receiver's heartbeat queue, in datagrams.
+    pub queue_capacity: usize,
+    /// Seeds network delays and TX-timestamp lag.
+    pub seed: u64,
+}
+
+/// What happened.
+#[derive(Clone, Debug, Default)]
+pub struct DetectorOutcome {
+    /// When the receiver reported the sender dead (each time).
+    pub peer_reports: Vec<Time>,
+    /// When the sender's gate let a data frame out.
+    pub data_sent: Vec<Time>,
+    /// When the sender's fence closed for good (its `t_valid`), if it did.
+    pub fenced_at: Option<Time>,
+    /// When the sender crashed, if it did.
+    pub crashed_at: Option<Time>,
+    /// Datagrams the receiver's queue dropped.
+    pub drops: u64,
+    /// When the last of them was dropped.
+    pub last_drop: Option<Time>,
+    /// Barrier rounds the monitor ran.
+    pub barrier_rounds: u64,
+    /// Whether the receiver ever heard the sender (a peer never heard is
+    /// not watched, so never reported).
+    pub watched: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Item {
+    Heartbeat { network: u16 },
+    Barrier { token: u64 },
+    Junk,
+}
+
+const TICK: Duration = Duration::from_micros(100);
+/// Frames of the sender's data thread: one per millisecond.
+const DATA_EVERY: Duration = Duration::from_millis(1);
+/// Most items the reader takes per tick.
+const READ_PER_TICK: usize = 64;
+
+fn at(d: Duration) -> Time {
+    Time::ZERO + d
+}
+
+impl DetectorScenario {
+    fn paused(&self, target: PauseTarget, now: Time) -> bool {
+        self.faults.iter().any(|f| match *f {
+            DetectorFault::Pause {
+                target: t,
+                at: a,
+                len,
+            } => {
+                let hit = t == target
+                    || (target == PauseTarget::SenderHeartbeat && t == PauseTarget::SenderProcess)
+                    || (matches!(
+                        target,
+                        PauseTarget::ReceiverReader | PauseTarget::ReceiverChecker
+                    ) && t == PauseTarget::ReceiverProcess);
+                hit && now >= at(a) && now < at(a + len)
+            }
+            _ => false,
+        })
+    }
+
+    fn cut(&self, network: u16, now: Time) -> bool {
+        network == 1
+            && self.faults.iter().any(|f| match *f {
+                DetectorFault::Cut { at: a, len } => now >= at(a) && now < at(a + len),
+                _ => false,
+            })
+    }
+
+    fn crash_time(&self) -> Option<Time> {
+        self.faults
+            .iter()
+            .filter_map(|f| match f {
+                DetectorFault::Crash { at: a } => Some(at(*a)),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// The time after which the receiver has run normally: no pause of any
+    /// of its threads and no flood.
+    pub fn receiver_settled(&self) -> Time {
+        self.faults
+            .iter()
+            .filter_map(|f| match *f {
+                DetectorFault::Pause { target, at: a, len }
+                    if matches!(
+                        target,
+                        PauseTarget::ReceiverProcess
+                            | PauseTarget::ReceiverReader
+                            | PauseTarget::ReceiverChecker
+                    ) =>
+                {
+                    Some(at(a + len))
+                }
+                DetectorFault::Flood { at: a, .. } => Some(at(a)),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(Time::ZERO)
+    }
+
+    /// Runs the model.
+    pub fn run(&self) -> DetectorOutcome {
+        let cfg = &self.config;
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+        let mut out = DetectorOutcome {
+            crashed_at: self.crash_time(),
+            ..DetectorOutcome::default()
+        };
+        let mut fence = Fence::new(cfg, Time::ZERO);
+        let mut monitor = Monitor::new(cfg, Time::ZERO);
+        monitor.handle_drop_count(Time::ZERO, 0);
+        // In flight: (arrival, item) for the UDP queue, arrival for TCP.
+        let mut udp_flight: Vec<(Time, Item)> = Vec::new();
+        let mut tcp_flight: VecDeque<(Time, u16)> = VecDeque::new();
+        let mut queue: VecDeque<Item> = VecDeque::new();
+        // TX timestamps the heartbeat thread has not read yet.
+        let mut stamps: Vec<(Time, u64, Time)> = Vec::new();
+        let mut next_data = Time::ZERO;
+        let mut round: Option<(u64, usize)> = None;
+        let floods: Vec<(Time, usize)> = self
+            .faults
+            .iter()
+            .filter_map(|f| match *f {
+                DetectorFault::Flood { at: a, count } => Some((at(a), count)),
+                _ => None,
+            })
+            .collect();
+        let max_delay_us =
+            u64::try_from(cfg.max_network_delay.as_micros()).unwrap_or(u64::MAX).max(1);
+        let end = at(self.run_for);
+        let mut now = Time::ZERO;
+        while now <= end {
+            let alive = out.crashed_at.is_none_or(|c| now < c);
+            // ---- sender ----
+            if alive && !self.paused(PauseTarget::SenderHeartbeat, now) {
+                // Read the timestamps the kernel produced so far.
+                stamps.retain(|&(ready, seq, stamp)| {
+                    if ready <= now {
+                        fence.handle_sent(seq, stamp);
+                        false
+                    } else {
+                        true
+                    }
+                });
+                if let Some(due) = fence.poll_heartbeat(now) {
+                    if fence.may_send(now) {
+                        for network in 0..2u16 {
+                            if self.cut(network, now) {
+                                continue;
+                            }
+                            let delay = Duration::from_micros(rng.random_range(0..=max_delay_us));
+                            udp_flight.push((now + delay, Item::Heartbeat { network }));
+                        }
+                        // The kernel stamps it a little later; the thread
+                        // reads the stamp a little after that.
+                        let lag = Duration::from_micros(rng.random_range(0..300));
+                        stamps.push((now + lag + lag, due.seq, now + lag));
+                    }
+                }
+            }
+            if alive && !self.paused(PauseTarget::SenderProcess, now) && now >= next_data {
+                next_data = now + DATA_EVERY;
+                if fence.may_send(now) {
+                    out.data_sent.push(now);
+                    let network = u16::from(self.cut(0, now));
+                    if !self.cut(network, now) {
+                        let delay = Duration::from_micros(rng.random_range(0..=max_delay_us));
+                        tcp_flight.push_back((now + delay, network));
+                    }
+                }
+            }
+            if out.fenced_at.is_none() && fence.is_fenced() {
+                out.fenced_at = Some(fence.t_valid());
+            }
+            // ---- network into the receiver's kernel ----
+            let mut arrived = Vec::new();
+            udp_flight.retain(|&(t, item)| {
+                if t <= now {
+                    arrived.push((t, item));
+                    false
+                } else {
+                    true
+                }
+            });
+            arrived.sort_by_key(|(t, _)| *t);
+            let enqueue = |item: Item, queue: &mut VecDeque<Item>, out: &mut DetectorOutcome| {
+                if queue.len() < self.queue_capacity {
+                    queue.push_back(item);
+                } else {
+                    out.drops += 1;
+                    out.last_drop = Some(now);
+                }
+            };
+            for (_, item) in arrived {
+                enqueue(item, &mut queue, &mut out);
+            }
+            for &(t, count) in &floods {
+                if t > now.saturating_sub_dur(TICK) && t <= now {
+                    for _ in 0..count {
+                        enqueue(Item::Junk, &mut queue, &mut out);
+                    }
+                }
+            }
+            // ---- receiver ----
+            if !self.paused(PauseTarget::ReceiverProcess, now) {
+                while tcp_flight.front().is_some_and(|(t, _)| *t <= now) {
+                    if let Some((_, network)) = tcp_flight.pop_front() {
+                        monitor.handle_heard(
+                            now,
+                            Watch {
+                                peer: SENDER,
+                                network,
+                            },
+                        );
+                    }
+                }
+            }
+            if !self.paused(PauseTarget::ReceiverReader, now) {
+                for _ in 0..READ_PER_TICK {
+                    let Some(item) = queue.pop_front() else {
+                        break;
+                    };
+                    match item {
+                        Item::Heartbeat { network } => monitor.handle_heartbeat(
+                            now,
+                            Watch {
+                                peer: SENDER,
+                                network,
+                            },
+                            Epoch(1),
+                        ),
+                        Item::Barrier { token } => {
+                            if let Some((t, missing)) = &mut round {
+                                if *t == token {
+                                    *missing -= 1;
+                                    if *missing == 0 {
+                                        round = None;
+                                        monitor.handle_barrier(now, token, out.drops);
+                                    }
+                                }
+                            }
+                        }
+                        Item::Junk => {}
+                    }
+                }
+            }
+            if !self.paused(PauseTarget::ReceiverChecker, now) && now >= monitor.poll_timeout() {
+                // The checker reads the drop counters at every check, so a
+                // drop is dated close to when it happened.
+                monitor.handle_drop_count(now, out.drops);
+                monitor.handle_timeout(now);
+            }
+            while let Some(a) = monitor.poll_action() {
+                match a {
+                    MonitorAction::SendBarrier { token } => {
+                        // Two copies, as for two CPUs.
+                        round = Some((token, 2));
+                        for _ in 0..2 {
+                            enqueue(Item::Barrier { token }, &mut queue, &mut out);
+                        }
+                    }
+                    MonitorAction::Report(PathReport::PeerDown { .. }) => out.peer_reports.push(now),
+                    MonitorAction::Report(_) => {}
+                }
+            }
+            now += TICK;
+        }
+        out.barrier_rounds = monitor.stats().barrier_rounds;
+        out.watched = monitor.watched().next().is_some();
+        out
+    }
+}
+
+trait SubDur {
+    fn saturating_sub_dur(self, d: Duration) -> Time;
+}
+
+impl SubDur for Time {
+    fn saturating_sub_dur(self, d: Duration) -> Time {
+        Time::from_nanos(
+            self.as_nanos()
+                .saturating_sub(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+        )
+    }
+}
+
+impl DetectorOutcome {
+    /// Accuracy (Theorem A.1): after every report, the sender let no frame
+    /// out. Returns the first violation.
+    pub fn accuracy_violation(&self) -> Option<String> {
+        let first = self.peer_reports.first()?;
+        self.data_sent
+            .iter()
+            .find(|&&t| t > *first)
+            .map(|t| format!("reported dead at {first:?} but the sender sent a frame at {t:?}"))
+    }
+}
