@@ -16,6 +16,14 @@
 //! linger_ms = 30000
 //! min_rto_ms = 200
 //! send_buffer = 16777216
+//!
+//! [detector]                                        # all optional
+//! mode = "safetimer"                                # or "plain", "off"
+//! interval_ms = 10                                  # others scale with it
+//! path_timeout_ms = 50
+//! timeout_ms = 150
+//! send_slack_ms = 100
+//! max_network_delay_ms = 10
 //! ```
 
 use std::net::SocketAddr;
@@ -25,7 +33,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde::Deserialize;
 use surelink::proto::{ClusterId, Epoch, NodeId};
-use surelink::{Config, PeerConfig};
+use surelink::{Config, DetectorConfig, DetectorMode, PeerConfig};
 
 #[derive(Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
@@ -49,6 +57,21 @@ struct File {
     peers: Vec<Peer>,
     #[serde(default)]
     core: Core,
+    #[serde(default)]
+    detector: Detector,
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct Detector {
+    mode: Option<String>,
+    interval_ms: Option<u64>,
+    path_timeout_ms: Option<u64>,
+    timeout_ms: Option<u64>,
+    send_slack_ms: Option<u64>,
+    max_network_delay_ms: Option<u64>,
+    check_every_ms: Option<u64>,
+    barrier_timeout_ms: Option<u64>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -156,6 +179,33 @@ pub(crate) fn parse(text: &str) -> Result<Loaded> {
     if let Some(v) = core.handshake_timeout_ms {
         k.handshake_timeout = ms(v);
     }
+    let d = f.detector;
+    if let Some(h) = d.interval_ms {
+        let mode = c.detector.mode;
+        c.detector = DetectorConfig::with_interval(ms(h));
+        c.detector.mode = mode;
+    }
+    if let Some(m) = d.mode {
+        c.detector.mode = match m.as_str() {
+            "safetimer" => DetectorMode::SafeTimer,
+            "plain" => DetectorMode::Plain,
+            "off" => DetectorMode::Off,
+            other => anyhow::bail!("detector.mode {other:?}: use safetimer, plain or off"),
+        };
+    }
+    let det = &mut c.detector;
+    for (v, field) in [
+        (d.path_timeout_ms, &mut det.path_timeout),
+        (d.timeout_ms, &mut det.timeout),
+        (d.send_slack_ms, &mut det.send_slack),
+        (d.max_network_delay_ms, &mut det.max_network_delay),
+        (d.check_every_ms, &mut det.check_every),
+        (d.barrier_timeout_ms, &mut det.barrier_timeout),
+    ] {
+        if let Some(v) = v {
+            *field = ms(v);
+        }
+    }
     c.validate()?;
     Ok(Loaded {
         config: c,
@@ -192,5 +242,13 @@ mod tests {
         let err =
             parse("node = 1\ncluster = 7\n[[peers]]\nnode = 2\naddrs = [\"nope\"]\n").unwrap_err();
         assert!(format!("{err:#}").contains("bad address"));
+        let l = parse("node = 1\ncluster = 7\n[detector]\nmode = \"plain\"\ninterval_ms = 100\n")
+            .unwrap();
+        assert_eq!(l.config.detector.mode, DetectorMode::Plain);
+        assert_eq!(l.config.detector.timeout, Duration::from_millis(1500));
+        // A window the fence cannot back is refused.
+        let err = parse("node = 1\ncluster = 7\n[detector]\ntimeout_ms = 20\n").unwrap_err();
+        assert!(format!("{err:#}").contains("detector.timeout"), "{err:#}");
+        assert!(parse("node = 1\ncluster = 7\n[detector]\nmode = \"fast\"\n").is_err());
     }
 }

@@ -5,6 +5,8 @@
 //! - `serve --config F`: an echo server; `call --config F --peer N`: a ping
 //!   client; `stats --metrics ADDR`: a running endpoint's counters.
 //! - `bench`: surelink against plain TCP, latency and throughput.
+//! - `experiment detector`: false failure reports under local delays
+//!   (SafeTimer's Table 1), the sender fence, detection times.
 
 // Reporting code converts counts and durations for display.
 #![allow(clippy::cast_possible_truncation)]
@@ -13,6 +15,7 @@ mod bench;
 mod config_file;
 mod demo;
 mod demo_sim;
+mod experiment;
 mod serve;
 mod stats;
 
@@ -41,6 +44,13 @@ enum Command {
     Stats(stats::StatsArgs),
     /// Benchmark against plain TCP: round-trip latency and throughput.
     Bench(bench::BenchArgs),
+    /// Multi-process experiments (`detector`).
+    #[command(subcommand)]
+    Experiment(experiment::Experiment),
+    /// One endpoint of an experiment, in its own process (used by
+    /// `experiment`).
+    #[command(hide = true)]
+    ExperimentNode(experiment::node::NodeArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -63,6 +73,8 @@ fn main() -> anyhow::Result<()> {
             Command::Call(a) => serve::call(&a).await,
             Command::Stats(a) => stats::run(&a).await,
             Command::Bench(a) => bench::run(&a).await,
+            Command::Experiment(e) => experiment::run(&e).await,
+            Command::ExperimentNode(a) => experiment::node::run(&a).await,
         }
     })
 }

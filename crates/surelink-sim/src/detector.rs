@@ -20,9 +20,7 @@ use std::time::Duration;
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use surelink_proto::detector::{
-    DetectorConfig, Fence, Monitor, MonitorAction, PathReport, Watch,
-};
+use surelink_proto::detector::{DetectorConfig, Fence, Monitor, MonitorAction, PathReport, Watch};
 use surelink_proto::{Epoch, NodeId, Time};
 
 /// The sender's node id in the model.
@@ -174,16 +172,14 @@ impl DetectorScenario {
         self.faults
             .iter()
             .filter_map(|f| match *f {
-                DetectorFault::Pause { target, at: a, len }
-                    if matches!(
-                        target,
+                DetectorFault::Pause {
+                    target:
                         PauseTarget::ReceiverProcess
-                            | PauseTarget::ReceiverReader
-                            | PauseTarget::ReceiverChecker
-                    ) =>
-                {
-                    Some(at(a + len))
-                }
+                        | PauseTarget::ReceiverReader
+                        | PauseTarget::ReceiverChecker,
+                    at: a,
+                    len,
+                } => Some(at(a + len)),
                 DetectorFault::Flood { at: a, .. } => Some(at(a)),
                 _ => None,
             })
@@ -218,8 +214,9 @@ impl DetectorScenario {
                 _ => None,
             })
             .collect();
-        let max_delay_us =
-            u64::try_from(cfg.max_network_delay.as_micros()).unwrap_or(u64::MAX).max(1);
+        let max_delay_us = u64::try_from(cfg.max_network_delay.as_micros())
+            .unwrap_or(u64::MAX)
+            .max(1);
         let end = at(self.run_for);
         let mut now = Time::ZERO;
         while now <= end {
@@ -352,7 +349,9 @@ impl DetectorScenario {
                             enqueue(Item::Barrier { token }, &mut queue, &mut out);
                         }
                     }
-                    MonitorAction::Report(PathReport::PeerDown { .. }) => out.peer_reports.push(now),
+                    MonitorAction::Report(PathReport::PeerDown { .. }) => {
+                        out.peer_reports.push(now)
+                    }
                     MonitorAction::Report(_) => {}
                 }
             }

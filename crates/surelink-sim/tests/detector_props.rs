@@ -67,7 +67,9 @@ fn check(s: &DetectorScenario) -> Result<(), String> {
     };
     let Some(stopped) = stopped else {
         if let Some(r) = out.peer_reports.first() {
-            return Err(format!("a live, unfenced sender was reported dead at {r:?}"));
+            return Err(format!(
+                "a live, unfenced sender was reported dead at {r:?}"
+            ));
         }
         return Ok(());
     };
@@ -147,7 +149,10 @@ fn a_stalled_sender_is_fenced_then_reported() {
     let out = s.run();
     let fenced = out.fenced_at.expect("fenced");
     let report = *out.peer_reports.first().expect("reported");
-    assert!(report > fenced, "report {report:?} after t_valid {fenced:?}");
+    assert!(
+        report > fenced,
+        "report {report:?} after t_valid {fenced:?}"
+    );
     assert!(out.accuracy_violation().is_none());
     check(&s).unwrap();
 }
@@ -167,5 +172,8 @@ fn a_crash_is_reported_within_the_bound() {
     let out = s.run();
     let r = out.peer_reports[0].since_origin();
     // Window 150 ms after the last heartbeat, checks every 5 ms.
-    assert!(r > Duration::from_millis(1150) && r < Duration::from_millis(1180), "{r:?}");
+    assert!(
+        r > Duration::from_millis(1150) && r < Duration::from_millis(1180),
+        "{r:?}"
+    );
 }

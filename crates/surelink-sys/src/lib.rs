@@ -28,3 +28,29 @@ pub mod cpu;
 mod socket;
 
 pub use socket::{HeartbeatSocket, Received, TxTimestamp};
+
+/// Signals for experiments that stop and resume a process.
+pub mod process {
+    use std::io;
+
+    fn signal(pid: u32, sig: i32) -> io::Result<()> {
+        let pid = i32::try_from(pid)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
+        // SAFETY: plain system call; a wrong pid is an error, not UB.
+        if unsafe { libc::kill(pid, sig) } == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// Stops every thread of `pid` (SIGSTOP), as a long pause would.
+    pub fn stop(pid: u32) -> io::Result<()> {
+        signal(pid, libc::SIGSTOP)
+    }
+
+    /// Resumes a stopped process (SIGCONT).
+    pub fn resume(pid: u32) -> io::Result<()> {
+        signal(pid, libc::SIGCONT)
+    }
+}

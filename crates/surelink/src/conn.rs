@@ -44,6 +44,8 @@ pub(crate) struct ConnIo {
     /// The send fence (SafeTimer); `None` when the detector is off.
     gate: Option<Arc<Gate>>,
     detector: Option<Arc<Detector>>,
+    /// Stamped on every read once the peer is known (see `Detector::heard_cell`).
+    heard: std::sync::OnceLock<Arc<AtomicU64>>,
 }
 
 /// How a flush ended.
@@ -171,6 +173,9 @@ impl ConnIo {
 
     pub(crate) fn set_peer(&self, peer: NodeId) {
         self.peer.store(peer.0, Ordering::Relaxed);
+        if let Some(d) = &self.detector {
+            let _ = self.heard.set(d.heard_cell(peer, self.network));
+        }
     }
 
     fn has_pending(&self) -> bool {
@@ -239,8 +244,8 @@ async fn read_loop(shared: Arc<Shared>, io: Arc<ConnIo>) {
             Ok(n) => {
                 shared.stats.bytes_received(n);
                 // Anything from the peer counts as a heartbeat for this path.
-                if let (Some(d), Some(peer)) = (&io.detector, io.peer()) {
-                    d.heard(peer, io.network);
+                if let (Some(cell), Some(gate)) = (io.heard.get(), &io.gate) {
+                    cell.store(gate.now().as_nanos(), Ordering::Relaxed);
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
@@ -291,7 +296,11 @@ pub(crate) fn start(
         peer: AtomicU64::new(peer.map_or(0, |p| p.0)),
         gate: shared.detector.as_ref().map(|d| d.gate.clone()),
         detector: shared.detector.clone(),
+        heard: std::sync::OnceLock::new(),
     });
+    if let Some(p) = peer {
+        io.set_peer(p);
+    }
     let (done_tx, done_rx) = oneshot::channel();
     driver::add_path(shared, io.clone(), peer);
     // Every event of this connection's tasks carries its path, network and peer address.

@@ -40,6 +40,8 @@ use surelink_sys::{counters, cpu, HeartbeatSocket, TxTimestamp};
 
 /// How long a blocked reader waits before looking at the closed flag.
 const READ_POLL: Duration = Duration::from_millis(50);
+/// How often the checker reads the system's drop counters between barriers.
+const SYSTEM_COUNTERS_EVERY: Duration = Duration::from_millis(100);
 /// How long the sender waits for the kernel's TX timestamps of one round.
 const TIMESTAMP_WAIT: Duration = Duration::from_millis(2);
 
@@ -70,7 +72,7 @@ impl Gate {
         t == u64::MAX || self.now().as_nanos() <= t
     }
 
-    fn now(&self) -> Time {
+    pub(crate) fn now(&self) -> Time {
         Time::from_nanos(u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX))
     }
 }
@@ -145,6 +147,10 @@ pub(crate) struct Detector {
     /// Bumped when the fence is replaced after a new epoch.
     fence_generation: AtomicU64,
     dests: Mutex<BTreeMap<(NodeId, usize), SocketAddr>>,
+    /// When traffic last arrived per (peer, network), ns on the gate's clock.
+    heard: Mutex<BTreeMap<(NodeId, usize), Arc<AtomicU64>>>,
+    /// The system drop counters' last sum and when it was read.
+    system_drops: Mutex<(u64, Option<Time>)>,
     signals: mpsc::UnboundedSender<Signal>,
     delays: [AtomicU64; 3],
     closed: AtomicBool,
@@ -220,6 +226,8 @@ impl Detector {
             fence: Mutex::new(fence),
             fence_generation: AtomicU64::new(0),
             dests: Mutex::new(BTreeMap::new()),
+            heard: Mutex::new(BTreeMap::new()),
+            system_drops: Mutex::new((0, None)),
             signals: tx,
             delays: std::array::from_fn(|_| AtomicU64::new(0)),
             closed: AtomicBool::new(false),
@@ -230,7 +238,7 @@ impl Detector {
             fences: AtomicU64::new(0),
         });
         {
-            let drops = det.drop_total(&lock(&det.checker).ovfl);
+            let drops = det.drop_total(&lock(&det.checker).ovfl, true);
             lock(&det.checker).monitor.handle_drop_count(now, drops);
         }
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
@@ -239,12 +247,21 @@ impl Detector {
             Ok::<_, std::io::Error>(())
         };
         let d = det.clone();
-        spawn("surelink-hb-send".into(), Box::new(move || d.sender_thread()))?;
+        spawn(
+            "surelink-hb-send".into(),
+            Box::new(move || d.sender_thread()),
+        )?;
         let d = det.clone();
-        spawn("surelink-hb-check".into(), Box::new(move || d.checker_thread()))?;
+        spawn(
+            "surelink-hb-check".into(),
+            Box::new(move || d.checker_thread()),
+        )?;
         for i in 0..n {
             let d = det.clone();
-            spawn(format!("surelink-hb-read{i}"), Box::new(move || d.reader_thread(i)))?;
+            spawn(
+                format!("surelink-hb-read{i}"),
+                Box::new(move || d.reader_thread(i)),
+            )?;
         }
         Ok(Some((det, rx)))
     }
@@ -263,15 +280,14 @@ impl Detector {
         lock(&self.dests).insert((peer, network), addr);
     }
 
-    /// Traffic from `peer` arrived on `network` (counts as a heartbeat).
-    pub(crate) fn heard(&self, peer: NodeId, network: usize) {
-        let Ok(network) = u16::try_from(network) else {
-            return;
-        };
-        let now = self.gate.now();
-        let mut c = lock(&self.checker);
-        c.monitor.handle_heard(now, Watch { peer, network });
-        self.dispatch(&mut c);
+    /// The cell a connection to `peer` on `network` stamps on every read
+    /// (traffic counts as a heartbeat). An atomic store per read instead of
+    /// a lock; the checker folds the stamps in before every check.
+    pub(crate) fn heard_cell(&self, peer: NodeId, network: usize) -> Arc<AtomicU64> {
+        lock(&self.heard)
+            .entry((peer, network))
+            .or_insert_with(|| Arc::new(AtomicU64::new(0)))
+            .clone()
     }
 
     /// Stops the threads and closes the sockets before returning, so a new
@@ -402,7 +418,9 @@ impl Detector {
                 let mut f = lock(&self.fence);
                 f.handle_sent(due.seq, sent_at);
                 if self.cfg.mode == DetectorMode::SafeTimer {
-                    self.gate.t_valid.store(f.t_valid().as_nanos(), Ordering::Release);
+                    self.gate
+                        .t_valid
+                        .store(f.t_valid().as_nanos(), Ordering::Release);
                 }
                 continue;
             }
@@ -493,7 +511,9 @@ impl Detector {
     /// A kernel wall-clock timestamp on our monotonic scale.
     fn to_time(&self, at: SystemTime) -> Time {
         let now = self.gate.now();
-        let ago = SystemTime::now().duration_since(at).unwrap_or(Duration::ZERO);
+        let ago = SystemTime::now()
+            .duration_since(at)
+            .unwrap_or(Duration::ZERO);
         Time::from_nanos(
             now.as_nanos()
                 .saturating_sub(u64::try_from(ago.as_nanos()).unwrap_or(u64::MAX)),
@@ -560,7 +580,7 @@ impl Detector {
                     };
                     if done {
                         c.round = None;
-                        let drops = self.drop_total(&c.ovfl);
+                        let drops = self.drop_total(&c.ovfl, true);
                         c.monitor.handle_barrier(now, token, drops);
                     }
                 }
@@ -572,22 +592,32 @@ impl Detector {
     }
 
     /// Every receive drop counter we can see, summed: the sockets'
-    /// `SO_RXQ_OVFL`, the system's UDP receive errors and the interfaces'
-    /// `rx_dropped`. Only changes matter. An unreadable counter counts as
-    /// a change (no report on a guess).
-    fn drop_total(&self, ovfl: &[u64]) -> u64 {
-        let mut total: u64 = ovfl.iter().sum();
-        match counters::udp_receive_errors() {
-            Ok(n) => total = total.wrapping_add(n),
-            Err(_) => total = total.wrapping_add(self.gate.now().as_nanos()),
-        }
-        for i in &self.interfaces {
-            match counters::interface_rx_dropped(i) {
-                Ok(n) => total = total.wrapping_add(n),
-                Err(_) => total = total.wrapping_add(self.gate.now().as_nanos()),
+    /// `SO_RXQ_OVFL` (free: it comes with each datagram), the system's UDP
+    /// receive errors and the interfaces' `rx_dropped` (files: read when a
+    /// barrier returns, `fresh`, and otherwise at most every
+    /// [`SYSTEM_COUNTERS_EVERY`]). Only changes matter. An unreadable
+    /// counter counts as a change (no report on a guess).
+    fn drop_total(&self, ovfl: &[u64], fresh: bool) -> u64 {
+        let now = self.gate.now();
+        let mut sys = lock(&self.system_drops);
+        if fresh
+            || sys
+                .1
+                .is_none_or(|at| now.saturating_since(at) >= SYSTEM_COUNTERS_EVERY)
+        {
+            let mut total = match counters::udp_receive_errors() {
+                Ok(n) => n,
+                Err(_) => now.as_nanos(),
+            };
+            for i in &self.interfaces {
+                match counters::interface_rx_dropped(i) {
+                    Ok(n) => total = total.wrapping_add(n),
+                    Err(_) => total = total.wrapping_add(now.as_nanos()),
+                }
             }
+            *sys = (total, Some(now));
         }
-        total
+        ovfl.iter().sum::<u64>().wrapping_add(sys.0)
     }
 
     // ---- checker ------------------------------------------------------
@@ -602,8 +632,15 @@ impl Detector {
                 // Read the drop counters at every check, so a drop is dated
                 // close to when it happened (a later round is not blocked
                 // by a drop long past).
-                let drops = self.drop_total(&c.ovfl);
+                let drops = self.drop_total(&c.ovfl, false);
                 c.monitor.handle_drop_count(now, drops);
+                for (&(peer, network), cell) in lock(&self.heard).iter() {
+                    let t = cell.load(Ordering::Relaxed);
+                    if let (true, Ok(network)) = (t > 0, u16::try_from(network)) {
+                        c.monitor
+                            .handle_heard(Time::from_nanos(t), Watch { peer, network });
+                    }
+                }
                 c.monitor.handle_timeout(now);
                 let barrier = self.dispatch(&mut c);
                 if let Some(token) = barrier {
@@ -673,7 +710,10 @@ pub(crate) async fn signal_loop(
         match s {
             Signal::Report(r) => crate::driver::detector_report(&shared, r),
             Signal::Fenced { at, missed_seq } => {
-                warn!(?at, missed_seq, "heartbeat missed its deadline: fenced; starting a new epoch");
+                warn!(
+                    ?at,
+                    missed_seq, "heartbeat missed its deadline: fenced; starting a new epoch"
+                );
                 crate::driver::recover_from_fence(&shared);
             }
         }

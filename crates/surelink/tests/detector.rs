@@ -44,7 +44,11 @@ async fn pair(mode: DetectorMode) -> (Endpoint, Endpoint) {
     }];
     c.detector = detector(mode);
     let client = Endpoint::bind(c).await.unwrap();
-    assert!(client.wait_for_paths(SERVER, 2, Duration::from_secs(5)).await);
+    assert!(
+        client
+            .wait_for_paths(SERVER, 2, Duration::from_secs(5))
+            .await
+    );
     // Both sides hear each other's heartbeats before the test starts.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -162,9 +166,18 @@ async fn stalled_heartbeat_sender_fences_itself_and_restarts() {
     }
     assert!(restarted, "the server must see the fenced incarnation end");
     // And the new incarnation works.
-    assert!(client.wait_for_paths(SERVER, 1, Duration::from_secs(5)).await);
+    assert!(
+        client
+            .wait_for_paths(SERVER, 1, Duration::from_secs(5))
+            .await
+    );
     let reply = client
-        .call(SERVER, 0, Bytes::from_static(b"again"), Duration::from_secs(5))
+        .call(
+            SERVER,
+            0,
+            Bytes::from_static(b"again"),
+            Duration::from_secs(5),
+        )
         .await
         .unwrap();
     assert_eq!(reply, Bytes::from_static(b"again"));

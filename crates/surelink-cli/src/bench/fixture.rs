@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use surelink::proto::{ClusterId, NodeId};
-use surelink::{Config, Endpoint, PeerConfig, Request, StatsSnapshot};
+use surelink::{Config, DetectorConfig, Endpoint, PeerConfig, Request, StatsSnapshot};
 use tokio::task::JoinHandle;
 
 use super::tcp::{TcpRpc, TcpSink};
@@ -38,7 +38,7 @@ pub(super) struct Fixture {
 
 impl Fixture {
     pub(super) async fn setup() -> Result<Fixture> {
-        let surelink = SurelinkPair::setup().await?;
+        let surelink = SurelinkPair::setup(DetectorConfig::default()).await?;
         let tcp = async {
             let (tcp_rpc, mut tcp_tasks) = TcpRpc::setup().await?;
             match TcpSink::setup().await {
@@ -113,8 +113,10 @@ pub(super) struct SurelinkPair {
 }
 
 impl SurelinkPair {
-    async fn setup() -> Result<SurelinkPair> {
+    /// Two endpoints on two networks with `detector` on both.
+    pub(super) async fn setup(detector: DetectorConfig) -> Result<SurelinkPair> {
         let mut cfg = Config::new(SERVER, CLUSTER);
+        cfg.detector = detector.clone();
         cfg.listen = SERVER_IPS
             .iter()
             .map(|&ip| SocketAddr::new(IpAddr::V4(ip), 0))
@@ -140,6 +142,7 @@ impl SurelinkPair {
         };
 
         let mut cfg = Config::new(CLIENT, CLUSTER);
+        cfg.detector = detector;
         cfg.dial_from = CLIENT_IPS
             .iter()
             .map(|&ip| SocketAddr::new(IpAddr::V4(ip), 0))
@@ -173,7 +176,7 @@ impl SurelinkPair {
         Ok(pair)
     }
 
-    async fn shutdown(self) {
+    pub(super) async fn shutdown(self) {
         // Both at once: each closes its session before the other's
         // connections go, so neither reports the other unreachable.
         tokio::join!(self.client.shutdown(), self.server.shutdown());

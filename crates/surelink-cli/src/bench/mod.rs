@@ -52,9 +52,10 @@
 //! medians in `<out>/bench.json`, and a latency-by-percentile plot in
 //! `<out>/latency_cdf.png`.
 
+mod detector;
 mod fixture;
 mod latency;
-mod plot;
+pub(crate) mod plot;
 mod report;
 mod tcp;
 mod throughput;
@@ -106,6 +107,9 @@ enum Only {
     Latency,
     /// One-way throughput only.
     Throughput,
+    /// The failure detector's cost: surelink with the detector against
+    /// surelink without it (ping-pong, 16 callers).
+    Detector,
 }
 
 /// Payload sizes of both measurements, bytes.
@@ -138,7 +142,7 @@ impl Plan {
         let measure = Duration::from_secs_f64(seconds);
         // A fifth of the measurement, within 50..300 ms, before every round.
         let warmup = (measure / 5).clamp(Duration::from_millis(50), Duration::from_millis(300));
-        let latency = if args.only == Some(Only::Throughput) {
+        let latency = if args.only.is_some_and(|o| o != Only::Latency) {
             Vec::new()
         } else {
             PAYLOADS
@@ -146,7 +150,7 @@ impl Plan {
                 .flat_map(|&p| CALLERS.iter().map(move |&c| (p, c)))
                 .collect()
         };
-        let throughput = if args.only == Some(Only::Latency) {
+        let throughput = if args.only.is_some_and(|o| o != Only::Throughput) {
             Vec::new()
         } else {
             PAYLOADS.to_vec()
@@ -161,6 +165,10 @@ impl Plan {
     }
 
     fn steps(&self) -> usize {
+        if self.latency.is_empty() && self.throughput.is_empty() {
+            // The detector bench: both payloads, two contenders.
+            return PAYLOADS.len() * self.rounds * 2;
+        }
         (self.latency.len() + self.throughput.len()) * self.rounds * 2
     }
 }
@@ -225,6 +233,22 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<()> {
     let started = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
+    if args.only == Some(Only::Detector) {
+        let cases = detector::run(&plan, &PAYLOADS).await?;
+        let path = args.out.join("detector_bench.json");
+        let json = serde_json::json!({
+            "started_unix_s": started,
+            "rounds": plan.rounds,
+            "seconds": plan.measure.as_secs_f64(),
+            "on": "DetectorConfig::default() (SafeTimer, 10 ms heartbeats)",
+            "off": "DetectorMode::Off",
+            "cases": cases,
+        });
+        std::fs::write(&path, serde_json::to_string_pretty(&json)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+        return Ok(());
+    }
     let mut fixture = Fixture::setup()
         .await
         .context("setting up the contenders")?;

@@ -20,7 +20,7 @@ const FONT_CANDIDATES: [&str; 4] = [
 
 /// Registers a TTF as "sans-serif" (the ab_glyph backend has no system
 /// fonts). `SURELINK_BENCH_FONT` overrides the search.
-fn register_sans_serif() -> bool {
+pub(crate) fn register_sans_serif() -> bool {
     let from_env = std::env::var("SURELINK_BENCH_FONT").ok();
     for path in from_env.iter().map(String::as_str).chain(FONT_CANDIDATES) {
         let Ok(bytes) = std::fs::read(path) else {

@@ -196,7 +196,9 @@ impl Monitor {
         }
         if self.dead.remove(&watch.peer) {
             self.actions
-                .push_back(MonitorAction::Report(PathReport::PeerUp { peer: watch.peer }));
+                .push_back(MonitorAction::Report(PathReport::PeerUp {
+                    peer: watch.peer,
+                }));
         }
     }
 
@@ -258,8 +260,12 @@ impl Monitor {
     }
 
     fn peer_paths(&self, peer: NodeId) -> impl Iterator<Item = (&Watch, &PathState)> + '_ {
-        self.paths
-            .range(Watch { peer, network: 0 }..=Watch { peer, network: u16::MAX })
+        self.paths.range(
+            Watch { peer, network: 0 }..=Watch {
+                peer,
+                network: u16::MAX,
+            },
+        )
     }
 
     fn report(&mut self, suspects: Vec<Suspect>) {
@@ -273,7 +279,10 @@ impl Monitor {
                     let last_heard = p.last_heard;
                     self.stats.reported_down += 1;
                     self.actions
-                        .push_back(MonitorAction::Report(PathReport::PathDown { watch, last_heard }));
+                        .push_back(MonitorAction::Report(PathReport::PathDown {
+                            watch,
+                            last_heard,
+                        }));
                 }
                 Suspect::Peer(peer) => {
                     if self.dead.insert(peer) {
@@ -288,7 +297,11 @@ impl Monitor {
 
     /// Runs the checks due by `now`.
     pub fn handle_timeout(&mut self, now: Time) {
-        if self.round.as_ref().is_some_and(|r| self.barrier_lost(r, now)) {
+        if self
+            .round
+            .as_ref()
+            .is_some_and(|r| self.barrier_lost(r, now))
+        {
             // No report for this round; the next check starts another.
             self.round = None;
             self.stats.barriers_lost += 1;

@@ -109,7 +109,10 @@ fn silence_for_the_peer_window_reports_the_peer_dead() {
         }
     }
     let t = dead_at.expect("reported dead");
-    assert!((151..=160).contains(&t), "window 150 ms, checks every 5 ms: {t}");
+    assert!(
+        (151..=160).contains(&t),
+        "window 150 ms, checks every 5 ms: {t}"
+    );
     assert_eq!(m.stats().reported_dead, 1, "reported once");
 }
 

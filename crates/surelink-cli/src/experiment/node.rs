@@ -1,0 +1,241 @@
+//! `surelink experiment-node`: one endpoint in its own process, driven by
+//! an experiment (which may SIGSTOP or kill it).
+//!
+//! It prints JSON lines on stdout, each with `t` (wall clock, µs since the
+//! Unix epoch, comparable across processes on one host) and `ev`:
+//! `ready` (with its listen and heartbeat addresses), `peer_up`,
+//! `path_silent`, `path_heard`, `peer_dead`, `peer_alive`, `fenced`,
+//! `session_ended`, and on the receiving side one `msg` per message (the
+//! sender's epoch and sequence number). It reads commands on stdin:
+//! `delay reader|checker|sender MS`, `rcvbuf BYTES`, `quit`.
+
+use std::net::SocketAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use clap::{Args, ValueEnum};
+use serde_json::json;
+use surelink::proto::{ClusterId, NodeId};
+use surelink::{Config, DelayPoint, DetectorConfig, DetectorMode, Endpoint, NetEvent, PeerConfig};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// The cluster of experiment nodes.
+pub(crate) const CLUSTER: ClusterId = ClusterId(0x5afe);
+/// The receiving node.
+pub(crate) const RECEIVER: NodeId = NodeId(1);
+/// The sending node.
+pub(crate) const SENDER: NodeId = NodeId(2);
+
+/// Which side of the experiment a node plays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Role {
+    /// Listens, receives the stream, reports the sender.
+    Receiver,
+    /// Dials the receiver and streams one-way messages to it.
+    Sender,
+}
+
+/// The detector a node runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Mode {
+    /// SafeTimer checks and the send fence.
+    Safetimer,
+    /// A plain timeout.
+    Plain,
+}
+
+/// Arguments of `surelink experiment-node`.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct NodeArgs {
+    /// Receiver or sender.
+    #[arg(long, value_enum)]
+    pub(crate) role: Role,
+    /// Detector mode.
+    #[arg(long, value_enum, default_value = "safetimer")]
+    pub(crate) mode: Mode,
+    /// Heartbeat interval, ms.
+    #[arg(long, default_value_t = 100)]
+    pub(crate) interval_ms: u64,
+    /// Peer window (the timeout), ms.
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) timeout_ms: u64,
+    /// Path window, ms (defaults to the timeout).
+    #[arg(long)]
+    pub(crate) path_timeout_ms: Option<u64>,
+    /// Sender slack, ms.
+    #[arg(long, default_value_t = 500)]
+    pub(crate) slack_ms: u64,
+    /// Assumed network delay bound, ms.
+    #[arg(long, default_value_t = 100)]
+    pub(crate) network_delay_ms: u64,
+    /// Local addresses, one per network (port 0: any).
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub(crate) local: Vec<SocketAddr>,
+    /// The receiver's addresses (sender only).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) peer: Vec<SocketAddr>,
+    /// Sender: one message every this many ms (0: none).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) stream_ms: u64,
+}
+
+impl NodeArgs {
+    pub(crate) fn detector(&self) -> DetectorConfig {
+        let ms = Duration::from_millis;
+        let mut d = DetectorConfig::with_interval(ms(self.interval_ms));
+        d.mode = match self.mode {
+            Mode::Safetimer => DetectorMode::SafeTimer,
+            Mode::Plain => DetectorMode::Plain,
+        };
+        d.timeout = ms(self.timeout_ms);
+        d.path_timeout = ms(self.path_timeout_ms.unwrap_or(self.timeout_ms));
+        d.send_slack = ms(self.slack_ms);
+        d.max_network_delay = ms(self.network_delay_ms);
+        d.check_every = (ms(self.interval_ms) / 2).max(Duration::from_millis(1));
+        d.barrier_timeout = ms(self.interval_ms).max(Duration::from_millis(5));
+        d
+    }
+}
+
+/// Wall clock in µs since the Unix epoch.
+pub(crate) fn wall_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+fn emit(v: serde_json::Value) {
+    println!("{v}");
+}
+
+fn event_json(e: &NetEvent) -> Option<serde_json::Value> {
+    let t = wall_us();
+    Some(match e {
+        NetEvent::PeerUp { peer, epoch } => {
+            json!({"t": t, "ev": "peer_up", "peer": peer.0, "epoch": epoch.0})
+        }
+        NetEvent::PathSilent {
+            peer,
+            network,
+            silent_for_us,
+        } => json!({"t": t, "ev": "path_silent", "peer": peer.0, "network": network,
+                    "silent_for_us": silent_for_us}),
+        NetEvent::PathHeard { peer, network } => {
+            json!({"t": t, "ev": "path_heard", "peer": peer.0, "network": network})
+        }
+        NetEvent::PeerDead { peer } => json!({"t": t, "ev": "peer_dead", "peer": peer.0}),
+        NetEvent::PeerAlive { peer } => json!({"t": t, "ev": "peer_alive", "peer": peer.0}),
+        NetEvent::Fenced {
+            old_epoch,
+            new_epoch,
+            ..
+        } => json!({"t": t, "ev": "fenced", "old_epoch": old_epoch.0, "new_epoch": new_epoch.0}),
+        NetEvent::SessionEnded { peer, reason, .. } => {
+            json!({"t": t, "ev": "session_ended", "peer": peer.0, "reason": format!("{reason:?}")})
+        }
+        _ => return None,
+    })
+}
+
+/// Runs one node until `quit` or the end of stdin.
+pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
+    let (node, peer) = match args.role {
+        Role::Receiver => (RECEIVER, None),
+        Role::Sender => (SENDER, Some(RECEIVER)),
+    };
+    let mut cfg = Config::new(node, CLUSTER);
+    cfg.detector = args.detector();
+    match args.role {
+        Role::Receiver => cfg.listen = args.local.clone(),
+        Role::Sender => {
+            if args.peer.len() != args.local.len() {
+                bail!("--peer needs one address per --local network");
+            }
+            cfg.dial_from = args.local.clone();
+            cfg.peers = vec![PeerConfig {
+                node: RECEIVER,
+                addrs: args.peer.iter().copied().map(Some).collect(),
+            }];
+        }
+    }
+    let ep = Endpoint::bind(cfg).await.context("binding the node")?;
+    let mut events = ep.events();
+    emit(json!({
+        "t": wall_us(), "ev": "ready", "node": node.0, "epoch": ep.epoch().0,
+        "listen": ep.local_addrs().iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "heartbeat": ep.heartbeat_addrs().iter().map(ToString::to_string).collect::<Vec<_>>(),
+    }));
+    if let Some(peer) = peer {
+        if args.stream_ms > 0 {
+            let ep = ep.clone();
+            let every = Duration::from_millis(args.stream_ms);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                let mut seq = 0u64;
+                loop {
+                    tick.tick().await;
+                    let epoch = ep.epoch().0;
+                    let mut body = Vec::with_capacity(16);
+                    body.extend_from_slice(&epoch.to_be_bytes());
+                    body.extend_from_slice(&seq.to_be_bytes());
+                    // try_send: a fenced or cut-off sender drops its own
+                    // stream rather than queue it (the experiment counts
+                    // arrivals, not completeness).
+                    let _ = ep.try_send(peer, 0, Bytes::from(body));
+                    if ep.epoch().0 != epoch {
+                        // A fence came between reading the epoch and
+                        // queueing: the message went out under the new
+                        // epoch with the old one in its body.
+                        emit(json!({"t": wall_us(), "ev": "epoch_race", "seq": seq}));
+                    }
+                    seq += 1;
+                }
+            });
+        }
+    } else {
+        let ep = ep.clone();
+        tokio::spawn(async move {
+            while let Some(m) = ep.recv().await {
+                let b = &m.body;
+                if b.len() >= 16 {
+                    let epoch = u64::from_be_bytes(b[..8].try_into().unwrap_or_default());
+                    let seq = u64::from_be_bytes(b[8..16].try_into().unwrap_or_default());
+                    emit(json!({"t": wall_us(), "ev": "msg", "epoch": epoch, "seq": seq}));
+                }
+            }
+        });
+    }
+    let mut stdin = BufReader::new(tokio::io::stdin()).lines();
+    loop {
+        tokio::select! {
+            e = events.recv() => match e {
+                Ok(e) => if let Some(v) = event_json(&e) { emit(v) },
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(_) => break,
+            },
+            line = stdin.next_line() => {
+                let Some(line) = line? else { break };
+                let words: Vec<&str> = line.split_whitespace().collect();
+                match words.as_slice() {
+                    ["quit"] => break,
+                    ["delay", what, ms] => {
+                        let point = match *what {
+                            "reader" => DelayPoint::Reader,
+                            "checker" => DelayPoint::Checker,
+                            "sender" => DelayPoint::Sender,
+                            other => bail!("unknown delay point {other}"),
+                        };
+                        ep.inject_delay(point, Duration::from_millis(ms.parse()?));
+                    }
+                    ["rcvbuf", bytes] => ep.set_heartbeat_recv_buffer(bytes.parse()?)?,
+                    _ => bail!("unknown command {line:?}"),
+                }
+                emit(json!({"t": wall_us(), "ev": "ack", "cmd": line}));
+            }
+        }
+    }
+    ep.shutdown().await;
+    Ok(())
+}

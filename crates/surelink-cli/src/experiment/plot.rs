@@ -1,0 +1,100 @@
+//! The detector timeline: messages arriving at the receiver around a 2 s
+//! stall of the sender's heartbeat thread, one panel per detector, with the
+//! receiver's report and the sender's fence marked.
+
+use std::path::Path;
+
+use anyhow::Result;
+use plotters::prelude::*;
+
+/// One panel.
+pub(crate) struct Lane {
+    pub(crate) title: String,
+    /// (ms from the fault, from the sender's first incarnation).
+    pub(crate) arrivals: Vec<(f64, bool)>,
+    pub(crate) report_ms: Option<f64>,
+    pub(crate) fenced_ms: Option<f64>,
+    pub(crate) fault_ms: (f64, f64),
+}
+
+/// Draws the lanes stacked into `path`.
+pub(crate) fn timeline(path: &Path, lanes: &[Lane]) -> Result<()> {
+    anyhow::ensure!(
+        crate::bench::plot::register_sans_serif(),
+        "no TrueType font found (set SURELINK_BENCH_FONT)"
+    );
+    let height = 280 * u32::try_from(lanes.len().max(1)).unwrap_or(1);
+    let root = BitMapBackend::new(path, (1100, height)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let panels = root.split_evenly((lanes.len().max(1), 1));
+    for (lane, area) in lanes.iter().zip(panels.iter()) {
+        let (x0, x1) = (-1000.0, 4500.0);
+        let shown: Vec<(f64, f64, bool)> = lane
+            .arrivals
+            .iter()
+            .filter(|(t, _)| (x0..=x1).contains(t))
+            .enumerate()
+            .map(|(i, (t, first))| (*t, i as f64, *first))
+            .collect();
+        let ymax = shown.len().max(1) as f64;
+        let mut chart = ChartBuilder::on(area)
+            .caption(&lane.title, ("sans-serif", 18))
+            .margin(10)
+            .x_label_area_size(35)
+            .y_label_area_size(60)
+            .build_cartesian_2d(x0..x1, 0.0..ymax * 1.05)?;
+        chart
+            .configure_mesh()
+            .x_desc("ms since the fault began")
+            .y_desc("messages received")
+            .draw()?;
+        chart.draw_series(std::iter::once(Rectangle::new(
+            [(lane.fault_ms.0, 0.0), (lane.fault_ms.1, ymax * 1.05)],
+            RGBColor(230, 230, 230).filled(),
+        )))?;
+        chart
+            .draw_series(
+                shown
+                    .iter()
+                    .filter(|p| p.2)
+                    .map(|p| Circle::new((p.0, p.1), 1, BLUE.filled())),
+            )?
+            .label("first incarnation")
+            .legend(|(x, y)| Circle::new((x, y), 3, BLUE.filled()));
+        chart
+            .draw_series(
+                shown
+                    .iter()
+                    .filter(|p| !p.2)
+                    .map(|p| Circle::new((p.0, p.1), 1, GREEN.filled())),
+            )?
+            .label("new incarnation (after the fence)")
+            .legend(|(x, y)| Circle::new((x, y), 3, GREEN.filled()));
+        if let Some(r) = lane.report_ms {
+            chart
+                .draw_series(LineSeries::new(
+                    [(r, 0.0), (r, ymax * 1.05)],
+                    RED.stroke_width(2),
+                ))?
+                .label("receiver reports the sender dead")
+                .legend(|(x, y)| PathElement::new([(x, y), (x + 15, y)], RED));
+        }
+        if let Some(f) = lane.fenced_ms {
+            chart
+                .draw_series(LineSeries::new(
+                    [(f, 0.0), (f, ymax * 1.05)],
+                    RGBColor(255, 140, 0).stroke_width(2),
+                ))?
+                .label("sender notices its fence, starts a new epoch")
+                .legend(|(x, y)| PathElement::new([(x, y), (x + 15, y)], RGBColor(255, 140, 0)));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
+}
