@@ -241,6 +241,58 @@ impl StatsSnapshot {
                 );
             }
         }
+        if let Some(d) = &self.detector {
+            let m = &d.monitor;
+            for (name, help, v) in [
+                (
+                    "heartbeats_sent_total",
+                    "Heartbeats sent",
+                    d.heartbeats_sent,
+                ),
+                (
+                    "heartbeats_received_total",
+                    "Heartbeats received",
+                    d.heartbeats_received,
+                ),
+                ("fences_total", "Times this process fenced itself", d.fences),
+                (
+                    "paths_silent_total",
+                    "Paths reported silent",
+                    m.reported_down,
+                ),
+                ("peers_dead_total", "Peers reported dead", m.reported_dead),
+                (
+                    "barrier_rounds_total",
+                    "SafeTimer barrier rounds",
+                    m.barrier_rounds,
+                ),
+                (
+                    "barriers_lost_total",
+                    "Barrier rounds that ended without the barrier",
+                    m.barriers_lost,
+                ),
+                (
+                    "saved_by_barrier_total",
+                    "Suspects heard after all (a plain timeout would have reported them)",
+                    m.saved_by_barrier,
+                ),
+                (
+                    "saved_by_drop_total",
+                    "Suspects not reported because of a receive drop",
+                    m.saved_by_drop,
+                ),
+            ] {
+                let _ = writeln!(
+                    s,
+                    "# HELP surelink_detector_{name} {help}\n# TYPE surelink_detector_{name} counter\nsurelink_detector_{name} {v}"
+                );
+            }
+            let _ = writeln!(
+                s,
+                "# HELP surelink_detector_t_valid_remaining_microseconds Time until the send fence closes unless a heartbeat moves it (negative: closed)\n# TYPE surelink_detector_t_valid_remaining_microseconds gauge\nsurelink_detector_t_valid_remaining_microseconds {}",
+                d.t_valid_in_us
+            );
+        }
         s
     }
 }

@@ -120,7 +120,9 @@ fn silence_for_the_peer_window_reports_the_peer_dead() {
 fn barrier_lost_means_no_report_this_round_but_a_later_one() {
     let mut m = watching(DetectorMode::SafeTimer);
     let first = barrier_token(&tick(&mut m, 1, 55));
-    // barrier_timeout is 10 ms: the round ends at 65 ms without a report.
+    // A drop is counted after the barrier left: it may have been the
+    // barrier. Overdue (10 ms) at 65 ms: the round ends without a report.
+    m.handle_drop_count(ms(57), 101);
     let acts = tick(&mut m, 56, 65);
     assert_eq!(downs(&acts), 0);
     assert_eq!(m.stats().barriers_lost, 1);
@@ -128,10 +130,38 @@ fn barrier_lost_means_no_report_this_round_but_a_later_one() {
     let second = barrier_token(&acts);
     assert_ne!(first, second);
     // The lost barrier turning up late is ignored.
-    m.handle_barrier(ms(66), first, 100);
+    m.handle_barrier(ms(66), first, 101);
     assert_eq!(downs(&actions(&mut m)), 0);
-    // The new round's barrier comes back: reported.
-    m.handle_barrier(ms(70), second, 100);
+    // The new round's barrier comes back, but the drop at 57 ms is inside
+    // the window: still no report.
+    m.handle_barrier(ms(70), second, 101);
+    assert_eq!(downs(&actions(&mut m)), 0);
+    assert_eq!(m.stats().saved_by_drop, 1);
+}
+
+#[test]
+fn a_slow_barrier_is_waited_for_not_repeated() {
+    // The reader is stalled: the barrier is overdue but nothing was
+    // dropped. Sending more would only fill the stalled queue.
+    let mut m = watching(DetectorMode::SafeTimer);
+    let first = barrier_token(&tick(&mut m, 1, 55));
+    let acts = tick(&mut m, 56, 200);
+    assert!(
+        !acts
+            .iter()
+            .any(|a| matches!(a, MonitorAction::SendBarrier { .. })),
+        "no second barrier while the first may still come: {acts:?}"
+    );
+    assert_eq!(downs(&acts), 0);
+    // Given up after a peer window (150 ms): a new round at 205 ms.
+    let acts = tick(&mut m, 201, 210);
+    assert_eq!(m.stats().barriers_lost, 1);
+    let second = barrier_token(&acts);
+    assert_ne!(first, second);
+    // The first barrier, finally out, is ignored; the second reports.
+    m.handle_barrier(ms(211), first, 100);
+    assert_eq!(downs(&actions(&mut m)), 0);
+    m.handle_barrier(ms(212), second, 100);
     assert_eq!(downs(&actions(&mut m)), 1);
 }
 
