@@ -68,6 +68,7 @@ mod error;
 mod event;
 mod handshake;
 mod ids;
+pub mod rpc;
 mod session;
 mod time;
 pub mod wire;
