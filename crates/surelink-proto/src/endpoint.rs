@@ -778,6 +778,24 @@ impl Endpoint {
         }
     }
 
+    /// The application finds message `id` to `peer` overdue (no reply
+    /// within its re-send timeout). If the message is still in flight, the
+    /// path carrying it is suspected at once, as if its retransmission
+    /// timeout had fired: its in-flight messages move to the other paths
+    /// and new ones avoid it until it answers a probe. Returns whether a
+    /// path was suspected (false: delivered already, queued, or another
+    /// session).
+    pub fn handle_message_overdue(&mut self, now: Time, peer: NodeId, id: MessageId) -> bool {
+        self.tick(now);
+        let Some(&slot) = self.by_node.get(&peer) else {
+            return false;
+        };
+        match self.sessions.get_mut(slot).and_then(Option::as_mut) {
+            Some(s) if s.id == id.session => s.message_overdue(id.channel, id.seq),
+            _ => false,
+        }
+    }
+
     /// Counters and gauges of the session with `peer`.
     pub fn session_stats(&self, peer: NodeId) -> Option<SessionStats> {
         let slot = *self.by_node.get(&peer)?;

@@ -27,6 +27,7 @@ mod checker;
 pub mod detector;
 mod faults;
 pub mod pair;
+pub mod rpc;
 mod sim;
 
 pub use checker::{make_payload, Checker, Outcome, Tally};

@@ -5,11 +5,17 @@
 //!   promoted to high moves to that queue's *head* (hr-net: "moved to the
 //!   head of the queue and handled prior to others").
 //! - Normal items wait in FIFO order.
-//! - No starvation: once the oldest normal item has waited `aging_bound`,
-//!   it goes before any high-priority item. Aged items leave in FIFO order,
-//!   so the guarantee is: **a normal item waits at most `aging_bound` plus
-//!   the time to dispatch the normal items queued before it** — high-priority
-//!   traffic can no longer delay it after `aging_bound`.
+//! - No starvation, either way: every item has a *virtual time* — its
+//!   arrival for a normal item, its arrival minus `aging_bound` for a high
+//!   one — and the smallest goes first. So a high item overtakes normal
+//!   items that arrived up to `aging_bound` before it, and no more: **a
+//!   normal item is never overtaken by a high-priority item that arrived
+//!   more than `aging_bound` after it** (promotions aside, below). Under
+//!   overload both classes keep moving; a plain "aged items first" rule
+//!   would starve high-priority items as soon as every normal one is aged.
+//! - Promotion (a re-sent request, hr-net's "moved to the head") takes the
+//!   virtual time of the current head of the high queue, so it goes next
+//!   among high items; it never jumps an item whose virtual time is older.
 //! - Timeout detection: every item may carry a deadline; [`DispatchQueue::
 //!   poll_expired`] hands back the overdue ones (the caller turns a request
 //!   into a RESEND, or fails it).
@@ -25,6 +31,8 @@ struct Slot<T> {
     item: T,
     enqueued: Time,
     deadline: Option<Time>,
+    /// Dispatch order key: arrival, plus the aging bound when normal.
+    vt: Time,
 }
 
 /// Which queue an item is in.
@@ -97,12 +105,23 @@ impl<T> DispatchQueue<T> {
         deadline: Option<Time>,
     ) -> Option<T> {
         let old = self.remove(key);
-        let to = if priority == Priority::High && !self.fifo_only {
+        let high = priority == Priority::High && !self.fifo_only;
+        let to = if high {
             self.high.push_back(key);
             Where::High
         } else {
             self.normal.push_back(key);
             Where::Normal
+        };
+        // Normal items count from `now + aging_bound`, high ones from
+        // `now`: the same order as "high minus the bound", without
+        // underflow near the clock's origin.
+        let vt = if high { now } else { now + self.aging_bound };
+        // Keep the high queue sorted by virtual time (a late push with an
+        // earlier clock must not break the order).
+        let vt = match (high, self.high.iter().rev().nth(1)) {
+            (true, Some(prev)) => self.slots.get(prev).map_or(vt, |(_, s)| s.vt.max(vt)),
+            _ => vt,
         };
         if let Some(d) = deadline {
             self.deadlines.insert((d, key), ());
@@ -115,6 +134,7 @@ impl<T> DispatchQueue<T> {
                     item,
                     enqueued: now,
                     deadline,
+                    vt,
                 },
             ),
         );
@@ -127,7 +147,12 @@ impl<T> DispatchQueue<T> {
         if self.fifo_only {
             return self.slots.contains_key(&key);
         }
-        let Some((at, _)) = self.slots.get_mut(&key) else {
+        let head_vt = self
+            .high
+            .front()
+            .and_then(|k| self.slots.get(k))
+            .map(|(_, s)| s.vt);
+        let Some((at, slot)) = self.slots.get_mut(&key) else {
             return false;
         };
         match *at {
@@ -135,8 +160,15 @@ impl<T> DispatchQueue<T> {
             Where::Normal => self.normal.retain(|k| *k != key),
         }
         *at = Where::High;
+        let own = slot.enqueued;
+        slot.vt = head_vt.map_or(own, |h| h.min(own).min(slot.vt));
         self.high.push_front(key);
         true
+    }
+
+    /// The waiting item `key`.
+    pub fn get_mut(&mut self, key: u64) -> Option<&mut T> {
+        self.slots.get_mut(&key).map(|(_, s)| &mut s.item)
     }
 
     /// Takes an item out of the queues.
@@ -166,18 +198,24 @@ impl<T> DispatchQueue<T> {
 
     /// Like [`DispatchQueue::pop`], with how long the item waited.
     pub fn pop_waited(&mut self, now: Time) -> Option<(u64, T, Duration)> {
-        let aged = self.normal.front().is_some_and(|k| {
-            self.slots
-                .get(k)
-                .is_some_and(|(_, s)| now.saturating_since(s.enqueued) >= self.aging_bound)
-        });
-        let key = if aged {
-            self.normal.front().copied()
-        } else {
-            self.high.front().or(self.normal.front()).copied()
-        }?;
+        let vt = |k: Option<&u64>| k.and_then(|k| self.slots.get(k)).map(|(_, s)| s.vt);
+        let key = match (vt(self.high.front()), vt(self.normal.front())) {
+            (Some(h), Some(n)) if n < h => self.normal.front(),
+            (Some(_), _) => self.high.front(),
+            (None, _) => self.normal.front(),
+        }
+        .copied()?;
         let waited = self.waited(now, key).unwrap_or_default();
         self.remove(key).map(|item| (key, item, waited))
+    }
+
+    /// How long the oldest normal item has waited (the aging bound applies
+    /// to it first).
+    pub fn oldest_normal_wait(&self, now: Time) -> Option<Duration> {
+        self.normal
+            .front()
+            .and_then(|k| self.slots.get(k))
+            .map(|(_, s)| now.saturating_since(s.enqueued))
     }
 
     /// How long the item `key` has waited.
@@ -236,15 +274,31 @@ mod tests {
     }
 
     #[test]
-    fn an_aged_normal_item_overtakes_high_ones() {
+    fn high_items_overtake_only_normal_ones_younger_than_the_bound() {
         let mut q = DispatchQueue::new(Duration::from_millis(100));
         q.push(ms(0), 1, (), Priority::Normal, None);
-        for k in 2..10 {
-            q.push(ms(50), k, (), Priority::High, None);
+        q.push(ms(50), 2, (), Priority::High, None); // vt -50: before 1
+        q.push(ms(150), 3, (), Priority::High, None); // vt 50: after 1
+        q.push(ms(60), 4, (), Priority::Normal, None);
+        let order: Vec<u64> = std::iter::from_fn(|| q.pop(ms(200)).map(|(k, _)| k)).collect();
+        assert_eq!(order, vec![2, 1, 3, 4]);
+    }
+
+    #[test]
+    fn under_overload_both_classes_keep_moving() {
+        // Every normal item is long past the bound; high ones still get
+        // their head start of one bound.
+        let mut q = DispatchQueue::new(Duration::from_millis(10));
+        for k in 0..100u64 {
+            q.push(ms(k), k, (), Priority::Normal, None);
         }
-        assert_eq!(q.pop(ms(99)).map(|p| p.0), Some(2));
-        assert_eq!(q.pop(ms(100)).map(|p| p.0), Some(1), "waited the bound");
-        assert_eq!(q.pop(ms(100)).map(|p| p.0), Some(3));
+        q.push(ms(100), 1000, (), Priority::High, None); // vt 90
+        let order: Vec<u64> = std::iter::from_fn(|| q.pop(ms(500)).map(|(k, _)| k)).collect();
+        let pos = order.iter().position(|k| *k == 1000).unwrap();
+        assert_eq!(
+            pos, 90,
+            "after the normal items older than 90 ms, before the rest"
+        );
     }
 
     #[test]

@@ -172,6 +172,9 @@ impl<R> Dispatcher<R> {
                 self.duplicates += 1;
                 if priority == Priority::High {
                     self.queue.promote(key);
+                    if let Some(item) = self.queue.get_mut(key) {
+                        item.3 = Priority::High;
+                    }
                 }
                 Some(Duplicate::Queued)
             }
@@ -273,6 +276,11 @@ impl<R> Dispatcher<R> {
             }
         }
         dropped
+    }
+
+    /// How long the oldest normal request has waited.
+    pub fn oldest_normal_wait(&self, now: Time) -> Option<Duration> {
+        self.queue.oldest_normal_wait(now)
     }
 
     /// Requests waiting.

@@ -505,6 +505,35 @@ impl Session {
         moved
     }
 
+    /// The application finds message `(ch, seq)` overdue (a call's re-send
+    /// timeout): if it is in flight, its path is treated as if its
+    /// retransmission timeout had fired — suspected, probed, and its
+    /// in-flight messages moved to the other paths — so the caller's
+    /// re-send and the original both avoid it (hr-net: RESEND → SELECT).
+    /// Returns whether a path was suspected.
+    pub(crate) fn message_overdue(&mut self, ch: ChannelId, seq: u64) -> bool {
+        let Some(e) = self.send.entry(ch, seq) else {
+            return false;
+        };
+        if e.state != EntryState::InFlight {
+            return false;
+        }
+        let path = e.path;
+        let Some(i) = self.paths.iter().position(|p| p.id == path) else {
+            return false;
+        };
+        let p = &mut self.paths[i];
+        if p.phase != Phase::Active {
+            return false;
+        }
+        p.suspect = true;
+        p.backoff = p.backoff.saturating_add(1);
+        p.ping_due = true;
+        self.stats.timeouts += 1;
+        self.evacuate(i);
+        true
+    }
+
     /// The transport under path `pi` is gone (or the detector says so).
     pub(crate) fn path_failed(
         &mut self,
