@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use surelink_proto::detector::DetectorConfig;
+use surelink_proto::rpc::DispatcherConfig;
 use surelink_proto::{ClusterId, EndpointConfig, Epoch, NodeId};
 
 /// A peer this endpoint dials.
@@ -63,6 +64,13 @@ pub struct Config {
     /// One-way messages buffered for [`crate::Endpoint::recv`]; beyond it,
     /// they wait in the session likewise.
     pub incoming_buffer: usize,
+    /// Requests waiting in the server's dispatch queues; beyond it, they
+    /// wait in the session (unacknowledged, holding the caller back).
+    pub max_queued_requests: usize,
+    /// The server's request scheduling: priority queue, FIFO with an aging
+    /// bound, reply cache for duplicates. See
+    /// [`surelink_proto::rpc::DispatcherConfig`].
+    pub dispatch: DispatcherConfig,
     /// The protocol core's settings.
     pub core: EndpointConfig,
     /// The failure detector: heartbeats per path over UDP (on the same
@@ -89,6 +97,8 @@ impl Config {
             tcp_user_timeout: Some(Duration::from_secs(5)),
             max_concurrent_requests: 4096,
             incoming_buffer: 65_536,
+            max_queued_requests: 65_536,
+            dispatch: DispatcherConfig::default(),
             core: EndpointConfig::default(),
             detector: DetectorConfig::default(),
         }
@@ -135,7 +145,10 @@ impl Config {
                 reason: "must be non-zero",
             });
         }
-        if self.max_concurrent_requests == 0 || self.incoming_buffer == 0 {
+        if self.max_concurrent_requests == 0
+            || self.incoming_buffer == 0
+            || self.max_queued_requests == 0
+        {
             return Err(ConfigError::Invalid {
                 field: "max_concurrent_requests/incoming_buffer",
                 reason: "must be non-zero",

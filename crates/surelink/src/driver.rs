@@ -196,6 +196,8 @@ pub(crate) struct Inner {
     incoming_batch: Vec<Incoming>,
     pub(crate) requests_running: usize,
     pub(crate) handler: Option<Arc<dyn Handler>>,
+    /// Request queues and at-most-once bookkeeping.
+    pub(crate) server: crate::dispatch::ServerState,
     out: BytesMut,
     /// The deadline the timer task sleeps towards.
     armed: Option<Time>,
@@ -242,7 +244,7 @@ pub(crate) enum Job {
     Request {
         handler: Arc<dyn Handler>,
         request: Request,
-        id: u64,
+        work: crate::dispatch::Work,
     },
     Event(NetEvent),
     Close(Arc<ConnIo>),
@@ -268,6 +270,7 @@ impl Shared {
                 incoming_batch: Vec::new(),
                 requests_running: 0,
                 handler: None,
+                server: crate::dispatch::ServerState::new(config.dispatch.clone()),
                 out: BytesMut::with_capacity(TRANSMIT_BUDGET * 2),
                 armed: None,
             }),
@@ -407,7 +410,7 @@ pub(crate) fn drive(inner: &mut Inner, shared: &Shared) -> Vec<Job> {
         if let Some(p) = inner.core.peek_message() {
             match rpc::kind(p) {
                 Some(rpc::REQUEST)
-                    if inner.requests_running >= shared.config.max_concurrent_requests =>
+                    if inner.server.dispatcher.queued() >= shared.config.max_queued_requests =>
                 {
                     break
                 }
@@ -425,6 +428,7 @@ pub(crate) fn drive(inner: &mut Inner, shared: &Shared) -> Vec<Job> {
         };
         handle_event(inner, shared, ev, &mut jobs);
     }
+    crate::dispatch::dispatch_ready(inner, shared, &mut jobs);
     if !inner.incoming_batch.is_empty() {
         let mut q = shared.incoming.lock().unwrap_or_else(|e| e.into_inner());
         shared
@@ -458,31 +462,9 @@ fn handle_event(inner: &mut Inner, shared: &Shared, ev: Event, jobs: &mut Vec<Jo
                         body,
                     });
                 }
-                Some(Body::Request(id, body)) => match &inner.handler {
-                    Some(handler) => {
-                        inner.requests_running += 1;
-                        jobs.push(Job::Request {
-                            handler: handler.clone(),
-                            request: Request {
-                                peer,
-                                channel: channel.0,
-                                body,
-                            },
-                            id,
-                        });
-                    }
-                    None => {
-                        // No handler: answer with an empty reply rather than
-                        // leave the caller to time out.
-                        warn!(%peer, id, "request received but no handler is registered");
-                        let now = shared.now();
-                        let prefix = rpc::call_prefix(rpc::REPLY, id);
-                        let _ =
-                            inner
-                                .core
-                                .send_with_prefix(now, peer, channel, prefix, Bytes::new());
-                    }
-                },
+                Some(Body::Request(header, body)) => {
+                    crate::dispatch::on_request(inner, shared, peer, channel, header, body);
+                }
                 Some(Body::Reply(id, body)) => {
                     if let Some(call) = inner.calls.remove(&id) {
                         if call.peer == peer {
@@ -570,6 +552,7 @@ fn handle_event(inner: &mut Inner, shared: &Shared, ev: Event, jobs: &mut Vec<Jo
                 }
                 _ => warn!(%peer, ?reason, abandoned = n, "session ended"),
             }
+            crate::dispatch::forget_peer(inner, peer);
             jobs.push(Job::Event(NetEvent::SessionEnded {
                 peer,
                 reason,
@@ -590,7 +573,7 @@ pub(crate) fn run_jobs(shared: &Arc<Shared>, jobs: Vec<Job>) {
             Job::Request {
                 handler,
                 request,
-                id,
+                work,
             } => {
                 let (peer, channel) = (request.peer, request.channel);
                 let mut fut = handler.handle(request);
@@ -603,10 +586,10 @@ pub(crate) fn run_jobs(shared: &Arc<Shared>, jobs: Vec<Job>) {
                 if let std::task::Poll::Ready(reply) = fut.as_mut().poll(&mut cx) {
                     // Answered at once: queued with the other ready replies
                     // of this batch, written together below.
-                    ready.push((peer, channel, id, reply));
+                    ready.push((work, peer, channel, reply));
                     continue;
                 }
-                spawn_reply(shared, peer, channel, id, fut);
+                spawn_reply(shared, work, peer, channel, fut);
             }
             Job::Event(e) => {
                 let _ = shared.events.send(e);
@@ -624,60 +607,82 @@ pub(crate) fn run_jobs(shared: &Arc<Shared>, jobs: Vec<Job>) {
 }
 
 /// Runs a handler that has to wait in its own task, then sends its reply.
-fn spawn_reply(shared: &Arc<Shared>, peer: NodeId, channel: u16, id: u64, fut: HandlerFuture) {
+fn spawn_reply(
+    shared: &Arc<Shared>,
+    work: crate::dispatch::Work,
+    peer: NodeId,
+    channel: u16,
+    fut: HandlerFuture,
+) {
     let sh = shared.clone();
     tokio::spawn(async move {
         let reply = fut.await;
-        let prefix = rpc::call_prefix(rpc::REPLY, id);
-        if let Err(e) = send_message(
+        let prefix = rpc::call_prefix(rpc::REPLY, 0, channel, work.id);
+        let sent = match send_message(
             &sh,
             peer,
-            ChannelId(channel),
+            ChannelId(work.reply_channel),
             prefix,
-            reply,
+            reply.clone(),
             Flush::Now,
             |_, _| {},
         )
         .await
         {
-            debug!(%peer, error = %e, "reply not sent");
-        }
+            Ok(m) => Some(m),
+            Err(e) => {
+                debug!(%peer, error = %e, "reply not sent");
+                None
+            }
+        };
         let jobs = {
             let mut g = sh.lock();
-            g.requests_running -= 1;
+            crate::dispatch::finished(&mut g, &work, reply, sent);
             drive(&mut g, &sh)
         };
         run_jobs(&sh, jobs);
     });
 }
 
+/// A reply that was ready at once: (work, peer, the caller's channel, reply).
+type Ready = (crate::dispatch::Work, NodeId, u16, Bytes);
+
 /// Queues replies that were ready at once, all under one lock, and writes
 /// them with one `drive` (one system call per path for the whole batch).
 /// Replies that do not fit the send buffer wait in their own task.
-fn reply_batch(shared: &Arc<Shared>, ready: Vec<(NodeId, u16, u64, Bytes)>) {
+fn reply_batch(shared: &Arc<Shared>, ready: Vec<Ready>) {
     let mut waiting = Vec::new();
     let jobs = {
         let mut g = shared.lock();
         let now = shared.now();
-        for (peer, channel, id, reply) in ready {
-            let prefix = rpc::call_prefix(rpc::REPLY, id);
-            match g
-                .core
-                .send_with_prefix(now, peer, ChannelId(channel), prefix, reply)
-            {
+        for (work, peer, channel, reply) in ready {
+            let prefix = rpc::call_prefix(rpc::REPLY, 0, channel, work.id);
+            let sent = match g.core.send_with_prefix(
+                now,
+                peer,
+                ChannelId(work.reply_channel),
+                prefix,
+                reply.clone(),
+            ) {
                 Err(surelink_proto::SendError::Full { message, .. }) => {
-                    waiting.push((peer, channel, id, message));
+                    waiting.push((work, peer, channel, message));
                     continue;
                 }
-                Err(e) => debug!(%peer, error = %e, "reply not sent"),
-                Ok(_) => shared.stats.message_sent(),
-            }
-            g.requests_running -= 1;
+                Err(e) => {
+                    debug!(%peer, error = %e, "reply not sent");
+                    None
+                }
+                Ok(m) => {
+                    shared.stats.message_sent();
+                    Some(m)
+                }
+            };
+            crate::dispatch::finished(&mut g, &work, reply, sent);
         }
         drive(&mut g, shared)
     };
-    for (peer, channel, id, reply) in waiting {
-        spawn_reply(shared, peer, channel, id, Box::pin(async move { reply }));
+    for (work, peer, channel, reply) in waiting {
+        spawn_reply(shared, work, peer, channel, Box::pin(async move { reply }));
     }
     run_jobs(shared, jobs);
 }

@@ -1,21 +1,21 @@
 //! The public handle: bind, call, send, serve, receive, observe.
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::broadcast;
 use tracing::info;
 
 use surelink_proto::{ChannelId, Endpoint as Core, Epoch, LocalIdentity, NodeId, PathId};
 
+use crate::call::CallOptions;
 use crate::config::{Config, PeerConfig};
 use crate::conn;
 use crate::detector::{DelayPoint, Detector};
-use crate::driver::{self, Flush, Handler, Incoming, NetEvent, PendingCall, Shared};
+use crate::driver::{self, Flush, Handler, Incoming, NetEvent, Shared};
 use crate::error::{BindError, CallError, SendError, TrySendError};
 use crate::rpc;
 use crate::stats::StatsSnapshot;
@@ -261,61 +261,44 @@ impl Endpoint {
         request: Bytes,
         timeout: Duration,
     ) -> Result<Bytes, CallError> {
-        let start = Instant::now();
-        let deadline = tokio::time::Instant::now() + timeout;
-        let (tx, rx) = oneshot::channel();
-        let id = self.shared.next_call_id();
-        // The call is registered under the same lock that queues and writes
-        // the request, so the reply cannot arrive before it is expected.
-        let register = move |g: &mut driver::Inner, mid: surelink_proto::MessageId| {
-            g.calls.insert(
-                id,
-                PendingCall {
-                    peer,
-                    session: mid.session,
-                    tx,
-                },
-            );
-        };
-        let mut send = std::pin::pin!(driver::send_message(
+        crate::call::call(
             &self.shared,
             peer,
-            ChannelId(channel),
-            rpc::call_prefix(rpc::REQUEST, id),
+            channel,
             request,
-            Flush::Now,
-            register,
-        ));
-        // Queueing nearly always completes at once; only a full send buffer
-        // makes it wait, and only then is a timer needed for it.
-        let first = {
-            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-            send.as_mut().poll(&mut cx)
-        };
-        let sent = match first {
-            std::task::Poll::Ready(r) => Ok(r),
-            std::task::Poll::Pending => tokio::time::timeout_at(deadline, send).await,
-        };
-        let result = match sent {
-            Err(_) => Err(CallError::Timeout),
-            Ok(Err(e)) => Err(CallError::Send(e)),
-            Ok(Ok(_)) => match tokio::time::timeout_at(deadline, rx).await {
-                Ok(Ok(r)) => r,
-                Ok(Err(_)) => Err(CallError::Send(SendError::Closed)),
-                Err(_) => Err(CallError::Timeout),
-            },
-        };
-        if result.is_err() {
-            self.shared.lock().calls.remove(&id);
-        }
-        self.shared
-            .stats
-            .call_done(result.as_ref().ok().map(|_| start.elapsed()));
-        result
+            &CallOptions::new(timeout),
+        )
+        .await
+    }
+
+    /// A call with explicit options: priority, re-send timeout, deadline.
+    /// A high-priority call travels on the session's priority lane and is
+    /// served before normal requests queued at the server (within the
+    /// server's aging bound); a call without a reply within
+    /// `resend_after` is sent again with the same id (executed at most
+    /// once), with high priority unless `fixed_priority`.
+    ///
+    /// ```no_run
+    /// # async fn f(ep: surelink::Endpoint) -> Result<(), surelink::CallError> {
+    /// use std::time::Duration;
+    /// use surelink::{CallOptions, Priority};
+    /// let opts = CallOptions::new(Duration::from_millis(500)).with_priority(Priority::High);
+    /// let reply = ep.call_with(surelink::proto::NodeId(2), 0, "lease?".into(), &opts).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn call_with(
+        &self,
+        peer: NodeId,
+        channel: u16,
+        request: Bytes,
+        opts: &CallOptions,
+    ) -> Result<Bytes, CallError> {
+        crate::call::call(&self.shared, peer, channel, request, opts).await
     }
 
     /// Sends a one-way message, waiting while the session's send buffer is full.
     pub async fn send(&self, peer: NodeId, channel: u16, message: Bytes) -> Result<(), SendError> {
+        crate::call::check_channel(&self.shared, channel)?;
         driver::send_message(
             &self.shared,
             peer,
@@ -334,6 +317,7 @@ impl Endpoint {
         if self.shared.closed.load(Ordering::Relaxed) {
             return Err(SendError::Closed.into());
         }
+        crate::call::check_channel(&self.shared, channel)?;
         // Written by the flush task, as for `send`.
         let r = {
             let mut g = self.shared.lock();

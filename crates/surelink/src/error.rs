@@ -38,6 +38,15 @@ pub enum SendError {
     /// Refused by the protocol core (too large, bad channel, ...).
     #[error(transparent)]
     Core(surelink_proto::SendError),
+    /// The channel is the session's priority lane, reserved for
+    /// high-priority and re-sent requests.
+    #[error("channel {channel} is reserved (the priority lane is {lane}; use a lower channel)")]
+    ReservedChannel {
+        /// The channel asked for.
+        channel: u16,
+        /// The lane.
+        lane: u16,
+    },
     /// The endpoint is shut down.
     #[error("endpoint closed")]
     Closed,

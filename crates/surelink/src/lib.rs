@@ -26,9 +26,11 @@
 //! core and writes whatever the core answers. Request handlers run in their
 //! own tasks, outside the lock.
 
+mod call;
 mod config;
 mod conn;
 mod detector;
+mod dispatch;
 mod driver;
 mod endpoint;
 mod error;
@@ -36,6 +38,7 @@ mod exporter;
 mod rpc;
 mod stats;
 
+pub use call::CallOptions;
 pub use config::{Config, ConfigError, PeerConfig};
 pub use detector::{DelayPoint, DetectorSnapshot};
 pub use driver::{Handler, HandlerFuture, Incoming, NetEvent, Request};
@@ -44,3 +47,4 @@ pub use error::{BindError, CallError, SendError, TrySendError};
 pub use stats::StatsSnapshot;
 pub use surelink_proto as proto;
 pub use surelink_proto::detector::{DetectorConfig, DetectorMode};
+pub use surelink_proto::rpc::{DispatcherConfig, Priority};

@@ -15,6 +15,8 @@ use surelink_proto::{NodeId, SessionStats};
 pub(crate) struct Stats {
     messages_sent: AtomicU64,
     messages_received: AtomicU64,
+    duplicate_requests: AtomicU64,
+    calls_resent: AtomicU64,
     bytes_sent: AtomicU64,
     bytes_received: AtomicU64,
     paths_up: AtomicU64,
@@ -33,6 +35,8 @@ impl Default for Stats {
         Stats {
             messages_sent: AtomicU64::new(0),
             messages_received: AtomicU64::new(0),
+            duplicate_requests: AtomicU64::new(0),
+            calls_resent: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
             bytes_received: AtomicU64::new(0),
             paths_up: AtomicU64::new(0),
@@ -55,6 +59,12 @@ impl Stats {
     pub(crate) fn message_sent(&self) {
         self.messages_sent.fetch_add(1, Relaxed);
         metrics::counter!("surelink_messages_sent_total").increment(1);
+    }
+    pub(crate) fn call_resent(&self) {
+        self.calls_resent.fetch_add(1, Relaxed);
+    }
+    pub(crate) fn duplicate_request(&self) {
+        self.duplicate_requests.fetch_add(1, Relaxed);
     }
     pub(crate) fn message_received(&self) {
         self.messages_received.fetch_add(1, Relaxed);
@@ -116,6 +126,8 @@ impl Stats {
         StatsSnapshot {
             messages_sent: self.messages_sent.load(Relaxed),
             messages_received: self.messages_received.load(Relaxed),
+            duplicate_requests: self.duplicate_requests.load(Relaxed),
+            calls_resent: self.calls_resent.load(Relaxed),
             bytes_sent: self.bytes_sent.load(Relaxed),
             bytes_received: self.bytes_received.load(Relaxed),
             paths_up: self.paths_up.load(Relaxed),
@@ -139,6 +151,12 @@ pub struct StatsSnapshot {
     pub messages_sent: u64,
     /// Messages delivered to this endpoint.
     pub messages_received: u64,
+    /// Requests that arrived again (re-sends) and were answered without
+    /// running the handler a second time.
+    pub duplicate_requests: u64,
+    /// Requests this endpoint sent again (same id) after their re-send
+    /// timeout.
+    pub calls_resent: u64,
     /// Bytes written to sockets.
     pub bytes_sent: u64,
     /// Bytes read from sockets.

@@ -283,6 +283,18 @@ impl<R> Dispatcher<R> {
         self.queue.oldest_normal_wait(now)
     }
 
+    /// Forgets every incarnation of `node` (see [`Dispatcher::forget`]).
+    pub fn forget_node(&mut self, node: NodeId) -> Vec<R> {
+        let callers: std::collections::BTreeSet<Caller> = self
+            .states
+            .keys()
+            .map(|(c, _)| *c)
+            .chain(self.finished.keys().copied())
+            .filter(|c| c.node == node)
+            .collect();
+        callers.into_iter().flat_map(|c| self.forget(c)).collect()
+    }
+
     /// Requests waiting.
     pub fn queued(&self) -> usize {
         self.queue.len()
