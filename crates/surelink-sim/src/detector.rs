@@ -33,6 +33,10 @@ pub enum PauseTarget {
     SenderProcess,
     /// Only the sender's heartbeat thread.
     SenderHeartbeat,
+    /// The sender's kernel transmit path (a stuck qdisc or driver): every
+    /// packet handed to it in the window leaves when the window ends, and
+    /// its TX timestamp says so. The process keeps running.
+    SenderKernel,
     /// Every thread of the receiver.
     ReceiverProcess,
     /// The receiver's heartbeat reader.
@@ -87,6 +91,16 @@ pub struct DetectorScenario {
     pub queue_capacity: usize,
     /// Seeds network delays and TX-timestamp lag.
     pub seed: u64,
+    /// The sender's data thread sends a frame this often (traffic counts
+    /// as heartbeats); `None`: heartbeats only, so accuracy rests on the
+    /// fence alone.
+    pub data_every: Option<Duration>,
+    /// Per mille of heartbeats that sit in the sender's kernel (qdisc,
+    /// driver) for up to twice the send slack before they leave.
+    pub late_permille: u32,
+    /// Per mille of heartbeats the sender's kernel drops without a TX
+    /// timestamp.
+    pub lost_permille: u32,
 }
 
 /// What happened.
@@ -94,7 +108,8 @@ pub struct DetectorScenario {
 pub struct DetectorOutcome {
     /// When the receiver reported the sender dead (each time).
     pub peer_reports: Vec<Time>,
-    /// When the sender's gate let a data frame out.
+    /// When the sender let a frame out (data, and heartbeats leaving the
+    /// host).
     pub data_sent: Vec<Time>,
     /// When the sender's fence closed for good (its `t_valid`), if it did.
     pub fenced_at: Option<Time>,
@@ -104,6 +119,9 @@ pub struct DetectorOutcome {
     pub drops: u64,
     /// When the last of them was dropped.
     pub last_drop: Option<Time>,
+    /// When the sender's last frame actually left its host (a delayed
+    /// heartbeat may leave after the fence closed).
+    pub last_departure: Option<Time>,
     /// Barrier rounds the monitor ran.
     pub barrier_rounds: u64,
     /// Whether the receiver ever heard the sender (a peer never heard is
@@ -146,6 +164,22 @@ impl DetectorScenario {
             }
             _ => false,
         })
+    }
+
+    /// When a packet handed to the sender's kernel at `t` leaves it.
+    fn departure(&self, t: Time) -> Time {
+        self.faults
+            .iter()
+            .filter_map(|f| match *f {
+                DetectorFault::Pause {
+                    target: PauseTarget::SenderKernel,
+                    at: a,
+                    len,
+                } if t >= at(a) && t < at(a + len) => Some(at(a + len)),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(t)
     }
 
     fn cut(&self, network: u16, now: Time) -> bool {
@@ -234,28 +268,51 @@ impl DetectorScenario {
                 });
                 if let Some(due) = fence.poll_heartbeat(now) {
                     if fence.may_send(now) {
-                        for network in 0..2u16 {
-                            if self.cut(network, now) {
-                                continue;
+                        // The packet reaches the device a little later
+                        // (sometimes much later, or never); that moment is
+                        // its TX timestamp, read by the thread after it.
+                        let roll = rng.random_range(0..1000u32);
+                        let lag = if roll < self.late_permille {
+                            let slack = u64::try_from(cfg.send_slack.as_micros()).unwrap_or(0);
+                            Duration::from_micros(rng.random_range(0..=2 * slack.max(1)))
+                        } else {
+                            Duration::from_micros(rng.random_range(0..300))
+                        };
+                        let lost = roll >= 1000 - self.lost_permille.min(1000);
+                        if !lost {
+                            let departs = self.departure(now + lag);
+                            // Judged by when it was generated: a packet the
+                            // gate let out before `t_valid` may leave later
+                            // (the paper's rule, and the kernel's doing).
+                            out.data_sent.push(now);
+                            out.last_departure = out.last_departure.max(Some(departs));
+                            for network in 0..2u16 {
+                                if self.cut(network, departs) {
+                                    continue;
+                                }
+                                let delay =
+                                    Duration::from_micros(rng.random_range(0..=max_delay_us));
+                                udp_flight.push((departs + delay, Item::Heartbeat { network }));
                             }
-                            let delay = Duration::from_micros(rng.random_range(0..=max_delay_us));
-                            udp_flight.push((now + delay, Item::Heartbeat { network }));
+                            stamps.push((departs + Duration::from_micros(50), due.seq, departs));
                         }
-                        // The kernel stamps it a little later; the thread
-                        // reads the stamp a little after that.
-                        let lag = Duration::from_micros(rng.random_range(0..300));
-                        stamps.push((now + lag + lag, due.seq, now + lag));
                     }
                 }
             }
-            if alive && !self.paused(PauseTarget::SenderProcess, now) && now >= next_data {
-                next_data = now + DATA_EVERY;
+            if alive
+                && self.data_every.is_some()
+                && !self.paused(PauseTarget::SenderProcess, now)
+                && now >= next_data
+            {
+                next_data = now + self.data_every.unwrap_or(DATA_EVERY);
                 if fence.may_send(now) {
                     out.data_sent.push(now);
-                    let network = u16::from(self.cut(0, now));
-                    if !self.cut(network, now) {
+                    let departs = self.departure(now);
+                    out.last_departure = out.last_departure.max(Some(departs));
+                    let network = u16::from(self.cut(0, departs));
+                    if !self.cut(network, departs) {
                         let delay = Duration::from_micros(rng.random_range(0..=max_delay_us));
-                        tcp_flight.push_back((now + delay, network));
+                        tcp_flight.push_back((departs + delay, network));
                     }
                 }
             }
@@ -285,7 +342,7 @@ impl DetectorScenario {
                 enqueue(item, &mut queue, &mut out);
             }
             for &(t, count) in &floods {
-                if t > now.saturating_sub_dur(TICK) && t <= now {
+                if t >= now && t < now + TICK {
                     for _ in 0..count {
                         enqueue(Item::Junk, &mut queue, &mut out);
                     }
@@ -360,19 +417,6 @@ impl DetectorScenario {
         out.barrier_rounds = monitor.stats().barrier_rounds;
         out.watched = monitor.watched().next().is_some();
         out
-    }
-}
-
-trait SubDur {
-    fn saturating_sub_dur(self, d: Duration) -> Time;
-}
-
-impl SubDur for Time {
-    fn saturating_sub_dur(self, d: Duration) -> Time {
-        Time::from_nanos(
-            self.as_nanos()
-                .saturating_sub(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
-        )
     }
 }
 

@@ -25,6 +25,7 @@ fn target() -> impl Strategy<Value = PauseTarget> {
     prop_oneof![
         Just(PauseTarget::SenderProcess),
         Just(PauseTarget::SenderHeartbeat),
+        Just(PauseTarget::SenderKernel),
         Just(PauseTarget::ReceiverProcess),
         Just(PauseTarget::ReceiverReader),
         Just(PauseTarget::ReceiverChecker),
@@ -42,16 +43,39 @@ fn fault() -> impl Strategy<Value = DetectorFault> {
     ]
 }
 
+/// Settings at the validated minimum: `timeout = interval + send_slack +
+/// max_network_delay` exactly, and a short path window.
+fn tight() -> DetectorConfig {
+    let ms = Duration::from_millis;
+    let mut c = DetectorConfig::with_interval(ms(10));
+    c.send_slack = ms(20);
+    c.timeout = ms(40);
+    c.path_timeout = ms(20);
+    c.validate().unwrap();
+    c
+}
+
 fn scenario() -> impl Strategy<Value = DetectorScenario> {
-    (proptest::collection::vec(fault(), 0..6), any::<u64>()).prop_map(|(faults, seed)| {
-        DetectorScenario {
-            config: config(),
-            faults,
-            run_for: RUN,
-            queue_capacity: 64,
-            seed,
-        }
-    })
+    (
+        proptest::collection::vec(fault(), 0..6),
+        any::<u64>(),
+        any::<bool>(),
+        any::<bool>(),
+        0u32..30,
+        0u32..10,
+    )
+        .prop_map(
+            |(faults, seed, tight_config, data, late, lost)| DetectorScenario {
+                config: if tight_config { tight() } else { config() },
+                faults,
+                run_for: RUN,
+                queue_capacity: 64,
+                seed,
+                data_every: data.then(|| Duration::from_millis(1)),
+                late_permille: late,
+                lost_permille: lost,
+            },
+        )
 }
 
 fn check(s: &DetectorScenario) -> Result<(), String> {
@@ -80,7 +104,13 @@ fn check(s: &DetectorScenario) -> Result<(), String> {
     let last_drop = out.last_drop.map(|t| t.since_origin());
     let settled = s.receiver_settled().since_origin();
     let slack = c.check_every + c.barrier_timeout + Duration::from_millis(1);
-    let mut start = (stopped.since_origin() + c.max_network_delay).max(settled);
+    // A heartbeat the kernel held may leave after the fence closed (it was
+    // generated before): the window runs from whichever left last.
+    let departed = out
+        .last_departure
+        .map_or(stopped, |d| d.max(stopped))
+        .since_origin();
+    let mut start = (departed + c.max_network_delay).max(settled);
     if let Some(d) = last_drop {
         start = start.max(d + c.check_every);
     }
@@ -126,6 +156,9 @@ fn a_two_second_receiver_pause_is_no_false_report() {
         run_for: RUN,
         queue_capacity: 64,
         seed: 1,
+        data_every: Some(Duration::from_millis(1)),
+        late_permille: 0,
+        lost_permille: 0,
     };
     let out = s.run();
     assert!(out.peer_reports.is_empty(), "{:?}", out.peer_reports);
@@ -145,6 +178,9 @@ fn a_stalled_sender_is_fenced_then_reported() {
         run_for: RUN,
         queue_capacity: 64,
         seed: 2,
+        data_every: Some(Duration::from_millis(1)),
+        late_permille: 0,
+        lost_permille: 0,
     };
     let out = s.run();
     let fenced = out.fenced_at.expect("fenced");
@@ -167,6 +203,9 @@ fn a_crash_is_reported_within_the_bound() {
         run_for: RUN,
         queue_capacity: 64,
         seed: 3,
+        data_every: Some(Duration::from_millis(1)),
+        late_permille: 0,
+        lost_permille: 0,
     };
     check(&s).unwrap();
     let out = s.run();
@@ -176,4 +215,83 @@ fn a_crash_is_reported_within_the_bound() {
         r > Duration::from_millis(1150) && r < Duration::from_millis(1180),
         "{r:?}"
     );
+}
+
+#[test]
+fn the_property_catches_a_window_below_the_validated_minimum() {
+    // Sanity check of the test itself: with a window the fence cannot
+    // back, heartbeats only and slow kernels, some schedule must break
+    // accuracy — otherwise the property would be too weak to mean much.
+    let ms = Duration::from_millis;
+    let mut c = tight();
+    c.timeout = ms(22);
+    let mut broken = 0;
+    for seed in 0..300u64 {
+        let s = DetectorScenario {
+            config: c.clone(),
+            faults: vec![DetectorFault::Pause {
+                target: PauseTarget::SenderHeartbeat,
+                at: ms(200 + seed % 50),
+                len: ms(15 + seed % 10),
+            }],
+            run_for: ms(1000),
+            queue_capacity: 64,
+            seed,
+            data_every: None,
+            late_permille: 100,
+            lost_permille: 0,
+        };
+        if s.run().accuracy_violation().is_some() {
+            broken += 1;
+        }
+    }
+    assert!(broken > 0, "no violation found with a too-short window");
+}
+
+#[test]
+fn a_heartbeat_stamped_late_fences_even_if_read_later() {
+    // Heartbeats every 100 ms, each due 20 ms after its slot; the window is
+    // the validated minimum (130 ms). The kernel holds the sender's packets
+    // for 40 ms and the heartbeat thread is descheduled over the deadline,
+    // but not long enough to miss the next slot: when it wakes, it reads a
+    // TX timestamp 20 ms past the deadline. Counting that heartbeat as sent
+    // would keep the sender going after the receiver reported it.
+    let ms = Duration::from_millis;
+    let mut c = DetectorConfig::with_interval(ms(100));
+    c.send_slack = ms(20);
+    c.max_network_delay = ms(10);
+    c.timeout = ms(130);
+    c.path_timeout = ms(50);
+    c.check_every = ms(5);
+    c.barrier_timeout = ms(10);
+    c.validate().unwrap();
+    for seed in 0..20u64 {
+        let s = DetectorScenario {
+            config: c.clone(),
+            faults: vec![
+                DetectorFault::Pause {
+                    target: PauseTarget::SenderKernel,
+                    at: ms(500),
+                    len: ms(40),
+                },
+                DetectorFault::Pause {
+                    target: PauseTarget::SenderHeartbeat,
+                    at: ms(505),
+                    len: ms(55),
+                },
+            ],
+            run_for: ms(1500),
+            queue_capacity: 64,
+            seed,
+            data_every: None,
+            late_permille: 0,
+            lost_permille: 0,
+        };
+        check(&s).unwrap();
+        let out = s.run();
+        assert!(
+            out.fenced_at.is_some(),
+            "seed {seed}: the late sender is fenced"
+        );
+    }
 }

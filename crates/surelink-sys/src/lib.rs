@@ -54,3 +54,22 @@ pub mod process {
         signal(pid, libc::SIGCONT)
     }
 }
+
+/// `CLOCK_BOOTTIME`: monotonic, and unlike `CLOCK_MONOTONIC` (what
+/// `std::time::Instant` reads) it keeps counting while the machine is
+/// suspended — so a sender fence built on it closes across a suspend.
+pub fn boottime() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec; CLOCK_BOOTTIME exists on Linux ≥ 2.6.39.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    if rc != 0 {
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
+}

@@ -53,15 +53,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// `t_valid` (SafeTimer, paper Fig. 3).
 #[derive(Debug)]
 pub(crate) struct Gate {
-    base: Instant,
+    /// `CLOCK_BOOTTIME` at start: the gate's clock keeps counting through
+    /// a suspend, so the fence closes across one.
+    base: Duration,
     /// Nanoseconds since `base`; `u64::MAX` when no fence runs.
     t_valid: AtomicU64,
 }
 
 impl Gate {
-    fn new(base: Instant) -> Gate {
+    fn new() -> Gate {
         Gate {
-            base,
+            base: surelink_sys::boottime(),
             t_valid: AtomicU64::new(u64::MAX),
         }
     }
@@ -73,7 +75,8 @@ impl Gate {
     }
 
     pub(crate) fn now(&self) -> Time {
-        Time::from_nanos(u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX))
+        let d = surelink_sys::boottime().saturating_sub(self.base);
+        Time::from_nanos(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
     }
 }
 
@@ -174,7 +177,6 @@ impl Detector {
     /// `None` when the detector is off.
     pub(crate) fn start(
         cfg: &DetectorConfig,
-        base: Instant,
         cluster: ClusterId,
         node: NodeId,
         epoch: Epoch,
@@ -200,7 +202,7 @@ impl Detector {
             }
             sockets.push(Arc::new(s));
         }
-        let gate = Arc::new(Gate::new(base));
+        let gate = Arc::new(Gate::new());
         let now = gate.now();
         // The schedule starts when the sender thread does (a cold start
         // must not count as a missed heartbeat); until then nobody has
@@ -355,12 +357,11 @@ impl Detector {
     /// After a fence: heartbeats carry `epoch` and a fresh schedule starts.
     pub(crate) fn restart_fence(&self, epoch: Epoch) {
         self.epoch.store(epoch.0, Ordering::Relaxed);
-        let now = self.gate.now();
-        let fence = Fence::new(&self.cfg, now);
+        let mut f = lock(&self.fence);
+        *f = Fence::new(&self.cfg, self.gate.now());
         self.gate
             .t_valid
-            .store(fence.t_valid().as_nanos(), Ordering::Release);
-        *lock(&self.fence) = fence;
+            .store(f.t_valid().as_nanos(), Ordering::Release);
         self.fence_generation.fetch_add(1, Ordering::Release);
     }
 
@@ -390,52 +391,70 @@ impl Detector {
     fn sender_thread(self: Arc<Self>) {
         let mut stamps = Vec::new();
         let mut signalled = u64::MAX;
+        let safetimer = self.cfg.mode == DetectorMode::SafeTimer;
         {
-            let fence = Fence::new(&self.cfg, self.gate.now());
-            if self.cfg.mode == DetectorMode::SafeTimer {
+            let mut f = lock(&self.fence);
+            *f = Fence::new(&self.cfg, self.gate.now());
+            if safetimer {
                 self.gate
                     .t_valid
-                    .store(fence.t_valid().as_nanos(), Ordering::Release);
+                    .store(f.t_valid().as_nanos(), Ordering::Release);
             }
-            *lock(&self.fence) = fence;
         }
         while !self.closed.load(Ordering::Relaxed) {
             self.stall(DelayPoint::Sender);
             let now = self.gate.now();
-            let generation = self.fence_generation.load(Ordering::Acquire);
-            let (due, state, next) = {
+            // Everything that reads or writes the fence, and the gate that
+            // mirrors it, happens under the fence lock with the generation
+            // read there: a fence replaced by `restart_fence` meanwhile is
+            // never written back over the new one.
+            let (due, generation) = {
                 let mut f = lock(&self.fence);
-                if self.cfg.mode == DetectorMode::Plain && f.is_fenced() {
+                if !safetimer && f.is_fenced() {
                     // The baseline has no fence: a late thread just starts
                     // a fresh schedule.
                     *f = Fence::new(&self.cfg, now);
                 }
-                let due = f.poll_heartbeat(now);
-                (due, f.state(now), f.poll_timeout())
+                (
+                    f.poll_heartbeat(now),
+                    self.fence_generation.load(Ordering::Acquire),
+                )
             };
             if let Some(due) = due {
                 let sent_at = self.send_heartbeats(due.seq, &mut stamps);
                 let mut f = lock(&self.fence);
-                f.handle_sent(due.seq, sent_at);
-                if self.cfg.mode == DetectorMode::SafeTimer {
+                if self.fence_generation.load(Ordering::Acquire) != generation {
+                    continue;
+                }
+                match (safetimer, sent_at) {
+                    (true, Some(t)) => f.handle_sent(due.seq, t),
+                    // Unconfirmed: the fence closes at its deadline.
+                    (true, None) => {}
+                    (false, _) => f.handle_sent(due.seq, Time::ZERO),
+                }
+                if safetimer {
                     self.gate
                         .t_valid
                         .store(f.t_valid().as_nanos(), Ordering::Release);
                 }
                 continue;
             }
-            if self.cfg.mode == DetectorMode::SafeTimer {
-                if let FenceState::Fenced { at, missed_seq } = state {
-                    self.gate.t_valid.store(at.as_nanos(), Ordering::Release);
-                    if signalled != generation {
-                        signalled = generation;
-                        self.fences.fetch_add(1, Ordering::Relaxed);
-                        let _ = self.signals.send(Signal::Fenced { at, missed_seq });
+            let next = {
+                let mut f = lock(&self.fence);
+                let generation = self.fence_generation.load(Ordering::Acquire);
+                match f.state(self.gate.now()) {
+                    FenceState::Fenced { at, missed_seq } if safetimer => {
+                        self.gate.t_valid.store(at.as_nanos(), Ordering::Release);
+                        if signalled != generation {
+                            signalled = generation;
+                            self.fences.fetch_add(1, Ordering::Relaxed);
+                            let _ = self.signals.send(Signal::Fenced { at, missed_seq });
+                        }
+                        None
                     }
-                    std::thread::sleep(Duration::from_millis(1));
-                    continue;
+                    _ => f.poll_timeout(),
                 }
-            }
+            };
             match next {
                 Some(t) => self.sleep_until(t),
                 None => std::thread::sleep(Duration::from_millis(1)),
@@ -443,9 +462,14 @@ impl Detector {
         }
     }
 
-    /// Sends heartbeat `seq` everywhere; returns when it provably left the
-    /// host (the earliest TX timestamp, else the time the send returned).
-    fn send_heartbeats(&self, seq: u64, stamps: &mut Vec<TxTimestamp>) -> Time {
+    /// Sends heartbeat `seq` to every known peer address. Returns when it
+    /// provably left the host *for every peer* — per peer the earliest
+    /// confirmed copy (any network), and the latest of those — or `None`
+    /// if some peer got no confirmed copy, which leaves the heartbeat
+    /// unconfirmed (the fence closes at its deadline). A copy is confirmed
+    /// by its kernel TX timestamp; only on a socket without timestamps does
+    /// the time after `sendmsg` returned stand in (the paper's `t_after`).
+    fn send_heartbeats(&self, seq: u64, stamps: &mut Vec<TxTimestamp>) -> Option<Time> {
         let dests: Vec<((NodeId, usize), SocketAddr)> =
             lock(&self.dests).iter().map(|(k, v)| (*k, *v)).collect();
         let hb = datagram::encode_heartbeat(
@@ -456,64 +480,106 @@ impl Detector {
         );
         // Heartbeats of a fenced process must not leave either.
         if !self.gate.may_send() && self.cfg.mode == DetectorMode::SafeTimer {
-            return Time::MAX;
+            return None;
         }
-        let mut sent: Vec<(usize, u32)> = Vec::new();
+        if dests.is_empty() {
+            // Nobody to tell, so nobody can report us: the thread ran in
+            // time, which is what the schedule asks.
+            return Some(self.gate.now());
+        }
         let sockets = self.socks();
-        for ((_, network), addr) in dests {
+        // Timestamps left from earlier rounds must not confirm this one.
+        for sock in &sockets {
+            stamps.clear();
+            let _ = sock.take_tx_timestamps(stamps);
+        }
+        let round_start = SystemTime::now();
+        let mut confirmed: BTreeMap<NodeId, Option<Time>> =
+            dests.iter().map(|((p, _), _)| (*p, None)).collect();
+        // Per socket: (peer, datagram id) sent, and whether a send failed
+        // (the kernel may have numbered the failed one: ids are then not
+        // trusted for that socket).
+        let mut sent: Vec<Vec<(NodeId, u32)>> = vec![Vec::new(); sockets.len()];
+        let mut failed = vec![false; sockets.len()];
+        for ((peer, network), addr) in dests {
             let Some(sock) = sockets.get(network) else {
                 continue;
             };
             match sock.send_to(&hb, addr) {
-                Ok(id) => sent.push((network, id)),
-                Err(e) => debug!(%addr, error = %e, "heartbeat not sent"),
+                Ok(id) => sent[network].push((peer, id)),
+                Err(e) => {
+                    failed[network] = true;
+                    debug!(%addr, error = %e, "heartbeat not sent");
+                }
             }
         }
         let t_after = self.gate.now();
+        let n_sent: usize = sent.iter().map(Vec::len).sum();
         self.heartbeats_sent
-            .fetch_add(sent.len() as u64, Ordering::Relaxed);
-        if sent.is_empty() {
-            // Nobody to tell: nobody can report us either; the thread ran
-            // in time, which is what the schedule asks.
-            return t_after;
+            .fetch_add(n_sent as u64, Ordering::Relaxed);
+        let confirm = |c: &mut BTreeMap<NodeId, Option<Time>>, peer: NodeId, at: Time| {
+            if let Some(slot) = c.get_mut(&peer) {
+                *slot = Some(slot.map_or(at, |t| t.min(at)));
+            }
+        };
+        for (network, sock) in sockets.iter().enumerate() {
+            if !sock.timestamps_enabled() {
+                for (peer, _) in &sent[network] {
+                    confirm(&mut confirmed, *peer, t_after);
+                }
+            }
         }
-        // The earliest kernel timestamp among this round's datagrams.
         let deadline = Instant::now() + TIMESTAMP_WAIT;
-        let mut best: Option<Time> = None;
+        let mut got: Vec<Vec<TxTimestamp>> = vec![Vec::new(); sockets.len()];
         loop {
             for (network, sock) in sockets.iter().enumerate() {
-                if !sock.timestamps_enabled() || !sent.iter().any(|(n, _)| *n == network) {
+                if !sock.timestamps_enabled() || sent[network].is_empty() {
                     continue;
                 }
                 stamps.clear();
                 let _ = sock.take_tx_timestamps(stamps);
-                for ts in stamps.iter() {
-                    if sent.contains(&(network, ts.id)) {
-                        let at = self.to_time(ts.at);
-                        best = Some(best.map_or(at, |b| b.min(at)));
+                got[network].extend(stamps.iter().filter(|ts| ts.at >= round_start));
+                if failed[network] {
+                    // Ids not trusted: every copy on this socket counts as
+                    // confirmed only once as many stamps came back, at the
+                    // latest of them.
+                    if got[network].len() >= sent[network].len() {
+                        if let Some(latest) = got[network].iter().map(|ts| ts.at).max() {
+                            let at = self.to_time(latest);
+                            for (peer, _) in &sent[network] {
+                                confirm(&mut confirmed, *peer, at);
+                            }
+                        }
+                    }
+                } else {
+                    for ts in &got[network] {
+                        if let Some((peer, _)) = sent[network].iter().find(|(_, id)| *id == ts.id) {
+                            confirm(&mut confirmed, *peer, self.to_time(ts.at));
+                        }
                     }
                 }
             }
-            if best.is_some() || Instant::now() >= deadline {
+            if confirmed.values().all(Option::is_some) || Instant::now() >= deadline {
                 break;
             }
             std::thread::yield_now();
         }
-        match best {
-            Some(t) => {
-                self.tx_timestamped.fetch_add(1, Ordering::Relaxed);
-                t
-            }
-            None => t_after,
+        let mut latest = Time::ZERO;
+        for t in confirmed.values() {
+            latest = latest.max((*t)?);
         }
+        self.tx_timestamped.fetch_add(1, Ordering::Relaxed);
+        Some(latest)
     }
 
-    /// A kernel wall-clock timestamp on our monotonic scale.
+    /// A kernel wall-clock timestamp on the gate's scale. The wall clock is
+    /// read first: a delay between the two reads then makes the result
+    /// later, never earlier (a late heartbeat is never taken for on time).
     fn to_time(&self, at: SystemTime) -> Time {
-        let now = self.gate.now();
         let ago = SystemTime::now()
             .duration_since(at)
             .unwrap_or(Duration::ZERO);
+        let now = self.gate.now();
         Time::from_nanos(
             now.as_nanos()
                 .saturating_sub(u64::try_from(ago.as_nanos()).unwrap_or(u64::MAX)),

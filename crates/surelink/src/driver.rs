@@ -896,7 +896,12 @@ pub(crate) fn detector_report(shared: &Arc<Shared>, report: PathReport) {
                     }
                 }
             }
-            let silent = shared.now().saturating_since(last_heard);
+            // `last_heard` is on the detector's clock.
+            let now = shared
+                .detector
+                .as_ref()
+                .map_or(last_heard, |d| d.gate.now());
+            let silent = now.saturating_since(last_heard);
             warn!(peer = %watch.peer, network, silent_ms = silent.as_millis(), killed, "path silent: failing over");
             NetEvent::PathSilent {
                 peer: watch.peer,

@@ -138,7 +138,6 @@ impl Endpoint {
         let base = std::time::Instant::now();
         let detector = Detector::start(
             &config.detector,
-            base,
             config.cluster,
             config.node,
             epoch,

@@ -201,3 +201,30 @@ async fn vanished_peer_is_reported_dead_quickly() {
     // Window 50 ms + a check period + the barrier; generous for loaded CI.
     assert!(after < Duration::from_millis(500), "took {after:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_peer_stays_dead() {
+    // Traffic first, so the connections have stamped the paths as heard:
+    // those stamps must not bring the peer back after it is reported.
+    let (server, client) = pair(DetectorMode::SafeTimer).await;
+    server.serve(|r: Request| async move { r.body });
+    for _ in 0..5 {
+        client
+            .call(SERVER, 0, Bytes::from_static(b"x"), Duration::from_secs(5))
+            .await
+            .unwrap();
+    }
+    let mut events = server.events();
+    drop(client);
+    let mut dead = 0;
+    let mut revived = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(1500);
+    while let Ok(Ok(e)) = tokio::time::timeout_at(deadline, events.recv()).await {
+        match e {
+            NetEvent::PeerDead { .. } => dead += 1,
+            NetEvent::PeerAlive { .. } | NetEvent::PathHeard { .. } => revived += 1,
+            _ => {}
+        }
+    }
+    assert_eq!((dead, revived), (1, 0), "reported once, never revived");
+}

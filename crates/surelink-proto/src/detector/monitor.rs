@@ -101,6 +101,9 @@ struct PathState {
     last_heard: Time,
     epoch: Epoch,
     down: bool,
+    /// When it was reported down: only something heard after that brings
+    /// it back (a stamp taken before the report is old news).
+    down_at: Time,
 }
 
 /// What a round may report.
@@ -123,7 +126,8 @@ struct Round {
 pub struct Monitor {
     config: DetectorConfig,
     paths: BTreeMap<Watch, PathState>,
-    dead: std::collections::BTreeSet<NodeId>,
+    /// Peers reported dead, and when.
+    dead: BTreeMap<NodeId, Time>,
     next_check: Time,
     round: Option<Round>,
     next_token: u64,
@@ -140,7 +144,7 @@ impl Monitor {
         Monitor {
             config: config.clone(),
             paths: BTreeMap::new(),
-            dead: std::collections::BTreeSet::new(),
+            dead: BTreeMap::new(),
             next_check: now + config.check_every,
             round: None,
             next_token: 1,
@@ -168,8 +172,11 @@ impl Monitor {
                         last_heard: now,
                         epoch,
                         down: false,
+                        down_at: Time::ZERO,
                     },
                 );
+                // A heartbeat on a new network is news of a dead peer too.
+                self.heard(now, watch);
             }
         }
     }
@@ -189,12 +196,13 @@ impl Monitor {
         if now > p.last_heard {
             p.last_heard = now;
         }
-        if p.down {
+        if p.down && now > p.down_at {
             p.down = false;
             self.actions
                 .push_back(MonitorAction::Report(PathReport::PathUp { watch }));
         }
-        if self.dead.remove(&watch.peer) {
+        if self.dead.get(&watch.peer).is_some_and(|at| now > *at) {
+            self.dead.remove(&watch.peer);
             self.actions
                 .push_back(MonitorAction::Report(PathReport::PeerUp {
                     peer: watch.peer,
@@ -241,7 +249,7 @@ impl Monitor {
             }
             confirmed.push(suspect);
         }
-        self.report(confirmed);
+        self.report(now, confirmed);
     }
 
     /// When the suspect was last heard (for a peer: on any path).
@@ -255,7 +263,7 @@ impl Monitor {
     fn reported(&self, suspect: Suspect) -> bool {
         match suspect {
             Suspect::Path(w) => self.paths.get(&w).is_some_and(|p| p.down),
-            Suspect::Peer(peer) => self.dead.contains(&peer),
+            Suspect::Peer(peer) => self.dead.contains_key(&peer),
         }
     }
 
@@ -268,7 +276,7 @@ impl Monitor {
         )
     }
 
-    fn report(&mut self, suspects: Vec<Suspect>) {
+    fn report(&mut self, now: Time, suspects: Vec<Suspect>) {
         for suspect in suspects {
             match suspect {
                 Suspect::Path(watch) => {
@@ -276,6 +284,7 @@ impl Monitor {
                         continue;
                     };
                     p.down = true;
+                    p.down_at = now;
                     let last_heard = p.last_heard;
                     self.stats.reported_down += 1;
                     self.actions
@@ -285,7 +294,7 @@ impl Monitor {
                         }));
                 }
                 Suspect::Peer(peer) => {
-                    if self.dead.insert(peer) {
+                    if self.dead.insert(peer, now).is_none() {
                         self.stats.reported_dead += 1;
                         self.actions
                             .push_back(MonitorAction::Report(PathReport::PeerDown { peer }));
@@ -326,7 +335,7 @@ impl Monitor {
             let silent = self
                 .last_heard(Suspect::Peer(peer))
                 .is_some_and(|t| t + peer_window < now);
-            if silent && !self.dead.contains(&peer) {
+            if silent && !self.dead.contains_key(&peer) {
                 suspects.push((Suspect::Peer(peer), start_of(peer_window)));
             }
         }
@@ -334,7 +343,9 @@ impl Monitor {
             return;
         }
         match self.config.mode {
-            DetectorMode::Plain => self.report(suspects.into_iter().map(|(s, _)| s).collect()),
+            DetectorMode::Plain => {
+                self.report(now, suspects.into_iter().map(|(s, _)| s).collect());
+            }
             DetectorMode::SafeTimer if self.round.is_none() => {
                 let token = self.next_token;
                 self.next_token += 1;
@@ -365,7 +376,19 @@ impl Monitor {
     /// When to call [`Monitor::handle_timeout`] next.
     pub fn poll_timeout(&self) -> Time {
         match &self.round {
-            Some(r) => self.next_check.min(r.sent_at + self.config.barrier_timeout),
+            Some(r) => {
+                // When the round would count as lost: soon if a drop was
+                // counted since it began (the next check reads the
+                // counters), else only when given up — never a time already
+                // past, which would make the caller spin.
+                let dropped = self.t_drop.is_some_and(|t| t >= r.sent_at);
+                let lost = if dropped {
+                    r.sent_at + self.config.barrier_timeout
+                } else {
+                    r.sent_at + self.config.barrier_timeout.max(self.config.timeout)
+                };
+                self.next_check.min(lost)
+            }
             None => self.next_check,
         }
     }
@@ -387,7 +410,7 @@ impl Monitor {
 
     /// Whether `peer` is currently reported dead.
     pub fn is_dead(&self, peer: NodeId) -> bool {
-        self.dead.contains(&peer)
+        self.dead.contains_key(&peer)
     }
 
     /// Every watched path, its last-heard time and whether it is down.

@@ -311,3 +311,45 @@ fn one_round_at_a_time_and_checks_do_not_pile_up() {
     assert!(acts.len() <= 1, "{acts:?}");
     assert!(m.poll_timeout() > ms(2055));
 }
+
+#[test]
+fn old_stamps_do_not_bring_a_reported_path_or_peer_back() {
+    // The shell folds traffic stamps in at every check; a stamp from before
+    // the report must not flip the path (or the peer) back up.
+    let mut m = watching(DetectorMode::Plain);
+    m.handle_heard(ms(3), w(0));
+    let acts = tick(&mut m, 1, 300);
+    assert!(acts.contains(&MonitorAction::Report(PathReport::PeerDown { peer: A })));
+    for t in 301..=400u64 {
+        m.handle_heard(ms(3), w(0)); // the same old stamp, again and again
+        m.handle_timeout(ms(t));
+    }
+    assert!(actions(&mut m).is_empty(), "no flapping on an old stamp");
+    assert!(m.is_dead(A));
+    // Real news brings it back.
+    m.handle_heard(ms(401), w(0));
+    assert!(!m.is_dead(A));
+}
+
+#[test]
+fn a_heartbeat_on_a_new_network_revives_a_dead_peer() {
+    let mut m = watching(DetectorMode::Plain);
+    tick(&mut m, 1, 300);
+    assert!(m.is_dead(A));
+    m.handle_heartbeat(ms(301), w(1), Epoch(1));
+    assert!(actions(&mut m).contains(&MonitorAction::Report(PathReport::PeerUp { peer: A })));
+}
+
+#[test]
+fn a_slow_barrier_does_not_make_the_checker_spin() {
+    let mut m = watching(DetectorMode::SafeTimer);
+    barrier_token(&tick(&mut m, 1, 55));
+    for t in 56..=300u64 {
+        m.handle_timeout(ms(t));
+        actions(&mut m);
+        assert!(
+            m.poll_timeout() > ms(t),
+            "at {t} ms the next wake-up is in the past"
+        );
+    }
+}
