@@ -565,6 +565,12 @@ fn handle_event(inner: &mut Inner, shared: &Shared, ev: Event, jobs: &mut Vec<Jo
     }
 }
 
+thread_local! {
+    /// Set while a handler runs inline in `run_jobs` (and while its reply
+    /// is being queued): requests dispatched then go to their own task.
+    static INLINE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Does what `drive` found, outside the lock.
 pub(crate) fn run_jobs(shared: &Arc<Shared>, jobs: Vec<Job>) {
     let mut ready = Vec::new();
@@ -576,6 +582,16 @@ pub(crate) fn run_jobs(shared: &Arc<Shared>, jobs: Vec<Job>) {
                 work,
             } => {
                 let (peer, channel) = (request.peer, request.channel);
+                if INLINE.with(std::cell::Cell::get) {
+                    // Already inside an inline handler (a reply just went
+                    // out and freed a worker): run this one in its own
+                    // task, so the reader gets back to its socket and new
+                    // requests — high-priority ones among them — reach the
+                    // dispatch queues instead of waiting in the kernel.
+                    let fut = handler.handle(request);
+                    spawn_reply(shared, work, peer, channel, fut);
+                    continue;
+                }
                 let mut fut = handler.handle(request);
                 // Try the handler right here first: most handlers of a
                 // metadata or key-value service answer without waiting, and
@@ -583,7 +599,10 @@ pub(crate) fn run_jobs(shared: &Arc<Shared>, jobs: Vec<Job>) {
                 // moves to its own task (polling it again there registers
                 // the real waker; the no-op one used here is forgotten).
                 let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-                if let std::task::Poll::Ready(reply) = fut.as_mut().poll(&mut cx) {
+                INLINE.with(|i| i.set(true));
+                let polled = fut.as_mut().poll(&mut cx);
+                INLINE.with(|i| i.set(false));
+                if let std::task::Poll::Ready(reply) = polled {
                     // Answered at once: queued with the other ready replies
                     // of this batch, written together below.
                     ready.push((work, peer, channel, reply));
@@ -602,7 +621,11 @@ pub(crate) fn run_jobs(shared: &Arc<Shared>, jobs: Vec<Job>) {
         }
     }
     if !ready.is_empty() {
+        // Replies of inline handlers free workers; what `reply_batch`
+        // dispatches next runs in tasks (see `INLINE`).
+        INLINE.with(|i| i.set(true));
         reply_batch(shared, ready);
+        INLINE.with(|i| i.set(false));
     }
 }
 

@@ -56,6 +56,7 @@ mod detector;
 mod fixture;
 mod latency;
 pub(crate) mod plot;
+mod priority;
 mod report;
 mod tcp;
 mod throughput;
@@ -110,6 +111,9 @@ enum Only {
     /// The failure detector's cost: surelink with the detector against
     /// surelink without it (ping-pong, 16 callers).
     Detector,
+    /// Priority scheduling: high-priority calls through a saturated
+    /// server, priority queues against one FIFO queue.
+    Priority,
 }
 
 /// Payload sizes of both measurements, bytes.
@@ -233,6 +237,14 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<()> {
     let started = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
+    if args.only == Some(Only::Priority) {
+        let report = priority::run(&plan).await?;
+        let path = args.out.join("priority_bench.json");
+        std::fs::write(&path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+        return Ok(());
+    }
     if args.only == Some(Only::Detector) {
         let cases = detector::run(&plan, &PAYLOADS).await?;
         let path = args.out.join("detector_bench.json");
