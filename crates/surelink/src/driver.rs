@@ -7,7 +7,7 @@
 //! writes its output straight to the sockets. Work that may block or take
 //! long (running a request handler) happens after the lock is released.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use surelink_proto::detector::PathReport;
+use surelink_proto::rpc::{DispatchQueue, Priority};
 use surelink_proto::{
     ChannelId, Endpoint as Core, Epoch, Event, MessageId, NodeId, PathCloseReason, PathError,
     PathId, Prefix, SessionEndReason, SessionId, Time,
@@ -59,6 +60,13 @@ pub struct Incoming {
     pub channel: u16,
     /// The message.
     pub body: Bytes,
+}
+
+/// One-way messages waiting for `recv`: high priority first, normal ones
+/// no longer than the aging bound behind them (hr-net's queues).
+pub(crate) struct IncomingQueue {
+    pub(crate) queue: DispatchQueue<Incoming>,
+    next: u64,
 }
 
 /// The boxed future a handler returns.
@@ -193,7 +201,7 @@ pub(crate) struct Inner {
     pub(crate) calls: HashMap<u64, PendingCall>,
     /// One-way messages taken in this `drive`, moved to `Shared::incoming`
     /// at its end in one go.
-    incoming_batch: Vec<Incoming>,
+    incoming_batch: Vec<(Incoming, Priority)>,
     pub(crate) requests_running: usize,
     pub(crate) handler: Option<Arc<dyn Handler>>,
     /// Request queues and at-most-once bookkeeping.
@@ -224,7 +232,7 @@ pub(crate) struct Shared {
     pub(crate) incoming_ready: Notify,
     /// One-way messages for `recv`, behind their own lock so a receiving
     /// application does not contend with the core.
-    pub(crate) incoming: Mutex<VecDeque<Incoming>>,
+    pub(crate) incoming: Mutex<IncomingQueue>,
     pub(crate) incoming_len: std::sync::atomic::AtomicUsize,
     pub(crate) events: broadcast::Sender<NetEvent>,
     pub(crate) stats: Stats,
@@ -262,6 +270,7 @@ impl Shared {
         detector: Option<Arc<crate::detector::Detector>>,
     ) -> Shared {
         let (events, _) = broadcast::channel(1024);
+        let aging = config.dispatch.aging_bound;
         Shared {
             inner: Mutex::new(Inner {
                 core,
@@ -283,7 +292,10 @@ impl Shared {
             flush: Notify::new(),
             space: Notify::new(),
             incoming_ready: Notify::new(),
-            incoming: Mutex::new(VecDeque::new()),
+            incoming: Mutex::new(IncomingQueue {
+                queue: DispatchQueue::new(aging),
+                next: 0,
+            }),
             incoming_len: std::sync::atomic::AtomicUsize::new(0),
             events,
             stats: Stats::default(),
@@ -312,7 +324,7 @@ impl Shared {
 
     /// The last time read by `now`: good enough for queueing a message (the
     /// core only keeps its clock monotonic with it), and free.
-    fn now_cached(&self) -> Time {
+    pub(crate) fn now_cached(&self) -> Time {
         Time::from_nanos(self.last_now.load(Ordering::Relaxed))
     }
 
@@ -434,7 +446,12 @@ pub(crate) fn drive(inner: &mut Inner, shared: &Shared) -> Vec<Job> {
         shared
             .incoming_len
             .fetch_add(inner.incoming_batch.len(), Ordering::Relaxed);
-        q.extend(inner.incoming_batch.drain(..));
+        let now = shared.now_cached();
+        for (m, priority) in inner.incoming_batch.drain(..) {
+            let key = q.next;
+            q.next += 1;
+            q.queue.push(now, key, m, priority, None);
+        }
         jobs.push(Job::IncomingReady);
     }
     let t = inner.core.poll_timeout();
@@ -456,11 +473,24 @@ fn handle_event(inner: &mut Inner, shared: &Shared, ev: Event, jobs: &mut Vec<Jo
             shared.stats.message_received();
             match rpc::decode(payload) {
                 Some(Body::Oneway(body)) => {
-                    inner.incoming_batch.push(Incoming {
-                        peer,
-                        channel: channel.0,
-                        body,
-                    });
+                    inner.incoming_batch.push((
+                        Incoming {
+                            peer,
+                            channel: channel.0,
+                            body,
+                        },
+                        Priority::Normal,
+                    ));
+                }
+                Some(Body::OnewayHigh(channel, body)) => {
+                    inner.incoming_batch.push((
+                        Incoming {
+                            peer,
+                            channel,
+                            body,
+                        },
+                        Priority::High,
+                    ));
                 }
                 Some(Body::Request(header, body)) => {
                     crate::dispatch::on_request(inner, shared, peer, channel, header, body);

@@ -311,6 +311,36 @@ impl Endpoint {
         .map(|_| ())
     }
 
+    /// Sends a one-way message with a priority. A high-priority message
+    /// travels on the session's priority lane and is handed to the
+    /// receiver's [`recv`](Endpoint::recv) before normal ones waiting there
+    /// (a normal message waits at most the receiver's aging bound behind
+    /// high ones). Order is kept per channel *and* priority: a high message
+    /// may overtake normal ones of its channel.
+    pub async fn send_with(
+        &self,
+        peer: NodeId,
+        channel: u16,
+        message: Bytes,
+        priority: crate::Priority,
+    ) -> Result<(), SendError> {
+        if priority == crate::Priority::Normal {
+            return self.send(peer, channel, message).await;
+        }
+        crate::call::check_channel(&self.shared, channel)?;
+        driver::send_message(
+            &self.shared,
+            peer,
+            ChannelId(crate::call::lane(&self.shared)),
+            rpc::oneway_high_prefix(channel),
+            message,
+            Flush::Now,
+            |_, _| {},
+        )
+        .await
+        .map(|_| ())
+    }
+
     /// Sends a one-way message if there is room now; otherwise hands it back.
     pub fn try_send(&self, peer: NodeId, channel: u16, message: Bytes) -> Result<(), TrySendError> {
         if self.shared.closed.load(Ordering::Relaxed) {
@@ -412,9 +442,10 @@ impl Endpoint {
                 .incoming
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            let n = q.len().min(limit);
+            let n = q.queue.len().min(limit);
             let before = self.shared.incoming_len.load(Ordering::Relaxed);
-            buf.extend(q.drain(..n));
+            let now = self.shared.now_cached();
+            buf.extend(std::iter::from_fn(|| q.queue.pop(now).map(|(_, m)| m)).take(n));
             if n > 0 {
                 self.shared.incoming_len.fetch_sub(n, Ordering::Relaxed);
             }

@@ -24,6 +24,8 @@ pub(crate) const ONEWAY: u8 = 0;
 pub(crate) const REQUEST: u8 = 1;
 /// A reply to the request with the same id.
 pub(crate) const REPLY: u8 = 2;
+/// A high-priority one-way message (on the priority lane): channel u16.
+pub(crate) const ONEWAY_HIGH: u8 = 3;
 
 /// The request is a re-send (same id as before).
 pub(crate) const FLAG_RESEND: u8 = 1;
@@ -47,6 +49,8 @@ pub(crate) struct RequestHeader {
 pub(crate) enum Body {
     /// One-way message.
     Oneway(Bytes),
+    /// High-priority one-way message for the caller's channel.
+    OnewayHigh(u16, Bytes),
     /// A request.
     Request(RequestHeader, Bytes),
     /// Reply to request `id`.
@@ -61,6 +65,12 @@ pub(crate) fn kind(msg: &[u8]) -> Option<u8> {
 /// The header of a one-way message.
 pub(crate) fn oneway_prefix() -> Prefix {
     Prefix::new(&[ONEWAY]).unwrap_or_default()
+}
+
+/// The header of a high-priority one-way message for `channel`.
+pub(crate) fn oneway_high_prefix(channel: u16) -> Prefix {
+    let c = channel.to_be_bytes();
+    Prefix::new(&[ONEWAY_HIGH, c[0], c[1]]).unwrap_or_default()
 }
 
 /// The header of a request or reply.
@@ -95,6 +105,11 @@ pub(crate) fn decode(mut msg: Bytes) -> Option<Body> {
         ONEWAY => {
             msg.advance(1);
             Some(Body::Oneway(msg))
+        }
+        ONEWAY_HIGH if msg.len() >= 3 => {
+            msg.advance(1);
+            let channel = msg.get_u16();
+            Some(Body::OnewayHigh(channel, msg))
         }
         k @ (REQUEST | REPLY) if msg.len() >= CALL_HEADER => {
             msg.advance(1);
@@ -139,6 +154,11 @@ mod tests {
         );
         assert_eq!(decode(Bytes::from_static(&[REQUEST, 1, 2])), None);
         assert_eq!(decode(Bytes::from_static(&[9])), None);
+        assert_eq!(
+            decode(Bytes::from_static(&[ONEWAY_HIGH, 0, 4, b'x'])),
+            Some(Body::OnewayHigh(4, Bytes::from_static(b"x")))
+        );
+        assert_eq!(decode(Bytes::from_static(&[ONEWAY_HIGH, 0])), None);
         assert_eq!(decode(Bytes::new()), None);
     }
 }
