@@ -306,8 +306,16 @@ pub(super) async fn run(plan: &Plan) -> Result<PriorityReport> {
         normal_callers: NORMAL_CALLERS,
         high_every_us: u64::try_from(HIGH_EVERY.as_micros()).unwrap_or(0),
         high_all_rounds: [
-            (high_all[0].len(), us(&high_all[0], 0.5), us(&high_all[0], 0.99)),
-            (high_all[1].len(), us(&high_all[1], 0.5), us(&high_all[1], 0.99)),
+            (
+                high_all[0].len(),
+                us(&high_all[0], 0.5),
+                us(&high_all[0], 0.99),
+            ),
+            (
+                high_all[1].len(),
+                us(&high_all[1], 0.5),
+                us(&high_all[1], 0.99),
+            ),
         ],
         high_p99_ratio: us(&high_all[0], 0.99) / us(&high_all[1], 0.99),
         normal_throughput_drop_pct: (1.0
