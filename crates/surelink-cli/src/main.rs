@@ -5,6 +5,7 @@
 //! - `serve --config F`: an echo server; `call --config F --peer N`: a ping
 //!   client; `stats --metrics ADDR`: a running endpoint's counters.
 //! - `bench`: surelink against plain TCP, latency and throughput.
+//! - `testbed up|down|fault|undo`: two network namespaces, two links, faults.
 //! - `experiment detector`: false failure reports under local delays
 //!   (SafeTimer's Table 1), the sender fence, detection times.
 
@@ -18,6 +19,7 @@ mod demo_sim;
 mod experiment;
 mod serve;
 mod stats;
+mod testbed;
 
 use clap::{Parser, Subcommand};
 
@@ -44,6 +46,8 @@ enum Command {
     Stats(stats::StatsArgs),
     /// Benchmark against plain TCP: round-trip latency and throughput.
     Bench(bench::BenchArgs),
+    /// Network namespaces joined by two links, and faults (needs root).
+    Testbed(testbed::TestbedArgs),
     /// Multi-process experiments (`detector`).
     #[command(subcommand)]
     Experiment(experiment::Experiment),
@@ -73,6 +77,7 @@ fn main() -> anyhow::Result<()> {
             Command::Call(a) => serve::call(&a).await,
             Command::Stats(a) => stats::run(&a).await,
             Command::Bench(a) => bench::run(&a).await,
+            Command::Testbed(a) => testbed::main(&a),
             Command::Experiment(e) => experiment::run(&e).await,
             Command::ExperimentNode(a) => experiment::node::run(&a).await,
         }

@@ -1,0 +1,283 @@
+//! `surelink testbed up|down|fault|undo`: hosts as network namespaces
+//! joined by two independent veth links, and the faults of the failover
+//! experiments. Needs root and iproute2 (`ip`, `ss`); nftables (`nft`) for
+//! drop and loss faults.
+//!
+//! ```text
+//!   sl-a  10.77.1.1 ── veth sl-a1 ═══ sl-b1 ── 10.77.1.2  sl-b     (network 1)
+//!         10.77.2.1 ── veth sl-a2 ═══ sl-b2 ── 10.77.2.2           (network 2)
+//! ```
+//!
+//! Everything it makes carries the `sl-` prefix, and `down` removes all of
+//! it, whatever state an earlier run (even a crashed one) left: it is
+//! idempotent, and `up` starts with a `down`.
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+
+/// The namespaces (hosts).
+pub(crate) const HOSTS: [&str; 2] = ["sl-a", "sl-b"];
+/// Addresses: `ADDRS[host][network]`.
+pub(crate) const ADDRS: [[&str; 2]; 2] = [["10.77.1.1", "10.77.2.1"], ["10.77.1.2", "10.77.2.2"]];
+/// The nftables table faults live in (inside a namespace).
+const NFT_TABLE: &str = "sl_fault";
+
+/// `surelink testbed …`.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct TestbedArgs {
+    #[command(subcommand)]
+    command: TestbedCommand,
+}
+
+#[derive(Subcommand, Debug, Clone)]
+enum TestbedCommand {
+    /// Build the two hosts and both links (removing an old testbed first).
+    Up,
+    /// Remove everything the testbed made (idempotent).
+    Down,
+    /// Inject a fault on network 1.
+    Fault {
+        /// Which fault.
+        #[arg(value_enum)]
+        fault: Fault,
+        /// For `loss`: percent of packets dropped.
+        #[arg(long, default_value_t = 10)]
+        percent: u8,
+    },
+    /// Undo a fault.
+    Undo {
+        /// Which fault.
+        #[arg(value_enum)]
+        fault: Fault,
+    },
+}
+
+/// A fault on network 1 (link `sl-a1`/`sl-b1`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+pub(crate) enum Fault {
+    /// Both ends of the link down.
+    LinkDown,
+    /// Packets from host a to host b dropped on network 1 (one way).
+    OneWay,
+    /// Packets dropped both ways on network 1.
+    BothWays,
+    /// A share of packets dropped both ways on network 1.
+    Loss,
+    /// Every TCP connection on network 1 killed (`ss -K`), once.
+    Kill,
+    /// A blackhole route to b's network-1 address on host a.
+    Blackhole,
+}
+
+fn run(args: &[&str]) -> Result<String> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .with_context(|| format!("running {}", args.join(" ")))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn nft_in(ns: &str, script: &str) -> Result<()> {
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("running nft")?;
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().context("nft stdin")?;
+        stdin.write_all(script.as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "nft in {ns}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Whether this process can build the testbed, and why not.
+pub(crate) fn unavailable() -> Option<String> {
+    let uid = run(&["id", "-u"])
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default();
+    if uid != "0" {
+        return Some("the testbed needs root (network namespaces, veth, nftables)".into());
+    }
+    for tool in ["ip", "ss", "nft"] {
+        if run(&["sh", "-c", &format!("command -v {tool}")]).is_err() {
+            return Some(format!(
+                "`{tool}` is missing (apt-get install iproute2 nftables)"
+            ));
+        }
+    }
+    None
+}
+
+/// Removes every namespace and link the testbed made.
+pub(crate) fn down() -> Result<()> {
+    let list = run(&["ip", "netns", "list"]).unwrap_or_default();
+    for line in list.lines() {
+        let name = line.split_whitespace().next().unwrap_or("");
+        if name.starts_with("sl-") {
+            // Deleting a namespace deletes the veth ends inside it, and
+            // with them their peers.
+            let _ = run(&["ip", "netns", "del", name]);
+        }
+    }
+    // A crash between creating a veth pair and moving it leaves it here.
+    let links = run(&["ip", "-o", "link", "show"]).unwrap_or_default();
+    for line in links.lines() {
+        if let Some(name) = line.split(':').nth(1).map(str::trim) {
+            let name = name.split('@').next().unwrap_or(name);
+            if name.starts_with("sl-") {
+                let _ = run(&["ip", "link", "del", name]);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Builds both hosts and links.
+pub(crate) fn up() -> Result<()> {
+    if let Some(why) = unavailable() {
+        bail!("{why}");
+    }
+    down()?;
+    for h in HOSTS {
+        run(&["ip", "netns", "add", h])?;
+        run(&["ip", "-n", h, "link", "set", "lo", "up"])?;
+    }
+    for net in 0..2 {
+        let (a, b) = (format!("sl-a{}", net + 1), format!("sl-b{}", net + 1));
+        run(&["ip", "link", "add", &a, "type", "veth", "peer", "name", &b])?;
+        for (host, dev) in [(0usize, &a), (1usize, &b)] {
+            let ns = HOSTS[host];
+            run(&["ip", "link", "set", dev, "netns", ns])?;
+            let addr = format!("{}/24", ADDRS[host][net]);
+            run(&["ip", "-n", ns, "addr", "add", &addr, "dev", dev])?;
+            run(&["ip", "-n", ns, "link", "set", dev, "up"])?;
+        }
+    }
+    Ok(())
+}
+
+/// Injects `fault` on network 1.
+pub(crate) fn inject(fault: Fault, percent: u8) -> Result<()> {
+    let (a, b) = (ADDRS[0][0], ADDRS[1][0]);
+    match fault {
+        Fault::LinkDown => {
+            run(&["ip", "-n", "sl-a", "link", "set", "sl-a1", "down"])?;
+            run(&["ip", "-n", "sl-b", "link", "set", "sl-b1", "down"])?;
+        }
+        Fault::OneWay => nft_in(
+            "sl-b",
+            &format!(
+                "add table inet {NFT_TABLE}\n\
+                 add chain inet {NFT_TABLE} in {{ type filter hook input priority 0; }}\n\
+                 add rule inet {NFT_TABLE} in ip saddr {a} ip daddr {b} drop\n"
+            ),
+        )?,
+        Fault::BothWays | Fault::Loss => {
+            let cond = if fault == Fault::Loss {
+                format!("numgen random mod 100 < {percent} ")
+            } else {
+                String::new()
+            };
+            for (ns, from, to) in [("sl-b", a, b), ("sl-a", b, a)] {
+                nft_in(
+                    ns,
+                    &format!(
+                        "add table inet {NFT_TABLE}\n\
+                         add chain inet {NFT_TABLE} in {{ type filter hook input priority 0; }}\n\
+                         add rule inet {NFT_TABLE} in ip saddr {from} ip daddr {to} {cond}drop\n"
+                    ),
+                )?;
+            }
+        }
+        Fault::Kill => {
+            for (ns, local) in [("sl-a", a), ("sl-b", b)] {
+                run(&["ip", "netns", "exec", ns, "ss", "-K", "src", local])?;
+            }
+        }
+        Fault::Blackhole => {
+            run(&[
+                "ip",
+                "-n",
+                "sl-a",
+                "route",
+                "add",
+                "blackhole",
+                &format!("{b}/32"),
+            ])?;
+        }
+    }
+    Ok(())
+}
+
+/// Undoes `fault`.
+pub(crate) fn undo(fault: Fault) -> Result<()> {
+    let b = ADDRS[1][0];
+    match fault {
+        Fault::LinkDown => {
+            run(&["ip", "-n", "sl-a", "link", "set", "sl-a1", "up"])?;
+            run(&["ip", "-n", "sl-b", "link", "set", "sl-b1", "up"])?;
+        }
+        Fault::OneWay | Fault::BothWays | Fault::Loss => {
+            for ns in HOSTS {
+                let _ = nft_in(ns, &format!("delete table inet {NFT_TABLE}\n"));
+            }
+        }
+        Fault::Kill => {}
+        Fault::Blackhole => {
+            run(&[
+                "ip",
+                "-n",
+                "sl-a",
+                "route",
+                "del",
+                "blackhole",
+                &format!("{b}/32"),
+            ])?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs `surelink testbed …`.
+pub(crate) fn main(args: &TestbedArgs) -> Result<()> {
+    match &args.command {
+        TestbedCommand::Up => {
+            up()?;
+            println!(
+                "testbed up: {} ({} / {}) and {} ({} / {})",
+                HOSTS[0], ADDRS[0][0], ADDRS[0][1], HOSTS[1], ADDRS[1][0], ADDRS[1][1]
+            );
+        }
+        TestbedCommand::Down => {
+            down()?;
+            println!("testbed down: every sl-* namespace and link removed");
+        }
+        TestbedCommand::Fault { fault, percent } => {
+            inject(*fault, *percent)?;
+            println!("fault {fault:?} on network 1");
+        }
+        TestbedCommand::Undo { fault } => {
+            undo(*fault)?;
+            println!("fault {fault:?} undone");
+        }
+    }
+    Ok(())
+}
