@@ -160,13 +160,12 @@ pub(crate) fn up() -> Result<()> {
         run(&["ip", "netns", "add", h])?;
         run(&["ip", "-n", h, "link", "set", "lo", "up"])?;
     }
-    for net in 0..2 {
+    for (net, (addr_a, addr_b)) in ADDRS[0].iter().zip(ADDRS[1].iter()).enumerate() {
         let (a, b) = (format!("sl-a{}", net + 1), format!("sl-b{}", net + 1));
         run(&["ip", "link", "add", &a, "type", "veth", "peer", "name", &b])?;
-        for (host, dev) in [(0usize, &a), (1usize, &b)] {
-            let ns = HOSTS[host];
+        for (ns, dev, ip) in [(HOSTS[0], &a, addr_a), (HOSTS[1], &b, addr_b)] {
             run(&["ip", "link", "set", dev, "netns", ns])?;
-            let addr = format!("{}/24", ADDRS[host][net]);
+            let addr = format!("{ip}/24");
             run(&["ip", "-n", ns, "addr", "add", &addr, "dev", dev])?;
             run(&["ip", "-n", ns, "link", "set", dev, "up"])?;
         }
