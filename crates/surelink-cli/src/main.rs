@@ -55,6 +55,10 @@ enum Command {
     /// `experiment`).
     #[command(hide = true)]
     ExperimentNode(experiment::node::NodeArgs),
+    /// A plain TCP / MPTCP baseline node of an experiment (used by
+    /// `experiment failover`).
+    #[command(hide = true)]
+    ExperimentTcpNode(experiment::tcpnode::TcpNodeArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -80,6 +84,7 @@ fn main() -> anyhow::Result<()> {
             Command::Testbed(a) => testbed::main(&a),
             Command::Experiment(e) => experiment::run(&e).await,
             Command::ExperimentNode(a) => experiment::node::run(&a).await,
+            Command::ExperimentTcpNode(a) => experiment::tcpnode::run(&a).await,
         }
     })
 }

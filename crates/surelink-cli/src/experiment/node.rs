@@ -78,6 +78,10 @@ pub(crate) struct NodeArgs {
     /// Sender: one message every this many ms (0: none).
     #[arg(long, default_value_t = 1)]
     pub(crate) stream_ms: u64,
+    /// Sender: one call (64 B request, echoed) every this many ms (0:
+    /// none); prints a `reply` line per answer.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) calls_ms: u64,
 }
 
 impl NodeArgs {
@@ -161,12 +165,48 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
     }
     let ep = Endpoint::bind(cfg).await.context("binding the node")?;
     let mut events = ep.events();
+    if args.role == Role::Receiver {
+        ep.serve(|r: surelink::Request| async move { r.body });
+    }
     emit(json!({
         "t": wall_us(), "ev": "ready", "node": node.0, "epoch": ep.epoch().0,
         "listen": ep.local_addrs().iter().map(ToString::to_string).collect::<Vec<_>>(),
         "heartbeat": ep.heartbeat_addrs().iter().map(ToString::to_string).collect::<Vec<_>>(),
     }));
     if let Some(peer) = peer {
+        if args.calls_ms > 0 {
+            let ep = ep.clone();
+            let every = Duration::from_millis(args.calls_ms);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+                for id in 0u64.. {
+                    tick.tick().await;
+                    let ep = ep.clone();
+                    tokio::spawn(async move {
+                        let sent = wall_us();
+                        let mut body = vec![0u8; 64];
+                        body[..8].copy_from_slice(&id.to_be_bytes());
+                        match ep
+                            .call(peer, 0, Bytes::from(body), Duration::from_secs(30))
+                            .await
+                        {
+                            Ok(r) => {
+                                let echoed = r
+                                    .get(..8)
+                                    .map(|b| u64::from_be_bytes(b.try_into().unwrap_or_default()));
+                                emit(
+                                    json!({"t": wall_us(), "ev": "reply", "id": id, "sent": sent, "echo": echoed}),
+                                );
+                            }
+                            Err(e) => emit(
+                                json!({"t": wall_us(), "ev": "call_error", "id": id, "error": e.to_string()}),
+                            ),
+                        }
+                    });
+                }
+            });
+        }
         if args.stream_ms > 0 {
             let ep = ep.clone();
             let every = Duration::from_millis(args.stream_ms);

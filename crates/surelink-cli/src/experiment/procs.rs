@@ -27,9 +27,37 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl NodeProc {
     /// Starts a node with `args` and waits for its `ready` line.
     pub(crate) async fn spawn(args: &[String]) -> Result<(NodeProc, Value)> {
+        Self::spawn_in(None, "experiment-node", args).await
+    }
+
+    /// Starts `surelink <sub> <args>` (inside network namespace `ns`, if
+    /// given) and waits for its `ready` line.
+    pub(crate) async fn spawn_in(
+        ns: Option<&str>,
+        sub: &str,
+        args: &[String],
+    ) -> Result<(NodeProc, Value)> {
+        Self::spawn_in_until(ns, sub, args, "ready").await
+    }
+
+    /// Like [`NodeProc::spawn_in`], waiting for an event named `first`.
+    pub(crate) async fn spawn_in_until(
+        ns: Option<&str>,
+        sub: &str,
+        args: &[String],
+        first: &str,
+    ) -> Result<(NodeProc, Value)> {
         let exe = std::env::current_exe().context("locating the surelink binary")?;
-        let mut child = Command::new(exe)
-            .arg("experiment-node")
+        let mut cmd = match ns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(&exe);
+                c
+            }
+            None => Command::new(&exe),
+        };
+        let mut child = cmd
+            .arg(sub)
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -62,9 +90,9 @@ impl NodeProc {
             events,
         };
         let ready = node
-            .wait_for(Duration::from_secs(10), |v| v["ev"] == "ready")
+            .wait_for(Duration::from_secs(10), |v| v["ev"] == first)
             .await
-            .context("the node did not report ready")?;
+            .with_context(|| format!("the node did not report {first}"))?;
         Ok((node, ready))
     }
 

@@ -1,0 +1,362 @@
+//! `surelink experiment failover`: a client streaming requests (64 B, one
+//! per millisecond) to a server in another network namespace; at 2 s a
+//! fault hits network 1 for 3 s. Contenders, same script: surelink (two
+//! paths, heartbeats every 10 ms and 100 ms), plain TCP over network 1, and
+//! Linux MPTCP with a second subflow on network 2. Per run: the longest gap
+//! between replies (the failover time), requests lost and duplicated,
+//! replies that answer the wrong request, and the p99 latency of requests
+//! sent during the fault. (Calls are concurrent, so reply order is not
+//! meaningful here; in-order delivery under the same faults is checked by
+//! the `testbed_failover` test on one-way streams.) Needs root (see `surelink testbed`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::node::wall_us;
+use super::procs::{t, NodeProc};
+use crate::testbed::{self, Fault};
+
+/// Arguments of `surelink experiment failover`.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct FailoverArgs {
+    /// Directory for failover.json.
+    #[arg(long, default_value = "results/failover")]
+    out: PathBuf,
+    /// Runs per cell (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// One run per cell.
+    #[arg(long)]
+    quick: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+enum Contender {
+    Surelink10,
+    Surelink100,
+    Tcp,
+    Mptcp,
+}
+
+impl Contender {
+    const ALL: [Contender; 4] = [
+        Contender::Surelink10,
+        Contender::Surelink100,
+        Contender::Tcp,
+        Contender::Mptcp,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Contender::Surelink10 => "surelink (10 ms heartbeats)",
+            Contender::Surelink100 => "surelink (100 ms heartbeats)",
+            Contender::Tcp => "plain TCP on link 1",
+            Contender::Mptcp => "Linux MPTCP, 2nd subflow",
+        }
+    }
+}
+
+const FAULTS: [Fault; 5] = [
+    Fault::LinkDown,
+    Fault::OneWay,
+    Fault::BothWays,
+    Fault::Kill,
+    Fault::Loss,
+];
+
+/// One run's figures.
+#[derive(Clone, Debug, Serialize)]
+struct Run {
+    fault: Fault,
+    contender: Contender,
+    /// Longest time without a reply from 1 s before the fault to the end, ms.
+    longest_gap_ms: f64,
+    /// Replies stopped for good (the end of the run was reached without one).
+    never_recovered: bool,
+    replies: usize,
+    lost: usize,
+    duplicated: usize,
+    /// Replies that answered another request (echo of another id).
+    wrong: usize,
+    /// p99 latency of requests sent during the fault, ms.
+    p99_fault_ms: Option<f64>,
+    /// The slowest request sent during the fault, ms: how long a request
+    /// caught on the failing link waited (the per-request failover time;
+    /// the reply gap can stay small while some requests wait, because
+    /// requests spread over both paths).
+    max_fault_ms: Option<f64>,
+}
+
+fn strs(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| (*s).to_owned()).collect()
+}
+
+fn surelink_args(h: u64) -> Vec<String> {
+    let h5 = (5 * h).to_string();
+    let h3 = (3 * h).to_string();
+    let hs = h.to_string();
+    strs(&[
+        "--interval-ms",
+        &hs,
+        "--timeout-ms",
+        &h5,
+        "--path-timeout-ms",
+        &h5,
+        "--slack-ms",
+        &h3,
+        "--network-delay-ms",
+        &hs,
+    ])
+}
+
+async fn start(c: Contender, port: u16) -> Result<(NodeProc, NodeProc)> {
+    // A fresh port per run: nothing left from the previous run (a socket
+    // in TIME_WAIT, a slow exit) can get in the way.
+    let two = format!("10.77.1.2:{port},10.77.2.2:{port}");
+    let one = format!("10.77.1.2:{port}");
+    let (server, client) = match c {
+        Contender::Surelink10 | Contender::Surelink100 => {
+            let h = if c == Contender::Surelink10 { 10 } else { 100 };
+            let mut sa = strs(&["--role", "receiver", "--local", &two]);
+            sa.extend(surelink_args(h));
+            let mut ca = strs(&[
+                "--role",
+                "sender",
+                "--local",
+                "10.77.1.1:0,10.77.2.1:0",
+                "--peer",
+                &two,
+                "--stream-ms",
+                "0",
+                "--calls-ms",
+                "1",
+            ]);
+            ca.extend(surelink_args(h));
+            let (s, _) = NodeProc::spawn_in(Some("sl-b"), "experiment-node", &sa).await?;
+            let (cl, _) = NodeProc::spawn_in(Some("sl-a"), "experiment-node", &ca).await?;
+            (s, cl)
+        }
+        Contender::Tcp | Contender::Mptcp => {
+            let mut sa = strs(&["--server", "--local", &one]);
+            let mut ca = strs(&["--peer", &one, "--calls-ms", "1"]);
+            if c == Contender::Mptcp {
+                sa.push("--mptcp".into());
+                ca.push("--mptcp".into());
+            }
+            let (s, _) = NodeProc::spawn_in(Some("sl-b"), "experiment-tcp-node", &sa).await?;
+            // The client prints peer_up once connected (no ready line).
+            let (cl, _) = spawn_client(&ca).await?;
+            (s, cl)
+        }
+    };
+    if client
+        .wait_for(Duration::from_secs(10), |v| v["ev"] == "peer_up")
+        .await
+        .is_none()
+    {
+        bail!("{}: the client never connected", c.name());
+    }
+    Ok((server, client))
+}
+
+async fn spawn_client(args: &[String]) -> Result<(NodeProc, Value)> {
+    // The TCP client's first line is peer_up; it has no ready line.
+    NodeProc::spawn_in_until(Some("sl-a"), "experiment-tcp-node", args, "peer_up").await
+}
+
+fn evaluate(fault: Fault, c: Contender, events: &[Value], f0: u64, f1: u64, end: u64) -> Run {
+    let mut times = Vec::new();
+    let mut seen: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut wrong = 0;
+    let mut max_id = None;
+    let mut lat = Vec::new();
+    for v in events.iter().filter(|v| v["ev"] == "reply") {
+        let id = v["id"].as_u64().unwrap_or(0);
+        let at = t(v);
+        *seen.entry(id).or_default() += 1;
+        if v["echo"].as_u64() != Some(id) {
+            wrong += 1;
+        }
+        max_id = max_id.max(Some(id));
+        times.push(at);
+        let sent = v["sent"].as_u64().unwrap_or(0);
+        if sent >= f0 && sent <= f1 {
+            lat.push(at.saturating_sub(sent) as f64 / 1e3);
+        }
+    }
+    times.sort_unstable();
+    let from = f0.saturating_sub(1_000_000);
+    let mut last = from;
+    let mut gap = 0u64;
+    for &x in times.iter().filter(|&&x| x >= from && x <= end) {
+        gap = gap.max(x.saturating_sub(last));
+        last = x;
+    }
+    let never_recovered = last < f1;
+    gap = gap.max(end.saturating_sub(last));
+    // Requests still in flight when the run stopped are not lost: judge
+    // only those sent half a second or more before the end.
+    let top = events
+        .iter()
+        .filter(|v| v["ev"] == "reply" && v["sent"].as_u64().is_some_and(|s| s + 500_000 <= end))
+        .filter_map(|v| v["id"].as_u64())
+        .max()
+        .unwrap_or(0);
+    let _ = max_id;
+    let lost = (0..=top).filter(|id| !seen.contains_key(id)).count();
+    let duplicated = seen.values().filter(|n| **n > 1).count();
+    lat.sort_by(f64::total_cmp);
+    Run {
+        fault,
+        contender: c,
+        longest_gap_ms: gap as f64 / 1e3,
+        never_recovered,
+        replies: times.len(),
+        lost,
+        duplicated,
+        wrong,
+        p99_fault_ms: (!lat.is_empty()).then(|| lat[(lat.len() * 99 / 100).min(lat.len() - 1)]),
+        max_fault_ms: lat.last().copied(),
+    }
+}
+
+async fn one_run(fault: Fault, c: Contender, port: u16) -> Result<Run> {
+    let (server, client) = start(c, port).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let f0 = wall_us();
+    testbed::inject(fault, 10)?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    testbed::undo(fault)?;
+    let f1 = wall_us();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let end = wall_us();
+    let events = client.quit().await;
+    let server_events = server.quit().await;
+    if std::env::var_os("SURELINK_FAILOVER_DEBUG").is_some() {
+        for v in events
+            .iter()
+            .chain(&server_events)
+            .filter(|v| v["ev"] != "reply")
+        {
+            eprintln!("  {v}");
+        }
+    }
+    Ok(evaluate(fault, c, &events, f0, f1, end))
+}
+
+fn mptcp_setup() -> Result<()> {
+    let sh = |ns: &str, cmd: &str| -> Result<()> {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", ns, "sh", "-c", cmd])
+            .output()?;
+        if !out.status.success() {
+            bail!("{cmd}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    };
+    for ns in testbed::HOSTS {
+        sh(ns, "sysctl -qw net.mptcp.enabled=1")?;
+        sh(ns, "ip mptcp limits set subflow 2 add_addr_accepted 2")?;
+    }
+    sh("sl-a", "ip mptcp endpoint add 10.77.2.1 dev sl-a2 subflow")?;
+    sh("sl-b", "ip mptcp endpoint add 10.77.2.2 dev sl-b2 signal")?;
+    Ok(())
+}
+
+/// Removes the testbed when dropped.
+struct Bed;
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        let _ = testbed::down();
+    }
+}
+
+/// Runs the experiment.
+pub(crate) async fn run(args: &FailoverArgs) -> Result<()> {
+    if let Some(why) = testbed::unavailable() {
+        bail!("experiment failover: {why}");
+    }
+    std::fs::create_dir_all(&args.out)?;
+    testbed::up()?;
+    let _bed = Bed;
+    mptcp_setup().context("configuring MPTCP endpoints")?;
+    let runs = if args.quick { 1 } else { args.runs.max(1) };
+    let mut step = 0;
+    let mut all = Vec::new();
+    // SURELINK_FAILOVER_ONLY=LinkDown keeps the faults whose name contains
+    // it (debugging one cell).
+    let only = std::env::var("SURELINK_FAILOVER_ONLY").unwrap_or_default();
+    let faults: Vec<Fault> = FAULTS
+        .into_iter()
+        .filter(|f| format!("{f:?}").contains(&only))
+        .collect();
+    let total = faults.len() * Contender::ALL.len() * runs;
+    for &fault in &faults {
+        for c in Contender::ALL {
+            for r in 0..runs {
+                step += 1;
+                eprint!(
+                    "[{step}/{total}] {fault:?}, {}, run {}/{runs} ... ",
+                    c.name(),
+                    r + 1
+                );
+                let port = 7500 + u16::try_from(step).unwrap_or(0);
+                let res = one_run(fault, c, port).await?;
+                eprintln!(
+                    "gap {:.0} ms{}, lost {}, dup {}, wrong {}",
+                    res.longest_gap_ms,
+                    if res.never_recovered {
+                        " (never recovered)"
+                    } else {
+                        ""
+                    },
+                    res.lost,
+                    res.duplicated,
+                    res.wrong
+                );
+                all.push(res);
+            }
+        }
+    }
+    println!();
+    println!("Failover: 1 request/ms, 3 s fault on link 1 at t = 2 s; median of {runs} run(s)");
+    println!(
+        "{:<10} | {:<30} | {:>12} | {:>5} {:>5} {:>5} | {:>12} {:>12}",
+        "fault", "contender", "longest gap", "lost", "dup", "wrong", "p99 in fault", "max in fault"
+    );
+    println!("{}", "-".repeat(100));
+    for &fault in &faults {
+        for c in Contender::ALL {
+            let mut cell: Vec<&Run> = all
+                .iter()
+                .filter(|r| r.fault == fault && r.contender == c)
+                .collect();
+            cell.sort_by(|a, b| a.longest_gap_ms.total_cmp(&b.longest_gap_ms));
+            let m = cell[cell.len() / 2];
+            println!(
+                "{:<10} | {:<30} | {:>9.0} ms{} | {:>5} {:>5} {:>5} | {:>12} {:>12}",
+                format!("{fault:?}"),
+                c.name(),
+                m.longest_gap_ms,
+                if m.never_recovered { "*" } else { " " },
+                m.lost,
+                m.duplicated,
+                m.wrong,
+                m.p99_fault_ms.map_or("-".into(), |p| format!("{p:.1} ms")),
+                m.max_fault_ms.map_or("-".into(), |p| format!("{p:.0} ms"))
+            );
+        }
+    }
+    println!("* replies never resumed (the client does not reconnect)");
+    let json = args.out.join("failover.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&all)?)?;
+    println!("wrote {}", json.display());
+    Ok(())
+}
