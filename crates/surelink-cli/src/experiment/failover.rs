@@ -227,7 +227,16 @@ fn evaluate(fault: Fault, c: Contender, events: &[Value], f0: u64, f1: u64, end:
 }
 
 async fn one_run(fault: Fault, c: Contender, port: u16) -> Result<Run> {
-    let (server, client) = start(c, port).await?;
+    // A start that does not connect is retried once on another port (seen
+    // once in a long series; the retry is reported, the run is not
+    // counted differently).
+    let (server, client) = match start(c, port).await {
+        Ok(p) => p,
+        Err(e) => {
+            eprint!("(start failed: {e:#}; retrying) ");
+            start(c, port + 1000).await?
+        }
+    };
     tokio::time::sleep(Duration::from_secs(2)).await;
     let f0 = wall_us();
     testbed::inject(fault, 10)?;
