@@ -173,14 +173,26 @@ pub(crate) fn up() -> Result<()> {
     Ok(())
 }
 
+/// Sets both ends of link 1 `up` or `down`.
+fn link1(state: &str) -> Result<()> {
+    run(&["ip", "-n", "sl-a", "link", "set", "sl-a1", state])?;
+    run(&["ip", "-n", "sl-b", "link", "set", "sl-b1", state])?;
+    Ok(())
+}
+
+/// Adds (`add`) or removes (`del`) the blackhole route to b's network-1
+/// address on host a.
+fn blackhole(op: &str) -> Result<()> {
+    let to = format!("{}/32", ADDRS[1][0]);
+    run(&["ip", "-n", "sl-a", "route", op, "blackhole", &to])?;
+    Ok(())
+}
+
 /// Injects `fault` on network 1.
 pub(crate) fn inject(fault: Fault, percent: u8) -> Result<()> {
     let (a, b) = (ADDRS[0][0], ADDRS[1][0]);
     match fault {
-        Fault::LinkDown => {
-            run(&["ip", "-n", "sl-a", "link", "set", "sl-a1", "down"])?;
-            run(&["ip", "-n", "sl-b", "link", "set", "sl-b1", "down"])?;
-        }
+        Fault::LinkDown => link1("down")?,
         Fault::OneWay => nft_in(
             "sl-b",
             &format!(
@@ -211,46 +223,22 @@ pub(crate) fn inject(fault: Fault, percent: u8) -> Result<()> {
                 run(&["ip", "netns", "exec", ns, "ss", "-K", "src", local])?;
             }
         }
-        Fault::Blackhole => {
-            run(&[
-                "ip",
-                "-n",
-                "sl-a",
-                "route",
-                "add",
-                "blackhole",
-                &format!("{b}/32"),
-            ])?;
-        }
+        Fault::Blackhole => blackhole("add")?,
     }
     Ok(())
 }
 
 /// Undoes `fault`.
 pub(crate) fn undo(fault: Fault) -> Result<()> {
-    let b = ADDRS[1][0];
     match fault {
-        Fault::LinkDown => {
-            run(&["ip", "-n", "sl-a", "link", "set", "sl-a1", "up"])?;
-            run(&["ip", "-n", "sl-b", "link", "set", "sl-b1", "up"])?;
-        }
+        Fault::LinkDown => link1("up")?,
         Fault::OneWay | Fault::BothWays | Fault::Loss => {
             for ns in HOSTS {
                 let _ = nft_in(ns, &format!("delete table inet {NFT_TABLE}\n"));
             }
         }
         Fault::Kill => {}
-        Fault::Blackhole => {
-            run(&[
-                "ip",
-                "-n",
-                "sl-a",
-                "route",
-                "del",
-                "blackhole",
-                &format!("{b}/32"),
-            ])?;
-        }
+        Fault::Blackhole => blackhole("del")?,
     }
     Ok(())
 }

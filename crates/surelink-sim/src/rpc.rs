@@ -426,54 +426,39 @@ impl RpcScenario {
                             node: CLIENT,
                             epoch: client_epoch,
                         };
-                        match dispatcher.handle_request(
+                        let dup = dispatcher.handle_request(
                             now,
                             caller,
                             id,
                             class,
                             hint,
                             (channel.0, body, resent),
-                        ) {
-                            None => {}
-                            Some(Duplicate::Answered) => {
+                        );
+                        match &dup {
+                            None | Some(Duplicate::Queued) | Some(Duplicate::StillRunning) => {}
+                            Some(Duplicate::Answered) | Some(Duplicate::Reply(_)) => {
                                 // The caller did not get the reply: the
                                 // path under it may be stalled (RECEIVE
                                 // ERROR at the caller).
                                 if let Some(m) = reply_msgs.get(&id) {
                                     server.handle_message_overdue(now, CLIENT, *m);
                                 }
-                                let _ = server.send_with_prefix(
-                                    now,
-                                    CLIENT,
-                                    channel,
-                                    header(STILL_RUNNING, 0, id),
-                                    Bytes::new(),
-                                );
-                            }
-                            Some(Duplicate::Queued | Duplicate::StillRunning) => {
-                                // "I have it": the caller waits a full
-                                // period before sending again.
-                                let _ = server.send_with_prefix(
-                                    now,
-                                    CLIENT,
-                                    channel,
-                                    header(STILL_RUNNING, 0, id),
-                                    Bytes::new(),
-                                );
-                            }
-                            Some(Duplicate::Reply(r)) => {
-                                if let Some(m) = reply_msgs.get(&id) {
-                                    server.handle_message_overdue(now, CLIENT, *m);
-                                }
-                                let _ = server.send_with_prefix(
-                                    now,
-                                    CLIENT,
-                                    channel,
-                                    header(REPLY, 0, id),
-                                    r,
-                                );
                             }
                         }
+                        // "I have it" (the caller waits a full period
+                        // before sending again), or the cached reply.
+                        let (kind, body) = match dup {
+                            Some(Duplicate::Reply(r)) => (REPLY, r),
+                            Some(_) => (STILL_RUNNING, Bytes::new()),
+                            None => continue,
+                        };
+                        let _ = server.send_with_prefix(
+                            now,
+                            CLIENT,
+                            channel,
+                            header(kind, 0, id),
+                            body,
+                        );
                     }
                     _ => {}
                 }

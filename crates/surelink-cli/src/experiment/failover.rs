@@ -174,7 +174,6 @@ fn evaluate(fault: Fault, c: Contender, events: &[Value], f0: u64, f1: u64, end:
     let mut times = Vec::new();
     let mut seen: BTreeMap<u64, usize> = BTreeMap::new();
     let mut wrong = 0;
-    let mut max_id = None;
     let mut lat = Vec::new();
     for v in events.iter().filter(|v| v["ev"] == "reply") {
         let id = v["id"].as_u64().unwrap_or(0);
@@ -183,7 +182,6 @@ fn evaluate(fault: Fault, c: Contender, events: &[Value], f0: u64, f1: u64, end:
         if v["echo"].as_u64() != Some(id) {
             wrong += 1;
         }
-        max_id = max_id.max(Some(id));
         times.push(at);
         let sent = v["sent"].as_u64().unwrap_or(0);
         if sent >= f0 && sent <= f1 {
@@ -208,7 +206,6 @@ fn evaluate(fault: Fault, c: Contender, events: &[Value], f0: u64, f1: u64, end:
         .filter_map(|v| v["id"].as_u64())
         .max()
         .unwrap_or(0);
-    let _ = max_id;
     let lost = (0..=top).filter(|id| !seen.contains_key(id)).count();
     let duplicated = seen.values().filter(|n| **n > 1).count();
     lat.sort_by(f64::total_cmp);
