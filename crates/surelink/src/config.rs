@@ -71,12 +71,28 @@ pub struct Config {
     /// bound, reply cache for duplicates. See
     /// [`surelink_proto::rpc::DispatcherConfig`].
     pub dispatch: DispatcherConfig,
-    /// The protocol core's settings.
+    /// The protocol core's settings ([`default_core`] unless changed).
     pub core: EndpointConfig,
     /// The failure detector: heartbeats per path over UDP (on the same
     /// address and port as each listener), SafeTimer checks and the send
     /// fence. See [`DetectorConfig`].
     pub detector: DetectorConfig,
+}
+
+/// The core's defaults as the shell runs it: a LAN cluster whose paths are
+/// TCP connections, with a second path to re-send on. A path's
+/// retransmission floor is 20 ms instead of TCP's 200 ms and
+/// acknowledgements wait at most 5 ms (they ride on replies when there are
+/// any): a message caught on a failing path (one-way drop, loss) is re-sent
+/// on the other path after ~25 ms, well inside the detector's 5-interval
+/// path window. A premature re-send costs one duplicate, which the receiver
+/// drops; a late one stalls the stream, so the floor leans short.
+pub fn default_core() -> EndpointConfig {
+    EndpointConfig {
+        min_rto: Duration::from_millis(20),
+        max_ack_delay: Duration::from_millis(5),
+        ..EndpointConfig::default()
+    }
 }
 
 impl Config {
@@ -99,7 +115,7 @@ impl Config {
             incoming_buffer: 65_536,
             max_queued_requests: 65_536,
             dispatch: DispatcherConfig::default(),
-            core: EndpointConfig::default(),
+            core: default_core(),
             detector: DetectorConfig::default(),
         }
     }

@@ -39,7 +39,7 @@ mod rpc;
 mod stats;
 
 pub use call::CallOptions;
-pub use config::{Config, ConfigError, PeerConfig};
+pub use config::{default_core, Config, ConfigError, PeerConfig};
 pub use detector::{DelayPoint, DetectorSnapshot};
 pub use driver::{Handler, HandlerFuture, Incoming, NetEvent, Request};
 pub use endpoint::{Endpoint, PathInfo};

@@ -3,11 +3,11 @@
 //! fault hits network 1 for 3 s. Contenders, same script: surelink (two
 //! paths, heartbeats every 10 ms and 100 ms), plain TCP over network 1, and
 //! Linux MPTCP with a second subflow on network 2. Per run: the longest gap
-//! between replies (the failover time), requests lost and duplicated,
-//! replies that answer the wrong request, and the p99 latency of requests
-//! sent during the fault. (Calls are concurrent, so reply order is not
-//! meaningful here; in-order delivery under the same faults is checked by
-//! the `testbed_failover` test on one-way streams.) Needs root (see `surelink testbed`).
+//! between replies (the failover time), requests lost, duplicated (replied
+//! or executed twice) and reordered (reaching the server after a later
+//! one), replies that answer the wrong request, the p99 and the maximum
+//! latency of requests sent during the fault, and a PNG per fault with
+//! every request's latency. Needs root (see `surelink testbed`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -84,6 +84,9 @@ struct Run {
     duplicated: usize,
     /// Replies that answered another request (echo of another id).
     wrong: usize,
+    /// Replies that came after the reply to a later request (request ids
+    /// are issued in sending order).
+    reordered: usize,
     /// p99 latency of requests sent during the fault, ms.
     p99_fault_ms: Option<f64>,
     /// The slowest request sent during the fault, ms: how long a request
@@ -91,6 +94,14 @@ struct Run {
     /// the reply gap can stay small while some requests wait, because
     /// requests spread over both paths).
     max_fault_ms: Option<f64>,
+    /// Every answered request: (sent, ms since the fault began; latency,
+    /// ms) — drawn, not written to the JSON.
+    #[serde(skip)]
+    points: Vec<(f64, f64)>,
+}
+
+fn fault_file(f: Fault) -> String {
+    format!("{f:?}").to_lowercase()
 }
 
 fn strs(v: &[&str]) -> Vec<String> {
@@ -170,11 +181,20 @@ async fn spawn_client(args: &[String]) -> Result<(NodeProc, Value)> {
     NodeProc::spawn_in_until(Some("sl-a"), "experiment-tcp-node", args, "peer_up").await
 }
 
-fn evaluate(fault: Fault, c: Contender, events: &[Value], f0: u64, f1: u64, end: u64) -> Run {
+fn evaluate(
+    fault: Fault,
+    c: Contender,
+    events: &[Value],
+    server_events: &[Value],
+    (f0, f1, end): (u64, u64, u64),
+) -> Run {
     let mut times = Vec::new();
     let mut seen: BTreeMap<u64, usize> = BTreeMap::new();
     let mut wrong = 0;
     let mut lat = Vec::new();
+    let mut points = Vec::new();
+    let mut reordered = 0;
+    let mut top_id = None;
     for v in events.iter().filter(|v| v["ev"] == "reply") {
         let id = v["id"].as_u64().unwrap_or(0);
         let at = t(v);
@@ -182,8 +202,16 @@ fn evaluate(fault: Fault, c: Contender, events: &[Value], f0: u64, f1: u64, end:
         if v["echo"].as_u64() != Some(id) {
             wrong += 1;
         }
+        if top_id.is_some_and(|m| id < m) {
+            reordered += 1;
+        }
+        top_id = top_id.max(Some(id));
         times.push(at);
         let sent = v["sent"].as_u64().unwrap_or(0);
+        points.push((
+            (sent as f64 - f0 as f64) / 1e3,
+            at.saturating_sub(sent) as f64 / 1e3,
+        ));
         if sent >= f0 && sent <= f1 {
             lat.push(at.saturating_sub(sent) as f64 / 1e3);
         }
@@ -207,7 +235,16 @@ fn evaluate(fault: Fault, c: Contender, events: &[Value], f0: u64, f1: u64, end:
         .max()
         .unwrap_or(0);
     let lost = (0..=top).filter(|id| !seen.contains_key(id)).count();
-    let duplicated = seen.values().filter(|n| **n > 1).count();
+    let mut duplicated = seen.values().filter(|n| **n > 1).count();
+    // The surelink receiver counts what it executed: requests run twice,
+    // and requests that arrived after a later one (the client issues them
+    // in id order). A TCP byte stream is echoed in order, so the replies'
+    // order is the arrival order.
+    if let Some(o) = server_events.iter().find(|v| v["ev"] == "server_order") {
+        let n = |k: &str| usize::try_from(o[k].as_u64().unwrap_or(0)).unwrap_or(usize::MAX);
+        duplicated = duplicated.max(n("duplicated"));
+        reordered = n("reordered");
+    }
     lat.sort_by(f64::total_cmp);
     Run {
         fault,
@@ -218,8 +255,10 @@ fn evaluate(fault: Fault, c: Contender, events: &[Value], f0: u64, f1: u64, end:
         lost,
         duplicated,
         wrong,
+        reordered,
         p99_fault_ms: (!lat.is_empty()).then(|| lat[(lat.len() * 99 / 100).min(lat.len() - 1)]),
         max_fault_ms: lat.last().copied(),
+        points,
     }
 }
 
@@ -253,7 +292,7 @@ async fn one_run(fault: Fault, c: Contender, port: u16) -> Result<Run> {
             eprintln!("  {v}");
         }
     }
-    Ok(evaluate(fault, c, &events, f0, f1, end))
+    Ok(evaluate(fault, c, &events, &server_events, (f0, f1, end)))
 }
 
 fn mptcp_setup() -> Result<()> {
@@ -316,7 +355,7 @@ pub(crate) async fn run(args: &FailoverArgs) -> Result<()> {
                 let port = 7500 + u16::try_from(step).unwrap_or(0);
                 let res = one_run(fault, c, port).await?;
                 eprintln!(
-                    "gap {:.0} ms{}, lost {}, dup {}, wrong {}",
+                    "gap {:.0} ms{}, lost {}, dup {}, reordered {}, wrong {}",
                     res.longest_gap_ms,
                     if res.never_recovered {
                         " (never recovered)"
@@ -325,6 +364,7 @@ pub(crate) async fn run(args: &FailoverArgs) -> Result<()> {
                     },
                     res.lost,
                     res.duplicated,
+                    res.reordered,
                     res.wrong
                 );
                 all.push(res);
@@ -334,11 +374,20 @@ pub(crate) async fn run(args: &FailoverArgs) -> Result<()> {
     println!();
     println!("Failover: 1 request/ms, 3 s fault on link 1 at t = 2 s; median of {runs} run(s)");
     println!(
-        "{:<10} | {:<30} | {:>12} | {:>5} {:>5} {:>5} | {:>12} {:>12}",
-        "fault", "contender", "longest gap", "lost", "dup", "wrong", "p99 in fault", "max in fault"
+        "{:<10} | {:<30} | {:>12} | {:>5} {:>5} {:>5} {:>5} | {:>12} {:>12}",
+        "fault",
+        "contender",
+        "longest gap",
+        "lost",
+        "dup",
+        "reord",
+        "wrong",
+        "p99 in fault",
+        "max in fault"
     );
-    println!("{}", "-".repeat(100));
+    println!("{}", "-".repeat(106));
     for &fault in &faults {
+        let mut lanes = Vec::new();
         for c in Contender::ALL {
             let mut cell: Vec<&Run> = all
                 .iter()
@@ -347,17 +396,38 @@ pub(crate) async fn run(args: &FailoverArgs) -> Result<()> {
             cell.sort_by(|a, b| a.longest_gap_ms.total_cmp(&b.longest_gap_ms));
             let m = cell[cell.len() / 2];
             println!(
-                "{:<10} | {:<30} | {:>9.0} ms{} | {:>5} {:>5} {:>5} | {:>12} {:>12}",
+                "{:<10} | {:<30} | {:>9.0} ms{} | {:>5} {:>5} {:>5} {:>5} | {:>12} {:>12}",
                 format!("{fault:?}"),
                 c.name(),
                 m.longest_gap_ms,
                 if m.never_recovered { "*" } else { " " },
                 m.lost,
                 m.duplicated,
+                m.reordered,
                 m.wrong,
                 m.p99_fault_ms.map_or("-".into(), |p| format!("{p:.1} ms")),
                 m.max_fault_ms.map_or("-".into(), |p| format!("{p:.0} ms"))
             );
+            lanes.push(super::plot::LatencyLane {
+                title: format!(
+                    "{} — longest reply gap {:.0} ms{}",
+                    c.name(),
+                    m.longest_gap_ms,
+                    if m.never_recovered {
+                        " (never recovered)"
+                    } else {
+                        ""
+                    }
+                ),
+                points: m.points.clone(),
+            });
+        }
+        let png = args.out.join(format!("failover-{}.png", fault_file(fault)));
+        let title =
+            format!("{fault:?} on link 1 (shaded, 3 s): latency of every request, median run");
+        match super::plot::latency_timeline(&png, &title, &lanes, (0.0, 3000.0)) {
+            Ok(()) => println!("wrote {}", png.display()),
+            Err(e) => eprintln!("plot {}: {e:#}", png.display()),
         }
     }
     println!("* replies never resumed (the client does not reconnect)");

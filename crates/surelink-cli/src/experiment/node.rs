@@ -9,12 +9,15 @@
 //! sender's epoch and sequence number). It reads commands on stdin:
 //! `delay reader|checker|sender MS`, `rcvbuf BYTES`, `quit`.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use clap::{Args, ValueEnum};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde_json::json;
 use surelink::proto::{ClusterId, NodeId};
 use surelink::{Config, DelayPoint, DetectorConfig, DetectorMode, Endpoint, NetEvent, PeerConfig};
@@ -165,8 +168,18 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
     }
     let ep = Endpoint::bind(cfg).await.context("binding the node")?;
     let mut events = ep.events();
+    // The receiver counts, per request id (its first 8 bytes), how often
+    // it ran and whether it came after a later one: printed at `quit`.
+    let order = Arc::new(Mutex::new(ServerOrder::default()));
     if args.role == Role::Receiver {
-        ep.serve(|r: surelink::Request| async move { r.body });
+        let order = order.clone();
+        ep.serve(move |r: surelink::Request| {
+            if let Some(id) = r.body.get(..8) {
+                let id = u64::from_be_bytes(id.try_into().unwrap_or_default());
+                order.lock().unwrap_or_else(|e| e.into_inner()).saw(id);
+            }
+            async move { r.body }
+        });
     }
     emit(json!({
         "t": wall_us(), "ev": "ready", "node": node.0, "epoch": ep.epoch().0,
@@ -178,32 +191,37 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
             let ep = ep.clone();
             let every = Duration::from_millis(args.calls_ms);
             tokio::spawn(async move {
+                // One task issues the calls in id order (each call's first
+                // poll sends it), so the server can check the order they
+                // arrive in; replies are printed as they complete.
                 let mut tick = tokio::time::interval(every);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-                for id in 0u64.. {
-                    tick.tick().await;
-                    let ep = ep.clone();
-                    tokio::spawn(async move {
-                        let sent = wall_us();
-                        let mut body = vec![0u8; 64];
-                        body[..8].copy_from_slice(&id.to_be_bytes());
-                        match ep
-                            .call(peer, 0, Bytes::from(body), Duration::from_secs(30))
-                            .await
-                        {
+                let mut pending = FuturesUnordered::new();
+                let mut next_id = 0u64;
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {
+                            let id = next_id;
+                            next_id += 1;
+                            let ep = ep.clone();
+                            pending.push(async move {
+                                let sent = wall_us();
+                                let mut body = vec![0u8; 64];
+                                body[..8].copy_from_slice(&id.to_be_bytes());
+                                let r = ep.call(peer, 0, Bytes::from(body), Duration::from_secs(30)).await;
+                                (id, sent, r)
+                            });
+                        }
+                        Some((id, sent, r)) = pending.next() => match r {
                             Ok(r) => {
                                 let echoed = r
                                     .get(..8)
                                     .map(|b| u64::from_be_bytes(b.try_into().unwrap_or_default()));
-                                emit(
-                                    json!({"t": wall_us(), "ev": "reply", "id": id, "sent": sent, "echo": echoed}),
-                                );
+                                emit(json!({"t": wall_us(), "ev": "reply", "id": id, "sent": sent, "echo": echoed}));
                             }
-                            Err(e) => emit(
-                                json!({"t": wall_us(), "ev": "call_error", "id": id, "error": e.to_string()}),
-                            ),
-                        }
-                    });
+                            Err(e) => emit(json!({"t": wall_us(), "ev": "call_error", "id": id, "error": e.to_string()})),
+                        },
+                    }
                 }
             });
         }
@@ -276,6 +294,33 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
             }
         }
     }
+    if args.role == Role::Receiver {
+        let o = order.lock().unwrap_or_else(|e| e.into_inner());
+        emit(
+            json!({"t": wall_us(), "ev": "server_order", "requests": o.runs.len(),
+                    "reordered": o.reordered, "duplicated": o.duplicated}),
+        );
+    }
     ep.shutdown().await;
     Ok(())
+}
+
+/// Requests as the receiver saw them.
+#[derive(Default)]
+struct ServerOrder {
+    runs: HashSet<u64>,
+    top: Option<u64>,
+    reordered: u64,
+    duplicated: u64,
+}
+
+impl ServerOrder {
+    fn saw(&mut self, id: u64) {
+        if !self.runs.insert(id) {
+            self.duplicated += 1;
+        } else if self.top.is_some_and(|t| id < t) {
+            self.reordered += 1;
+        }
+        self.top = self.top.max(Some(id));
+    }
 }

@@ -1,6 +1,8 @@
-//! The detector timeline: messages arriving at the receiver around a 2 s
-//! stall of the sender's heartbeat thread, one panel per detector, with the
-//! receiver's report and the sender's fence marked.
+//! Timelines drawn by the experiments: the detector's (messages arriving at
+//! the receiver around a 2 s stall of the sender's heartbeat thread, one
+//! panel per detector, the receiver's report and the sender's fence marked)
+//! and failover's (every request's latency around a fault, one panel per
+//! contender).
 
 use std::path::Path;
 
@@ -94,6 +96,62 @@ pub(crate) fn timeline(path: &Path, lanes: &[Lane]) -> Result<()> {
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
             .draw()?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// One panel of a latency timeline.
+pub(crate) struct LatencyLane {
+    pub(crate) title: String,
+    /// (request sent, ms since the fault began; its latency, ms).
+    pub(crate) points: Vec<(f64, f64)>,
+}
+
+/// Every request's latency against the time it was sent, one panel per
+/// contender stacked, the fault window shaded: a failover shows as a
+/// spike whose height is how long the caught requests waited, a gap in
+/// the dots as requests that were never answered.
+pub(crate) fn latency_timeline(
+    path: &Path,
+    title: &str,
+    lanes: &[LatencyLane],
+    fault_ms: (f64, f64),
+) -> Result<()> {
+    anyhow::ensure!(
+        crate::bench::plot::register_sans_serif(),
+        "no TrueType font found (set SURELINK_BENCH_FONT)"
+    );
+    let n = lanes.len().max(1);
+    let height = 60 + 240 * u32::try_from(n).unwrap_or(1);
+    let root = BitMapBackend::new(path, (1100, height)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let root = root.titled(title, ("sans-serif", 20))?;
+    let panels = root.split_evenly((n, 1));
+    let (x0, x1) = (-1000.0, 5800.0);
+    let (y0, y1) = (0.01f64, 10_000.0f64);
+    for (lane, area) in lanes.iter().zip(panels.iter()) {
+        let mut chart = ChartBuilder::on(area)
+            .caption(&lane.title, ("sans-serif", 16))
+            .margin(8)
+            .x_label_area_size(30)
+            .y_label_area_size(60)
+            .build_cartesian_2d(x0..x1, (y0..y1).log_scale())?;
+        chart
+            .configure_mesh()
+            .x_desc("request sent, ms since the fault began")
+            .y_desc("latency, ms")
+            .draw()?;
+        chart.draw_series(std::iter::once(Rectangle::new(
+            [(fault_ms.0, y0), (fault_ms.1, y1)],
+            RGBColor(230, 230, 230).filled(),
+        )))?;
+        chart.draw_series(
+            lane.points
+                .iter()
+                .filter(|(x, _)| (x0..=x1).contains(x))
+                .map(|&(x, y)| Circle::new((x, y.clamp(y0, y1)), 1, BLUE.filled())),
+        )?;
     }
     root.present()?;
     Ok(())
