@@ -21,8 +21,11 @@ use clap::{Args, Subcommand, ValueEnum};
 pub(crate) const HOSTS: [&str; 2] = ["sl-a", "sl-b"];
 /// Addresses: `ADDRS[host][network]`.
 pub(crate) const ADDRS: [[&str; 2]; 2] = [["10.77.1.1", "10.77.2.1"], ["10.77.1.2", "10.77.2.2"]];
-/// The nftables table faults live in (inside a namespace).
-const NFT_TABLE: &str = "sl_fault";
+/// The nftables table a fault on network `net` (0-based) lives in, inside
+/// a namespace: one per network, so both can be faulted at once.
+fn nft_table(net: usize) -> String {
+    format!("sl_fault{}", net + 1)
+}
 
 /// `surelink testbed …`.
 #[derive(Args, Debug, Clone)]
@@ -37,7 +40,7 @@ enum TestbedCommand {
     Up,
     /// Remove everything the testbed made (idempotent).
     Down,
-    /// Inject a fault on network 1.
+    /// Inject a fault on a network.
     Fault {
         /// Which fault.
         #[arg(value_enum)]
@@ -45,29 +48,35 @@ enum TestbedCommand {
         /// For `loss`: percent of packets dropped.
         #[arg(long, default_value_t = 10)]
         percent: u8,
+        /// Which network (1 or 2).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+        network: u8,
     },
     /// Undo a fault.
     Undo {
         /// Which fault.
         #[arg(value_enum)]
         fault: Fault,
+        /// Which network (1 or 2).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+        network: u8,
     },
 }
 
-/// A fault on network 1 (link `sl-a1`/`sl-b1`).
+/// A fault on one network (network 1: link `sl-a1`/`sl-b1`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
 pub(crate) enum Fault {
     /// Both ends of the link down.
     LinkDown,
-    /// Packets from host a to host b dropped on network 1 (one way).
+    /// Packets from host a to host b dropped (one way).
     OneWay,
-    /// Packets dropped both ways on network 1.
+    /// Packets dropped both ways.
     BothWays,
     /// A share of packets dropped both ways on network 1.
     Loss,
-    /// Every TCP connection on network 1 killed (`ss -K`), once.
+    /// Every TCP connection on the network killed (`ss -K`), once.
     Kill,
-    /// A blackhole route to b's network-1 address on host a.
+    /// A blackhole route to b's address on the network, on host a.
     Blackhole,
 }
 
@@ -173,32 +182,49 @@ pub(crate) fn up() -> Result<()> {
     Ok(())
 }
 
-/// Sets both ends of link 1 `up` or `down`.
-fn link1(state: &str) -> Result<()> {
-    run(&["ip", "-n", "sl-a", "link", "set", "sl-a1", state])?;
-    run(&["ip", "-n", "sl-b", "link", "set", "sl-b1", state])?;
+/// Sets both ends of link `net` `up` or `down`.
+fn link(net: usize, state: &str) -> Result<()> {
+    run(&[
+        "ip",
+        "-n",
+        "sl-a",
+        "link",
+        "set",
+        &format!("sl-a{}", net + 1),
+        state,
+    ])?;
+    run(&[
+        "ip",
+        "-n",
+        "sl-b",
+        "link",
+        "set",
+        &format!("sl-b{}", net + 1),
+        state,
+    ])?;
     Ok(())
 }
 
-/// Adds (`add`) or removes (`del`) the blackhole route to b's network-1
-/// address on host a.
-fn blackhole(op: &str) -> Result<()> {
-    let to = format!("{}/32", ADDRS[1][0]);
+/// Adds (`add`) or removes (`del`) the blackhole route to b's address on
+/// network `net`, on host a.
+fn blackhole(net: usize, op: &str) -> Result<()> {
+    let to = format!("{}/32", ADDRS[1][net]);
     run(&["ip", "-n", "sl-a", "route", op, "blackhole", &to])?;
     Ok(())
 }
 
-/// Injects `fault` on network 1.
-pub(crate) fn inject(fault: Fault, percent: u8) -> Result<()> {
-    let (a, b) = (ADDRS[0][0], ADDRS[1][0]);
+/// Injects `fault` on network `net` (0-based).
+pub(crate) fn inject(net: usize, fault: Fault, percent: u8) -> Result<()> {
+    let (a, b) = (ADDRS[0][net], ADDRS[1][net]);
+    let table = nft_table(net);
     match fault {
-        Fault::LinkDown => link1("down")?,
+        Fault::LinkDown => link(net, "down")?,
         Fault::OneWay => nft_in(
             "sl-b",
             &format!(
-                "add table inet {NFT_TABLE}\n\
-                 add chain inet {NFT_TABLE} in {{ type filter hook input priority 0; }}\n\
-                 add rule inet {NFT_TABLE} in ip saddr {a} ip daddr {b} drop\n"
+                "add table inet {table}\n\
+                 add chain inet {table} in {{ type filter hook input priority 0; }}\n\
+                 add rule inet {table} in ip saddr {a} ip daddr {b} drop\n"
             ),
         )?,
         Fault::BothWays | Fault::Loss => {
@@ -211,9 +237,9 @@ pub(crate) fn inject(fault: Fault, percent: u8) -> Result<()> {
                 nft_in(
                     ns,
                     &format!(
-                        "add table inet {NFT_TABLE}\n\
-                         add chain inet {NFT_TABLE} in {{ type filter hook input priority 0; }}\n\
-                         add rule inet {NFT_TABLE} in ip saddr {from} ip daddr {to} {cond}drop\n"
+                        "add table inet {table}\n\
+                         add chain inet {table} in {{ type filter hook input priority 0; }}\n\
+                         add rule inet {table} in ip saddr {from} ip daddr {to} {cond}drop\n"
                     ),
                 )?;
             }
@@ -223,22 +249,22 @@ pub(crate) fn inject(fault: Fault, percent: u8) -> Result<()> {
                 run(&["ip", "netns", "exec", ns, "ss", "-K", "src", local])?;
             }
         }
-        Fault::Blackhole => blackhole("add")?,
+        Fault::Blackhole => blackhole(net, "add")?,
     }
     Ok(())
 }
 
-/// Undoes `fault`.
-pub(crate) fn undo(fault: Fault) -> Result<()> {
+/// Undoes `fault` on network `net` (0-based).
+pub(crate) fn undo(net: usize, fault: Fault) -> Result<()> {
     match fault {
-        Fault::LinkDown => link1("up")?,
+        Fault::LinkDown => link(net, "up")?,
         Fault::OneWay | Fault::BothWays | Fault::Loss => {
             for ns in HOSTS {
-                let _ = nft_in(ns, &format!("delete table inet {NFT_TABLE}\n"));
+                let _ = nft_in(ns, &format!("delete table inet {}\n", nft_table(net)));
             }
         }
         Fault::Kill => {}
-        Fault::Blackhole => blackhole("del")?,
+        Fault::Blackhole => blackhole(net, "del")?,
     }
     Ok(())
 }
@@ -257,13 +283,17 @@ pub(crate) fn main(args: &TestbedArgs) -> Result<()> {
             down()?;
             println!("testbed down: every sl-* namespace and link removed");
         }
-        TestbedCommand::Fault { fault, percent } => {
-            inject(*fault, *percent)?;
-            println!("fault {fault:?} on network 1");
+        TestbedCommand::Fault {
+            fault,
+            percent,
+            network,
+        } => {
+            inject(usize::from(*network - 1), *fault, *percent)?;
+            println!("fault {fault:?} on network {network}");
         }
-        TestbedCommand::Undo { fault } => {
-            undo(*fault)?;
-            println!("fault {fault:?} undone");
+        TestbedCommand::Undo { fault, network } => {
+            undo(usize::from(*network - 1), *fault)?;
+            println!("fault {fault:?} on network {network} undone");
         }
     }
     Ok(())

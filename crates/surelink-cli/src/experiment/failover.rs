@@ -18,8 +18,8 @@ use clap::Args;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::node::wall_us;
-use super::procs::{t, NodeProc};
+use super::contenders::{mptcp_setup, run_once, Bed, Contender, Load, Timing};
+use super::procs::t;
 use crate::testbed::{self, Fault};
 
 /// Arguments of `surelink experiment failover`.
@@ -34,32 +34,6 @@ pub(crate) struct FailoverArgs {
     /// One run per cell.
     #[arg(long)]
     quick: bool,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-enum Contender {
-    Surelink10,
-    Surelink100,
-    Tcp,
-    Mptcp,
-}
-
-impl Contender {
-    const ALL: [Contender; 4] = [
-        Contender::Surelink10,
-        Contender::Surelink100,
-        Contender::Tcp,
-        Contender::Mptcp,
-    ];
-
-    fn name(self) -> &'static str {
-        match self {
-            Contender::Surelink10 => "surelink (10 ms heartbeats)",
-            Contender::Surelink100 => "surelink (100 ms heartbeats)",
-            Contender::Tcp => "plain TCP on link 1",
-            Contender::Mptcp => "Linux MPTCP, 2nd subflow",
-        }
-    }
 }
 
 const FAULTS: [Fault; 5] = [
@@ -102,83 +76,6 @@ struct Run {
 
 fn fault_file(f: Fault) -> String {
     format!("{f:?}").to_lowercase()
-}
-
-fn strs(v: &[&str]) -> Vec<String> {
-    v.iter().map(|s| (*s).to_owned()).collect()
-}
-
-fn surelink_args(h: u64) -> Vec<String> {
-    let h5 = (5 * h).to_string();
-    let h3 = (3 * h).to_string();
-    let hs = h.to_string();
-    strs(&[
-        "--interval-ms",
-        &hs,
-        "--timeout-ms",
-        &h5,
-        "--path-timeout-ms",
-        &h5,
-        "--slack-ms",
-        &h3,
-        "--network-delay-ms",
-        &hs,
-    ])
-}
-
-async fn start(c: Contender, port: u16) -> Result<(NodeProc, NodeProc)> {
-    // A fresh port per run: nothing left from the previous run (a socket
-    // in TIME_WAIT, a slow exit) can get in the way.
-    let two = format!("10.77.1.2:{port},10.77.2.2:{port}");
-    let one = format!("10.77.1.2:{port}");
-    let (server, client) = match c {
-        Contender::Surelink10 | Contender::Surelink100 => {
-            let h = if c == Contender::Surelink10 { 10 } else { 100 };
-            let mut sa = strs(&["--role", "receiver", "--local", &two]);
-            sa.extend(surelink_args(h));
-            let mut ca = strs(&[
-                "--role",
-                "sender",
-                "--local",
-                "10.77.1.1:0,10.77.2.1:0",
-                "--peer",
-                &two,
-                "--stream-ms",
-                "0",
-                "--calls-ms",
-                "1",
-            ]);
-            ca.extend(surelink_args(h));
-            let (s, _) = NodeProc::spawn_in(Some("sl-b"), "experiment-node", &sa).await?;
-            let (cl, _) = NodeProc::spawn_in(Some("sl-a"), "experiment-node", &ca).await?;
-            (s, cl)
-        }
-        Contender::Tcp | Contender::Mptcp => {
-            let mut sa = strs(&["--server", "--local", &one]);
-            let mut ca = strs(&["--peer", &one, "--calls-ms", "1"]);
-            if c == Contender::Mptcp {
-                sa.push("--mptcp".into());
-                ca.push("--mptcp".into());
-            }
-            let (s, _) = NodeProc::spawn_in(Some("sl-b"), "experiment-tcp-node", &sa).await?;
-            // The client prints peer_up once connected (no ready line).
-            let (cl, _) = spawn_client(&ca).await?;
-            (s, cl)
-        }
-    };
-    if client
-        .wait_for(Duration::from_secs(10), |v| v["ev"] == "peer_up")
-        .await
-        .is_none()
-    {
-        bail!("{}: the client never connected", c.name());
-    }
-    Ok((server, client))
-}
-
-async fn spawn_client(args: &[String]) -> Result<(NodeProc, Value)> {
-    // The TCP client's first line is peer_up; it has no ready line.
-    NodeProc::spawn_in_until(Some("sl-a"), "experiment-tcp-node", args, "peer_up").await
 }
 
 fn evaluate(
@@ -262,67 +159,6 @@ fn evaluate(
     }
 }
 
-async fn one_run(fault: Fault, c: Contender, port: u16) -> Result<Run> {
-    // A start that does not connect is retried once on another port (seen
-    // once in a long series; the retry is reported, the run is not
-    // counted differently).
-    let (server, client) = match start(c, port).await {
-        Ok(p) => p,
-        Err(e) => {
-            eprint!("(start failed: {e:#}; retrying) ");
-            start(c, port + 1000).await?
-        }
-    };
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let f0 = wall_us();
-    testbed::inject(fault, 10)?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    testbed::undo(fault)?;
-    let f1 = wall_us();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let end = wall_us();
-    let events = client.quit().await;
-    let server_events = server.quit().await;
-    if std::env::var_os("SURELINK_FAILOVER_DEBUG").is_some() {
-        for v in events
-            .iter()
-            .chain(&server_events)
-            .filter(|v| v["ev"] != "reply")
-        {
-            eprintln!("  {v}");
-        }
-    }
-    Ok(evaluate(fault, c, &events, &server_events, (f0, f1, end)))
-}
-
-fn mptcp_setup() -> Result<()> {
-    let sh = |ns: &str, cmd: &str| -> Result<()> {
-        let out = std::process::Command::new("ip")
-            .args(["netns", "exec", ns, "sh", "-c", cmd])
-            .output()?;
-        if !out.status.success() {
-            bail!("{cmd}: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        Ok(())
-    };
-    for ns in testbed::HOSTS {
-        sh(ns, "sysctl -qw net.mptcp.enabled=1")?;
-        sh(ns, "ip mptcp limits set subflow 2 add_addr_accepted 2")?;
-    }
-    sh("sl-a", "ip mptcp endpoint add 10.77.2.1 dev sl-a2 subflow")?;
-    sh("sl-b", "ip mptcp endpoint add 10.77.2.2 dev sl-b2 signal")?;
-    Ok(())
-}
-
-/// Removes the testbed when dropped.
-struct Bed;
-
-impl Drop for Bed {
-    fn drop(&mut self) {
-        let _ = testbed::down();
-    }
-}
-
 /// Runs the experiment.
 pub(crate) async fn run(args: &FailoverArgs) -> Result<()> {
     if let Some(why) = testbed::unavailable() {
@@ -333,6 +169,15 @@ pub(crate) async fn run(args: &FailoverArgs) -> Result<()> {
     let _bed = Bed;
     mptcp_setup().context("configuring MPTCP endpoints")?;
     let runs = if args.quick { 1 } else { args.runs.max(1) };
+    let load = Load {
+        calls_ms: 1,
+        call_bytes: "64".into(),
+    };
+    let timing = Timing {
+        before: Duration::from_secs(2),
+        fault: Duration::from_secs(3),
+        after: Duration::from_secs(3),
+    };
     let mut step = 0;
     let mut all = Vec::new();
     // SURELINK_FAILOVER_ONLY=LinkDown keeps the faults whose name contains
@@ -353,7 +198,8 @@ pub(crate) async fn run(args: &FailoverArgs) -> Result<()> {
                     r + 1
                 );
                 let port = 7500 + u16::try_from(step).unwrap_or(0);
-                let res = one_run(fault, c, port).await?;
+                let tr = run_once(Some(fault), c, port, &load, timing).await?;
+                let res = evaluate(fault, c, &tr.client, &tr.server, (tr.f0, tr.f1, tr.end));
                 eprintln!(
                     "gap {:.0} ms{}, lost {}, dup {}, reordered {}, wrong {}",
                     res.longest_gap_ms,

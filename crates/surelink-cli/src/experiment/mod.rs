@@ -1,14 +1,22 @@
 //! `surelink experiment …`: experiments that run several processes.
 //!
 //! - `detector`: SafeTimer's Table 1 and detection times.
+//! - `failover`: failover time under link faults, surelink vs TCP vs MPTCP.
+//! - `flows`: flow completion times (1–100 KiB) with and without a link
+//!   failure, the same contenders.
+//! - `soak`: random faults on both links for minutes; every message once
+//!   and in order.
 //!
 //! `surelink experiment-node` (hidden) is the process each one starts.
 
+mod contenders;
 pub(crate) mod detector;
 pub(crate) mod failover;
+pub(crate) mod flows;
 pub(crate) mod node;
 mod plot;
 mod procs;
+pub(crate) mod soak;
 pub(crate) mod tcpnode;
 
 use anyhow::Result;
@@ -23,6 +31,12 @@ pub(crate) enum Experiment {
     /// Failover under link faults on a real (netns) network: surelink vs
     /// plain TCP vs Linux MPTCP (needs root).
     Failover(failover::FailoverArgs),
+    /// Flow completion times of 1–100 KiB requests with and without a
+    /// link failure: surelink vs plain TCP vs Linux MPTCP (needs root).
+    Flows(flows::FlowsArgs),
+    /// Random faults on both links for `--minutes`; fails unless every
+    /// message arrives once and in order (needs root).
+    Soak(soak::SoakArgs),
 }
 
 /// Runs one experiment.
@@ -30,5 +44,7 @@ pub(crate) async fn run(e: &Experiment) -> Result<()> {
     match e {
         Experiment::Detector(a) => detector::run(a).await,
         Experiment::Failover(a) => failover::run(a).await,
+        Experiment::Flows(a) => flows::run(a).await,
+        Experiment::Soak(a) => soak::run(a).await,
     }
 }

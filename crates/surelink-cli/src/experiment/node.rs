@@ -11,6 +11,7 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -81,10 +82,49 @@ pub(crate) struct NodeArgs {
     /// Sender: one message every this many ms (0: none).
     #[arg(long, default_value_t = 1)]
     pub(crate) stream_ms: u64,
-    /// Sender: one call (64 B request, echoed) every this many ms (0:
-    /// none); prints a `reply` line per answer.
+    /// Sender: one call every this many ms (0: none); prints a `reply`
+    /// line per answer. The receiver answers with the request's first 64
+    /// bytes.
     #[arg(long, default_value_t = 0)]
     pub(crate) calls_ms: u64,
+    /// Sender: request size, bytes: `N`, or `MIN-MAX` for sizes spread
+    /// log-uniformly between them (fixed per request id).
+    #[arg(long, default_value = "64", value_parser = parse_sizes)]
+    pub(crate) call_bytes: (usize, usize),
+    /// Sender: stream with `send` (waits while the session is full, so
+    /// every message counts) instead of `try_send` (drops its own message
+    /// when full or fenced).
+    #[arg(long)]
+    pub(crate) reliable: bool,
+    /// Print counts once a second and at `quit` instead of a line per
+    /// message or reply; the receiver checks the stream's order itself.
+    #[arg(long)]
+    pub(crate) quiet: bool,
+}
+
+pub(crate) fn parse_sizes(s: &str) -> Result<(usize, usize), String> {
+    let (lo, hi) = s.split_once('-').unwrap_or((s, s));
+    let n = |x: &str| x.trim().parse::<usize>().map_err(|e| format!("{x:?}: {e}"));
+    let (lo, hi) = (n(lo)?, n(hi)?);
+    if lo < 8 || hi < lo {
+        return Err(format!("sizes need 8 <= MIN <= MAX, got {lo}-{hi}"));
+    }
+    Ok((lo, hi))
+}
+
+/// Request `id`'s size: log-uniform in `lo..=hi`, the same for an id in
+/// every run (a hash of the id, not a random draw).
+pub(crate) fn request_size((lo, hi): (usize, usize), id: u64) -> usize {
+    if lo == hi {
+        return lo;
+    }
+    let mut z = id.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    let u = (z >> 11) as f64 / (1u64 << 53) as f64;
+    let (l, h) = ((lo as f64).ln(), (hi as f64).ln());
+    ((l + u * (h - l)).exp().round() as usize).clamp(lo, hi)
 }
 
 impl NodeArgs {
@@ -178,7 +218,8 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
                 let id = u64::from_be_bytes(id.try_into().unwrap_or_default());
                 order.lock().unwrap_or_else(|e| e.into_inner()).saw(id);
             }
-            async move { r.body }
+            let n = r.body.len().min(64);
+            async move { r.body.slice(..n) }
         });
     }
     emit(json!({
@@ -186,10 +227,15 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
         "listen": ep.local_addrs().iter().map(ToString::to_string).collect::<Vec<_>>(),
         "heartbeat": ep.heartbeat_addrs().iter().map(ToString::to_string).collect::<Vec<_>>(),
     }));
+    let counts = Arc::new(Counts::default());
+    let check = Arc::new(Mutex::new(StreamCheck::default()));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     if let Some(peer) = peer {
         if args.calls_ms > 0 {
             let ep = ep.clone();
             let every = Duration::from_millis(args.calls_ms);
+            let (sizes, quiet) = (args.call_bytes, args.quiet);
+            let (counts, mut stop) = (counts.clone(), stop_rx.clone());
             tokio::spawn(async move {
                 // One task issues the calls in id order (each call's first
                 // poll sends it), so the server can check the order they
@@ -200,13 +246,14 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
                 let mut next_id = 0u64;
                 loop {
                     tokio::select! {
-                        _ = tick.tick() => {
+                        _ = tick.tick(), if !*stop.borrow() => {
                             let id = next_id;
                             next_id += 1;
+                            counts.calls.fetch_add(1, Relaxed);
                             let ep = ep.clone();
                             pending.push(async move {
                                 let sent = wall_us();
-                                let mut body = vec![0u8; 64];
+                                let mut body = vec![0u8; request_size(sizes, id)];
                                 body[..8].copy_from_slice(&id.to_be_bytes());
                                 let r = ep.call(peer, 0, Bytes::from(body), Duration::from_secs(30)).await;
                                 (id, sent, r)
@@ -214,13 +261,24 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
                         }
                         Some((id, sent, r)) = pending.next() => match r {
                             Ok(r) => {
+                                counts.replies.fetch_add(1, Relaxed);
                                 let echoed = r
                                     .get(..8)
                                     .map(|b| u64::from_be_bytes(b.try_into().unwrap_or_default()));
-                                emit(json!({"t": wall_us(), "ev": "reply", "id": id, "sent": sent, "echo": echoed}));
+                                if echoed != Some(id) {
+                                    counts.wrong.fetch_add(1, Relaxed);
+                                }
+                                if !quiet {
+                                    emit(json!({"t": wall_us(), "ev": "reply", "id": id, "sent": sent, "echo": echoed}));
+                                }
                             }
-                            Err(e) => emit(json!({"t": wall_us(), "ev": "call_error", "id": id, "error": e.to_string()})),
+                            Err(e) => {
+                                counts.call_errors.fetch_add(1, Relaxed);
+                                emit(json!({"t": wall_us(), "ev": "call_error", "id": id, "error": e.to_string()}));
+                            }
                         },
+                        _ = stop.changed(), if !*stop.borrow() => {}
+                        else => break,
                     }
                 }
             });
@@ -228,46 +286,69 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
         if args.stream_ms > 0 {
             let ep = ep.clone();
             let every = Duration::from_millis(args.stream_ms);
+            let (reliable, counts, stop) = (args.reliable, counts.clone(), stop_rx.clone());
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(every);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
                 let mut seq = 0u64;
-                loop {
+                while !*stop.borrow() {
                     tick.tick().await;
                     let epoch = ep.epoch().0;
                     let mut body = Vec::with_capacity(16);
                     body.extend_from_slice(&epoch.to_be_bytes());
                     body.extend_from_slice(&seq.to_be_bytes());
-                    // try_send: a fenced or cut-off sender drops its own
-                    // stream rather than queue it (the experiment counts
-                    // arrivals, not completeness).
-                    let _ = ep.try_send(peer, 0, Bytes::from(body));
-                    if ep.epoch().0 != epoch {
-                        // A fence came between reading the epoch and
-                        // queueing: the message went out under the new
-                        // epoch with the old one in its body.
-                        emit(json!({"t": wall_us(), "ev": "epoch_race", "seq": seq}));
+                    if reliable {
+                        // Every message counts: the receiver must see
+                        // 0, 1, 2, ... exactly.
+                        if let Err(e) = ep.send(peer, 0, Bytes::from(body)).await {
+                            emit(
+                                json!({"t": wall_us(), "ev": "send_error", "seq": seq, "error": e.to_string()}),
+                            );
+                            continue;
+                        }
+                    } else {
+                        // try_send: a fenced or cut-off sender drops its
+                        // own stream rather than queue it (the detector
+                        // experiment counts arrivals, not completeness).
+                        let _ = ep.try_send(peer, 0, Bytes::from(body));
+                        if ep.epoch().0 != epoch {
+                            // A fence came between reading the epoch and
+                            // queueing: the message went out under the new
+                            // epoch with the old one in its body.
+                            emit(json!({"t": wall_us(), "ev": "epoch_race", "seq": seq}));
+                        }
                     }
                     seq += 1;
+                    counts.sent.store(seq, Relaxed);
                 }
             });
         }
     } else {
         let ep = ep.clone();
+        let (quiet, check) = (args.quiet, check.clone());
         tokio::spawn(async move {
             while let Some(m) = ep.recv().await {
                 let b = &m.body;
                 if b.len() >= 16 {
                     let epoch = u64::from_be_bytes(b[..8].try_into().unwrap_or_default());
                     let seq = u64::from_be_bytes(b[8..16].try_into().unwrap_or_default());
-                    emit(json!({"t": wall_us(), "ev": "msg", "epoch": epoch, "seq": seq}));
+                    if quiet {
+                        check
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .saw(epoch, seq);
+                    } else {
+                        emit(json!({"t": wall_us(), "ev": "msg", "epoch": epoch, "seq": seq}));
+                    }
                 }
             }
         });
     }
     let mut stdin = BufReader::new(tokio::io::stdin()).lines();
+    let mut progress = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
+            _ = progress.tick(), if args.quiet => emit(summary(args.role, &counts, &check, &order, "progress")),
             e = events.recv() => match e {
                 Ok(e) => if let Some(v) = event_json(&e) { emit(v) },
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
@@ -278,6 +359,11 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
                 let words: Vec<&str> = line.split_whitespace().collect();
                 match words.as_slice() {
                     ["quit"] => break,
+                    // Stops the stream and the calls (what is in flight
+                    // still completes).
+                    ["stop"] => {
+                        let _ = stop_tx.send(true);
+                    }
                     ["delay", what, ms] => {
                         let point = match *what {
                             "reader" => DelayPoint::Reader,
@@ -301,8 +387,78 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
                     "reordered": o.reordered, "duplicated": o.duplicated}),
         );
     }
+    if args.quiet {
+        emit(summary(args.role, &counts, &check, &order, "final"));
+    }
     ep.shutdown().await;
     Ok(())
+}
+
+/// The sender's counts.
+#[derive(Default)]
+struct Counts {
+    /// Stream messages accepted by the session.
+    sent: AtomicU64,
+    calls: AtomicU64,
+    replies: AtomicU64,
+    call_errors: AtomicU64,
+    /// Replies that echo another request's id.
+    wrong: AtomicU64,
+}
+
+/// The receiver's check of the stream: each epoch's messages must come
+/// numbered 0, 1, 2, ... with nothing missing, doubled or out of order.
+#[derive(Default)]
+struct StreamCheck {
+    epoch: Option<u64>,
+    next: u64,
+    received: u64,
+    epochs: u64,
+    violations: u64,
+    first_violation: Option<String>,
+}
+
+impl StreamCheck {
+    fn saw(&mut self, epoch: u64, seq: u64) {
+        self.received += 1;
+        if self.epoch != Some(epoch) {
+            // A new sender incarnation (after a fence) numbers from where
+            // its stream task is; only order within it is checked.
+            self.epoch = Some(epoch);
+            self.epochs += 1;
+            self.next = seq;
+        }
+        if seq != self.next {
+            self.violations += 1;
+            self.first_violation.get_or_insert_with(|| {
+                format!("epoch {epoch}: expected message {}, got {seq}", self.next)
+            });
+        }
+        self.next = seq + 1;
+    }
+}
+
+fn summary(
+    role: Role,
+    c: &Counts,
+    check: &Mutex<StreamCheck>,
+    order: &Mutex<ServerOrder>,
+    ev: &str,
+) -> serde_json::Value {
+    match role {
+        Role::Sender => json!({"t": wall_us(), "ev": ev,
+            "sent": c.sent.load(Relaxed), "calls": c.calls.load(Relaxed),
+            "replies": c.replies.load(Relaxed), "call_errors": c.call_errors.load(Relaxed),
+            "wrong": c.wrong.load(Relaxed)}),
+        Role::Receiver => {
+            let s = check.lock().unwrap_or_else(|e| e.into_inner());
+            let o = order.lock().unwrap_or_else(|e| e.into_inner());
+            json!({"t": wall_us(), "ev": ev, "received": s.received, "next": s.next,
+                "epochs": s.epochs, "violations": s.violations,
+                "first_violation": s.first_violation, "requests": o.runs.len(),
+                "reordered": o.reordered, "duplicated": o.duplicated})
+        }
+    }
 }
 
 /// Requests as the receiver saw them.

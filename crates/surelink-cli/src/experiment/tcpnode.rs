@@ -1,8 +1,11 @@
 //! `surelink experiment-tcp-node`: the baselines of the failover
 //! experiment — what an application does today. A plain TCP (or Linux
-//! MPTCP, `--mptcp`: socket protocol 262) echo server, and a client that
-//! sends a 64-byte request every `--calls-ms` on one connection and prints
-//! a `reply` line per echo (same JSON lines as `experiment-node`). The
+//! MPTCP, `--mptcp`: socket protocol 262) server, and a client that sends
+//! a request every `--calls-ms` on one connection and prints a `reply`
+//! line per answer (same JSON lines and request sizes as
+//! `experiment-node`). Requests are length-prefixed frames (u32, then the
+//! request, whose first 8 bytes are its id); the server answers each with
+//! a frame of the request's first 64 bytes, as the surelink receiver does. The
 //! client never reconnects: a killed connection stays dead, as in an
 //! application without its own retry logic.
 
@@ -40,6 +43,9 @@ pub(crate) struct TcpNodeArgs {
     /// One request every this many ms (client).
     #[arg(long, default_value_t = 1)]
     calls_ms: u64,
+    /// Request size (client): `N` or `MIN-MAX` (see `experiment-node`).
+    #[arg(long, default_value = "64", value_parser = super::node::parse_sizes)]
+    call_bytes: (usize, usize),
 }
 
 fn socket(mptcp: bool) -> Result<Socket> {
@@ -69,24 +75,33 @@ async fn serve(addr: SocketAddr, mptcp: bool) -> Result<()> {
         let (mut stream, _) = listener.accept().await?;
         let _ = stream.set_nodelay(true);
         tokio::spawn(async move {
-            let mut buf = vec![0u8; 64 * 1024];
+            let (rd, mut wr) = stream.split();
+            let mut rd = tokio::io::BufReader::new(rd);
+            let mut req = Vec::new();
             loop {
-                match stream.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    // The stream is echoed byte for byte: frames come back
-                    // as they went.
-                    Ok(n) => {
-                        if stream.write_all(&buf[..n]).await.is_err() {
-                            return;
-                        }
-                    }
+                let Ok(len) = rd.read_u32().await else { return };
+                req.resize(len as usize, 0);
+                if rd.read_exact(&mut req).await.is_err() {
+                    return;
+                }
+                let n = req.len().min(64);
+                let mut reply = Vec::with_capacity(4 + n);
+                reply.extend_from_slice(&(n as u32).to_be_bytes());
+                reply.extend_from_slice(&req[..n]);
+                if wr.write_all(&reply).await.is_err() {
+                    return;
                 }
             }
         });
     }
 }
 
-async fn client(peer: SocketAddr, mptcp: bool, every: Duration) -> Result<()> {
+async fn client(
+    peer: SocketAddr,
+    mptcp: bool,
+    every: Duration,
+    sizes: (usize, usize),
+) -> Result<()> {
     let s = socket(mptcp)?;
     match s.connect(&peer.into()) {
         Ok(()) => {}
@@ -99,7 +114,7 @@ async fn client(peer: SocketAddr, mptcp: bool, every: Duration) -> Result<()> {
         return Err(e).context("connect");
     }
     println!("{}", json!({"t": wall_us(), "ev": "peer_up"}));
-    let (mut rd, mut wr) = stream.into_split();
+    let (rd, mut wr) = stream.into_split();
     let sent: Arc<Mutex<HashMap<u64, u64>>> = Arc::new(Mutex::new(HashMap::new()));
     let s2 = sent.clone();
     tokio::spawn(async move {
@@ -107,8 +122,10 @@ async fn client(peer: SocketAddr, mptcp: bool, every: Duration) -> Result<()> {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
         for id in 0u64.. {
             tick.tick().await;
-            let mut frame = [0u8; 64];
-            frame[..8].copy_from_slice(&id.to_be_bytes());
+            let len = super::node::request_size(sizes, id);
+            let mut frame = vec![0u8; 4 + len];
+            frame[..4].copy_from_slice(&(len as u32).to_be_bytes());
+            frame[4..12].copy_from_slice(&id.to_be_bytes());
             s2.lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(id, wall_us());
@@ -121,9 +138,15 @@ async fn client(peer: SocketAddr, mptcp: bool, every: Duration) -> Result<()> {
             }
         }
     });
-    let mut buf = vec![0u8; 64];
+    let mut rd = tokio::io::BufReader::new(rd);
+    let mut buf = [0u8; 64];
     loop {
-        if rd.read_exact(&mut buf).await.is_err() {
+        let len = rd.read_u32().await.map(|n| n as usize);
+        let ok = match len {
+            Ok(n) if (8..=64).contains(&n) => rd.read_exact(&mut buf[..n]).await.is_ok(),
+            _ => false,
+        };
+        if !ok {
             println!("{}", json!({"t": wall_us(), "ev": "connection_lost"}));
             // An application without retry logic stays here.
             std::future::pending::<()>().await;
@@ -154,6 +177,7 @@ pub(crate) async fn run(args: &TcpNodeArgs) -> Result<()> {
             args.peer.context("--peer")?,
             args.mptcp,
             Duration::from_millis(args.calls_ms.max(1)),
+            args.call_bytes,
         )
         .await
     }

@@ -2,12 +2,20 @@
 //!
 //! `t_valid` says until when this process may let frames out. It starts at
 //! the first heartbeat's deadline and each heartbeat that left the host in
-//! time moves it to the next heartbeat's deadline. Heartbeats are confirmed
-//! in order: a heartbeat that missed its deadline fences the process for
-//! good, even if a later one leaves in time, because a receiver may already
-//! have counted the gap (see the module docs of [`crate::detector`]).
+//! time moves it to the next heartbeat's deadline. A heartbeat that missed
+//! its deadline fences the process for good, even if a later one leaves in
+//! time, because a receiver may already have counted the gap (see the
+//! module docs of [`crate::detector`]).
+//!
+//! One addition to the paper: heartbeat `j` leaving at `T` also *covers*
+//! every earlier heartbeat `k < j` whose deadline is at or after `T`. The
+//! receiver's argument needs only that something sent no earlier than
+//! `scheduled(k)` leaves by `deadline(k)`; `j` is scheduled after `k`, so
+//! it lands in the same window. So a heartbeat whose every send failed
+//! (both interfaces down for a moment) does not fence the process when a
+//! later one gets out within the slack — without it, a 10 ms outage of
+//! every link would end every session a slack later.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use super::DetectorConfig;
@@ -48,11 +56,9 @@ pub struct Fence {
     slack: Duration,
     /// Next heartbeat to hand out.
     next_seq: u64,
-    /// Every heartbeat below this left in time.
+    /// Every heartbeat below this left in time, or a later one left by
+    /// its deadline.
     confirmed: u64,
-    /// Heartbeats above `confirmed` that already left in time (several
-    /// sockets confirm out of order).
-    early: BTreeSet<u64>,
     fenced: Option<(Time, u64)>,
 }
 
@@ -65,7 +71,6 @@ impl Fence {
             slack: config.send_slack,
             next_seq: 0,
             confirmed: 0,
-            early: BTreeSet::new(),
             fenced: None,
         }
     }
@@ -142,7 +147,8 @@ impl Fence {
 
     /// Heartbeat `seq` left the host at `sent_at` (its TX timestamp, or the
     /// time after the send call returned when there is none). Late means
-    /// fenced.
+    /// fenced. In time, it covers every unconfirmed heartbeat before it
+    /// whose deadline is not yet past at `sent_at` (see the module docs).
     pub fn handle_sent(&mut self, seq: u64, sent_at: Time) {
         if self.fenced.is_some() || seq < self.confirmed || seq >= self.next_seq {
             return;
@@ -151,9 +157,12 @@ impl Fence {
             self.fence(seq);
             return;
         }
-        self.early.insert(seq);
-        while self.early.remove(&self.confirmed) {
-            self.confirmed += 1;
+        // Deadlines grow with the sequence: if the oldest unconfirmed one
+        // is not past, none up to `seq` is. Otherwise the oldest stays
+        // unconfirmed and `check` fences at its (passed) deadline unless an
+        // earlier confirmation, still unread on another socket, covers it.
+        if sent_at <= self.deadline(self.confirmed) {
+            self.confirmed = seq + 1;
         }
     }
 
@@ -275,18 +284,37 @@ mod tests {
     }
 
     #[test]
-    fn out_of_order_confirmations_advance_only_when_contiguous() {
+    fn a_later_heartbeat_in_time_covers_an_earlier_one() {
         let mut f = Fence::new(&cfg(), ms(0));
         f.poll_heartbeat(ms(0)).unwrap();
         f.poll_heartbeat(ms(10)).unwrap();
+        // Heartbeat 0 never left (every send failed); 1 left at 11 ms,
+        // before 0's deadline (20 ms): it covers 0.
         f.handle_sent(1, ms(11));
-        assert_eq!(f.t_valid(), ms(20), "heartbeat 0 still unconfirmed");
-        f.handle_sent(0, ms(12));
         assert_eq!(f.t_valid(), ms(40));
-        // Duplicate and unknown confirmations are ignored.
+        // Duplicate, stale and unknown confirmations are ignored.
         f.handle_sent(0, ms(500));
+        f.handle_sent(1, ms(500));
         f.handle_sent(7, ms(11));
         assert_eq!(f.t_valid(), ms(40));
-        assert!(!f.is_fenced());
+        assert!(matches!(f.state(ms(35)), FenceState::Valid { .. }));
+    }
+
+    #[test]
+    fn a_later_heartbeat_after_the_oldest_deadline_does_not_cover_it() {
+        let mut f = Fence::new(&cfg(), ms(0));
+        f.poll_heartbeat(ms(0)).unwrap();
+        f.poll_heartbeat(ms(10)).unwrap();
+        f.poll_heartbeat(ms(20)).unwrap();
+        // Heartbeat 0 (deadline 20 ms) never left; 2 left at 21 ms, in its
+        // own time but too late for 0.
+        f.handle_sent(2, ms(21));
+        assert_eq!(
+            f.state(ms(21)),
+            FenceState::Fenced {
+                at: ms(20),
+                missed_seq: 0
+            }
+        );
     }
 }

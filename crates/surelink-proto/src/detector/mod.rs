@@ -4,9 +4,11 @@
 //!
 //! - [`Fence`] (the SafeTimer *sender*, paper Fig. 3): a fixed heartbeat
 //!   schedule; each heartbeat that provably left the host before its
-//!   deadline extends `t_valid` to the next heartbeat's deadline. The shell
-//!   lets no frame leave after `t_valid`; a heartbeat that missed its
-//!   deadline fences the process for good (recovery is a new epoch).
+//!   deadline extends `t_valid` to the next heartbeat's deadline (and covers
+//!   earlier heartbeats whose deadline it met, e.g. ones whose sends all
+//!   failed). The shell lets no frame leave after `t_valid`; a heartbeat
+//!   that missed its deadline fences the process for good (recovery is a
+//!   new epoch).
 //! - [`Monitor`] (the SafeTimer *receiver*, paper Fig. 2): per watched path
 //!   (peer, network), the time something was last heard. A path silent for
 //!   a whole window, or a peer silent on every path for a (longer) window,

@@ -1,0 +1,244 @@
+//! The contenders of the network experiments (`failover`, `flows`) and
+//! one run of them on the testbed: surelink with 10 ms and 100 ms
+//! heartbeats (two paths), plain TCP over network 1, Linux MPTCP with a
+//! second subflow on network 2 — each as a client and a server process in
+//! the two namespaces, the client calling at a fixed rate and printing a
+//! line per reply.
+
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::node::wall_us;
+use super::procs::NodeProc;
+use crate::testbed::{self, Fault};
+
+/// What the client sends.
+pub(crate) struct Load {
+    /// One request every this many ms.
+    pub(crate) calls_ms: u64,
+    /// Request sizes, as `--call-bytes` takes them (`N` or `MIN-MAX`).
+    pub(crate) call_bytes: String,
+}
+
+/// A run's phases.
+#[derive(Clone, Copy)]
+pub(crate) struct Timing {
+    /// Before the fault.
+    pub(crate) before: Duration,
+    /// The fault (or, without one, the same stretch of normal running).
+    pub(crate) fault: Duration,
+    /// After it.
+    pub(crate) after: Duration,
+}
+
+/// What one run printed, and when the fault began and ended and the run
+/// stopped (wall clock, µs).
+pub(crate) struct Trace {
+    pub(crate) client: Vec<Value>,
+    pub(crate) server: Vec<Value>,
+    pub(crate) f0: u64,
+    pub(crate) f1: u64,
+    pub(crate) end: u64,
+}
+
+/// Who is measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub(crate) enum Contender {
+    /// surelink, two paths, heartbeats every 10 ms.
+    Surelink10,
+    /// surelink, two paths, heartbeats every 100 ms.
+    Surelink100,
+    /// One plain TCP connection over network 1, no reconnect.
+    Tcp,
+    /// Linux MPTCP over network 1 with a second subflow on network 2.
+    Mptcp,
+}
+
+impl Contender {
+    pub(crate) const ALL: [Contender; 4] = [
+        Contender::Surelink10,
+        Contender::Surelink100,
+        Contender::Tcp,
+        Contender::Mptcp,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Contender::Surelink10 => "surelink (10 ms heartbeats)",
+            Contender::Surelink100 => "surelink (100 ms heartbeats)",
+            Contender::Tcp => "plain TCP on link 1",
+            Contender::Mptcp => "Linux MPTCP, 2nd subflow",
+        }
+    }
+}
+
+fn strs(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| (*s).to_owned()).collect()
+}
+
+fn surelink_args(h: u64) -> Vec<String> {
+    let h5 = (5 * h).to_string();
+    let h3 = (3 * h).to_string();
+    let hs = h.to_string();
+    strs(&[
+        "--interval-ms",
+        &hs,
+        "--timeout-ms",
+        &h5,
+        "--path-timeout-ms",
+        &h5,
+        "--slack-ms",
+        &h3,
+        "--network-delay-ms",
+        &hs,
+    ])
+}
+
+async fn start(c: Contender, port: u16, load: &Load) -> Result<(NodeProc, NodeProc)> {
+    // A fresh port per run: nothing left from the previous run (a socket
+    // in TIME_WAIT, a slow exit) can get in the way.
+    let two = format!("10.77.1.2:{port},10.77.2.2:{port}");
+    let one = format!("10.77.1.2:{port}");
+    let (server, client) = match c {
+        Contender::Surelink10 | Contender::Surelink100 => {
+            let h = if c == Contender::Surelink10 { 10 } else { 100 };
+            let mut sa = strs(&["--role", "receiver", "--local", &two]);
+            sa.extend(surelink_args(h));
+            let mut ca = strs(&[
+                "--role",
+                "sender",
+                "--local",
+                "10.77.1.1:0,10.77.2.1:0",
+                "--peer",
+                &two,
+                "--stream-ms",
+                "0",
+                "--calls-ms",
+                &load.calls_ms.to_string(),
+                "--call-bytes",
+                &load.call_bytes,
+            ]);
+            ca.extend(surelink_args(h));
+            let (s, _) = NodeProc::spawn_in(Some("sl-b"), "experiment-node", &sa).await?;
+            let (cl, _) = NodeProc::spawn_in(Some("sl-a"), "experiment-node", &ca).await?;
+            (s, cl)
+        }
+        Contender::Tcp | Contender::Mptcp => {
+            let mut sa = strs(&["--server", "--local", &one]);
+            let mut ca = strs(&[
+                "--peer",
+                &one,
+                "--calls-ms",
+                &load.calls_ms.to_string(),
+                "--call-bytes",
+                &load.call_bytes,
+            ]);
+            if c == Contender::Mptcp {
+                sa.push("--mptcp".into());
+                ca.push("--mptcp".into());
+            }
+            let (s, _) = NodeProc::spawn_in(Some("sl-b"), "experiment-tcp-node", &sa).await?;
+            // The client prints peer_up once connected (no ready line).
+            let (cl, _) = spawn_client(&ca).await?;
+            (s, cl)
+        }
+    };
+    if client
+        .wait_for(Duration::from_secs(10), |v| v["ev"] == "peer_up")
+        .await
+        .is_none()
+    {
+        bail!("{}: the client never connected", c.name());
+    }
+    Ok((server, client))
+}
+
+async fn spawn_client(args: &[String]) -> Result<(NodeProc, Value)> {
+    // The TCP client's first line is peer_up; it has no ready line.
+    NodeProc::spawn_in_until(Some("sl-a"), "experiment-tcp-node", args, "peer_up").await
+}
+
+/// Starts `c` on a fresh `port`, lets it run for `timing.before`, injects
+/// `fault` (if any) on network 1 for `timing.fault`, runs `timing.after`
+/// more, and returns what both sides printed.
+pub(crate) async fn run_once(
+    fault: Option<Fault>,
+    c: Contender,
+    port: u16,
+    load: &Load,
+    timing: Timing,
+) -> Result<Trace> {
+    // A start that does not connect is retried once on another port (seen
+    // once in a long series; the retry is reported, the run is not
+    // counted differently).
+    let (server, client) = match start(c, port, load).await {
+        Ok(p) => p,
+        Err(e) => {
+            eprint!("(start failed: {e:#}; retrying) ");
+            start(c, port + 1000, load).await?
+        }
+    };
+    tokio::time::sleep(timing.before).await;
+    let f0 = wall_us();
+    if let Some(f) = fault {
+        testbed::inject(0, f, 10)?;
+    }
+    tokio::time::sleep(timing.fault).await;
+    if let Some(f) = fault {
+        testbed::undo(0, f)?;
+    }
+    let f1 = wall_us();
+    tokio::time::sleep(timing.after).await;
+    let end = wall_us();
+    let events = client.quit().await;
+    let server_events = server.quit().await;
+    if std::env::var_os("SURELINK_FAILOVER_DEBUG").is_some() {
+        for v in events
+            .iter()
+            .chain(&server_events)
+            .filter(|v| v["ev"] != "reply")
+        {
+            eprintln!("  {v}");
+        }
+    }
+    Ok(Trace {
+        client: events,
+        server: server_events,
+        f0,
+        f1,
+        end,
+    })
+}
+
+/// Lets MPTCP open a second subflow over network 2 (client side) and
+/// announce network 2 (server side).
+pub(crate) fn mptcp_setup() -> Result<()> {
+    let sh = |ns: &str, cmd: &str| -> Result<()> {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", ns, "sh", "-c", cmd])
+            .output()?;
+        if !out.status.success() {
+            bail!("{cmd}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    };
+    for ns in testbed::HOSTS {
+        sh(ns, "sysctl -qw net.mptcp.enabled=1")?;
+        sh(ns, "ip mptcp limits set subflow 2 add_addr_accepted 2")?;
+    }
+    sh("sl-a", "ip mptcp endpoint add 10.77.2.1 dev sl-a2 subflow")?;
+    sh("sl-b", "ip mptcp endpoint add 10.77.2.2 dev sl-b2 signal")?;
+    Ok(())
+}
+
+/// Removes the testbed when dropped.
+pub(crate) struct Bed;
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        let _ = testbed::down();
+    }
+}

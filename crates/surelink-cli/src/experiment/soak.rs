@@ -1,0 +1,337 @@
+//! `surelink experiment soak --minutes N`: a sender streams one-way
+//! messages (1/ms, with `send`, so every one counts) and calls (one per
+//! 5 ms) to a receiver in another namespace while random faults hit both
+//! links: link down, one-way and both-way drop, 10 % loss, connection
+//! kill, blackhole route, each for 0.2–2.5 s, sometimes on both links at
+//! once for at most 2 s. The receiver checks every message arrives
+//! exactly once and in order and every call runs once, in order; the
+//! sender that every call is answered. Any violation fails the run (exit
+//! status 1). Needs root (see `surelink testbed`).
+//!
+//! Paths fail over on a 50 ms window (10 ms heartbeats), but the send
+//! slack is 3 s, longer than any both-links outage here: a sender that
+//! cannot get a heartbeat out on *any* link (both its interfaces down or
+//! blackholed) for longer than its slack fences itself by design
+//! (SafeTimer), which ends the session and hands the unconfirmed messages
+//! back to the application — the detector experiment's subject, not this
+//! one's. The soak does not stop or restart processes either.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::{json, Value};
+
+use super::procs::NodeProc;
+use crate::testbed::{self, Fault};
+
+/// Arguments of `surelink experiment soak`.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct SoakArgs {
+    /// How long to inject faults.
+    #[arg(long, default_value_t = 2.0)]
+    minutes: f64,
+    /// Seed of the fault schedule (default: from the clock; printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Directory for soak.json.
+    #[arg(long, default_value = "results/soak")]
+    out: PathBuf,
+}
+
+const FAULTS: [Fault; 6] = [
+    Fault::LinkDown,
+    Fault::OneWay,
+    Fault::BothWays,
+    Fault::Loss,
+    Fault::Kill,
+    Fault::Blackhole,
+];
+
+/// SplitMix64: a reproducible schedule from a printed seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn millis(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.below(hi - lo + 1))
+    }
+}
+
+/// Removes the testbed when dropped.
+struct Bed;
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        let _ = testbed::down();
+    }
+}
+
+/// Undoes every fault on both networks (errors ignored: most are not set).
+fn undo_all() {
+    for net in 0..2 {
+        for f in FAULTS {
+            let _ = testbed::undo(net, f);
+        }
+    }
+}
+
+fn detector_args() -> Vec<String> {
+    [
+        "--interval-ms",
+        "10",
+        "--timeout-ms",
+        "3100",
+        "--path-timeout-ms",
+        "50",
+        "--slack-ms",
+        "3000",
+        "--network-delay-ms",
+        "10",
+        "--quiet",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect()
+}
+
+fn last(p: &NodeProc, ev: &str) -> Value {
+    p.events()
+        .into_iter()
+        .rev()
+        .find(|v| v["ev"] == ev)
+        .unwrap_or(Value::Null)
+}
+
+fn n(v: &Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or(0)
+}
+
+/// Runs the soak.
+pub(crate) async fn run(args: &SoakArgs) -> Result<()> {
+    if let Some(why) = testbed::unavailable() {
+        bail!("experiment soak: {why}");
+    }
+    if !(args.minutes > 0.0 && args.minutes.is_finite()) {
+        bail!("--minutes must be a positive number");
+    }
+    let seed = args.seed.unwrap_or_else(super::node::wall_us);
+    let mut rng = Rng(seed);
+    std::fs::create_dir_all(&args.out)?;
+    testbed::up()?;
+    let _bed = Bed;
+    let two = "10.77.1.2:7600,10.77.2.2:7600".to_owned();
+    let mut ra: Vec<String> = ["--role", "receiver", "--local", &two]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    ra.extend(detector_args());
+    let (rx, _) = NodeProc::spawn_in(Some("sl-b"), "experiment-node", &ra)
+        .await
+        .context("starting the receiver")?;
+    let mut sa: Vec<String> = [
+        "--role",
+        "sender",
+        "--local",
+        "10.77.1.1:0,10.77.2.1:0",
+        "--peer",
+        &two,
+        "--stream-ms",
+        "1",
+        "--calls-ms",
+        "5",
+        "--reliable",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    sa.extend(detector_args());
+    let (mut tx, _) = NodeProc::spawn_in(Some("sl-a"), "experiment-node", &sa)
+        .await
+        .context("starting the sender")?;
+    if rx
+        .wait_for(Duration::from_secs(10), |v| v["ev"] == "peer_up")
+        .await
+        .is_none()
+    {
+        bail!("the sender never connected");
+    }
+    println!(
+        "soak: {:.1} min of random faults on both links, seed {seed} (rerun: --seed {seed})",
+        args.minutes
+    );
+    let start = Instant::now();
+    let start_wall = super::node::wall_us();
+    let total = Duration::from_secs_f64(args.minutes * 60.0);
+    let mut schedule = Vec::new();
+    while start.elapsed() < total {
+        let net = usize::try_from(rng.below(2)).unwrap_or(0);
+        let fault = FAULTS[usize::try_from(rng.below(6)).unwrap_or(0)];
+        let hold = rng.millis(200, 2500);
+        // One step in five also faults the other link, for at most 2 s:
+        // the session must ride out losing every path for a while.
+        let other = (rng.below(5) == 0).then(|| {
+            (
+                FAULTS[usize::try_from(rng.below(6)).unwrap_or(0)],
+                hold.min(rng.millis(200, 2000)),
+            )
+        });
+        let r = last(&rx, "progress");
+        println!(
+            "[{:>6.1} s / {:.0} s] network {}: {fault:?} for {:.1} s{} — received {}, calls run {}, violations {}",
+            start.elapsed().as_secs_f64(),
+            total.as_secs_f64(),
+            net + 1,
+            hold.as_secs_f64(),
+            other.map_or(String::new(), |(f, d)| format!(
+                " + network {}: {f:?} for {:.1} s",
+                2 - net,
+                d.as_secs_f64()
+            )),
+            n(&r, "received"),
+            n(&r, "requests"),
+            n(&r, "violations") + n(&r, "duplicated") + n(&r, "reordered"),
+        );
+        schedule.push(
+            json!({"t_s": start.elapsed().as_secs_f64(), "network": net + 1,
+            "fault": fault, "hold_ms": hold.as_millis() as u64,
+            "other": other.map(|(f, d)| json!({"fault": f, "hold_ms": d.as_millis() as u64}))}),
+        );
+        testbed::inject(net, fault, 10)?;
+        if let Some((f, d)) = other {
+            testbed::inject(1 - net, f, 10)?;
+            tokio::time::sleep(d).await;
+            testbed::undo(1 - net, f)?;
+            tokio::time::sleep(hold.saturating_sub(d)).await;
+        } else {
+            tokio::time::sleep(hold).await;
+        }
+        testbed::undo(net, fault)?;
+        tokio::time::sleep(rng.millis(200, 1000)).await;
+    }
+    undo_all();
+    // Stop sending, then wait until everything sent has arrived.
+    tx.command("stop").await?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (mut t, mut r);
+    loop {
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        t = last(&tx, "progress");
+        r = last(&rx, "progress");
+        let done = n(&r, "received") >= n(&t, "sent")
+            && n(&t, "replies") + n(&t, "call_errors") >= n(&t, "calls");
+        if done || Instant::now() >= deadline {
+            break;
+        }
+    }
+    let t_end = tx.quit().await;
+    let r_end = rx.quit().await;
+    let fin = |ev: &[Value]| {
+        ev.iter()
+            .rev()
+            .find(|v| v["ev"] == "final")
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    let (t, r) = (fin(&t_end), fin(&r_end));
+    // What the detectors reported, for the report (and to explain a fence).
+    let t0 = start_wall;
+    let reports: Vec<Value> = t_end
+        .iter()
+        .map(|v| ("sender", v))
+        .chain(r_end.iter().map(|v| ("receiver", v)))
+        .filter(|(_, v)| {
+            ["fenced", "peer_dead", "peer_alive", "session_ended", "path_silent"]
+                .contains(&v["ev"].as_str().unwrap_or(""))
+        })
+        .map(|(who, v)| {
+            json!({"node": who, "t_s": (super::procs::t(v) as f64 - t0 as f64) / 1e6, "event": v})
+        })
+        .collect();
+    let fenced = t_end.iter().filter(|v| v["ev"] == "fenced").count();
+    let send_errors = t_end.iter().filter(|v| v["ev"] == "send_error").count();
+    let mut problems = Vec::new();
+    if t.is_null() || r.is_null() {
+        problems.push("a node did not report its final counts".to_owned());
+    }
+    if n(&r, "received") != n(&t, "sent") {
+        problems.push(format!(
+            "{} messages sent, {} received",
+            n(&t, "sent"),
+            n(&r, "received")
+        ));
+    }
+    if n(&r, "violations") > 0 {
+        problems.push(format!(
+            "{} stream messages out of sequence (first: {})",
+            n(&r, "violations"),
+            r["first_violation"]
+        ));
+    }
+    if n(&r, "epochs") > 1 || fenced > 0 {
+        problems.push(format!(
+            "the sender was fenced {fenced} time(s) ({} epochs seen)",
+            n(&r, "epochs")
+        ));
+    }
+    for (k, what) in [
+        ("duplicated", "requests executed twice"),
+        ("reordered", "requests executed out of order"),
+    ] {
+        if n(&r, k) > 0 {
+            problems.push(format!("{} {what}", n(&r, k)));
+        }
+    }
+    if n(&t, "replies") != n(&t, "calls") || n(&r, "requests") != n(&t, "calls") {
+        problems.push(format!(
+            "{} calls made, {} run, {} answered, {} failed",
+            n(&t, "calls"),
+            n(&r, "requests"),
+            n(&t, "replies"),
+            n(&t, "call_errors")
+        ));
+    }
+    if n(&t, "wrong") > 0 || send_errors > 0 {
+        problems.push(format!(
+            "{} wrong replies, {send_errors} send errors",
+            n(&t, "wrong")
+        ));
+    }
+    let report = json!({
+        "seed": seed, "minutes": args.minutes, "steps": schedule.len(),
+        "sent": n(&t, "sent"), "received": n(&r, "received"),
+        "calls": n(&t, "calls"), "replies": n(&t, "replies"),
+        "requests_run": n(&r, "requests"), "problems": problems, "schedule": schedule,
+        "detector_reports": reports,
+    });
+    let path = args.out.join("soak.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
+    println!(
+        "soak: {} fault steps; {} messages sent, {} received exactly once in order; {} calls, {} run once in order, {} answered; wrote {}",
+        schedule.len(),
+        n(&t, "sent"),
+        n(&r, "received"),
+        n(&t, "calls"),
+        n(&r, "requests"),
+        n(&t, "replies"),
+        path.display()
+    );
+    if !problems.is_empty() {
+        bail!("soak failed (seed {seed}): {}", problems.join("; "));
+    }
+    println!("soak: PASSED");
+    Ok(())
+}
