@@ -79,21 +79,22 @@ fn strs(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| (*s).to_owned()).collect()
 }
 
+/// The detector's settings for heartbeat interval `h` ms: the defaults of
+/// `DetectorConfig::with_interval` — path window 5 intervals (what
+/// failover waits for), peer window 15, send slack 10, network delay 1.
 fn surelink_args(h: u64) -> Vec<String> {
-    let h5 = (5 * h).to_string();
-    let h3 = (3 * h).to_string();
-    let hs = h.to_string();
+    let n = |k: u64| (k * h).to_string();
     strs(&[
         "--interval-ms",
-        &hs,
+        &n(1),
         "--timeout-ms",
-        &h5,
+        &n(15),
         "--path-timeout-ms",
-        &h5,
+        &n(5),
         "--slack-ms",
-        &h3,
+        &n(10),
         "--network-delay-ms",
-        &hs,
+        &n(1),
     ])
 }
 

@@ -58,6 +58,10 @@ struct Run {
     duplicated: usize,
     /// Replies that answered another request (echo of another id).
     wrong: usize,
+    /// Calls that failed with a typed error (the application was told;
+    /// counted in `lost` too), and the first error.
+    call_errors: usize,
+    first_error: Option<String>,
     /// Replies that came after the reply to a later request (request ids
     /// are issued in sending order).
     reordered: usize,
@@ -132,6 +136,7 @@ fn evaluate(
         .max()
         .unwrap_or(0);
     let lost = (0..=top).filter(|id| !seen.contains_key(id)).count();
+    let errors: Vec<&Value> = events.iter().filter(|v| v["ev"] == "call_error").collect();
     let mut duplicated = seen.values().filter(|n| **n > 1).count();
     // The surelink receiver counts what it executed: requests run twice,
     // and requests that arrived after a later one (the client issues them
@@ -152,6 +157,8 @@ fn evaluate(
         lost,
         duplicated,
         wrong,
+        call_errors: errors.len(),
+        first_error: errors.first().map(|v| v["error"].to_string()),
         reordered,
         p99_fault_ms: (!lat.is_empty()).then(|| lat[(lat.len() * 99 / 100).min(lat.len() - 1)]),
         max_fault_ms: lat.last().copied(),
@@ -201,7 +208,7 @@ pub(crate) async fn run(args: &FailoverArgs) -> Result<()> {
                 let tr = run_once(Some(fault), c, port, &load, timing).await?;
                 let res = evaluate(fault, c, &tr.client, &tr.server, (tr.f0, tr.f1, tr.end));
                 eprintln!(
-                    "gap {:.0} ms{}, lost {}, dup {}, reordered {}, wrong {}",
+                    "gap {:.0} ms{}, lost {} ({} call errors{}), dup {}, reordered {}, wrong {}",
                     res.longest_gap_ms,
                     if res.never_recovered {
                         " (never recovered)"
@@ -209,6 +216,10 @@ pub(crate) async fn run(args: &FailoverArgs) -> Result<()> {
                         ""
                     },
                     res.lost,
+                    res.call_errors,
+                    res.first_error
+                        .as_ref()
+                        .map_or(String::new(), |e| format!(", first: {e}")),
                     res.duplicated,
                     res.reordered,
                     res.wrong

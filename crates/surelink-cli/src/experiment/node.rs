@@ -145,6 +145,15 @@ impl NodeArgs {
     }
 }
 
+/// The wall-clock time (µs) of a timer tick's *scheduled* instant: a
+/// request counts from when it was due, not from when a blocked or busy
+/// client got to it (no coordinated omission).
+pub(crate) fn scheduled_wall_us(at: tokio::time::Instant) -> u64 {
+    let now = tokio::time::Instant::now();
+    let behind = u64::try_from(now.saturating_duration_since(at).as_micros()).unwrap_or(0);
+    wall_us().saturating_sub(behind)
+}
+
 /// Wall clock in µs since the Unix epoch.
 pub(crate) fn wall_us() -> u64 {
     SystemTime::now()
@@ -246,13 +255,13 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
                 let mut next_id = 0u64;
                 loop {
                     tokio::select! {
-                        _ = tick.tick(), if !*stop.borrow() => {
+                        at = tick.tick(), if !*stop.borrow() => {
+                            let sent = scheduled_wall_us(at);
                             let id = next_id;
                             next_id += 1;
                             counts.calls.fetch_add(1, Relaxed);
                             let ep = ep.clone();
                             pending.push(async move {
-                                let sent = wall_us();
                                 let mut body = vec![0u8; request_size(sizes, id)];
                                 body[..8].copy_from_slice(&id.to_be_bytes());
                                 let r = ep.call(peer, 0, Bytes::from(body), Duration::from_secs(30)).await;

@@ -121,14 +121,14 @@ async fn client(
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
         for id in 0u64.. {
-            tick.tick().await;
+            let due = super::node::scheduled_wall_us(tick.tick().await);
             let len = super::node::request_size(sizes, id);
             let mut frame = vec![0u8; 4 + len];
             frame[..4].copy_from_slice(&(len as u32).to_be_bytes());
             frame[4..12].copy_from_slice(&id.to_be_bytes());
             s2.lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(id, wall_us());
+                .insert(id, due);
             if wr.write_all(&frame).await.is_err() {
                 println!(
                     "{}",
