@@ -136,7 +136,12 @@ fn evaluate(
         .max()
         .unwrap_or(0);
     let lost = (0..=top).filter(|id| !seen.contains_key(id)).count();
-    let errors: Vec<&Value> = events.iter().filter(|v| v["ev"] == "call_error").collect();
+    // Calls failed before the end (at the end, the client's shutdown fails
+    // what is still in flight with "endpoint closed").
+    let errors: Vec<&Value> = events
+        .iter()
+        .filter(|v| v["ev"] == "call_error" && t(v) <= end)
+        .collect();
     let mut duplicated = seen.values().filter(|n| **n > 1).count();
     // The surelink receiver counts what it executed: requests run twice,
     // and requests that arrived after a later one (the client issues them

@@ -489,3 +489,63 @@ impl ServerOrder {
         self.top = self.top.max(Some(id));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_sizes_stay_in_range_and_repeat() {
+        let r = (1024, 102_400);
+        let sizes: Vec<usize> = (0..10_000).map(|id| request_size(r, id)).collect();
+        assert!(sizes.iter().all(|s| (1024..=102_400).contains(s)));
+        assert_eq!(sizes[17], request_size(r, 17), "same id, same size");
+        // Log-uniform: about half below the geometric mean (10 KiB).
+        let below = sizes.iter().filter(|s| **s < 10_240).count();
+        assert!(
+            (4_000..6_000).contains(&below),
+            "{below} of 10 000 below 10 KiB"
+        );
+        assert_eq!(request_size((64, 64), 5), 64);
+    }
+
+    #[test]
+    fn size_ranges_are_checked() {
+        assert_eq!(parse_sizes("64"), Ok((64, 64)));
+        assert_eq!(parse_sizes("1024-102400"), Ok((1024, 102_400)));
+        assert!(parse_sizes("4").is_err(), "shorter than the id");
+        assert!(parse_sizes("100-10").is_err());
+        assert!(parse_sizes("x").is_err());
+    }
+
+    #[test]
+    fn stream_check_counts_every_kind_of_violation() {
+        let mut c = StreamCheck::default();
+        for s in 0..5 {
+            c.saw(1, s);
+        }
+        assert_eq!((c.received, c.violations), (5, 0));
+        c.saw(1, 4); // duplicate
+        c.saw(1, 7); // 5 and 6 lost
+        c.saw(1, 6); // reordered
+        assert_eq!(c.violations, 3);
+        assert!(c
+            .first_violation
+            .as_deref()
+            .unwrap_or("")
+            .contains("expected message 5"));
+        // A new epoch restarts the numbering check.
+        c.saw(2, 100);
+        c.saw(2, 101);
+        assert_eq!((c.epochs, c.violations), (2, 3));
+    }
+
+    #[test]
+    fn server_order_counts_duplicates_and_reordering() {
+        let mut o = ServerOrder::default();
+        for id in [0, 1, 3, 2, 3, 4] {
+            o.saw(id);
+        }
+        assert_eq!((o.runs.len(), o.duplicated, o.reordered), (5, 1, 1));
+    }
+}

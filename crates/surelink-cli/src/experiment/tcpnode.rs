@@ -126,9 +126,7 @@ async fn client(
             let mut frame = vec![0u8; 4 + len];
             frame[..4].copy_from_slice(&(len as u32).to_be_bytes());
             frame[4..12].copy_from_slice(&id.to_be_bytes());
-            s2.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(id, due);
+            s2.lock().unwrap_or_else(|e| e.into_inner()).insert(id, due);
             if wr.write_all(&frame).await.is_err() {
                 println!(
                     "{}",
