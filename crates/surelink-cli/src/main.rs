@@ -5,9 +5,14 @@
 //! - `serve --config F`: an echo server; `call --config F --peer N`: a ping
 //!   client; `stats --metrics ADDR`: a running endpoint's counters.
 //! - `bench`: surelink against plain TCP, latency and throughput.
-//! - `testbed up|down|fault|undo`: two network namespaces, two links, faults.
+//! - `testbed up|down|fault|undo|pause|resume`: two network namespaces, two
+//!   links, faults on either link, SIGSTOP/SIGCONT of a host (root).
 //! - `experiment detector`: false failure reports under local delays
 //!   (SafeTimer's Table 1), the sender fence, detection times.
+//! - `experiment failover|flows|soak` (root): failover time and flow
+//!   completion times against plain TCP and Linux MPTCP; a soak of random
+//!   faults on both links that fails on any lost, doubled or reordered
+//!   message.
 
 // Reporting code converts counts and durations for display.
 #![allow(clippy::cast_possible_truncation)]

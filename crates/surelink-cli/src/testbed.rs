@@ -1,6 +1,7 @@
-//! `surelink testbed up|down|fault|undo`: hosts as network namespaces
-//! joined by two independent veth links, and the faults of the failover
-//! experiments. Needs root and iproute2 (`ip`, `ss`); nftables (`nft`) for
+//! `surelink testbed up|down|fault|undo|pause|resume`: hosts as network
+//! namespaces joined by two independent veth links, the network faults of
+//! the failover experiments (on either link), and SIGSTOP/SIGCONT of every
+//! process on a host. Needs root and iproute2 (`ip`, `ss`); nftables (`nft`) for
 //! drop and loss faults.
 //!
 //! ```text
@@ -60,6 +61,19 @@ enum TestbedCommand {
         /// Which network (1 or 2).
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
         network: u8,
+    },
+    /// Stop every process in a host's namespace (SIGSTOP), as a long GC
+    /// pause or a frozen VM would.
+    Pause {
+        /// Which host: `a` or `b`.
+        #[arg(value_parser = ["a", "b"])]
+        host: String,
+    },
+    /// Continue the processes `pause` stopped (SIGCONT).
+    Resume {
+        /// Which host: `a` or `b`.
+        #[arg(value_parser = ["a", "b"])]
+        host: String,
     },
 }
 
@@ -269,6 +283,22 @@ pub(crate) fn undo(net: usize, fault: Fault) -> Result<()> {
     Ok(())
 }
 
+/// Applies `signal` to every process in host `host`'s namespace; returns
+/// how many.
+fn signal_host(host: &str, signal: fn(u32) -> std::io::Result<()>) -> Result<usize> {
+    let ns = format!("sl-{host}");
+    let pids = run(&["ip", "netns", "pids", &ns])?;
+    let mut n = 0;
+    for pid in pids.split_whitespace() {
+        let pid: u32 = pid
+            .parse()
+            .with_context(|| format!("`ip netns pids {ns}` printed {pid:?}"))?;
+        signal(pid).with_context(|| format!("signalling process {pid} in {ns}"))?;
+        n += 1;
+    }
+    Ok(n)
+}
+
 /// Runs `surelink testbed …`.
 pub(crate) fn main(args: &TestbedArgs) -> Result<()> {
     match &args.command {
@@ -294,6 +324,14 @@ pub(crate) fn main(args: &TestbedArgs) -> Result<()> {
         TestbedCommand::Undo { fault, network } => {
             undo(usize::from(*network - 1), *fault)?;
             println!("fault {fault:?} on network {network} undone");
+        }
+        TestbedCommand::Pause { host } => {
+            let pids = signal_host(host, surelink_sys::process::stop)?;
+            println!("host {host}: stopped {pids} process(es)");
+        }
+        TestbedCommand::Resume { host } => {
+            let pids = signal_host(host, surelink_sys::process::resume)?;
+            println!("host {host}: resumed {pids} process(es)");
         }
     }
     Ok(())
