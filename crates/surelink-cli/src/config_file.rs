@@ -14,7 +14,7 @@
 //!
 //! [core]                                            # all optional
 //! linger_ms = 30000
-//! min_rto_ms = 200
+//! min_rto_ms = 20                                   # the shell default (core: 200)
 //! send_buffer = 16777216
 //!
 //! [detector]                                        # all optional

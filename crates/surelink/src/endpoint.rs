@@ -461,7 +461,10 @@ impl Endpoint {
         n
     }
 
-    /// Path and peer events (path up/down, peer up/unreachable, session ended).
+    /// Path and peer events (path up/down, peer up/unreachable, session
+    /// ended) from the moment of the call on: a session that came up
+    /// between [`Endpoint::bind`] and this call sent its `PeerUp` before;
+    /// [`Endpoint::stats`] (`paths_up`, `sessions`) shows the state then.
     pub fn events(&self) -> broadcast::Receiver<NetEvent> {
         self.shared.events.subscribe()
     }

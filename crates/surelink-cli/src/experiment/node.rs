@@ -217,6 +217,10 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
     }
     let ep = Endpoint::bind(cfg).await.context("binding the node")?;
     let mut events = ep.events();
+    // A session that came up before the subscription sent its PeerUp
+    // already (seen once in ~250 starts on the testbed: the experiment
+    // then waited in vain for peer_up).
+    let already_up = ep.stats().paths_up > 0;
     // The receiver counts, per request id (its first 8 bytes), how often
     // it ran and whether it came after a later one: printed at `quit`.
     let order = Arc::new(Mutex::new(ServerOrder::default()));
@@ -236,6 +240,11 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
         "listen": ep.local_addrs().iter().map(ToString::to_string).collect::<Vec<_>>(),
         "heartbeat": ep.heartbeat_addrs().iter().map(ToString::to_string).collect::<Vec<_>>(),
     }));
+    if already_up {
+        emit(
+            json!({"t": wall_us(), "ev": "peer_up", "peer": peer.unwrap_or(SENDER).0, "early": true}),
+        );
+    }
     let counts = Arc::new(Counts::default());
     let check = Arc::new(Mutex::new(StreamCheck::default()));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
