@@ -39,8 +39,18 @@ pub(crate) enum Experiment {
     Soak(soak::SoakArgs),
 }
 
-/// Runs one experiment.
+/// Runs one experiment. Ctrl-C drops it, and with it the node processes
+/// (killed on drop) and the testbed (removed by its guard).
 pub(crate) async fn run(e: &Experiment) -> Result<()> {
+    tokio::select! {
+        r = run_inner(e) => r,
+        _ = tokio::signal::ctrl_c() => {
+            anyhow::bail!("interrupted: node processes stopped, testbed removed")
+        }
+    }
+}
+
+async fn run_inner(e: &Experiment) -> Result<()> {
     match e {
         Experiment::Detector(a) => detector::run(a).await,
         Experiment::Failover(a) => failover::run(a).await,
