@@ -148,7 +148,7 @@ pub(crate) async fn run(args: &FlowsArgs) -> Result<()> {
             if failure {
                 lanes.push(super::plot::LatencyLane {
                     title: format!(
-                        "{} — p99 {} ms, max {} ms, unfinished {unfinished}",
+                        "{} — {runs} run(s) pooled: p99 {} ms, max {} ms, unfinished {unfinished}",
                         c.name(),
                         ms(pct(&all, 0.99)),
                         ms(all.last().copied())
@@ -185,7 +185,7 @@ pub(crate) async fn run(args: &FlowsArgs) -> Result<()> {
     println!("wrote {}", json.display());
     let png = args.out.join("flows-linkdown.png");
     let title =
-        "Flows of 1–100 KiB, link 1 down (shaded, 3 s): completion time of every flow, first run";
+        "Flows of 1–100 KiB, link 1 down (shaded, 3 s): completion time of every flow in the first run";
     match super::plot::latency_timeline(&png, title, &lanes, (0.0, 3000.0)) {
         Ok(()) => println!("wrote {}", png.display()),
         Err(e) => eprintln!("plot {}: {e:#}", png.display()),
