@@ -228,6 +228,14 @@ pub(crate) fn mptcp_setup() -> Result<()> {
     };
     for ns in testbed::HOSTS {
         sh(ns, "sysctl -qw net.mptcp.enabled=1")?;
+        // SURELINK_MPTCP_STALE_LOSS=N: how many RTOs mark a subflow stale
+        // (Linux default 4; lower moves traffic off a dead subflow sooner).
+        if let Ok(n) = std::env::var("SURELINK_MPTCP_STALE_LOSS") {
+            let n: u32 = n
+                .parse()
+                .map_err(|e| anyhow::anyhow!("SURELINK_MPTCP_STALE_LOSS: {e}"))?;
+            sh(ns, &format!("sysctl -qw net.mptcp.stale_loss_cnt={n}"))?;
+        }
         sh(ns, "ip mptcp limits set subflow 2 add_addr_accepted 2")?;
     }
     sh("sl-a", "ip mptcp endpoint add 10.77.2.1 dev sl-a2 subflow")?;
