@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -75,7 +75,8 @@ impl Contender {
     }
 }
 
-fn strs(v: &[&str]) -> Vec<String> {
+/// Owned copies of command-line words.
+pub(crate) fn strs(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| (*s).to_owned()).collect()
 }
 
@@ -216,7 +217,7 @@ pub(crate) async fn run_once(
 
 /// Lets MPTCP open a second subflow over network 2 (client side) and
 /// announce network 2 (server side).
-pub(crate) fn mptcp_setup() -> Result<()> {
+fn mptcp_setup() -> Result<()> {
     let sh = |ns: &str, cmd: &str| -> Result<()> {
         let out = std::process::Command::new("ip")
             .args(["netns", "exec", ns, "sh", "-c", cmd])
@@ -243,8 +244,26 @@ pub(crate) fn mptcp_setup() -> Result<()> {
     Ok(())
 }
 
-/// Removes the testbed when dropped.
+/// The testbed of one experiment, removed when dropped (also on an error
+/// or a panic).
 pub(crate) struct Bed;
+
+impl Bed {
+    /// Checks the machine can build it, creates `out`, builds the testbed
+    /// and, with `mptcp`, configures the MPTCP endpoints.
+    pub(crate) fn up(experiment: &str, out: &std::path::Path, mptcp: bool) -> Result<Bed> {
+        if let Some(why) = testbed::unavailable() {
+            bail!("experiment {experiment}: {why}");
+        }
+        std::fs::create_dir_all(out)?;
+        testbed::up()?;
+        let bed = Bed;
+        if mptcp {
+            mptcp_setup().context("configuring MPTCP endpoints")?;
+        }
+        Ok(bed)
+    }
+}
 
 impl Drop for Bed {
     fn drop(&mut self) {

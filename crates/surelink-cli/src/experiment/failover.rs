@@ -13,14 +13,14 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use clap::Args;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::contenders::{mptcp_setup, run_once, Bed, Contender, Load, Timing};
+use super::contenders::{run_once, Bed, Contender, Load, Timing};
 use super::procs::t;
-use crate::testbed::{self, Fault};
+use crate::testbed::Fault;
 
 /// Arguments of `surelink experiment failover`.
 #[derive(Args, Debug, Clone)]
@@ -173,13 +173,7 @@ fn evaluate(
 
 /// Runs the experiment.
 pub(crate) async fn run(args: &FailoverArgs) -> Result<()> {
-    if let Some(why) = testbed::unavailable() {
-        bail!("experiment failover: {why}");
-    }
-    std::fs::create_dir_all(&args.out)?;
-    testbed::up()?;
-    let _bed = Bed;
-    mptcp_setup().context("configuring MPTCP endpoints")?;
+    let _bed = Bed::up("failover", &args.out, true)?;
     let runs = if args.quick { 1 } else { args.runs.max(1) };
     let load = Load {
         calls_ms: 1,

@@ -11,13 +11,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use clap::Args;
 use serde::Serialize;
 
-use super::contenders::{mptcp_setup, run_once, Bed, Contender, Load, Timing, Trace};
+use super::contenders::{run_once, Bed, Contender, Load, Timing, Trace};
 use super::procs::t;
-use crate::testbed::{self, Fault};
+use crate::testbed::Fault;
 
 /// Arguments of `surelink experiment flows`.
 #[derive(Args, Debug, Clone)]
@@ -83,13 +83,7 @@ fn ms(x: Option<f64>) -> String {
 
 /// Runs the experiment.
 pub(crate) async fn run(args: &FlowsArgs) -> Result<()> {
-    if let Some(why) = testbed::unavailable() {
-        bail!("experiment flows: {why}");
-    }
-    std::fs::create_dir_all(&args.out)?;
-    testbed::up()?;
-    let _bed = Bed;
-    mptcp_setup().context("configuring MPTCP endpoints")?;
+    let _bed = Bed::up("flows", &args.out, true)?;
     let load = Load {
         calls_ms: 5,
         call_bytes: "1024-102400".into(),

@@ -112,16 +112,22 @@ pub(crate) fn parse_sizes(s: &str) -> Result<(usize, usize), String> {
     Ok((lo, hi))
 }
 
+/// SplitMix64's output function: a well-mixed 64-bit value from `x`
+/// (request sizes from ids, the soak's fault schedule from its seed).
+pub(crate) fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// Request `id`'s size: log-uniform in `lo..=hi`, the same for an id in
 /// every run (a hash of the id, not a random draw).
 pub(crate) fn request_size((lo, hi): (usize, usize), id: u64) -> usize {
     if lo == hi {
         return lo;
     }
-    let mut z = id.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
+    let z = splitmix64(id);
     let u = (z >> 11) as f64 / (1u64 << 53) as f64;
     let (l, h) = ((lo as f64).ln(), (hi as f64).ln());
     ((l + u * (h - l)).exp().round() as usize).clamp(lo, hi)

@@ -23,6 +23,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::{json, Value};
 
+use super::contenders::{strs, Bed};
 use super::procs::NodeProc;
 use crate::testbed::{self, Fault};
 
@@ -54,11 +55,9 @@ struct Rng(u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
+        let out = super::node::splitmix64(self.0);
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        out
     }
 
     fn below(&mut self, n: u64) -> u64 {
@@ -67,15 +66,6 @@ impl Rng {
 
     fn millis(&mut self, lo: u64, hi: u64) -> Duration {
         Duration::from_millis(lo + self.below(hi - lo + 1))
-    }
-}
-
-/// Removes the testbed when dropped.
-struct Bed;
-
-impl Drop for Bed {
-    fn drop(&mut self) {
-        let _ = testbed::down();
     }
 }
 
@@ -89,7 +79,7 @@ fn undo_all() {
 }
 
 fn detector_args() -> Vec<String> {
-    [
+    strs(&[
         "--interval-ms",
         "10",
         "--timeout-ms",
@@ -101,10 +91,7 @@ fn detector_args() -> Vec<String> {
         "--network-delay-ms",
         "10",
         "--quiet",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect()
+    ])
 }
 
 fn last(p: &NodeProc, ev: &str) -> Value {
@@ -121,27 +108,19 @@ fn n(v: &Value, k: &str) -> u64 {
 
 /// Runs the soak.
 pub(crate) async fn run(args: &SoakArgs) -> Result<()> {
-    if let Some(why) = testbed::unavailable() {
-        bail!("experiment soak: {why}");
-    }
     if !(args.minutes > 0.0 && args.minutes.is_finite()) {
         bail!("--minutes must be a positive number");
     }
     let seed = args.seed.unwrap_or_else(super::node::wall_us);
     let mut rng = Rng(seed);
-    std::fs::create_dir_all(&args.out)?;
-    testbed::up()?;
-    let _bed = Bed;
+    let _bed = Bed::up("soak", &args.out, false)?;
     let two = "10.77.1.2:7600,10.77.2.2:7600".to_owned();
-    let mut ra: Vec<String> = ["--role", "receiver", "--local", &two]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
+    let mut ra = strs(&["--role", "receiver", "--local", &two]);
     ra.extend(detector_args());
     let (rx, _) = NodeProc::spawn_in(Some("sl-b"), "experiment-node", &ra)
         .await
         .context("starting the receiver")?;
-    let mut sa: Vec<String> = [
+    let mut sa = strs(&[
         "--role",
         "sender",
         "--local",
@@ -153,10 +132,7 @@ pub(crate) async fn run(args: &SoakArgs) -> Result<()> {
         "--calls-ms",
         "5",
         "--reliable",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect();
+    ]);
     sa.extend(detector_args());
     let (mut tx, _) = NodeProc::spawn_in(Some("sl-a"), "experiment-node", &sa)
         .await
