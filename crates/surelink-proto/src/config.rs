@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use crate::wire::{AckWriter, DATA_OVERHEAD, HEADER_LEN, MAX_ACK_RANGES};
+use crate::ids::StreamId;
+use crate::wire::{AckWriter, BATCH_FIXED, DATA_OVERHEAD, HEADER_LEN, MAX_ACK_RANGES};
 
 /// Accounting cost of one message beyond its payload, in bytes. Both sides
 /// use the same figure, so a receiver's window and a sender's view of it
@@ -17,7 +18,11 @@ pub(crate) fn message_cost(len: usize) -> u64 {
 
 /// How an endpoint's sessions behave. `Default` gives values suited to a
 /// LAN cluster; [`EndpointConfig::validate`] checks a hand-made one.
+///
+/// Non-exhaustive: later versions add settings with defaults, so build one
+/// from `EndpointConfig::default()` and change fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EndpointConfig {
     /// Largest application message, in bytes.
     pub max_message_size: u32,
@@ -29,7 +34,8 @@ pub struct EndpointConfig {
     /// messages plus delivered messages the application has not yet polled).
     /// Advertised to the peer, which never sends beyond it.
     pub recv_window: u32,
-    /// Channels per session; channel ids must be below this.
+    /// Application channels per session; channel ids must be below this
+    /// (at most [`StreamId::MAX_CHANNELS`]).
     pub max_channels: u32,
     /// Sessions (peers) an endpoint keeps at once.
     pub max_sessions: u32,
@@ -57,6 +63,21 @@ pub struct EndpointConfig {
     /// Load balancing keeps using the last path until another is lighter by
     /// more than this many in-flight bytes (avoids needless reordering).
     pub balance_slack: u64,
+    /// Messages up to this size join a BATCH frame with the messages queued
+    /// behind them on their stream (never delaying a lone message).
+    pub batch_message_max: u32,
+    /// Largest BATCH frame body, messages and their framing.
+    pub batch_bytes: u32,
+    /// Requests a session admits (handed out and not completed) before it
+    /// stops taking more from that peer, which holds the peer back.
+    pub max_requests_per_peer: u32,
+    /// Replies kept per session to answer re-sent requests.
+    pub reply_cache_entries: usize,
+    /// Bytes of replies kept per session.
+    pub reply_cache_bytes: usize,
+    /// Finished call ids remembered per session (without their replies),
+    /// so a late re-send is never run twice.
+    pub remember_calls: usize,
 }
 
 impl Default for EndpointConfig {
@@ -77,6 +98,12 @@ impl Default for EndpointConfig {
             linger: Duration::from_secs(30),
             path_inflight_limit: 8 << 20,
             balance_slack: 64 << 10,
+            batch_message_max: 4096,
+            batch_bytes: 32 << 10,
+            max_requests_per_peer: 1024,
+            reply_cache_entries: 1024,
+            reply_cache_bytes: 1 << 20,
+            remember_calls: 16_384,
         }
     }
 }
@@ -146,7 +173,24 @@ impl EndpointConfig {
             1,
             1 << 30,
         )?;
-        range("max_channels", u64::from(self.max_channels), 1, 1 << 16)?;
+        range(
+            "max_channels",
+            u64::from(self.max_channels),
+            1,
+            u64::from(StreamId::MAX_CHANNELS),
+        )?;
+        range(
+            "batch_bytes",
+            u64::from(self.batch_bytes),
+            64,
+            u64::from(self.max_message_size).max(64),
+        )?;
+        range(
+            "max_requests_per_peer",
+            u64::from(self.max_requests_per_peer),
+            1,
+            1 << 24,
+        )?;
         range("max_sessions", u64::from(self.max_sessions), 1, 1 << 24)?;
         range("ack_frequency", u64::from(self.ack_frequency), 1, 1 << 20)?;
         nonzero("max_ack_delay", self.max_ack_delay)?;
@@ -188,12 +232,14 @@ impl EndpointConfig {
         Ok(())
     }
 
-    /// Largest frame body this endpoint accepts: a maximal DATA frame, or a
-    /// RESUME carrying every channel with full ranges, whichever is larger.
+    /// Largest frame body this endpoint accepts: a maximal DATA frame, a
+    /// maximal BATCH, or a RESUME carrying 64 streams with full ranges,
+    /// whichever is larger.
     pub fn max_frame_body(&self) -> u32 {
         let data = self.max_message_size as usize + DATA_OVERHEAD - HEADER_LEN;
+        let batch = self.batch_bytes as usize + BATCH_FIXED;
         let ack = AckWriter::EMPTY_LEN + AckWriter::entry_len(MAX_ACK_RANGES) * 64;
-        u32::try_from(data.max(ack)).unwrap_or(u32::MAX)
+        u32::try_from(data.max(ack).max(batch)).unwrap_or(u32::MAX)
     }
 }
 

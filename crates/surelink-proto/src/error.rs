@@ -1,12 +1,19 @@
 //! Errors, one enum per operation.
+//!
+//! Every public error enum is `#[non_exhaustive]`: a later version may add a
+//! variant (a new way to fail) without a breaking release, so match with a
+//! catch-all arm. Variants are never removed or changed in meaning within
+//! a protocol version.
 
 use bytes::Bytes;
 
 use crate::ids::{ClusterId, Epoch, NodeId, PathId};
-use crate::wire::{CloseCode, DecodeError};
+use crate::wire::{CloseCode, CloseScope, DecodeError};
 
-/// Why [`Endpoint::send`](crate::Endpoint::send) did not take a message.
+/// Why a session did not take a message ([`Session::send`](crate::Session::send),
+/// [`Session::call`](crate::Session::call)).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SendError {
     /// The session's send buffer (retransmit cache) is full. The message is
     /// handed back untouched; try again after acknowledgements free space
@@ -42,6 +49,10 @@ pub enum SendError {
     /// A new session would exceed the configured `max_sessions`.
     #[error("too many sessions (max_sessions = {0})")]
     TooManySessions(u32),
+    /// The session ended (its peer restarted, or it was closed); a new one
+    /// is opened for the next message.
+    #[error("the session with node {0} has ended")]
+    SessionEnded(NodeId),
 }
 
 impl SendError {
@@ -56,6 +67,7 @@ impl SendError {
 
 /// Why [`Endpoint::add_path`](crate::Endpoint::add_path) refused a path.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AddPathError {
     /// The path id is already in use by this endpoint.
     #[error("path {0} is already known to this endpoint")]
@@ -71,6 +83,7 @@ pub enum AddPathError {
 /// Why a handshake on a path was refused. The path is closed with a CLOSE
 /// frame carrying the matching [`CloseCode`].
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum HandshakeError {
     /// The peer belongs to another cluster (wrong cluster id or key).
     #[error("peer is in cluster {theirs}, this endpoint in cluster {ours}")]
@@ -154,6 +167,7 @@ impl HandshakeError {
 
 /// A protocol rule the peer broke on a path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ProtocolViolation {
     /// A frame other than HELLO or CLOSE arrived before the peer's HELLO.
     #[error("{0} frame before HELLO")]
@@ -161,29 +175,43 @@ pub enum ProtocolViolation {
     /// A second HELLO on a path with a different identity.
     #[error("HELLO changed identity mid-path")]
     HelloChanged,
-    /// A DATA or ACK named a channel at or above `max_channels`.
-    #[error("channel {0} out of range")]
-    ChannelOutOfRange(u16),
+    /// A DATA, BATCH or ACK named a stream this session does not have
+    /// (a channel at or above `max_channels`).
+    #[error("stream {0} out of range")]
+    StreamOutOfRange(u16),
     /// An ACK acknowledged a message that was never sent.
-    #[error("acknowledgement of unsent message (channel {channel}, seq {seq})")]
+    #[error("acknowledgement of unsent message (stream {stream}, seq {seq})")]
     AckOfUnsent {
-        /// The channel.
-        channel: u16,
+        /// The stream.
+        stream: u16,
         /// The first sequence number not yet sent that it covered.
         seq: u64,
     },
-    /// An ACK or RESUME named the same channel twice.
-    #[error("channel {0} repeated in one acknowledgement")]
-    RepeatedAckChannel(u16),
-    /// A DATA frame's sequence number lies beyond anything the sender could
+    /// An ACK or RESUME named the same stream twice.
+    #[error("stream {0} repeated in one acknowledgement")]
+    RepeatedAckStream(u16),
+    /// A frame's sequence numbers lie beyond anything the sender could
     /// have outstanding within our receive window.
-    #[error("sequence number {seq} on channel {channel} is beyond the receive window")]
+    #[error("sequence number {seq} on stream {stream} is beyond the receive window")]
     SeqBeyondWindow {
-        /// The channel.
-        channel: u16,
+        /// The stream.
+        stream: u16,
         /// The sequence number.
         seq: u64,
     },
+    /// A frame covers part of a frame already held, cut differently (frames
+    /// are re-sent whole).
+    #[error("frame at sequence number {seq} on stream {stream} overlaps one already held")]
+    Overlap {
+        /// The stream.
+        stream: u16,
+        /// Its first sequence number.
+        seq: u64,
+    },
+    /// A message's message-layer header (call id, reply status, ...) does
+    /// not decode.
+    #[error("malformed message header: {0}")]
+    MalformedMessage(&'static str),
     /// A DATA frame carried more than the announced maximum message size.
     #[error("message of {len} bytes exceeds the announced maximum {max}")]
     MessageTooLarge {
@@ -199,6 +227,7 @@ pub enum ProtocolViolation {
 /// [`Event::PathClosed`](crate::Event::PathClosed); other paths and sessions
 /// are not affected.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PathError {
     /// The bytes did not decode.
     #[error("malformed input: {0}")]
@@ -215,6 +244,20 @@ pub enum PathError {
 }
 
 impl PathError {
+    /// Whether the CLOSE frame closes the peer's whole session (a handshake
+    /// that refers to a session or incarnation of ours that is gone) or
+    /// only the path.
+    pub fn close_scope(&self) -> CloseScope {
+        match self {
+            PathError::Handshake(
+                HandshakeError::SessionUnknown(_)
+                | HandshakeError::EarlierIncarnation { .. }
+                | HandshakeError::Stale { .. },
+            ) => CloseScope::Session,
+            _ => CloseScope::Path,
+        }
+    }
+
     /// The code sent to the peer in the CLOSE frame.
     pub fn close_code(&self) -> CloseCode {
         match self {

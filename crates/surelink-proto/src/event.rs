@@ -3,24 +3,48 @@
 use bytes::Bytes;
 
 use crate::error::PathError;
-use crate::ids::{ChannelId, Epoch, NodeId, PathId, SessionId};
+use crate::ids::{CallId, Epoch, NodeId, PathId, SessionId, StreamId};
+use crate::rpc::{CallFailure, Ticket};
+use crate::session::Message;
 use crate::wire::CloseCode;
 
-/// An output of [`Endpoint::poll_event`](crate::Endpoint::poll_event).
+/// An output of [`Session::poll_event`](crate::Session::poll_event) (path,
+/// peer and call events) or of the single-threaded
+/// [`Endpoint::poll_event`](crate::Endpoint::poll_event), which also hands
+/// out one-way messages and admitted requests.
+///
+/// Non-exhaustive: later versions add events; a driver ignores the ones it
+/// does not know.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Event {
-    /// A message, delivered exactly once and in order within its channel.
-    Message {
-        /// The sender.
+    /// A one-way message, delivered exactly once and in order within its
+    /// channel and priority ([`Endpoint`](crate::Endpoint) only; a
+    /// session hands them out with `poll_message`).
+    Message(Message),
+    /// An admitted request to run ([`Endpoint`](crate::Endpoint) only; a
+    /// session hands them out with `poll_request`).
+    Request(Ticket),
+    /// A call ended: its reply, or why there is none.
+    CallDone {
+        /// The peer called.
         peer: NodeId,
-        /// The session it arrived in.
+        /// The session it was made in.
         session: SessionId,
-        /// Its channel.
-        channel: ChannelId,
-        /// Its number in the channel (0, 1, 2, ... per session).
-        seq: u64,
-        /// The message.
-        payload: Bytes,
+        /// The call.
+        call: CallId,
+        /// The reply, or the failure.
+        result: Result<Bytes, CallFailure>,
+    },
+    /// A request handed out earlier was asked for again (its caller re-sent
+    /// it): if it still waits for a worker, it should go first.
+    Promote {
+        /// The caller.
+        peer: NodeId,
+        /// The session.
+        session: SessionId,
+        /// The call.
+        call: CallId,
     },
     /// A path finished its handshake and carries traffic.
     PathUp {
@@ -80,8 +104,8 @@ pub enum Event {
         peer: NodeId,
         /// The session.
         session: SessionId,
-        /// Its channel.
-        channel: ChannelId,
+        /// Its stream.
+        stream: StreamId,
         /// Its sequence number.
         seq: u64,
         /// Which limit.
@@ -91,6 +115,7 @@ pub enum Event {
 
 /// Which peer limit a queued message broke.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RejectReason {
     /// Longer than the peer's maximum message size.
     TooLarge {
@@ -106,12 +131,12 @@ pub enum RejectReason {
     },
 }
 
-/// A run of messages `[start, end)` of one channel whose delivery is not
+/// A run of messages `[start, end)` of one stream whose delivery is not
 /// confirmed when their session ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Abandoned {
-    /// The channel.
-    pub channel: ChannelId,
+    /// The stream.
+    pub stream: StreamId,
     /// First sequence number.
     pub start: u64,
     /// One past the last.
@@ -120,6 +145,7 @@ pub struct Abandoned {
 
 /// Why a session ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SessionEndReason {
     /// The peer's process restarted (new epoch). Outstanding messages are
     /// not replayed into the new process.
@@ -149,6 +175,7 @@ pub enum SessionEndReason {
 
 /// Why a path closed.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PathCloseReason {
     /// The shell reported the transport failed (or the failure detector
     /// declared the path down).

@@ -12,7 +12,7 @@ use crate::config::MESSAGE_OVERHEAD;
 use crate::error::HandshakeError;
 use crate::event::SessionEndReason;
 use crate::ids::{Epoch, NodeId, SessionId};
-use crate::session::{LocalIdentity, PeerInfo};
+use crate::session::LocalIdentity;
 use crate::wire::Hello;
 
 /// What to do with a HELLO.
@@ -35,7 +35,8 @@ pub(crate) enum Decision {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Current {
     pub(crate) id: SessionId,
-    pub(crate) peer: Option<PeerInfo>,
+    /// The peer incarnation and session it is bound to, once bound.
+    pub(crate) peer: Option<(Epoch, SessionId)>,
 }
 
 /// Decides what a HELLO means. `expected` is the node a dialled path was
@@ -108,7 +109,7 @@ pub(crate) fn decide(
             Decision::Create
         };
     };
-    let known = (peer.epoch, peer.session);
+    let known = peer;
     if theirs == known {
         Decision::Attach
     } else if theirs < known {
@@ -121,9 +122,9 @@ pub(crate) fn decide(
         // bound to an older peer session: cannot arise from these rules; refuse
         // rather than guess, the peer will start afresh.
         Decision::Reject(HandshakeError::SessionUnknown(h.node))
-    } else if h.epoch > peer.epoch {
+    } else if h.epoch > peer.0 {
         Decision::Replace(SessionEndReason::PeerRestarted {
-            old: peer.epoch,
+            old: peer.0,
             new: Some(h.epoch),
         })
     } else {
@@ -160,13 +161,7 @@ mod tests {
     fn bound(id: u64, epoch: u64, session: u64) -> Option<Current> {
         Some(Current {
             id: SessionId(id),
-            peer: Some(PeerInfo {
-                epoch: Epoch(epoch),
-                session: SessionId(session),
-                recv_window: 1 << 20,
-                max_message: 1 << 16,
-                max_channels: 16,
-            }),
+            peer: Some((Epoch(epoch), SessionId(session))),
         })
     }
 

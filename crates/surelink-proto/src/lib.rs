@@ -68,6 +68,7 @@ mod error;
 mod event;
 mod handshake;
 mod ids;
+mod router;
 pub mod rpc;
 mod session;
 mod time;
@@ -77,6 +78,12 @@ pub use config::{ConfigError, EndpointConfig, MESSAGE_OVERHEAD};
 pub use endpoint::Endpoint;
 pub use error::{AddPathError, HandshakeError, PathError, ProtocolViolation, SendError};
 pub use event::{Abandoned, Event, PathCloseReason, RejectReason, SessionEndReason};
-pub use ids::{ChannelId, ClusterId, Epoch, MessageId, NodeId, PathId, SessionId};
-pub use session::{LocalIdentity, PathSnapshot, PathStats, Prefix, SessionStats};
+pub use ids::{
+    CallId, ChannelId, ClusterId, Epoch, MessageId, NodeId, PathId, SessionId, StreamId,
+    StreamKind,
+};
+pub use router::{HelloRoute, OpenError, Router};
+pub use session::{
+    CompleteError, Input, LocalIdentity, Message, PathSnapshot, PathStats, Session, SessionStats,
+};
 pub use time::Time;

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::config::EndpointConfig;
-use crate::ids::{ChannelId, PathId};
+use crate::ids::{PathId, StreamId};
 use crate::time::Time;
 
 /// RFC 6298 smoothed RTT.
@@ -74,9 +74,10 @@ pub(crate) struct PathState {
     pub(crate) ping_outstanding: Option<(u64, Time)>,
     pub(crate) rtt: RttEstimator,
     pub(crate) inflight_bytes: u64,
-    /// `(channel, seq, sent_at)` in send order; may hold entries acknowledged
+    /// `(stream, first seq, sent_at)` of cache entries in send order; may
+    /// hold entries acknowledged
     /// or moved since (checked against the cache when they reach the front).
-    pub(crate) inflight: VecDeque<(ChannelId, u64, Time)>,
+    pub(crate) inflight: VecDeque<(StreamId, u64, Time)>,
     /// Consecutive retransmission timeouts without progress.
     pub(crate) backoff: u32,
     /// Timed out recently; used only when no unsuspected path is available,
@@ -142,7 +143,7 @@ impl PathState {
 
 /// The balance rule (hr-net): among usable paths prefer unsuspected ones,
 /// then the least in-flight bytes; keep the previous choice while it is
-/// within `balance_slack` of the lightest, so one channel's messages are not
+/// within `balance_slack` of the lightest, so one stream's messages are not
 /// split across paths (and reordered) without need.
 pub(crate) fn select(
     paths: &[PathState],

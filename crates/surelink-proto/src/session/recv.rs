@@ -1,7 +1,7 @@
 //! The receiving half of a session: duplicate suppression, the bounded
 //! reorder buffer, in-order release, and the acknowledgement state.
 //!
-//! Per channel three counters split the sequence space:
+//! Per stream three counters split the sequence space:
 //!
 //! ```text
 //!   consumed          next
@@ -11,18 +11,20 @@
 //!  (cumulative ack)     waiting for the app to poll (selectively acked)
 //! ```
 //!
-//! The cumulative acknowledgement is `consumed`: a sender keeps a message
-//! until the peer *application* has it, so everything buffered here is
-//! covered by the sender's cache and bounded by our advertised window.
+//! What arrives is a *chunk*: the messages of one DATA or BATCH frame, with
+//! consecutive numbers. Chunks are held and released whole. The cumulative
+//! acknowledgement is `consumed`: a sender keeps a message until the peer
+//! *application* has it, so everything buffered here is covered by the
+//! sender's cache and bounded by our advertised window.
 
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
 
-use crate::config::{message_cost, MESSAGE_OVERHEAD};
-use crate::ids::ChannelId;
+use crate::config::message_cost;
+use crate::ids::StreamId;
 use crate::time::Time;
-use crate::wire::MAX_ACK_RANGES;
+use crate::wire::{MAX_ACK_RANGES, MIN_BATCHED_MESSAGE};
 
 /// A set of disjoint half-open ranges `[start, end)`, merged on insert.
 #[derive(Debug, Default)]
@@ -32,34 +34,40 @@ pub(crate) struct RangeSet {
 }
 
 impl RangeSet {
-    pub(crate) fn insert(&mut self, seq: u64) {
-        let mut start = seq;
-        // Callers bound `seq` far below u64::MAX; saturate all the same.
-        let mut end = seq.saturating_add(1);
-        if let Some((&s, &e)) = self.map.range(..=seq).next_back() {
-            if e > seq {
-                return; // already covered
-            }
-            if e == seq {
+    /// Adds `[start, end)`, merging with neighbours it touches or overlaps.
+    pub(crate) fn insert(&mut self, mut start: u64, mut end: u64) {
+        if start >= end {
+            return;
+        }
+        if let Some((&s, &e)) = self.map.range(..=start).next_back() {
+            if e >= start {
+                if e >= end {
+                    return; // already covered
+                }
                 start = s;
                 self.map.remove(&s);
             }
         }
-        if let Some(&e) = self.map.get(&end) {
-            self.map.remove(&end);
-            end = e;
+        while let Some((&s, &e)) = self.map.range(start..).next() {
+            if s > end {
+                break;
+            }
+            self.map.remove(&s);
+            end = end.max(e);
         }
         self.map.insert(start, end);
     }
 
-    /// Removes `seq` from the front range if that range starts at `seq`.
-    pub(crate) fn pop_front_if(&mut self, seq: u64) {
-        if let Some((&s, &e)) = self.map.first_key_value() {
-            if s == seq {
-                self.map.remove(&s);
-                if e > seq.saturating_add(1) {
-                    self.map.insert(seq + 1, e);
-                }
+    /// Removes everything below `seq`.
+    pub(crate) fn trim_below(&mut self, seq: u64) {
+        while let Some((&s, &e)) = self.map.first_key_value() {
+            if s >= seq {
+                break;
+            }
+            self.map.remove(&s);
+            if e > seq {
+                self.map.insert(seq, e);
+                break;
             }
         }
     }
@@ -73,23 +81,63 @@ impl RangeSet {
     }
 }
 
-/// One channel's incoming stream.
+/// What a chunk carries.
+#[derive(Clone, Debug)]
+pub(crate) enum ChunkBody {
+    /// One message (`None`: a withdrawn number, delivered as nothing).
+    Single(Option<Bytes>),
+    /// Several messages, framed as in a BATCH frame (validated).
+    Batch(Bytes),
+}
+
+/// The messages of one frame.
+#[derive(Clone, Debug)]
+pub(crate) struct Chunk {
+    pub(crate) count: u32,
+    /// Accounting cost against the window (the sender's entry cost).
+    pub(crate) cost: u64,
+    pub(crate) body: ChunkBody,
+}
+
+impl Chunk {
+    /// A chunk of the frame body `wire_len` bytes long.
+    pub(crate) fn new(count: u32, wire_len: usize, body: ChunkBody) -> Chunk {
+        Chunk {
+            count,
+            cost: message_cost(wire_len),
+            body,
+        }
+    }
+
+    /// The same chunk with its bytes copied out of the buffer they arrived
+    /// in: a zero-copy slice would pin the whole receive buffer for as long
+    /// as the chunk waits.
+    fn detached(self) -> Chunk {
+        let body = match self.body {
+            ChunkBody::Single(p) => ChunkBody::Single(p.map(|p| Bytes::copy_from_slice(&p))),
+            ChunkBody::Batch(b) => ChunkBody::Batch(Bytes::copy_from_slice(&b)),
+        };
+        Chunk { body, ..self }
+    }
+}
+
+/// One stream's incoming state.
 #[derive(Debug, Default)]
-pub(crate) struct RecvChannel {
+pub(crate) struct RecvStream {
     /// Delivered to the application: the cumulative acknowledgement.
     pub(crate) consumed: u64,
-    /// Everything below arrived; `[consumed, next)` waits in the event queue.
+    /// Everything below arrived; `[consumed, next)` waits for the application.
     pub(crate) next: u64,
-    /// Out-of-order arrivals above `next` (`None`: a withdrawn number).
-    reorder: BTreeMap<u64, Option<Bytes>>,
+    /// Out-of-order arrivals above `next`, by first sequence number.
+    reorder: BTreeMap<u64, Chunk>,
     /// The same sequence numbers as `reorder`, as ranges (for acks).
     ranges: RangeSet,
     /// Changed since the last acknowledgement.
     pub(crate) dirty: bool,
 }
 
-impl RecvChannel {
-    /// Writes this channel's selective ranges into `out` (cleared first).
+impl RecvStream {
+    /// Writes this stream's selective ranges into `out` (cleared first).
     pub(crate) fn ack_ranges(&self, out: &mut Vec<(u64, u64)>, max: usize) {
         out.clear();
         if self.next > self.consumed {
@@ -106,9 +154,18 @@ impl RecvChannel {
     pub(crate) fn has_state(&self) -> bool {
         self.consumed > 0 || self.next > 0 || !self.ranges.is_empty()
     }
+
+    /// Whether `[first, end)` overlaps a buffered chunk other than one
+    /// starting exactly at `first`.
+    fn overlaps(&self, first: u64, end: u64) -> bool {
+        let before = self.reorder.range(..first).next_back();
+        let after = self.reorder.range(first + 1..).next();
+        before.is_some_and(|(&s, c)| s + u64::from(c.count) > first)
+            || after.is_some_and(|(&s, _)| s < end)
+    }
 }
 
-/// The result of offering one DATA frame to the receiver.
+/// The result of offering one frame's messages to the receiver.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Offer {
     /// In order: it and any buffered successors were released.
@@ -123,17 +180,20 @@ pub(crate) enum Offer {
     /// Numbered beyond anything a sender honouring our window could have
     /// outstanding: a protocol violation.
     BeyondWindow,
+    /// Covers part of a frame we already hold, cut differently: a sender
+    /// re-sends frames whole, so this is a protocol violation.
+    Overlap,
 }
 
-/// All channels' incoming state.
+/// All streams' incoming state.
 #[derive(Debug, Default)]
 pub(crate) struct RecvSide {
-    pub(crate) channels: Vec<RecvChannel>,
-    /// Channels with `dirty` set, each once.
-    pub(crate) dirty: Vec<ChannelId>,
+    pub(crate) streams: Vec<RecvStream>,
+    /// Streams with `dirty` set, each once.
+    pub(crate) dirty: Vec<StreamId>,
     /// Bytes buffered (reorder + released but not consumed).
     pub(crate) buffered_bytes: u64,
-    /// Messages arrived or consumed since the last acknowledgement.
+    /// Frames arrived or consumed since the last acknowledgement.
     pub(crate) unacked_events: u32,
     /// When the oldest unacknowledged change happened.
     pub(crate) first_unacked: Option<Time>,
@@ -144,109 +204,132 @@ pub(crate) struct RecvSide {
 }
 
 impl RecvSide {
-    fn channel_mut(&mut self, channel: ChannelId) -> &mut RecvChannel {
-        let idx = usize::from(channel.0);
-        if idx >= self.channels.len() {
-            self.channels.resize_with(idx + 1, RecvChannel::default);
+    fn stream_mut(&mut self, stream: StreamId) -> &mut RecvStream {
+        let idx = stream.index();
+        if idx >= self.streams.len() {
+            self.streams.resize_with(idx + 1, RecvStream::default);
         }
-        &mut self.channels[idx]
+        &mut self.streams[idx]
     }
 
-    fn mark_dirty(&mut self, channel: ChannelId, now: Time) {
-        let ch = &mut self.channels[usize::from(channel.0)];
-        if !ch.dirty {
-            ch.dirty = true;
-            self.dirty.push(channel);
+    /// Marks `stream` for acknowledgement; `event` counts towards the
+    /// acknowledgement frequency.
+    fn mark_dirty(&mut self, stream: StreamId, now: Time, event: bool) {
+        let st = &mut self.streams[stream.index()];
+        if !st.dirty {
+            st.dirty = true;
+            self.dirty.push(stream);
         }
-        self.unacked_events = self.unacked_events.saturating_add(1);
+        if event {
+            self.unacked_events = self.unacked_events.saturating_add(1);
+        }
         self.first_unacked.get_or_insert(now);
     }
 
-    /// Offers a message (`None`: a withdrawn number); on `Released`, calls
-    /// `release(seq, payload)` for it and every buffered successor, in order.
+    /// Offers the messages `[first, first + chunk.count)`; on `Released`,
+    /// calls `release(first, chunk)` for it and every buffered successor,
+    /// in order.
     pub(crate) fn offer(
         &mut self,
         now: Time,
-        channel: ChannelId,
-        seq: u64,
-        payload: Option<Bytes>,
+        stream: StreamId,
+        first: u64,
+        chunk: Chunk,
         window: u64,
-        mut release: impl FnMut(u64, Option<Bytes>),
+        mut release: impl FnMut(u64, Chunk),
     ) -> Offer {
-        let cost = message_cost(payload.as_ref().map_or(0, Bytes::len));
         let buffered = self.buffered_bytes;
-        let ch = self.channel_mut(channel);
-        // Every outstanding message costs at least MESSAGE_OVERHEAD against
-        // the window, so none can be numbered further ahead than this. (Also
-        // keeps `seq + 1` below from overflowing.)
-        if seq > ch.consumed.saturating_add(window / MESSAGE_OVERHEAD) {
+        let st = self.stream_mut(stream);
+        // Every outstanding message costs at least MIN_BATCHED_MESSAGE
+        // against the window, so none can be numbered further ahead than
+        // this. (Also keeps the arithmetic below from overflowing.)
+        let horizon = st
+            .consumed
+            .saturating_add(window / MIN_BATCHED_MESSAGE as u64);
+        let end = first.saturating_add(u64::from(chunk.count));
+        if end > horizon || chunk.count == 0 {
             return Offer::BeyondWindow;
         }
-        if seq < ch.next || ch.reorder.contains_key(&seq) {
+        if end <= st.next {
             self.ack_now = true;
-            self.mark_dirty(channel, now);
+            self.mark_dirty(stream, now, false);
             return Offer::Duplicate;
         }
-        if buffered + cost > window {
+        if first < st.next {
+            return Offer::Overlap;
+        }
+        if let Some(held) = st.reorder.get(&first) {
+            if held.count != chunk.count {
+                return Offer::Overlap;
+            }
+            self.ack_now = true;
+            self.mark_dirty(stream, now, false);
+            return Offer::Duplicate;
+        }
+        if st.overlaps(first, end) {
+            return Offer::Overlap;
+        }
+        if buffered + chunk.cost > window {
             return Offer::OverWindow;
         }
-        if seq == ch.next {
-            release(seq, payload);
-            ch.next += 1;
+        let cost = chunk.cost;
+        if first == st.next {
+            release(first, chunk);
+            st.next = end;
             // Drain successors that were waiting.
-            while let Some(entry) = ch.reorder.first_entry() {
-                if *entry.key() != ch.next {
+            while let Some(entry) = st.reorder.first_entry() {
+                if *entry.key() != st.next {
                     break;
                 }
-                let p = entry.remove();
-                ch.ranges.pop_front_if(ch.next);
-                release(ch.next, p);
-                ch.next += 1;
+                let c = entry.remove();
+                let from = st.next;
+                st.next += u64::from(c.count);
+                release(from, c);
             }
+            st.ranges.trim_below(st.next);
             self.buffered_bytes += cost;
-            self.mark_dirty(channel, now);
+            self.mark_dirty(stream, now, true);
             Offer::Released
         } else {
-            // Copied: a zero-copy slice would pin the whole receive buffer it
-            // came from for as long as the gap stays open.
-            ch.reorder
-                .insert(seq, payload.map(|p| Bytes::copy_from_slice(&p)));
-            ch.ranges.insert(seq);
+            st.reorder.insert(first, chunk.detached());
+            st.ranges.insert(first, end);
             self.buffered_bytes += cost;
             // A gap: tell the sender soon, so it can re-send what is missing.
             self.ack_now = true;
-            self.mark_dirty(channel, now);
+            self.mark_dirty(stream, now, true);
             Offer::Buffered
         }
     }
 
-    /// The application took message `seq` (released earlier) off the queue.
-    pub(crate) fn consumed(&mut self, now: Time, channel: ChannelId, seq: u64, len: usize) {
-        self.buffered_bytes = self.buffered_bytes.saturating_sub(message_cost(len));
-        let ch = self.channel_mut(channel);
-        if seq + 1 > ch.consumed {
-            ch.consumed = seq + 1;
+    /// The application took messages of `stream` up to (not including)
+    /// `upto`; `freed` is the cost of chunks it finished. `event`: the
+    /// consumption finished a chunk (counts towards the ack frequency).
+    pub(crate) fn consumed(&mut self, now: Time, stream: StreamId, upto: u64, freed: u64) {
+        self.buffered_bytes = self.buffered_bytes.saturating_sub(freed);
+        let st = self.stream_mut(stream);
+        if upto > st.consumed {
+            st.consumed = upto;
         }
-        self.mark_dirty(channel, now);
+        self.mark_dirty(stream, now, freed > 0);
     }
 
-    /// Marks every channel with state for acknowledgement, at once: the peer
+    /// Marks every stream with state for acknowledgement, at once: the peer
     /// probed, perhaps because an acknowledgement of ours was lost.
     pub(crate) fn request_full_ack(&mut self, now: Time) {
-        for idx in 0..self.channels.len() {
-            if self.channels[idx].has_state() {
-                let channel = ChannelId(u16::try_from(idx).unwrap_or(u16::MAX));
-                self.mark_dirty(channel, now);
+        for idx in 0..self.streams.len() {
+            if self.streams[idx].has_state() {
+                let stream = StreamId(u16::try_from(idx).unwrap_or(u16::MAX));
+                self.mark_dirty(stream, now, true);
             }
         }
         self.ack_now = true;
     }
 
-    /// Picks up to `n` channels with state that are not dirty, round robin,
-    /// and marks them dirty: every ACK refreshes a few quiet channels, so a
+    /// Picks up to `n` streams with state that are not dirty, round robin,
+    /// and marks them dirty: every ACK refreshes a few quiet streams, so a
     /// lost final acknowledgement is repaired while any traffic flows.
     pub(crate) fn refresh(&mut self, n: usize, now: Time) {
-        let len = self.channels.len();
+        let len = self.streams.len();
         let mut added = 0;
         for _ in 0..len {
             if added == n {
@@ -254,10 +337,10 @@ impl RecvSide {
             }
             self.refresh_cursor = (self.refresh_cursor + 1) % len;
             let idx = self.refresh_cursor;
-            let ch = &self.channels[idx];
-            if !ch.dirty && ch.has_state() {
-                let channel = ChannelId(u16::try_from(idx).unwrap_or(u16::MAX));
-                self.mark_dirty(channel, now);
+            let st = &self.streams[idx];
+            if !st.dirty && st.has_state() {
+                let stream = StreamId(u16::try_from(idx).unwrap_or(u16::MAX));
+                self.mark_dirty(stream, now, false);
                 added += 1;
             }
         }
@@ -286,16 +369,16 @@ impl RecvSide {
         self.first_unacked.map(|t| t + max_delay)
     }
 
-    /// Called after acknowledgements for every dirty channel went out.
+    /// Called after acknowledgements for every dirty stream went out.
     pub(crate) fn acked(&mut self) {
         self.unacked_events = 0;
         self.first_unacked = None;
         self.ack_now = false;
     }
 
-    /// Bytes held in reorder buffers (for tests and stats).
+    /// Chunks held in reorder buffers (for tests and stats).
     pub(crate) fn reorder_len(&self) -> usize {
-        self.channels.iter().map(|c| c.reorder.len()).sum()
+        self.streams.iter().map(|c| c.reorder.len()).sum()
     }
 }
 
@@ -304,61 +387,84 @@ mod tests {
     use super::*;
 
     #[test]
-    fn range_set_merges_neighbours() {
+    fn range_set_merges_neighbours_and_trims() {
         let mut r = RangeSet::default();
         for s in [5, 7, 6, 10, 9, 1] {
-            r.insert(s);
+            r.insert(s, s + 1);
         }
         assert_eq!(r.iter().collect::<Vec<_>>(), vec![(1, 2), (5, 8), (9, 11)]);
-        r.insert(6);
+        r.insert(6, 7);
         assert_eq!(r.iter().count(), 3);
-        r.pop_front_if(1);
-        r.pop_front_if(9); // not at the front: no effect
-        assert_eq!(r.iter().collect::<Vec<_>>(), vec![(5, 8), (9, 11)]);
-        r.pop_front_if(5);
-        assert_eq!(r.iter().collect::<Vec<_>>(), vec![(6, 8), (9, 11)]);
+        r.insert(11, 20);
+        r.insert(3, 5);
+        assert_eq!(r.iter().collect::<Vec<_>>(), vec![(1, 2), (3, 8), (9, 20)]);
+        r.insert(2, 9);
+        assert_eq!(r.iter().collect::<Vec<_>>(), vec![(1, 20)]);
+        r.trim_below(6);
+        assert_eq!(r.iter().collect::<Vec<_>>(), vec![(6, 20)]);
+        r.trim_below(30);
+        assert!(r.is_empty());
+    }
+
+    fn one() -> Chunk {
+        Chunk::new(1, 1, ChunkBody::Single(Some(Bytes::from_static(b"x"))))
+    }
+
+    fn batch(count: u32) -> Chunk {
+        Chunk::new(count, 2 * count as usize, ChunkBody::Batch(Bytes::new()))
     }
 
     #[test]
     fn offer_dedups_reorders_and_bounds() {
         let mut r = RecvSide::default();
-        let ch = ChannelId(0);
+        let s = StreamId(4);
         let mut got = Vec::new();
-        let p = || Some(Bytes::from_static(b"x"));
         let w = 1000;
-        assert_eq!(
-            r.offer(Time::ZERO, ch, 2, p(), w, |s, _| got.push(s)),
-            Offer::Buffered
-        );
-        assert_eq!(
-            r.offer(Time::ZERO, ch, 2, p(), w, |s, _| got.push(s)),
-            Offer::Duplicate
-        );
-        assert_eq!(
-            r.offer(Time::ZERO, ch, 1, p(), w, |s, _| got.push(s)),
-            Offer::Buffered
-        );
+        let t = Time::ZERO;
+        assert_eq!(r.offer(t, s, 2, one(), w, |q, _| got.push(q)), Offer::Buffered);
+        assert_eq!(r.offer(t, s, 2, one(), w, |q, _| got.push(q)), Offer::Duplicate);
+        assert_eq!(r.offer(t, s, 1, one(), w, |q, _| got.push(q)), Offer::Buffered);
         assert!(got.is_empty());
-        assert_eq!(
-            r.offer(Time::ZERO, ch, 0, p(), w, |s, _| got.push(s)),
-            Offer::Released
-        );
+        assert_eq!(r.offer(t, s, 0, one(), w, |q, _| got.push(q)), Offer::Released);
         assert_eq!(got, vec![0, 1, 2]);
-        assert_eq!(
-            r.offer(Time::ZERO, ch, 1, p(), w, |s, _| got.push(s)),
-            Offer::Duplicate
-        );
+        assert_eq!(r.offer(t, s, 1, one(), w, |q, _| got.push(q)), Offer::Duplicate);
         assert_eq!(r.reorder_len(), 0);
-        // 3 messages of cost 65 buffered; a window of 200 has no room for a 4th.
-        assert_eq!(
-            r.offer(Time::ZERO, ch, 3, p(), 200, |s, _| got.push(s)),
-            Offer::OverWindow
-        );
+        // 3 chunks of cost 65 buffered; a window of 200 has no room for a 4th.
+        assert_eq!(r.offer(t, s, 3, one(), 200, |q, _| got.push(q)), Offer::OverWindow);
         let mut ranges = Vec::new();
-        r.channels[0].ack_ranges(&mut ranges, 8);
+        r.streams[s.index()].ack_ranges(&mut ranges, 8);
         assert_eq!(ranges, vec![(0, 3)]);
-        r.consumed(Time::ZERO, ch, 0, 1);
-        r.channels[0].ack_ranges(&mut ranges, 8);
+        r.consumed(t, s, 1, 65);
+        r.streams[s.index()].ack_ranges(&mut ranges, 8);
         assert_eq!(ranges, vec![(1, 3)]);
+        // Numbered beyond what the window allows.
+        assert_eq!(r.offer(t, s, 10_000, one(), w, |_, _| {}), Offer::BeyondWindow);
+    }
+
+    #[test]
+    fn batches_release_whole_and_refuse_other_cuts() {
+        let mut r = RecvSide::default();
+        let s = StreamId(5);
+        let t = Time::ZERO;
+        let w = 1 << 20;
+        let mut got = Vec::new();
+        // [10, 20) early, then [0, 10): both released, in order.
+        assert_eq!(r.offer(t, s, 10, batch(10), w, |q, c| got.push((q, c.count))), Offer::Buffered);
+        // Another cut over the same numbers is a violation...
+        assert_eq!(r.offer(t, s, 10, batch(5), w, |_, _| {}), Offer::Overlap);
+        assert_eq!(r.offer(t, s, 15, batch(10), w, |_, _| {}), Offer::Overlap);
+        assert_eq!(r.offer(t, s, 5, batch(10), w, |_, _| {}), Offer::Overlap);
+        // ...the same cut again is a duplicate.
+        assert_eq!(r.offer(t, s, 10, batch(10), w, |_, _| {}), Offer::Duplicate);
+        let mut ranges = Vec::new();
+        r.streams[s.index()].ack_ranges(&mut ranges, 8);
+        assert_eq!(ranges, vec![(10, 20)]);
+        assert_eq!(r.offer(t, s, 0, batch(10), w, |q, c| got.push((q, c.count))), Offer::Released);
+        assert_eq!(got, vec![(0, 10), (10, 10)]);
+        r.streams[s.index()].ack_ranges(&mut ranges, 8);
+        assert_eq!(ranges, vec![(0, 20)]);
+        // Everything below `next` was released: old news, whatever the cut.
+        assert_eq!(r.offer(t, s, 5, batch(10), w, |_, _| {}), Offer::Duplicate);
+        assert_eq!(r.offer(t, s, 15, batch(10), w, |_, _| {}), Offer::Overlap);
     }
 }

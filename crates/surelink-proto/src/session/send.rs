@@ -1,24 +1,30 @@
-//! The sending half of a session: per-channel numbering and the retransmit
+//! The sending half of a session: per-stream numbering and the retransmit
 //! cache (SQR's cache, kept until the peer's application has the message).
 //!
 //! Every message stays here from `send` until the peer acknowledges it
-//! cumulatively (i.e. its application received it). Each entry knows which
-//! path it was last written to, so a failing path's in-flight messages can be
-//! found and re-sent elsewhere at once.
+//! cumulatively (i.e. its application received it). A cache *entry* is what
+//! goes out as one frame: a single message (DATA) or a run of consecutive
+//! small messages of one stream (BATCH). A message joins the last entry of
+//! its stream while that entry has not been written yet, so messages that
+//! queue behind a write in progress leave together, and a lone message is
+//! never held back. Each entry knows which path it was last written to, so a
+//! failing path's in-flight entries can be found and re-sent elsewhere at
+//! once; an entry is always re-sent whole, with the same numbers.
 
 use std::collections::VecDeque;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 use crate::config::message_cost;
 use crate::event::Abandoned;
-use crate::ids::{ChannelId, PathId};
+use crate::ids::{PathId, StreamId};
 use crate::time::Time;
+use crate::wire::{batched_message_overhead, put_batched_message, MAX_BATCH_COUNT};
 
-/// Where a cached message stands.
+/// Where a cached entry stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum EntryState {
-    /// Accepted by `send`, never written to a path.
+    /// Accepted by `send`, never written to a path (may still grow).
     Queued,
     /// Written to `path` at `sent_at`, not yet acknowledged.
     InFlight,
@@ -28,20 +34,20 @@ pub(crate) enum EntryState {
     Pending,
 }
 
-/// Up to [`Prefix::MAX`] bytes written in front of a message's payload: a
-/// shell's own header, so it need not copy the payload to prepend it.
+/// Up to [`Prefix::MAX`] bytes written in front of a message's payload: the
+/// message layer's header, so the payload need not be copied to prepend it.
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
-pub struct Prefix {
+pub(crate) struct Prefix {
     len: u8,
     bytes: [u8; Prefix::MAX],
 }
 
 impl Prefix {
     /// Longest prefix.
-    pub const MAX: usize = 15;
+    pub(crate) const MAX: usize = 32;
 
     /// A prefix of `b`, if it is at most [`Prefix::MAX`] bytes.
-    pub fn new(b: &[u8]) -> Option<Prefix> {
+    pub(crate) fn new(b: &[u8]) -> Option<Prefix> {
         let mut p = Prefix {
             len: u8::try_from(b.len()).ok()?,
             bytes: [0; Prefix::MAX],
@@ -51,15 +57,27 @@ impl Prefix {
     }
 
     /// The prefix bytes.
-    pub fn as_slice(&self) -> &[u8] {
+    pub(crate) fn as_slice(&self) -> &[u8] {
         &self.bytes[..usize::from(self.len)]
     }
 }
 
+/// What an entry carries.
+#[derive(Debug)]
+pub(crate) enum Body {
+    /// One message: the message layer's header and the payload.
+    Single { prefix: Prefix, payload: Bytes },
+    /// Several messages, each framed for a BATCH frame.
+    Batch { messages: BytesMut },
+}
+
 #[derive(Debug)]
 pub(crate) struct Entry {
-    pub(crate) prefix: Prefix,
-    pub(crate) payload: Bytes,
+    /// Sequence number of its first message.
+    pub(crate) seq: u64,
+    /// Messages in it (1 for a single message).
+    pub(crate) count: u32,
+    pub(crate) body: Body,
     pub(crate) sent_at: Time,
     pub(crate) path: PathId,
     pub(crate) state: EntryState,
@@ -70,26 +88,43 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
-    /// The message's length on the wire: prefix and payload.
-    pub(crate) fn len(&self) -> usize {
-        usize::from(self.prefix.len) + self.payload.len()
+    /// The sequence number after its last message.
+    pub(crate) fn end(&self) -> u64 {
+        self.seq + u64::from(self.count)
+    }
+
+    /// Bytes it occupies on the wire after the frame's fixed part.
+    pub(crate) fn wire_len(&self) -> usize {
+        match &self.body {
+            Body::Single { prefix, payload } => prefix.as_slice().len() + payload.len(),
+            Body::Batch { messages } => messages.len(),
+        }
+    }
+
+    /// Its accounting cost (cache, window, in-flight bytes).
+    pub(crate) fn cost(&self) -> u64 {
+        message_cost(self.wire_len())
     }
 }
 
-/// One channel's outgoing stream.
+/// One stream's outgoing state.
 #[derive(Debug, Default)]
-pub(crate) struct SendChannel {
-    /// Sequence number of `entries[0]`; everything below was acknowledged.
+pub(crate) struct SendStream {
+    /// Sequence number of `entries[0]`'s first message; everything below
+    /// was acknowledged.
     pub(crate) base: u64,
+    /// Entries in sequence order, each starting where the previous ends.
     pub(crate) entries: VecDeque<Entry>,
+    /// Sequence number after the last message in `entries`.
+    next: u64,
     /// First sequence number never written to a path. Sends happen in
-    /// sequence order per channel, so everything below was sent at least once
+    /// sequence order per stream, so everything below was sent at least once
     /// and the peer may acknowledge nothing at or above it.
     pub(crate) sent_end: u64,
     /// Every entry below this (and at or above `base`) is `Sacked`: the
     /// peer holds it. (Sacked is final until the cumulative ack passes.)
     pub(crate) sacked_to: u64,
-    /// The last ACK frame that named this channel (see `apply_ack`).
+    /// The last ACK frame that named this stream (see `apply_ack`).
     pub(crate) ack_stamp: u64,
 }
 
@@ -98,136 +133,201 @@ pub(crate) struct SendChannel {
 pub(crate) enum AckError {
     /// It acknowledged a message never sent (the first unsent number).
     Unsent(u64),
-    /// The frame named the channel twice.
-    RepeatedChannel,
+    /// The frame named the stream twice.
+    RepeatedStream,
 }
 
-impl SendChannel {
-    pub(crate) fn next_seq(&self) -> u64 {
-        self.base + self.entries.len() as u64
+impl SendStream {
+    /// Index of the entry holding `seq`.
+    fn index(&self, seq: u64) -> Option<usize> {
+        if seq < self.base || seq >= self.next {
+            return None;
+        }
+        // Singles only (the common case for large messages): direct.
+        if let Ok(i) = usize::try_from(seq - self.base) {
+            if self.entries.get(i).is_some_and(|e| e.seq == seq) {
+                return Some(i);
+            }
+        }
+        let i = self.entries.partition_point(|e| e.end() <= seq);
+        (i < self.entries.len()).then_some(i)
     }
 
+    /// The entry whose first message is `seq`.
     pub(crate) fn get_mut(&mut self, seq: u64) -> Option<&mut Entry> {
-        let idx = usize::try_from(seq.checked_sub(self.base)?).ok()?;
-        self.entries.get_mut(idx)
+        let i = self.index(seq)?;
+        self.entries.get_mut(i).filter(|e| e.seq == seq)
     }
 
+    /// The entry whose first message is `seq`.
     pub(crate) fn get(&self, seq: u64) -> Option<&Entry> {
-        let idx = usize::try_from(seq.checked_sub(self.base)?).ok()?;
-        self.entries.get(idx)
+        let i = self.index(seq)?;
+        self.entries.get(i).filter(|e| e.seq == seq)
+    }
+
+    /// The entry holding message `seq` (first or not).
+    pub(crate) fn holding(&self, seq: u64) -> Option<&Entry> {
+        self.entries.get(self.index(seq)?)
     }
 }
 
 /// What an acknowledgement freed, for the caller's path accounting.
 #[derive(Debug, Default)]
 pub(crate) struct AckOutcome {
-    /// Newest message first-transmitted exactly once that this ack newly
+    /// Newest entry first-transmitted exactly once that this ack newly
     /// covered: `(path, sent_at)`, for an RTT sample (Karn's rule).
-    pub(crate) rtt_sample: Option<(PathId, Time, u64)>,
-    /// Some channel's cumulative point moved.
+    pub(crate) rtt_sample: Option<(PathId, Time)>,
+    /// Some stream's cumulative point moved.
     pub(crate) progress: bool,
 }
 
-/// All channels' outgoing state plus the scheduling queues.
+/// How messages are batched.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BatchLimits {
+    /// Largest message that joins a batch.
+    pub(crate) message: usize,
+    /// Largest batch, messages and their framing.
+    pub(crate) bytes: usize,
+}
+
+/// All streams' outgoing state plus the scheduling queues.
 #[derive(Debug, Default)]
 pub(crate) struct SendSide {
-    pub(crate) channels: Vec<SendChannel>,
-    /// Messages never sent, in `send` order across channels.
-    pub(crate) new_queue: VecDeque<(ChannelId, u64)>,
-    /// Messages to re-send before any new one (SQR). May hold stale
+    pub(crate) streams: Vec<SendStream>,
+    /// Entries never sent, in `send` order across streams.
+    pub(crate) new_queue: VecDeque<(StreamId, u64)>,
+    /// Entries to re-send before any new one (SQR). May hold stale
     /// references (acked meanwhile); they are skipped when popped.
-    pub(crate) retx_queue: VecDeque<(ChannelId, u64)>,
-    /// Cost of every cached message.
+    pub(crate) retx_queue: VecDeque<(StreamId, u64)>,
+    /// Cost of every cached entry.
     pub(crate) cache_bytes: u64,
-    /// Cost of messages sent at least once and not cumulatively acknowledged:
+    /// Cost of entries sent at least once and not cumulatively acknowledged:
     /// an upper bound on what the peer buffers for us.
     pub(crate) outstanding_bytes: u64,
-    /// Count of messages in the cache.
+    /// Messages in the cache.
     pub(crate) cache_len: u64,
+    /// Entries in the cache.
+    pub(crate) cache_entries: u64,
 }
 
 impl SendSide {
-    pub(crate) fn channel_mut(&mut self, channel: ChannelId) -> &mut SendChannel {
-        let idx = usize::from(channel.0);
-        if idx >= self.channels.len() {
-            self.channels.resize_with(idx + 1, SendChannel::default);
+    pub(crate) fn stream_mut(&mut self, stream: StreamId) -> &mut SendStream {
+        let idx = stream.index();
+        if idx >= self.streams.len() {
+            self.streams.resize_with(idx + 1, SendStream::default);
         }
-        &mut self.channels[idx]
+        &mut self.streams[idx]
     }
 
-    pub(crate) fn push(&mut self, channel: ChannelId, prefix: Prefix, payload: Bytes) -> u64 {
-        let cost = message_cost(usize::from(prefix.len) + payload.len());
-        let ch = self.channel_mut(channel);
-        let seq = ch.next_seq();
-        ch.entries.push_back(Entry {
-            prefix,
-            payload,
+    /// Queues a message; joins the stream's last entry when `batch` allows
+    /// and that entry has not been written yet. Returns its sequence number.
+    pub(crate) fn push(
+        &mut self,
+        stream: StreamId,
+        prefix: Prefix,
+        payload: Bytes,
+        batch: Option<BatchLimits>,
+    ) -> u64 {
+        let len = prefix.as_slice().len() + payload.len();
+        let st = self.stream_mut(stream);
+        let seq = st.next;
+        if let (Some(limits), Some(last)) = (batch, st.entries.back_mut()) {
+            let framed = batched_message_overhead(len) + len;
+            let last_fits = match &last.body {
+                Body::Single { .. } => last.wire_len() <= limits.message,
+                Body::Batch { .. } => true,
+            };
+            let joins = last.state == EntryState::Queued
+                && !last.withdrawn
+                && last_fits
+                && len <= limits.message
+                && (last.count as usize) < MAX_BATCH_COUNT
+                && last.end() == seq
+                && batch_len(last) + framed <= limits.bytes;
+            if joins {
+                let before = last.cost();
+                append(last, prefix.as_slice(), &payload);
+                let after = last.cost();
+                st.next += 1;
+                self.cache_bytes += after - before;
+                self.cache_len += 1;
+                return seq;
+            }
+        }
+        let e = Entry {
+            seq,
+            count: 1,
+            body: Body::Single { prefix, payload },
             sent_at: Time::ZERO,
             path: PathId(0),
             state: EntryState::Queued,
             transmissions: 0,
             withdrawn: false,
-        });
-        self.new_queue.push_back((channel, seq));
+        };
+        let cost = e.cost();
+        st.entries.push_back(e);
+        st.next += 1;
         self.cache_bytes += cost;
+        self.new_queue.push_back((stream, seq));
         self.cache_len += 1;
+        self.cache_entries += 1;
         seq
     }
 
-    pub(crate) fn entry(&self, channel: ChannelId, seq: u64) -> Option<&Entry> {
-        self.channels.get(usize::from(channel.0))?.get(seq)
+    pub(crate) fn entry(&self, stream: StreamId, seq: u64) -> Option<&Entry> {
+        self.streams.get(stream.index())?.get(seq)
     }
 
-    pub(crate) fn entry_mut(&mut self, channel: ChannelId, seq: u64) -> Option<&mut Entry> {
-        self.channels.get_mut(usize::from(channel.0))?.get_mut(seq)
+    pub(crate) fn entry_mut(&mut self, stream: StreamId, seq: u64) -> Option<&mut Entry> {
+        self.streams.get_mut(stream.index())?.get_mut(seq)
     }
 
-    /// Applies one channel's acknowledgement. `on_inflight_freed(path, cost)`
-    /// is told of every in-flight message that stops counting against its path.
+    /// Applies one stream's acknowledgement. `on_inflight_freed(path, cost)`
+    /// is told of every in-flight entry that stops counting against its path.
     ///
-    /// `stamp` identifies the ACK frame: a channel may appear once per frame,
+    /// `stamp` identifies the ACK frame: a stream may appear once per frame,
     /// which (with ranges being disjoint) bounds the work of one frame by the
     /// size of the cache.
     pub(crate) fn apply_ack(
         &mut self,
-        channel: ChannelId,
+        stream: StreamId,
         cumulative: u64,
         ranges: impl Iterator<Item = (u64, u64)>,
         stamp: u64,
         out: &mut AckOutcome,
         mut on_inflight_freed: impl FnMut(PathId, u64),
     ) -> Result<(), AckError> {
-        let Some(ch) = self.channels.get_mut(usize::from(channel.0)) else {
+        let Some(st) = self.streams.get_mut(stream.index()) else {
             return if cumulative == 0 {
                 Ok(())
             } else {
                 Err(AckError::Unsent(0))
             };
         };
-        if ch.ack_stamp == stamp {
-            return Err(AckError::RepeatedChannel);
+        if st.ack_stamp == stamp {
+            return Err(AckError::RepeatedStream);
         }
-        ch.ack_stamp = stamp;
-        if cumulative > ch.sent_end {
-            return Err(AckError::Unsent(ch.sent_end));
+        st.ack_stamp = stamp;
+        if cumulative > st.sent_end {
+            return Err(AckError::Unsent(st.sent_end));
         }
-        let note_sample = |e: &Entry, seq: u64, out: &mut AckOutcome| {
+        let note_sample = |e: &Entry, out: &mut AckOutcome| {
             if e.transmissions == 1 && e.state == EntryState::InFlight {
-                let newer = out.rtt_sample.is_none_or(|(_, t, _)| e.sent_at >= t);
+                let newer = out.rtt_sample.is_none_or(|(_, t)| e.sent_at >= t);
                 if newer {
-                    out.rtt_sample = Some((e.path, e.sent_at, seq));
+                    out.rtt_sample = Some((e.path, e.sent_at));
                 }
             }
         };
-        while ch.base < cumulative {
-            let Some(e) = ch.entries.pop_front() else {
+        // Whole entries below the cumulative point: delivered, freed.
+        while st.entries.front().is_some_and(|e| e.end() <= cumulative) {
+            let Some(e) = st.entries.pop_front() else {
                 break;
             };
             out.progress = true;
-            let seq = ch.base;
-            ch.base += 1;
-            let cost = message_cost(e.len());
-            note_sample(&e, seq, out);
+            st.base = e.end();
+            let cost = e.cost();
+            note_sample(&e, out);
             match e.state {
                 EntryState::InFlight => {
                     on_inflight_freed(e.path, cost);
@@ -238,51 +338,72 @@ impl SendSide {
                 EntryState::Queued => {}
             }
             self.cache_bytes -= cost;
-            self.cache_len -= 1;
+            self.cache_len -= u64::from(e.count);
+            self.cache_entries -= 1;
+        }
+        // An entry the receiving application is part-way through: the peer
+        // holds all of it (frames arrive whole), so it needs no re-send.
+        if let Some(e) = st.entries.front_mut() {
+            if e.seq < cumulative {
+                out.progress = true;
+                mark_sacked(e, out, &mut on_inflight_freed, note_sample);
+                st.sacked_to = st.sacked_to.max(e.end());
+            }
         }
         for (start, end) in ranges {
-            if end > ch.sent_end {
-                return Err(AckError::Unsent(ch.sent_end));
+            if end > st.sent_end {
+                return Err(AckError::Unsent(st.sent_end));
             }
             // Entries in [base, sacked_to) are already marked; a receiver
             // whose application is slow repeats that prefix in every ACK, so
             // skip it rather than walk it again.
-            let mut from = start.max(ch.base);
-            let contiguous = from <= ch.sacked_to.max(ch.base);
+            let mut from = start.max(st.base);
+            let contiguous = from <= st.sacked_to.max(st.base);
             if contiguous {
-                from = from.max(ch.sacked_to);
+                from = from.max(st.sacked_to);
             }
-            for seq in from..end {
-                let Some(e) = ch.get_mut(seq) else { break };
-                if matches!(e.state, EntryState::InFlight | EntryState::Pending) {
-                    note_sample(e, seq, out);
-                    if e.state == EntryState::InFlight {
-                        on_inflight_freed(e.path, message_cost(e.len()));
-                    }
-                    e.state = EntryState::Sacked;
+            if from >= end {
+                continue;
+            }
+            let Some(mut i) = st.index(from) else {
+                continue;
+            };
+            // Only entries the range covers whole (a well-behaved peer never
+            // reports part of a frame).
+            let mut covered_to = from;
+            while let Some(e) = st.entries.get_mut(i) {
+                if e.seq >= end {
+                    break;
                 }
+                if e.seq >= start && e.end() <= end {
+                    mark_sacked(e, out, &mut on_inflight_freed, note_sample);
+                    if e.seq <= covered_to {
+                        covered_to = e.end();
+                    }
+                }
+                i += 1;
             }
             if contiguous {
-                ch.sacked_to = ch.sacked_to.max(end);
+                st.sacked_to = st.sacked_to.max(covered_to);
             }
         }
         Ok(())
     }
 
-    /// Removes everything; returns the unacknowledged runs per channel.
+    /// Removes everything; returns the unacknowledged runs per stream.
     pub(crate) fn abandon_all(&mut self) -> Vec<Abandoned> {
         let mut out = Vec::new();
-        for (idx, ch) in self.channels.iter_mut().enumerate() {
-            if !ch.entries.is_empty() {
-                let channel = ChannelId(u16::try_from(idx).unwrap_or(u16::MAX));
+        for (idx, st) in self.streams.iter_mut().enumerate() {
+            if !st.entries.is_empty() {
+                let stream = StreamId(u16::try_from(idx).unwrap_or(u16::MAX));
                 out.push(Abandoned {
-                    channel,
-                    start: ch.base,
-                    end: ch.next_seq(),
+                    stream,
+                    start: st.base,
+                    end: st.next,
                 });
-                ch.base = ch.next_seq();
-                ch.sent_end = ch.base;
-                ch.entries.clear();
+                st.base = st.next;
+                st.sent_end = st.base;
+                st.entries.clear();
             }
         }
         self.new_queue.clear();
@@ -290,6 +411,166 @@ impl SendSide {
         self.cache_bytes = 0;
         self.outstanding_bytes = 0;
         self.cache_len = 0;
+        self.cache_entries = 0;
         out
+    }
+}
+
+fn mark_sacked(
+    e: &mut Entry,
+    out: &mut AckOutcome,
+    on_inflight_freed: &mut impl FnMut(PathId, u64),
+    note_sample: impl Fn(&Entry, &mut AckOutcome),
+) {
+    if matches!(e.state, EntryState::InFlight | EntryState::Pending) {
+        note_sample(e, out);
+        if e.state == EntryState::InFlight {
+            on_inflight_freed(e.path, e.cost());
+        }
+        e.state = EntryState::Sacked;
+    }
+}
+
+/// Bytes the entry would take as a batch (framing included).
+fn batch_len(e: &Entry) -> usize {
+    match &e.body {
+        Body::Single { prefix, payload } => {
+            let len = prefix.as_slice().len() + payload.len();
+            batched_message_overhead(len) + len
+        }
+        Body::Batch { messages } => messages.len(),
+    }
+}
+
+/// Appends a message to a queued entry, turning a single into a batch.
+fn append(e: &mut Entry, prefix: &[u8], payload: &[u8]) {
+    if let Body::Single {
+        prefix: p0,
+        payload: b0,
+    } = &e.body
+    {
+        let first = p0.as_slice().len() + b0.len();
+        let mut messages = BytesMut::with_capacity(
+            (batched_message_overhead(first) + first) * 4 + prefix.len() + payload.len(),
+        );
+        put_batched_message(&mut messages, &[p0.as_slice(), b0]);
+        e.body = Body::Batch { messages };
+    }
+    if let Body::Batch { messages } = &mut e.body {
+        put_batched_message(messages, &[prefix, payload]);
+        e.count += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::BatchIter;
+
+    const S: StreamId = StreamId(4);
+    const LIMITS: Option<BatchLimits> = Some(BatchLimits {
+        message: 100,
+        bytes: 300,
+    });
+
+    fn msg(n: usize) -> Bytes {
+        Bytes::from(vec![b'x'; n])
+    }
+
+    #[test]
+    fn queued_messages_join_until_a_limit_then_start_anew() {
+        let mut s = SendSide::default();
+        for _ in 0..3 {
+            s.push(S, Prefix::default(), msg(50), LIMITS);
+        }
+        // Too large to batch: its own entry; the next joins nothing queued
+        // behind a single that is too large either.
+        s.push(S, Prefix::default(), msg(150), LIMITS);
+        s.push(S, Prefix::default(), msg(10), LIMITS);
+        let st = &s.streams[S.index()];
+        let shape: Vec<(u64, u32)> = st.entries.iter().map(|e| (e.seq, e.count)).collect();
+        assert_eq!(shape, vec![(0, 3), (3, 1), (4, 1)]);
+        assert_eq!(s.cache_len, 5);
+        assert_eq!(s.cache_entries, 3);
+        assert_eq!(
+            s.cache_bytes,
+            st.entries.iter().map(Entry::cost).sum::<u64>()
+        );
+        // A batch's messages come back out whole, in order.
+        let Body::Batch { messages } = &st.entries[0].body else {
+            panic!("not a batch")
+        };
+        let out: Vec<Bytes> = BatchIter::new(messages.clone().freeze()).collect();
+        assert_eq!(out, vec![msg(50), msg(50), msg(50)]);
+        // Byte limit: 6 x 52 > 300.
+        let mut s = SendSide::default();
+        for _ in 0..6 {
+            s.push(S, Prefix::default(), msg(50), LIMITS);
+        }
+        let counts: Vec<u32> = s.streams[S.index()]
+            .entries
+            .iter()
+            .map(|e| e.count)
+            .collect();
+        assert_eq!(counts, vec![5, 1]);
+        assert_eq!(s.streams[S.index()].holding(4).map(|e| e.seq), Some(0));
+        assert_eq!(s.streams[S.index()].holding(5).map(|e| e.seq), Some(5));
+    }
+
+    #[test]
+    fn a_written_entry_takes_no_more_messages() {
+        let mut s = SendSide::default();
+        s.push(S, Prefix::default(), msg(10), LIMITS);
+        s.streams[S.index()].entries[0].state = EntryState::InFlight;
+        s.push(S, Prefix::default(), msg(10), LIMITS);
+        assert_eq!(s.streams[S.index()].entries.len(), 2);
+        // Without limits (peer unknown) nothing batches.
+        let mut s = SendSide::default();
+        s.push(S, Prefix::default(), msg(10), None);
+        s.push(S, Prefix::default(), msg(10), None);
+        assert_eq!(s.streams[S.index()].entries.len(), 2);
+    }
+
+    #[test]
+    fn acks_free_whole_entries_and_sack_partly_consumed_ones() {
+        let mut s = SendSide::default();
+        for _ in 0..4 {
+            s.push(S, Prefix::default(), msg(10), LIMITS);
+        }
+        // Entry [0, 4) in flight on path 1.
+        let cost = {
+            let st = s.stream_mut(S);
+            let e = &mut st.entries[0];
+            e.state = EntryState::InFlight;
+            e.path = PathId(1);
+            e.transmissions = 1;
+            st.sent_end = 4;
+            st.entries[0].cost()
+        };
+        s.outstanding_bytes = cost;
+        let mut freed = Vec::new();
+        let mut out = AckOutcome::default();
+        // The application took two of the four: sacked, not freed.
+        s.apply_ack(S, 2, std::iter::empty(), 1, &mut out, |p, c| {
+            freed.push((p, c))
+        })
+        .unwrap();
+        assert_eq!(freed, vec![(PathId(1), cost)]);
+        assert_eq!(s.streams[S.index()].entries[0].state, EntryState::Sacked);
+        assert_eq!(s.cache_len, 4);
+        // All four: freed.
+        s.apply_ack(S, 4, std::iter::empty(), 2, &mut out, |_, _| {})
+            .unwrap();
+        assert_eq!((s.cache_len, s.cache_bytes, s.outstanding_bytes), (0, 0, 0));
+        assert_eq!(s.streams[S.index()].base, 4);
+        // Beyond what was sent: refused.
+        assert_eq!(
+            s.apply_ack(S, 5, std::iter::empty(), 3, &mut out, |_, _| {}),
+            Err(AckError::Unsent(4))
+        );
+        assert_eq!(
+            s.apply_ack(S, 4, std::iter::empty(), 3, &mut out, |_, _| {}),
+            Err(AckError::RepeatedStream)
+        );
     }
 }

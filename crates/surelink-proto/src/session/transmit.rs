@@ -1,19 +1,18 @@
-//! Assembling what a session writes next: control frames, acknowledgements,
-//! re-sends (always before new messages, SQR), then new messages on the path
-//! the balance rule picks.
+//! Assembling what a session writes next: CLOSE frames of paths leaving,
+//! control frames, acknowledgements, re-sends (always before new messages,
+//! SQR), then new messages on the path the balance rule picks.
 
 use bytes::{Bytes, BytesMut};
 
 use super::paths::{self, PathState, Phase};
-use super::send::{Entry, EntryState, Prefix};
-use super::{Ctx, Queued, Session};
-use crate::config::message_cost;
+use super::send::{Body, Entry, EntryState, Prefix};
+use super::Session;
 use crate::event::{Event, RejectReason};
-use crate::ids::{ChannelId, PathId};
+use crate::ids::{PathId, StreamId};
 use crate::time::Time;
 use crate::wire::{
-    encode_data_parts, encode_hello, encode_ping, encode_pong, AckWriter, FrameKind, Hello,
-    DATA_FLAG_RETRANSMIT, DATA_FLAG_WITHDRAWN, MAX_ACK_RANGES,
+    encode_batch, encode_data_parts, encode_hello, encode_ping, encode_pong, AckWriter,
+    FrameKind, Hello, DATA_FLAG_RETRANSMIT, DATA_FLAG_WITHDRAWN, MAX_ACK_RANGES,
 };
 
 /// Quiet channels re-acknowledged in every ACK frame (see `RecvSide::refresh`).
@@ -22,55 +21,77 @@ const REFRESH_PER_ACK: usize = 2;
 /// Largest ACK/RESUME frame we write; within every peer's `max_frame_body`.
 const ACK_FRAME_CAP: usize = AckWriter::EMPTY_LEN + AckWriter::entry_len(MAX_ACK_RANGES) * 64;
 
-/// Writes one message to a path and records where and when it went.
+/// Writes one cache entry to a path as a DATA or BATCH frame and records
+/// where and when it went.
 fn write_entry(
     buf: &mut BytesMut,
     e: &mut Entry,
-    ch: ChannelId,
-    seq: u64,
+    st: StreamId,
     mut flags: u16,
     p: &mut PathState,
     now: Time,
 ) {
-    if e.withdrawn {
-        flags |= DATA_FLAG_WITHDRAWN;
+    match &e.body {
+        Body::Single { prefix, payload } => {
+            if e.withdrawn {
+                flags |= DATA_FLAG_WITHDRAWN;
+            }
+            encode_data_parts(buf, st, e.seq, flags, prefix.as_slice(), payload);
+        }
+        Body::Batch { messages } => {
+            let count = u16::try_from(e.count).unwrap_or(u16::MAX);
+            encode_batch(buf, st, e.seq, count, flags, messages);
+        }
     }
-    encode_data_parts(buf, ch, seq, flags, e.prefix.as_slice(), &e.payload);
     e.state = EntryState::InFlight;
     e.path = p.id;
     e.sent_at = now;
     e.transmissions = e.transmissions.saturating_add(1);
-    p.inflight_bytes += message_cost(e.len());
-    p.inflight.push_back((ch, seq, now));
+    p.inflight_bytes += e.cost();
+    p.inflight.push_back((st, e.seq, now));
     p.stats.data_sent += 1;
 }
 
 impl Session {
     /// Appends the next frames for one path to `buf` (about `budget` bytes,
     /// at least one frame) and says which path they are for.
-    pub(crate) fn poll_transmit(
-        &mut self,
-        now: Time,
-        buf: &mut BytesMut,
-        budget: usize,
-        ctx: &mut Ctx<'_>,
-    ) -> Option<PathId> {
+    ///
+    /// Call until it returns `None` after every input.
+    pub fn poll_transmit(&mut self, now: Time, buf: &mut BytesMut, budget: usize) -> Option<PathId> {
+        self.tick(now);
+        if let Some(c) = self.closing.pop_front() {
+            if let Some(close) = &c.close {
+                close.encode(buf);
+            }
+            let path = c.path;
+            self.finish_close(c);
+            return Some(path);
+        }
+        if self.ended.is_some() {
+            return None;
+        }
         let start = buf.len();
         if let Some(i) = self.paths.iter().position(PathState::has_control) {
-            self.write_control(now, i, buf, ctx);
+            self.write_control(now, i, buf);
             let p = &mut self.paths[i];
             p.stats.bytes_sent += (buf.len() - start) as u64;
             return Some(p.id);
         }
-        let cfg = ctx.cfg;
+        if !self.pending_replies.is_empty() {
+            self.flush_pending_replies();
+        }
+        let cfg = &self.cfg;
         let ack_due = self.recv.ack_due(now, cfg.ack_frequency, cfg.max_ack_delay);
         let has_new = match (self.peer, self.send.new_queue.front()) {
-            (Some(peer), Some(&(ch, seq))) => {
-                let len = self
-                    .send
-                    .entry(ch, seq)
-                    .map_or(0, |e| e.len().min(peer.max_message as usize));
-                self.send.outstanding_bytes + message_cost(len) <= peer.recv_window
+            (Some(peer), Some(&(st, seq))) => {
+                let cost = self.send.entry(st, seq).map_or(0, |e| {
+                    if e.wire_len() > peer.max_message as usize {
+                        crate::config::message_cost(0)
+                    } else {
+                        e.cost()
+                    }
+                });
+                self.send.outstanding_bytes + cost <= peer.recv_window
             }
             _ => false,
         };
@@ -89,7 +110,7 @@ impl Session {
             self.write_acks(now, buf, FrameKind::Ack, false);
         }
         if data_path.is_some() {
-            self.write_data(now, pi, buf, start, budget, ctx);
+            self.write_data(now, pi, buf, start, budget);
         }
         let p = &mut self.paths[pi];
         if buf.len() == start {
@@ -99,7 +120,7 @@ impl Session {
         Some(p.id)
     }
 
-    fn write_control(&mut self, now: Time, i: usize, buf: &mut BytesMut, ctx: &mut Ctx<'_>) {
+    fn write_control(&mut self, now: Time, i: usize, buf: &mut BytesMut) {
         let (hello, resume) = {
             let p = &mut self.paths[i];
             let r = (p.hello_due, p.resume_due && p.peer_hello_seen);
@@ -108,7 +129,7 @@ impl Session {
             r
         };
         if hello {
-            let local = ctx.local;
+            let local = &self.local;
             encode_hello(
                 buf,
                 &Hello {
@@ -119,9 +140,9 @@ impl Session {
                     your_node: self.node,
                     your_epoch: self.peer.map_or(crate::Epoch(0), |p| p.epoch),
                     your_session: self.peer.map_or(crate::SessionId(0), |p| p.session),
-                    recv_window: ctx.cfg.recv_window,
-                    max_message: ctx.cfg.max_message_size,
-                    max_channels: ctx.cfg.max_channels,
+                    recv_window: self.cfg.recv_window,
+                    max_message: self.cfg.max_message_size,
+                    max_channels: self.cfg.max_channels,
                 },
             );
         }
@@ -157,8 +178,8 @@ impl Session {
             .or_else(|| self.paths.iter().position(ok))
     }
 
-    /// Writes acknowledgements: for dirty channels (`all = false`) or for every
-    /// channel with state (RESUME). Splits into several frames if needed; the
+    /// Writes acknowledgements: for dirty streams (`all = false`) or for every
+    /// stream with state (RESUME). Splits into several frames if needed; the
     /// first carries `kind`, the rest are ACKs.
     pub(super) fn write_acks(&mut self, now: Time, buf: &mut BytesMut, kind: FrameKind, all: bool) {
         let delay_us = self.recv.first_unacked.map_or(0, |t| {
@@ -171,13 +192,13 @@ impl Session {
         let mut frame_start = buf.len();
         let mut w = AckWriter::begin(buf, kind, delay_us);
         let n = if all {
-            recv.channels.len()
+            recv.streams.len()
         } else {
             recv.dirty.len()
         };
         for k in 0..n {
-            let idx = if all { k } else { usize::from(recv.dirty[k].0) };
-            let ch = &mut recv.channels[idx];
+            let idx = if all { k } else { recv.dirty[k].index() };
+            let ch = &mut recv.streams[idx];
             if all && !ch.has_state() && !ch.dirty {
                 continue;
             }
@@ -192,28 +213,19 @@ impl Session {
             }
             w.entry(
                 buf,
-                ChannelId(u16::try_from(idx).unwrap_or(u16::MAX)),
+                StreamId(u16::try_from(idx).unwrap_or(u16::MAX)),
                 ch.consumed,
                 scratch,
             );
         }
         w.finish(buf);
         for c in recv.dirty.drain(..) {
-            recv.channels[usize::from(c.0)].dirty = false;
+            recv.streams[c.index()].dirty = false;
         }
         recv.acked();
     }
 
-    fn write_data(
-        &mut self,
-        now: Time,
-        pi: usize,
-        buf: &mut BytesMut,
-        start: usize,
-        budget: usize,
-        ctx: &mut Ctx<'_>,
-    ) {
-        let cfg = ctx.cfg;
+    fn write_data(&mut self, now: Time, pi: usize, buf: &mut BytesMut, start: usize, budget: usize) {
         let Session {
             send,
             paths,
@@ -221,6 +233,8 @@ impl Session {
             peer,
             node,
             id,
+            events,
+            cfg,
             ..
         } = self;
         let Some(peer) = *peer else { return };
@@ -228,63 +242,69 @@ impl Session {
         // Re-sends first: SQR's promise that a failed path's messages go out
         // again at once, ahead of anything new.
         while buf.len() - start < budget && p.inflight_bytes < cfg.path_inflight_limit {
-            let Some((ch, seq)) = send.retx_queue.pop_front() else {
+            let Some((st, seq)) = send.retx_queue.pop_front() else {
                 break;
             };
-            let Some(e) = send.entry_mut(ch, seq) else {
+            let Some(e) = send.entry_mut(st, seq) else {
                 continue;
             };
             if e.state != EntryState::Pending {
                 continue; // acknowledged meanwhile
             }
-            write_entry(buf, e, ch, seq, DATA_FLAG_RETRANSMIT, p, now);
+            write_entry(buf, e, st, DATA_FLAG_RETRANSMIT, p, now);
             stats.resent += 1;
             p.stats.resent += 1;
         }
         while buf.len() - start < budget && p.inflight_bytes < cfg.path_inflight_limit {
-            let Some(&(ch, seq)) = send.new_queue.front() else {
+            let Some(&(st, seq)) = send.new_queue.front() else {
                 break;
             };
-            let Some(chan) = send.channels.get_mut(usize::from(ch.0)) else {
+            let Some(stream) = send.streams.get_mut(st.index()) else {
                 send.new_queue.pop_front();
                 continue;
             };
-            let Some(e) = chan.get_mut(seq) else {
+            let Some(e) = stream.get_mut(seq) else {
                 send.new_queue.pop_front();
                 continue;
             };
-            let len = e.len();
-            let sent_len = if len > peer.max_message as usize {
-                0
+            let len = e.wire_len();
+            let too_large = matches!(e.body, Body::Single { .. }) && len > peer.max_message as usize;
+            let cost = if too_large {
+                crate::config::message_cost(0)
             } else {
-                len
+                e.cost()
             };
-            if send.outstanding_bytes + message_cost(sent_len) > peer.recv_window {
+            if send.outstanding_bytes + cost > peer.recv_window {
                 break; // the peer's window is full; wait for acknowledgements
             }
             send.new_queue.pop_front();
-            if sent_len != len {
+            if too_large {
                 // Too large for this peer (learned after `send` took it):
                 // withdraw it, keeping the sequence number so order holds.
-                e.payload = Bytes::new();
-                e.prefix = Prefix::default();
+                send.cache_bytes -= e.cost() - cost;
+                e.body = Body::Single {
+                    prefix: Prefix::default(),
+                    payload: Bytes::new(),
+                };
                 e.withdrawn = true;
-                send.cache_bytes -= message_cost(len) - message_cost(0);
-                ctx.events
-                    .push_back(Queued::Event(Box::new(Event::MessageRejected {
-                        peer: *node,
-                        session: *id,
-                        channel: ch,
-                        seq,
-                        reason: RejectReason::TooLarge {
-                            len,
-                            max: peer.max_message,
-                        },
-                    })));
+                events.push_back(Event::MessageRejected {
+                    peer: *node,
+                    session: *id,
+                    stream: st,
+                    seq,
+                    reason: RejectReason::TooLarge {
+                        len,
+                        max: peer.max_message,
+                    },
+                });
             }
-            write_entry(buf, e, ch, seq, 0, p, now);
-            chan.sent_end = seq + 1;
-            send.outstanding_bytes += message_cost(sent_len);
+            if matches!(e.body, Body::Batch { .. }) {
+                stats.batches_sent += 1;
+            }
+            stats.frames_sent += 1;
+            write_entry(buf, e, st, 0, p, now);
+            stream.sent_end = e.end();
+            send.outstanding_bytes += cost;
         }
         self.last_path = Some(self.paths[pi].id);
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use super::{DecodeError, FrameKind, HEADER_LEN, MAX_ACK_RANGES, PROTOCOL_VERSION};
-use crate::ids::ChannelId;
+use crate::ids::StreamId;
 
 const ENTRY_FIXED: usize = 2 + 8 + 2;
 const RANGE_LEN: usize = 16;
@@ -21,11 +21,11 @@ pub struct AckFrame {
     entries: Bytes,
 }
 
-/// One channel's acknowledgement state.
+/// One stream's acknowledgement state.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AckEntry {
-    /// The channel.
-    pub channel: ChannelId,
+    /// The stream.
+    pub stream: StreamId,
     /// Every message with a smaller sequence number has been delivered to the
     /// receiving application.
     pub cumulative: u64,
@@ -158,7 +158,7 @@ impl Iterator for AckEntries {
             return None;
         }
         self.left -= 1;
-        let channel = ChannelId(self.buf.get_u16());
+        let stream = StreamId(self.buf.get_u16());
         let cumulative = self.buf.get_u64();
         let n = usize::from(self.buf.get_u16()) * RANGE_LEN;
         let n = n.min(self.buf.remaining());
@@ -166,7 +166,7 @@ impl Iterator for AckEntries {
             buf: self.buf.split_to(n),
         };
         Some(AckEntry {
-            channel,
+            stream,
             cumulative,
             ranges,
         })
@@ -177,15 +177,15 @@ impl Iterator for AckEntries {
 ///
 /// ```
 /// # use surelink_proto::wire::{AckWriter, FrameKind, decode, Frame};
-/// # use surelink_proto::ChannelId;
+/// # use surelink_proto::StreamId;
 /// let mut buf = bytes::BytesMut::new();
 /// let mut w = AckWriter::begin(&mut buf, FrameKind::Ack, 25);
-/// w.entry(&mut buf, ChannelId(3), 10, &[(12, 15)]);
+/// w.entry(&mut buf, StreamId(3), 10, &[(12, 15)]);
 /// w.finish(&mut buf);
 /// let frame = decode(&mut buf, 1 << 20).unwrap().unwrap();
 /// let Frame::Ack(ack) = frame else { panic!() };
 /// let e = ack.entries().next().unwrap();
-/// assert_eq!((e.channel, e.cumulative), (ChannelId(3), 10));
+/// assert_eq!((e.stream, e.cumulative), (StreamId(3), 10));
 /// assert_eq!(e.ranges.collect::<Vec<_>>(), vec![(12, 15)]);
 /// ```
 #[derive(Debug)]
@@ -216,18 +216,18 @@ impl AckWriter {
         AckWriter { start, count: 0 }
     }
 
-    /// Appends one channel entry. `ranges` must be ascending, disjoint, above
+    /// Appends one stream entry. `ranges` must be ascending, disjoint, above
     /// `cumulative`, and at most `MAX_ACK_RANGES` long (extra ranges are dropped,
     /// which only costs the peer an unneeded re-send).
     pub fn entry(
         &mut self,
         buf: &mut BytesMut,
-        channel: ChannelId,
+        stream: StreamId,
         cumulative: u64,
         ranges: &[(u64, u64)],
     ) {
         let ranges = &ranges[..ranges.len().min(MAX_ACK_RANGES)];
-        buf.put_u16(channel.0);
+        buf.put_u16(stream.0);
         buf.put_u64(cumulative);
         buf.put_u16(u16::try_from(ranges.len()).unwrap_or(0));
         for &(s, e) in ranges {

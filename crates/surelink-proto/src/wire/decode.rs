@@ -3,14 +3,15 @@
 use bytes::{Buf, Bytes, BytesMut};
 
 use super::{
-    AckFrame, Close, CloseCode, CloseScope, DataFrame, Frame, FrameKind, Hello, HEADER_LEN,
+    AckFrame, BatchFrame, Close, CloseCode, CloseScope, DataFrame, Frame, FrameKind, Hello, HEADER_LEN,
     HELLO_BODY_LEN, MAX_CLOSE_REASON, PROTOCOL_VERSION,
 };
-use crate::ids::{ChannelId, ClusterId, Epoch, NodeId, SessionId};
+use crate::ids::{ClusterId, Epoch, NodeId, SessionId, StreamId};
 
 /// Why bytes did not decode into a frame. Any of these closes the path it
 /// came from; none is a reason to panic or to buffer without bound.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum DecodeError {
     /// The header names a protocol version this build does not speak.
     #[error("unsupported protocol version {0} (this build speaks version {PROTOCOL_VERSION})")]
@@ -111,6 +112,7 @@ fn frame_kind(f: &Frame) -> FrameKind {
         Frame::Hello(_) => FrameKind::Hello,
         Frame::Resume(_) => FrameKind::Resume,
         Frame::Data(_) => FrameKind::Data,
+        Frame::Batch(_) => FrameKind::Batch,
         Frame::Ack(_) => FrameKind::Ack,
         Frame::Close(_) => FrameKind::Close,
         Frame::Ping(_) => FrameKind::Ping,
@@ -123,17 +125,18 @@ fn parse_body(kind: FrameKind, flags: u16, mut body: Bytes) -> Result<Frame, Dec
     match kind {
         FrameKind::Data => {
             if body.len() < 10 {
-                return Err(malformed("body shorter than channel and sequence number"));
+                return Err(malformed("body shorter than stream and sequence number"));
             }
-            let channel = ChannelId(body.get_u16());
+            let stream = StreamId(body.get_u16());
             let seq = body.get_u64();
             Ok(Frame::Data(DataFrame {
-                channel,
+                stream,
                 seq,
                 flags,
                 payload: body,
             }))
         }
+        FrameKind::Batch => BatchFrame::parse(body, flags).map(Frame::Batch),
         FrameKind::Ack => AckFrame::parse(body, kind).map(Frame::Ack),
         FrameKind::Resume => AckFrame::parse(body, kind).map(Frame::Resume),
         FrameKind::Hello => {
@@ -194,7 +197,7 @@ fn parse_body(kind: FrameKind, flags: u16, mut body: Bytes) -> Result<Frame, Dec
                 Frame::Pong(token)
             })
         }
-        FrameKind::Heartbeat | FrameKind::Barrier | FrameKind::Batch | FrameKind::RouteUpdate => {
+        FrameKind::Heartbeat | FrameKind::Barrier | FrameKind::RouteUpdate => {
             Err(DecodeError::Reserved(kind))
         }
     }

@@ -6,7 +6,7 @@ use super::{
     AckWriter, Close, CloseScope, DataFrame, Frame, FrameKind, Hello, HEADER_LEN, HELLO_BODY_LEN,
     MAX_CLOSE_REASON, PROTOCOL_VERSION,
 };
-use crate::ids::ChannelId;
+use crate::ids::StreamId;
 
 fn put_header(buf: &mut BytesMut, kind: FrameKind, flags: u16, body_len: usize) {
     buf.put_u8(PROTOCOL_VERSION);
@@ -17,21 +17,21 @@ fn put_header(buf: &mut BytesMut, kind: FrameKind, flags: u16, body_len: usize) 
 
 /// Appends a DATA frame. The hot path: one header write and one copy.
 #[inline]
-pub fn encode_data(buf: &mut BytesMut, channel: ChannelId, seq: u64, flags: u16, payload: &[u8]) {
-    encode_data_parts(buf, channel, seq, flags, &[], payload)
+pub fn encode_data(buf: &mut BytesMut, stream: StreamId, seq: u64, flags: u16, payload: &[u8]) {
+    encode_data_parts(buf, stream, seq, flags, &[], payload)
 }
 
 /// Appends a DATA frame whose message is `prefix` followed by `payload`.
 #[inline]
 pub fn encode_data_parts(
     buf: &mut BytesMut,
-    channel: ChannelId,
+    stream: StreamId,
     seq: u64,
     flags: u16,
     prefix: &[u8],
     payload: &[u8],
 ) {
-    // One 18-byte write for header, channel and sequence number: this is the
+    // One 18-byte write for header, stream and sequence number: this is the
     // per-message cost of the whole protocol, so it avoids per-field checks.
     let body = u32::try_from(10 + prefix.len() + payload.len()).unwrap_or(u32::MAX);
     let mut h = [0u8; HEADER_LEN + 10];
@@ -39,7 +39,7 @@ pub fn encode_data_parts(
     h[1] = FrameKind::Data as u8;
     h[2..4].copy_from_slice(&flags.to_be_bytes());
     h[4..8].copy_from_slice(&body.to_be_bytes());
-    h[8..10].copy_from_slice(&channel.0.to_be_bytes());
+    h[8..10].copy_from_slice(&stream.0.to_be_bytes());
     h[10..18].copy_from_slice(&seq.to_be_bytes());
     buf.reserve(h.len() + prefix.len() + payload.len());
     buf.extend_from_slice(&h);
@@ -100,11 +100,12 @@ impl Frame {
         match self {
             Frame::Hello(h) => encode_hello(buf, h),
             Frame::Data(DataFrame {
-                channel,
+                stream,
                 seq,
                 flags,
                 payload,
-            }) => encode_data(buf, *channel, *seq, *flags, payload),
+            }) => encode_data(buf, *stream, *seq, *flags, payload),
+            Frame::Batch(b) => b.encode(buf),
             Frame::Ack(a) | Frame::Resume(a) => {
                 let kind = if matches!(self, Frame::Ack(_)) {
                     FrameKind::Ack
@@ -117,7 +118,7 @@ impl Frame {
                 for e in a.entries() {
                     ranges.clear();
                     ranges.extend(e.ranges);
-                    w.entry(buf, e.channel, e.cumulative, &ranges);
+                    w.entry(buf, e.stream, e.cumulative, &ranges);
                 }
                 w.finish(buf);
             }

@@ -2,8 +2,8 @@
 
 use bytes::Bytes;
 
-use super::AckFrame;
-use crate::ids::{ChannelId, ClusterId, Epoch, NodeId, SessionId};
+use super::{AckFrame, BatchFrame};
+use crate::ids::{ClusterId, Epoch, NodeId, SessionId, StreamId};
 
 /// The kind byte of a frame header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -27,7 +27,7 @@ pub enum FrameKind {
     Heartbeat = 0x10,
     /// Reserved: failure-detector barrier.
     Barrier = 0x11,
-    /// Reserved: helper batch of many sessions' frames.
+    /// Consecutive small messages of one stream.
     Batch = 0x20,
     /// Reserved: role server routing table.
     RouteUpdate = 0x30,
@@ -55,7 +55,7 @@ impl FrameKind {
     /// Whether this version of the protocol decodes the kind (the others are
     /// reserved for later versions).
     pub fn is_implemented(self) -> bool {
-        (self as u8) < 0x10
+        (self as u8) < 0x10 || self == FrameKind::Batch
     }
 }
 
@@ -66,8 +66,10 @@ pub enum Frame {
     Hello(Hello),
     /// The peer's receive state for this session, sent once per path.
     Resume(AckFrame),
-    /// An application message.
+    /// One message.
     Data(DataFrame),
+    /// Several consecutive messages of one stream.
+    Batch(BatchFrame),
     /// Acknowledgements.
     Ack(AckFrame),
     /// See [`Close`].
@@ -107,16 +109,16 @@ pub struct Hello {
     pub recv_window: u32,
     /// The largest message payload the sender accepts.
     pub max_message: u32,
-    /// Channels the sender accepts (ids below this).
+    /// Application channels the sender accepts (ids below this).
     pub max_channels: u32,
 }
 
-/// One application message.
+/// One message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DataFrame {
-    /// The channel it belongs to.
-    pub channel: ChannelId,
-    /// Its number in the channel.
+    /// The stream it belongs to.
+    pub stream: StreamId,
+    /// Its number in the stream.
     pub seq: u64,
     /// Header flags (see `DATA_FLAG_*`).
     pub flags: u16,
