@@ -1,13 +1,21 @@
 //! The core alone, no IO: messages per second through one sender/receiver
-//! pair on one thread (both endpoints on the same core), for 64 B and 4 KiB
-//! messages.
+//! pair of sessions on one thread (both ends on the same core), for 64 B and
+//! 4 KiB messages.
 //!
-//! Each iteration: the sender's application hands a batch to `send`; the
-//! sender encodes them (`poll_transmit`); the receiver decodes them
-//! (`handle_input`), releases them in order and the application takes them
-//! (`poll_event`); the receiver acknowledges (`poll_transmit`) and the sender
-//! frees its cache (`handle_input`). So the figure covers encode + decode +
-//! both halves of the session, including acknowledgements.
+//! Each iteration: the sender's application hands 256 messages to `send`
+//! (spread over 4 channels); the sender encodes them (`poll_transmit`,
+//! batching what queued on each stream into BATCH frames); the receiver
+//! decodes them (`handle_input`), releases them in order and the
+//! application takes them one by one (`poll_message`); the receiver
+//! acknowledges (`poll_transmit`) and the sender frees its cache
+//! (`handle_input`). So the figure covers encode + decode + both halves of
+//! the session, including acknowledgements — what a shell does per message
+//! once it holds the session's lock.
+//!
+//! `poll_batch` takes each released frame whole and reads its messages as
+//! borrowed slices (no reference count per message). `unbatched` is the
+//! same as `session_one_path` with batching off (`batch_message_max = 0`): one
+//! DATA frame, cache entry and ack range per message, as before BATCH.
 //!
 //! The baseline in the same run, `length_prefix_only`, is the least any
 //! framing can cost: a 4-byte length prefix written and parsed for each
@@ -22,66 +30,121 @@ use std::hint::black_box;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use surelink_proto::rpc::Priority;
 use surelink_proto::{
-    ChannelId, ClusterId, Endpoint, EndpointConfig, Epoch, Event, LocalIdentity, NodeId, PathId,
-    Time,
+    ChannelId, ClusterId, EndpointConfig, Epoch, HelloRoute, Input, LocalIdentity, NodeId, PathId,
+    Router, Session, Time,
 };
 
 const BATCH: usize = 256;
 
 struct Pair {
-    a: Endpoint,
-    b: Endpoint,
+    a: Session,
+    b: Session,
     now: Time,
     buf: BytesMut,
     delivered: u64,
+    /// Take whole frames with `poll_batch` instead of `poll_message`.
+    by_batch: bool,
+}
+
+fn identity(n: u64) -> LocalIdentity {
+    LocalIdentity {
+        cluster: ClusterId(1),
+        node: NodeId(n),
+        epoch: Epoch(1),
+    }
 }
 
 impl Pair {
-    fn new(paths: u64) -> Pair {
-        let cfg = EndpointConfig::default();
-        let id = |n| LocalIdentity {
-            cluster: ClusterId(1),
-            node: NodeId(n),
-            epoch: Epoch(1),
-        };
-        let mut p = Pair {
-            a: Endpoint::new(cfg.clone(), id(1)).unwrap(),
-            b: Endpoint::new(cfg, id(2)).unwrap(),
-            now: Time::from_millis(1),
+    /// Two sessions joined by `paths` paths, after the handshake (the
+    /// router glue a shell runs once per path).
+    fn new(paths: u64, cfg: &EndpointConfig, by_batch: bool) -> Pair {
+        let now = Time::from_millis(1);
+        let mut ra = Router::new(cfg.clone(), identity(1)).unwrap();
+        let mut rb = Router::new(cfg.clone(), identity(2)).unwrap();
+        let (_, a) = ra.open(now, NodeId(2)).unwrap();
+        let mut a = a.unwrap();
+        let mut b: Option<Session> = None;
+        let mut buf = BytesMut::new();
+        for i in 1..=paths {
+            let path = PathId(i);
+            a.add_path(now, path);
+            rb.add_unbound_path(now, path).unwrap();
+            while a.poll_transmit(now, &mut buf, 1 << 16).is_some() {}
+            let hello = match b.as_mut() {
+                Some(s) => {
+                    s.add_path(now, path);
+                    match s.handle_input(now, path, &mut buf) {
+                        Ok(Input::Hello(h)) => h,
+                        other => panic!("{other:?}"),
+                    }
+                }
+                None => rb
+                    .handle_unbound_input(now, path, &mut buf)
+                    .unwrap()
+                    .unwrap(),
+            };
+            match rb.handle_hello(now, path, None, &hello).unwrap() {
+                HelloRoute::New { session, .. } => b = Some(*session),
+                HelloRoute::Existing(_) => {}
+            }
+            let bs = b.as_mut().unwrap();
+            bs.handle_hello(now, path, &hello).unwrap();
+            let _ = bs.handle_input(now, path, &mut buf).unwrap();
+            // b's HELLO and RESUME back to a, a's RESUME to b.
+            for _ in 0..3 {
+                while let Some(p) = bs.poll_transmit(now, &mut buf, 1 << 16) {
+                    if let Ok(Input::Hello(h)) = a.handle_input(now, p, &mut buf) {
+                        ra.handle_hello(now, p, Some(NodeId(2)), &h).unwrap();
+                        a.handle_hello(now, p, &h).unwrap();
+                        let _ = a.handle_input(now, p, &mut buf).unwrap();
+                    }
+                }
+                while let Some(p) = a.poll_transmit(now, &mut buf, 1 << 16) {
+                    let _ = bs.handle_input(now, p, &mut buf).unwrap();
+                }
+            }
+        }
+        let b = b.unwrap();
+        assert_eq!(a.active_paths(), paths as usize);
+        assert_eq!(b.active_paths(), paths as usize);
+        Pair {
+            a,
+            b,
+            now,
             buf: BytesMut::with_capacity(1 << 20),
             delivered: 0,
-        };
-        for i in 1..=paths {
-            p.a.add_path(p.now, PathId(i), Some(NodeId(2))).unwrap();
-            p.b.add_path(p.now, PathId(i), None).unwrap();
+            by_batch,
         }
-        for _ in 0..4 {
-            p.pump();
-        }
-        p
     }
 
     fn pump(&mut self) {
         self.now = Time::from_nanos(self.now.as_nanos() + 1_000);
         while let Some(path) = self.a.poll_transmit(self.now, &mut self.buf, 256 << 10) {
-            self.b.handle_input(self.now, path, &mut self.buf).unwrap();
+            let _ = self.b.handle_input(self.now, path, &mut self.buf).unwrap();
         }
-        while let Some(ev) = self.b.poll_event() {
-            if let Event::Message { payload, .. } = ev {
+        if self.by_batch {
+            while let Some(batch) = self.b.poll_batch() {
+                for (_, _, m) in batch.iter() {
+                    self.delivered += 1;
+                    black_box(m);
+                }
+            }
+        } else {
+            while let Some(m) = self.b.poll_message() {
                 self.delivered += 1;
-                black_box(payload);
+                black_box(m.payload);
             }
         }
         while let Some(path) = self.b.poll_transmit(self.now, &mut self.buf, 256 << 10) {
-            self.a.handle_input(self.now, path, &mut self.buf).unwrap();
+            let _ = self.a.handle_input(self.now, path, &mut self.buf).unwrap();
         }
         while self.a.poll_event().is_some() {}
-        if self.a.poll_timeout().is_some_and(|t| t <= self.now) {
-            self.a.handle_timeout(self.now);
-        }
-        if self.b.poll_timeout().is_some_and(|t| t <= self.now) {
-            self.b.handle_timeout(self.now);
+        for s in [&mut self.a, &mut self.b] {
+            if s.poll_timeout().is_some_and(|t| t <= self.now) {
+                s.handle_timeout(self.now);
+            }
         }
     }
 
@@ -89,7 +152,7 @@ impl Pair {
         for i in 0..BATCH {
             let ch = ChannelId((i % 4) as u16);
             self.a
-                .send(self.now, NodeId(2), ch, payload.clone())
+                .send(self.now, ch, Priority::Normal, payload.clone())
                 .unwrap();
         }
         self.pump();
@@ -116,27 +179,24 @@ fn framing_batch(out: &mut BytesMut, payload: &Bytes) -> u64 {
 
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("core_pair");
+    let batched = EndpointConfig::default();
+    let mut unbatched = EndpointConfig::default();
+    unbatched.batch_message_max = 0;
     for size in [64usize, 4096] {
         let payload = Bytes::from(vec![0xAB; size]);
         g.throughput(Throughput::Elements(BATCH as u64));
-        g.bench_with_input(
-            BenchmarkId::new("session_one_path", size),
-            &payload,
-            |bch, payload| {
-                let mut pair = Pair::new(1);
+        for (name, paths, cfg, by_batch) in [
+            ("session_one_path", 1, &batched, false),
+            ("session_two_paths", 2, &batched, false),
+            ("session_one_path_poll_batch", 1, &batched, true),
+            ("unbatched_one_path", 1, &unbatched, false),
+        ] {
+            g.bench_with_input(BenchmarkId::new(name, size), &payload, |bch, payload| {
+                let mut pair = Pair::new(paths, cfg, by_batch);
                 bch.iter(|| pair.batch(payload));
                 assert!(pair.delivered > 0);
-            },
-        );
-        g.bench_with_input(
-            BenchmarkId::new("session_two_paths", size),
-            &payload,
-            |bch, payload| {
-                let mut pair = Pair::new(2);
-                bch.iter(|| pair.batch(payload));
-                assert!(pair.delivered > 0);
-            },
-        );
+            });
+        }
         g.bench_with_input(
             BenchmarkId::new("length_prefix_only", size),
             &payload,

@@ -2,32 +2,44 @@
 //!
 //! This crate turns any number of unreliable transports ("paths") between
 //! two processes into one session that loses nothing, doubles nothing and
-//! keeps order per channel, as long as some path works again within the
-//! session's linger time. It holds the whole protocol as a deterministic
-//! state machine:
+//! keeps order per stream, as long as some path works again within the
+//! session's linger time, and runs the message layer on top of it. It holds
+//! the whole protocol as deterministic state machines:
 //!
-//! - [`wire`]: the versioned frame format, zero-copy decoding with bounds.
-//! - [`Endpoint`]: every session of one process. Sessions number messages
-//!   per channel, keep them in a retransmit cache until the peer's
-//!   application has them (SQR), spread them over the least-loaded working
-//!   path (hr-net), re-send a failed path's in-flight messages on the others
-//!   before anything new, and resume a reconnected path by exchanging receive
-//!   state (PostMan's resume handshake). A restarted peer (new epoch) ends the
-//!   session and every outstanding message is reported abandoned, never
-//!   replayed into the new process.
+//! - [`wire`]: the versioned frame format (DATA, BATCH, ACK, ...),
+//!   zero-copy decoding with bounds.
+//! - [`Session`]: everything about one peer incarnation. Messages are
+//!   numbered per stream, kept in a retransmit cache until the peer's
+//!   application has them (SQR), batched when they queue behind a write,
+//!   spread over the least-loaded working path (hr-net), re-sent on the
+//!   other paths before anything new when a path fails, and resumed on a
+//!   reconnected path by exchanging receive state (PostMan's resume
+//!   handshake). The message layer: one-way messages, calls with ids,
+//!   deadlines and re-sends under the same id, and the server side —
+//!   at most once per call, duplicates answered, admission bounded per
+//!   peer.
+//! - [`Router`]: which session a path belongs to; a restarted peer (new
+//!   epoch) ends the old session, whose outstanding messages and calls are
+//!   reported, never replayed into the new process.
+//! - [`rpc`]: the client state machine, the [`rpc::Scheduler`] that picks
+//!   which admitted request runs next, and the header codec.
+//! - [`detector`]: the failure detector's logic (SafeTimer).
+//! - [`Endpoint`]: a router and its sessions in one value, for
+//!   single-threaded drivers (the simulator drives exactly this code).
 //!
-//! What it does **not** do: read a clock, touch a socket, spawn a task, or
-//! decide when a path is dead beyond its own retransmission timeout (the
-//! shell reports transport failures; the failure detector comes later).
+//! What it does **not** do: read a clock, touch a socket, spawn a task, run
+//! a handler, or decide when a path is dead beyond its own retransmission
+//! timeout (the shell reports transport failures and runs the detector).
 //!
 //! # Calling convention
 //!
-//! Inputs take an explicit `now` ([`Time`]): [`Endpoint::add_path`],
-//! [`Endpoint::handle_input`], [`Endpoint::handle_path_down`],
-//! [`Endpoint::handle_timeout`], [`Endpoint::send`]. Outputs are polled:
-//! [`Endpoint::poll_transmit`] (bytes for one path), [`Endpoint::poll_timeout`]
-//! (when to call `handle_timeout`), [`Endpoint::poll_event`]. After any input,
-//! drain `poll_transmit` and `poll_event`, then re-arm the timer.
+//! Inputs take an explicit `now` ([`Time`]): `add_path`, `handle_input`,
+//! `handle_path_down`, `handle_timeout`, `send`, `call`, `complete`.
+//! Outputs are polled: `poll_transmit` (bytes for one path), `poll_timeout`
+//! (when to call `handle_timeout`), `poll_event`. After any input, drain
+//! `poll_transmit` and `poll_event`, then re-arm the timer. A multi-threaded
+//! shell keeps each [`Session`] behind its own lock and the [`Router`]
+//! behind another, taken only for handshakes.
 //!
 //! ```
 //! use bytes::{Bytes, BytesMut};
@@ -42,23 +54,31 @@
 //! a.add_path(now, PathId(1), Some(NodeId(2))).unwrap();
 //! b.add_path(now, PathId(1), None).unwrap();
 //! a.send(now, NodeId(2), ChannelId(0), Bytes::from_static(b"hello")).unwrap();
+//! let opts = rpc::CallOptions::new(std::time::Duration::from_secs(1));
+//! a.call(now, NodeId(2), ChannelId(0), Bytes::from_static(b"ping"), &opts).unwrap();
 //! // Shuttle bytes until both sides are quiet (a real shell writes them
-//! // to sockets instead).
-//! fn shuttle(from: &mut Endpoint, to: &mut Endpoint, got: &mut Vec<Bytes>) {
+//! // to sockets instead); b answers every request with its body reversed.
+//! fn shuttle(from: &mut Endpoint, to: &mut Endpoint, got: &mut Vec<Event>) {
 //!     let mut buf = BytesMut::new();
 //!     while let Some(path) = from.poll_transmit(Time::ZERO, &mut buf, 64 * 1024) {
 //!         to.handle_input(Time::ZERO, path, &mut buf).unwrap();
 //!     }
 //!     while let Some(ev) = to.poll_event() {
-//!         if let Event::Message { payload, .. } = ev { got.push(payload) }
+//!         if let Event::Request(t) = &ev {
+//!             let reply: Vec<u8> = t.body.iter().rev().copied().collect();
+//!             to.complete(Time::ZERO, t.session, t.call, Ok(reply.into())).unwrap();
+//!         }
+//!         got.push(ev);
 //!     }
 //! }
-//! let mut got = Vec::new();
+//! let (mut at_a, mut at_b) = (Vec::new(), Vec::new());
 //! for _ in 0..4 {
-//!     shuttle(&mut a, &mut b, &mut got);
-//!     shuttle(&mut b, &mut a, &mut Vec::new());
+//!     shuttle(&mut a, &mut b, &mut at_b);
+//!     shuttle(&mut b, &mut a, &mut at_a);
 //! }
-//! assert_eq!(got, vec![Bytes::from_static(b"hello")]);
+//! assert!(at_b.iter().any(|e| matches!(e, Event::Message(m) if m.payload == "hello")));
+//! assert!(at_a.iter().any(|e| matches!(e,
+//!     Event::CallDone { result: Ok(r), .. } if r == "gnip")));
 //! ```
 
 mod config;
@@ -79,11 +99,11 @@ pub use endpoint::Endpoint;
 pub use error::{AddPathError, HandshakeError, PathError, ProtocolViolation, SendError};
 pub use event::{Abandoned, Event, PathCloseReason, RejectReason, SessionEndReason};
 pub use ids::{
-    CallId, ChannelId, ClusterId, Epoch, MessageId, NodeId, PathId, SessionId, StreamId,
-    StreamKind,
+    CallId, ChannelId, ClusterId, Epoch, MessageId, NodeId, PathId, SessionId, StreamId, StreamKind,
 };
 pub use router::{HelloRoute, OpenError, Router};
 pub use session::{
-    CompleteError, Input, LocalIdentity, Message, PathSnapshot, PathStats, Session, SessionStats,
+    CompleteError, Input, LocalIdentity, Message, MessageBatch, PathSnapshot, PathStats, Session,
+    SessionStats,
 };
 pub use time::Time;

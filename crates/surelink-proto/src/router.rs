@@ -139,7 +139,11 @@ impl Router {
     /// The current session with `node`, opening one if there is none (the
     /// new session is returned for the driver to install; it is not bound
     /// to a peer incarnation until the peer's HELLO).
-    pub fn open(&mut self, now: Time, node: NodeId) -> Result<(SessionId, Option<Session>), OpenError> {
+    pub fn open(
+        &mut self,
+        now: Time,
+        node: NodeId,
+    ) -> Result<(SessionId, Option<Session>), OpenError> {
         if node == self.local.node {
             return Err(OpenError::SelfSession(node));
         }
@@ -257,7 +261,9 @@ impl Router {
         let theirs = (h.epoch, h.session);
         let replaces = match decide(&self.local, h, bound_to, cur, seen) {
             Decision::Reject(e) => return Err(e.into()),
-            Decision::Attach => return Ok(HelloRoute::Existing(cur.map_or(SessionId(0), |c| c.id))),
+            Decision::Attach => {
+                return Ok(HelloRoute::Existing(cur.map_or(SessionId(0), |c| c.id)))
+            }
             Decision::Bind => {
                 if let Some(r) = self.table.get_mut(&h.node) {
                     r.peer = Some(theirs);

@@ -2,8 +2,8 @@
 //!
 //! What is checked:
 //!
-//! 1. **Round trips**: every implemented frame kind (HELLO, RESUME, DATA, ACK,
-//!    CLOSE, PING, PONG) encodes and decodes back to an equal frame, alone,
+//! 1. **Round trips**: every implemented frame kind (HELLO, RESUME, DATA,
+//!    BATCH, ACK, CLOSE, PING, PONG) encodes and decodes back to an equal frame, alone,
 //!    concatenated with others, fed one byte at a time and in random chunks
 //!    (`Ok(None)` until a frame is complete, buffer untouched meanwhile).
 //! 2. **No panics on hostile input**: arbitrary bytes, plausible headers over
@@ -14,7 +14,7 @@
 //!    refused with `TooLarge` as soon as its 8 bytes arrive, without growing
 //!    the buffer.
 //! 4. **Typed errors** for wrong versions, unknown and reserved kinds, and
-//!    malformed HELLO, ACK/RESUME, CLOSE and DATA bodies.
+//!    malformed HELLO, ACK/RESUME, CLOSE, DATA and BATCH bodies.
 //! 5. **`decode_frame`** accepts exactly one frame and rejects trailing bytes
 //!    and short buffers.
 
@@ -25,11 +25,12 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::TestCaseError;
 use surelink_proto::wire::{
-    decode, decode_frame, encode_data, encode_hello, encode_ping, encode_pong, AckFrame, AckWriter,
-    Close, CloseCode, CloseScope, DataFrame, DecodeError, Frame, FrameKind, Hello, HEADER_LEN,
-    HELLO_BODY_LEN, MAX_ACK_RANGES, MAX_CLOSE_REASON, PROTOCOL_VERSION,
+    decode, decode_frame, encode_batch, encode_data, encode_hello, encode_ping, encode_pong,
+    put_batched_message, AckFrame, AckWriter, Close, CloseCode, CloseScope, DataFrame, DecodeError,
+    Frame, FrameKind, Hello, HEADER_LEN, HELLO_BODY_LEN, MAX_ACK_RANGES, MAX_CLOSE_REASON,
+    PROTOCOL_VERSION,
 };
-use surelink_proto::{ChannelId, ClusterId, Epoch, NodeId, SessionId};
+use surelink_proto::{ClusterId, Epoch, NodeId, SessionId, StreamId};
 
 /// The body limit used wherever a test does not vary it.
 const MAX: u32 = 1 << 20;
@@ -40,7 +41,7 @@ const KNOWN_KINDS: [u8; 11] = [
 ];
 
 /// Kind bytes this version decodes.
-const IMPLEMENTED_KINDS: [u8; 7] = [0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07];
+const IMPLEMENTED_KINDS: [u8; 8] = [0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x20];
 
 // ---------------------------------------------------------------------------
 // Model of a frame to encode
@@ -69,6 +70,13 @@ enum Spec {
         delay_us: u32,
         entries: Vec<EntrySpec>,
     },
+    /// Batch: written with `put_batched_message` and `encode_batch`.
+    Batch {
+        stream: u16,
+        first: u64,
+        flags: u16,
+        messages: Vec<Vec<u8>>,
+    },
 }
 
 impl Spec {
@@ -77,6 +85,7 @@ impl Spec {
             Spec::Plain(f) => frame_kind(f),
             Spec::Ack { resume: true, .. } => FrameKind::Resume,
             Spec::Ack { resume: false, .. } => FrameKind::Ack,
+            Spec::Batch { .. } => FrameKind::Batch,
         }
     }
 
@@ -90,6 +99,12 @@ impl Spec {
             } => {
                 write_ack(buf, *resume, *delay_us, entries);
             }
+            Spec::Batch {
+                stream,
+                first,
+                flags,
+                messages,
+            } => write_batch(buf, *stream, *first, *flags, messages),
         }
     }
 
@@ -117,7 +132,7 @@ impl Spec {
                 prop_assert_eq!(a.is_empty(), entries.is_empty());
                 let got: Vec<EntryTuple> = a
                     .entries()
-                    .map(|e| (e.channel.0, e.cumulative, e.ranges.collect()))
+                    .map(|e| (e.stream.0, e.cumulative, e.ranges.collect()))
                     .collect();
                 let want: Vec<EntryTuple> = entries
                     .iter()
@@ -125,9 +140,39 @@ impl Spec {
                     .collect();
                 prop_assert_eq!(got, want);
             }
+            Spec::Batch {
+                stream,
+                first,
+                flags,
+                messages,
+            } => {
+                let Frame::Batch(b) = f else {
+                    return Err(fail(format!("expected a batch, got {f:?}")));
+                };
+                prop_assert_eq!(
+                    (b.stream, b.first, b.flags, usize::from(b.count)),
+                    (StreamId(*stream), *first, *flags, messages.len())
+                );
+                prop_assert_eq!(b.end(), first + messages.len() as u64);
+                let got: Vec<Vec<u8>> = b.messages().map(|m| m.to_vec()).collect();
+                prop_assert_eq!(&got, messages);
+                let slices: Vec<Vec<u8>> = b.slices().map(<[u8]>::to_vec).collect();
+                prop_assert_eq!(&slices, messages);
+                let longest = messages.iter().map(Vec::len).max().unwrap_or(0);
+                prop_assert_eq!(b.max_len as usize, longest);
+            }
         }
         Ok(())
     }
+}
+
+fn write_batch(buf: &mut BytesMut, stream: u16, first: u64, flags: u16, messages: &[Vec<u8>]) {
+    let mut body = BytesMut::new();
+    for m in messages {
+        put_batched_message(&mut body, &[], m);
+    }
+    let count = u16::try_from(messages.len()).expect("test batches are small");
+    encode_batch(buf, StreamId(stream), first, count, flags, &body);
 }
 
 fn write_ack(buf: &mut BytesMut, resume: bool, delay_us: u32, entries: &[EntrySpec]) -> usize {
@@ -139,7 +184,7 @@ fn write_ack(buf: &mut BytesMut, resume: bool, delay_us: u32, entries: &[EntrySp
     let start = buf.len();
     let mut w = AckWriter::begin(buf, kind, delay_us);
     for e in entries {
-        w.entry(buf, ChannelId(e.channel), e.cumulative, &e.ranges);
+        w.entry(buf, StreamId(e.channel), e.cumulative, &e.ranges);
     }
     let total = w.finish(buf);
     assert_eq!(
@@ -155,6 +200,7 @@ fn frame_kind(f: &Frame) -> FrameKind {
         Frame::Hello(_) => FrameKind::Hello,
         Frame::Resume(_) => FrameKind::Resume,
         Frame::Data(_) => FrameKind::Data,
+        Frame::Batch(_) => FrameKind::Batch,
         Frame::Ack(_) => FrameKind::Ack,
         Frame::Close(_) => FrameKind::Close,
         Frame::Ping(_) => FrameKind::Ping,
@@ -220,9 +266,9 @@ fn data() -> impl Strategy<Value = DataFrame> {
         3 => prop::collection::vec(any::<u8>(), 0..64),
         1 => prop::collection::vec(any::<u8>(), 0..4096),
     ];
-    (any::<u16>(), any::<u64>(), any::<u16>(), payload).prop_map(|(channel, seq, flags, p)| {
+    (any::<u16>(), any::<u64>(), any::<u16>(), payload).prop_map(|(stream, seq, flags, p)| {
         DataFrame {
-            channel: ChannelId(channel),
+            stream: StreamId(stream),
             seq,
             flags,
             payload: Bytes::from(p),
@@ -316,11 +362,31 @@ fn ack_spec() -> impl Strategy<Value = Spec> {
         })
 }
 
+fn batch() -> impl Strategy<Value = Spec> {
+    let message = prop_oneof![
+        3 => prop::collection::vec(any::<u8>(), 0..80),
+        1 => prop::collection::vec(any::<u8>(), 0..400),
+    ];
+    (
+        any::<u16>(),
+        prop_oneof![0u64..1000, 0u64..(u64::MAX - 100)],
+        any::<u16>(),
+        prop::collection::vec(message, 1..40),
+    )
+        .prop_map(|(stream, first, flags, messages)| Spec::Batch {
+            stream,
+            first,
+            flags,
+            messages,
+        })
+}
+
 /// Any frame of an implemented kind.
 fn spec() -> impl Strategy<Value = Spec> {
     prop_oneof![
         1 => hello().prop_map(|h| Spec::Plain(Frame::Hello(h))),
         3 => data().prop_map(|d| Spec::Plain(Frame::Data(d))),
+        2 => batch(),
         3 => ack_spec(),
         1 => close().prop_map(|c| Spec::Plain(Frame::Close(c))),
         1 => any::<u64>().prop_map(|t| Spec::Plain(Frame::Ping(t))),
@@ -487,7 +553,7 @@ proptest! {
         prop_assert_eq!(buf.to_vec(), encode_frame(&Frame::Hello(h)));
 
         let mut buf = BytesMut::new();
-        encode_data(&mut buf, d.channel, d.seq, d.flags, &d.payload);
+        encode_data(&mut buf, d.stream, d.seq, d.flags, &d.payload);
         prop_assert_eq!(buf.len(), surelink_proto::wire::DATA_OVERHEAD + d.payload.len());
         prop_assert_eq!(buf.to_vec(), encode_frame(&Frame::Data(d)));
 
@@ -908,7 +974,6 @@ proptest! {
         (byte, kind) in prop::sample::select(vec![
             (0x10u8, FrameKind::Heartbeat),
             (0x11, FrameKind::Barrier),
-            (0x20, FrameKind::Batch),
             (0x30, FrameKind::RouteUpdate),
         ]),
         flags in any::<u16>(),
@@ -1064,6 +1129,57 @@ proptest! {
     ) {
         let mut buf = raw_frame(FrameKind::Data as u8, flags, &body);
         expect_malformed(decode(&mut buf, MAX), FrameKind::Data)?;
+    }
+
+    /// BATCH bodies whose messages do not add up: no messages, a count
+    /// above what the body holds, trailing bytes, a length running past the
+    /// body, a non-minimal or overlong length, per-message flags, sequence
+    /// numbers that overflow.
+    #[test]
+    fn batch_bad_layout(
+        stream in any::<u16>(),
+        first in 0u64..1000,
+        messages in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..50), 1..10),
+        extra in prop::collection::vec(any::<u8>(), 1..8),
+        which in 0usize..7,
+    ) {
+        let mut msgs = BytesMut::new();
+        for m in &messages {
+            put_batched_message(&mut msgs, &[], m);
+        }
+        let body = |first: u64, count: u16, msgs: &[u8]| {
+            let mut b = stream.to_be_bytes().to_vec();
+            b.extend_from_slice(&first.to_be_bytes());
+            b.extend_from_slice(&count.to_be_bytes());
+            b.extend_from_slice(msgs);
+            b
+        };
+        let n = u16::try_from(messages.len()).unwrap();
+        let bad = match which {
+            0 => body(first, 0, &[]),
+            1 => body(first, n + 1, &msgs),
+            2 => body(first, n, &[&msgs[..], &extra[..]].concat()),
+            // The last message claims more bytes than remain.
+            3 => {
+                let mut m = msgs.to_vec();
+                m.extend_from_slice(&[0, 0x7f]);
+                body(first, n + 1, &m)
+            }
+            // A length in non-minimal form, or longer than a u64.
+            4 => body(first, 1, &[0, 0x80, 0x00]),
+            5 => body(first, 1, &[0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f]),
+            _ => {
+                let mut m = msgs.to_vec();
+                m[0] = 1; // flags of the first message
+                if which == 6 && first % 2 == 0 {
+                    body(u64::MAX - 1, n + 1, &msgs) // also refused: overflow
+                } else {
+                    body(first, n, &m)
+                }
+            }
+        };
+        let mut buf = raw_frame(FrameKind::Batch as u8, 0, &bad);
+        expect_malformed(decode(&mut buf, MAX), FrameKind::Batch)?;
     }
 
     #[test]

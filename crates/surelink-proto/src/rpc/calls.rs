@@ -90,7 +90,8 @@ pub(crate) struct Outstanding {
 
 impl Outstanding {
     fn wake(&self) -> Time {
-        self.resend_at.map_or(self.deadline, |r| r.min(self.deadline))
+        self.resend_at
+            .map_or(self.deadline, |r| r.min(self.deadline))
     }
 }
 

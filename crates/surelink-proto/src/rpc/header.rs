@@ -316,7 +316,10 @@ mod tests {
         };
         let p = request_prefix(false, &h);
         assert_eq!(p.as_slice(), &[0, 1]);
-        assert_eq!(parse_request(&join(p, b""), Some(ChannelId(7))).unwrap().0, h);
+        assert_eq!(
+            parse_request(&join(p, b""), Some(ChannelId(7))).unwrap().0,
+            h
+        );
         assert!(request_prefix(true, &h).as_slice().len() <= Prefix::MAX);
     }
 
@@ -338,7 +341,11 @@ mod tests {
         ];
         for s in statuses {
             let (p, body) = reply_prefix(CallId(300), &s);
-            let extra: &[u8] = if s == ReplyStatus::Ok { b"reply" } else { &body };
+            let extra: &[u8] = if s == ReplyStatus::Ok {
+                b"reply"
+            } else {
+                &body
+            };
             let m = join(p, extra);
             let (call, got, n) = parse_reply(&m).unwrap();
             assert_eq!((call, &got), (CallId(300), &s));

@@ -213,7 +213,10 @@ impl<T: Send> Scheduler<T> for PriorityScheduler<T> {
     }
 
     fn promote(&mut self, key: TicketKey) -> bool {
-        let head_vt = self.high_head().and_then(|k| self.slots.get(&k)).map(|s| s.vt);
+        let head_vt = self
+            .high_head()
+            .and_then(|k| self.slots.get(&k))
+            .map(|s| s.vt);
         let Some(s) = self.slots.get_mut(&key) else {
             return false;
         };

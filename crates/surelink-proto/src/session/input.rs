@@ -194,9 +194,9 @@ impl Session {
         self.last_data_path = Some(p.id);
         let window = u64::from(self.cfg.recv_window);
         let mut released: Vec<(u64, Chunk)> = Vec::new();
-        let offer = self
-            .recv
-            .offer(now, stream, first, chunk, window, |q, c| released.push((q, c)));
+        let offer = self.recv.offer(now, stream, first, chunk, window, |q, c| {
+            released.push((q, c))
+        });
         match offer {
             Offer::Duplicate => self.stats.duplicates_received += 1,
             Offer::OverWindow => self.stats.over_window += 1,

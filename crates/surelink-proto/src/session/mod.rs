@@ -43,11 +43,11 @@ use std::collections::VecDeque;
 use bytes::Bytes;
 
 pub(crate) use deliver::Released;
-pub use deliver::Message;
-pub use rpc::CompleteError;
+pub use deliver::{Message, MessageBatch};
 pub use paths::PathStats;
 use paths::{PathState, Phase};
 use recv::RecvSide;
+pub use rpc::CompleteError;
 pub(crate) use send::Prefix;
 use send::{BatchLimits, SendSide};
 

@@ -301,16 +301,15 @@ impl RecvSide {
         }
     }
 
-    /// The application took messages of `stream` up to (not including)
-    /// `upto`; `freed` is the cost of chunks it finished. `event`: the
-    /// consumption finished a chunk (counts towards the ack frequency).
+    /// The application finished chunks of `stream` up to (not including)
+    /// `upto`; `freed` is their cost.
     pub(crate) fn consumed(&mut self, now: Time, stream: StreamId, upto: u64, freed: u64) {
         self.buffered_bytes = self.buffered_bytes.saturating_sub(freed);
         let st = self.stream_mut(stream);
         if upto > st.consumed {
             st.consumed = upto;
         }
-        self.mark_dirty(stream, now, freed > 0);
+        self.mark_dirty(stream, now, true);
     }
 
     /// Marks every stream with state for acknowledgement, at once: the peer
@@ -421,16 +420,34 @@ mod tests {
         let mut got = Vec::new();
         let w = 1000;
         let t = Time::ZERO;
-        assert_eq!(r.offer(t, s, 2, one(), w, |q, _| got.push(q)), Offer::Buffered);
-        assert_eq!(r.offer(t, s, 2, one(), w, |q, _| got.push(q)), Offer::Duplicate);
-        assert_eq!(r.offer(t, s, 1, one(), w, |q, _| got.push(q)), Offer::Buffered);
+        assert_eq!(
+            r.offer(t, s, 2, one(), w, |q, _| got.push(q)),
+            Offer::Buffered
+        );
+        assert_eq!(
+            r.offer(t, s, 2, one(), w, |q, _| got.push(q)),
+            Offer::Duplicate
+        );
+        assert_eq!(
+            r.offer(t, s, 1, one(), w, |q, _| got.push(q)),
+            Offer::Buffered
+        );
         assert!(got.is_empty());
-        assert_eq!(r.offer(t, s, 0, one(), w, |q, _| got.push(q)), Offer::Released);
+        assert_eq!(
+            r.offer(t, s, 0, one(), w, |q, _| got.push(q)),
+            Offer::Released
+        );
         assert_eq!(got, vec![0, 1, 2]);
-        assert_eq!(r.offer(t, s, 1, one(), w, |q, _| got.push(q)), Offer::Duplicate);
+        assert_eq!(
+            r.offer(t, s, 1, one(), w, |q, _| got.push(q)),
+            Offer::Duplicate
+        );
         assert_eq!(r.reorder_len(), 0);
         // 3 chunks of cost 65 buffered; a window of 200 has no room for a 4th.
-        assert_eq!(r.offer(t, s, 3, one(), 200, |q, _| got.push(q)), Offer::OverWindow);
+        assert_eq!(
+            r.offer(t, s, 3, one(), 200, |q, _| got.push(q)),
+            Offer::OverWindow
+        );
         let mut ranges = Vec::new();
         r.streams[s.index()].ack_ranges(&mut ranges, 8);
         assert_eq!(ranges, vec![(0, 3)]);
@@ -438,7 +455,10 @@ mod tests {
         r.streams[s.index()].ack_ranges(&mut ranges, 8);
         assert_eq!(ranges, vec![(1, 3)]);
         // Numbered beyond what the window allows.
-        assert_eq!(r.offer(t, s, 10_000, one(), w, |_, _| {}), Offer::BeyondWindow);
+        assert_eq!(
+            r.offer(t, s, 10_000, one(), w, |_, _| {}),
+            Offer::BeyondWindow
+        );
     }
 
     #[test]
@@ -449,7 +469,10 @@ mod tests {
         let w = 1 << 20;
         let mut got = Vec::new();
         // [10, 20) early, then [0, 10): both released, in order.
-        assert_eq!(r.offer(t, s, 10, batch(10), w, |q, c| got.push((q, c.count))), Offer::Buffered);
+        assert_eq!(
+            r.offer(t, s, 10, batch(10), w, |q, c| got.push((q, c.count))),
+            Offer::Buffered
+        );
         // Another cut over the same numbers is a violation...
         assert_eq!(r.offer(t, s, 10, batch(5), w, |_, _| {}), Offer::Overlap);
         assert_eq!(r.offer(t, s, 15, batch(10), w, |_, _| {}), Offer::Overlap);
@@ -459,7 +482,10 @@ mod tests {
         let mut ranges = Vec::new();
         r.streams[s.index()].ack_ranges(&mut ranges, 8);
         assert_eq!(ranges, vec![(10, 20)]);
-        assert_eq!(r.offer(t, s, 0, batch(10), w, |q, c| got.push((q, c.count))), Offer::Released);
+        assert_eq!(
+            r.offer(t, s, 0, batch(10), w, |q, c| got.push((q, c.count))),
+            Offer::Released
+        );
         assert_eq!(got, vec![(0, 10), (10, 10)]);
         r.streams[s.index()].ack_ranges(&mut ranges, 8);
         assert_eq!(ranges, vec![(0, 20)]);

@@ -178,7 +178,10 @@ impl Session {
             StreamId::REPLY
         };
         let (prefix, body) = match &result {
-            Ok(reply) => (header::reply_prefix(call, &ReplyStatus::Ok).0, reply.clone()),
+            Ok(reply) => (
+                header::reply_prefix(call, &ReplyStatus::Ok).0,
+                reply.clone(),
+            ),
             Err(e) => header::reply_prefix(call, &ReplyStatus::Error(e.clone())),
         };
         self.serve.finish(call, result.ok());
@@ -198,10 +201,8 @@ impl Session {
             match self.push_message(r.stream, r.prefix, r.body, false) {
                 Ok(m) => self.serve.reply_sent(r.call, m),
                 Err(SendError::Full { message, .. }) => {
-                    self.pending_replies.push_front(PendingReply {
-                        body: message,
-                        ..r
-                    });
+                    self.pending_replies
+                        .push_front(PendingReply { body: message, ..r });
                     return;
                 }
                 // Too large for the peer, or the session ended: the caller

@@ -78,6 +78,9 @@ pub(crate) struct Entry {
     /// Messages in it (1 for a single message).
     pub(crate) count: u32,
     pub(crate) body: Body,
+    /// Bytes of `body` on the wire (prefix and payload, or the batch's
+    /// framed messages).
+    pub(crate) len: usize,
     pub(crate) sent_at: Time,
     pub(crate) path: PathId,
     pub(crate) state: EntryState,
@@ -94,16 +97,15 @@ impl Entry {
     }
 
     /// Bytes it occupies on the wire after the frame's fixed part.
+    #[inline]
     pub(crate) fn wire_len(&self) -> usize {
-        match &self.body {
-            Body::Single { prefix, payload } => prefix.as_slice().len() + payload.len(),
-            Body::Batch { messages } => messages.len(),
-        }
+        self.len
     }
 
     /// Its accounting cost (cache, window, in-flight bytes).
+    #[inline]
     pub(crate) fn cost(&self) -> u64 {
-        message_cost(self.wire_len())
+        message_cost(self.len)
     }
 }
 
@@ -233,23 +235,23 @@ impl SendSide {
         let seq = st.next;
         if let (Some(limits), Some(last)) = (batch, st.entries.back_mut()) {
             let framed = batched_message_overhead(len) + len;
-            let last_fits = match &last.body {
-                Body::Single { .. } => last.wire_len() <= limits.message,
-                Body::Batch { .. } => true,
+            let last_len = match &last.body {
+                Body::Single { .. } if last.len <= limits.message => {
+                    batched_message_overhead(last.len) + last.len
+                }
+                Body::Single { .. } => usize::MAX,
+                Body::Batch { .. } => last.len,
             };
             let joins = last.state == EntryState::Queued
                 && !last.withdrawn
-                && last_fits
                 && len <= limits.message
                 && (last.count as usize) < MAX_BATCH_COUNT
-                && last.end() == seq
-                && batch_len(last) + framed <= limits.bytes;
+                && last_len.saturating_add(framed) <= limits.bytes;
             if joins {
-                let before = last.cost();
+                let before = last.len;
                 append(last, prefix.as_slice(), &payload);
-                let after = last.cost();
                 st.next += 1;
-                self.cache_bytes += after - before;
+                self.cache_bytes += (last.len - before) as u64;
                 self.cache_len += 1;
                 return seq;
             }
@@ -258,6 +260,7 @@ impl SendSide {
             seq,
             count: 1,
             body: Body::Single { prefix, payload },
+            len,
             sent_at: Time::ZERO,
             path: PathId(0),
             state: EntryState::Queued,
@@ -431,17 +434,6 @@ fn mark_sacked(
     }
 }
 
-/// Bytes the entry would take as a batch (framing included).
-fn batch_len(e: &Entry) -> usize {
-    match &e.body {
-        Body::Single { prefix, payload } => {
-            let len = prefix.as_slice().len() + payload.len();
-            batched_message_overhead(len) + len
-        }
-        Body::Batch { messages } => messages.len(),
-    }
-}
-
 /// Appends a message to a queued entry, turning a single into a batch.
 fn append(e: &mut Entry, prefix: &[u8], payload: &[u8]) {
     if let Body::Single {
@@ -449,16 +441,18 @@ fn append(e: &mut Entry, prefix: &[u8], payload: &[u8]) {
         payload: b0,
     } = &e.body
     {
-        let first = p0.as_slice().len() + b0.len();
-        let mut messages = BytesMut::with_capacity(
-            (batched_message_overhead(first) + first) * 4 + prefix.len() + payload.len(),
-        );
-        put_batched_message(&mut messages, &[p0.as_slice(), b0]);
+        let first = batched_message_overhead(e.len) + e.len;
+        let next =
+            batched_message_overhead(prefix.len() + payload.len()) + prefix.len() + payload.len();
+        // Room for a few more: a batch forms when messages queue quickly.
+        let mut messages = BytesMut::with_capacity((first + next) * 4);
+        put_batched_message(&mut messages, p0.as_slice(), b0);
         e.body = Body::Batch { messages };
     }
     if let Body::Batch { messages } = &mut e.body {
-        put_batched_message(messages, &[prefix, payload]);
+        put_batched_message(messages, prefix, payload);
         e.count += 1;
+        e.len = messages.len();
     }
 }
 
@@ -497,6 +491,11 @@ mod tests {
             st.entries.iter().map(Entry::cost).sum::<u64>()
         );
         // A batch's messages come back out whole, in order.
+        assert!(st.entries.iter().all(|e| e.len
+            == match &e.body {
+                Body::Single { prefix, payload } => prefix.as_slice().len() + payload.len(),
+                Body::Batch { messages } => messages.len(),
+            }));
         let Body::Batch { messages } = &st.entries[0].body else {
             panic!("not a batch")
         };

@@ -11,8 +11,8 @@ use crate::event::{Event, RejectReason};
 use crate::ids::{PathId, StreamId};
 use crate::time::Time;
 use crate::wire::{
-    encode_batch, encode_data_parts, encode_hello, encode_ping, encode_pong, AckWriter,
-    FrameKind, Hello, DATA_FLAG_RETRANSMIT, DATA_FLAG_WITHDRAWN, MAX_ACK_RANGES,
+    encode_batch, encode_data_parts, encode_hello, encode_ping, encode_pong, AckWriter, FrameKind,
+    Hello, DATA_FLAG_RETRANSMIT, DATA_FLAG_WITHDRAWN, MAX_ACK_RANGES,
 };
 
 /// Quiet channels re-acknowledged in every ACK frame (see `RecvSide::refresh`).
@@ -57,7 +57,12 @@ impl Session {
     /// at least one frame) and says which path they are for.
     ///
     /// Call until it returns `None` after every input.
-    pub fn poll_transmit(&mut self, now: Time, buf: &mut BytesMut, budget: usize) -> Option<PathId> {
+    pub fn poll_transmit(
+        &mut self,
+        now: Time,
+        buf: &mut BytesMut,
+        budget: usize,
+    ) -> Option<PathId> {
         self.tick(now);
         if let Some(c) = self.closing.pop_front() {
             if let Some(close) = &c.close {
@@ -225,7 +230,14 @@ impl Session {
         recv.acked();
     }
 
-    fn write_data(&mut self, now: Time, pi: usize, buf: &mut BytesMut, start: usize, budget: usize) {
+    fn write_data(
+        &mut self,
+        now: Time,
+        pi: usize,
+        buf: &mut BytesMut,
+        start: usize,
+        budget: usize,
+    ) {
         let Session {
             send,
             paths,
@@ -268,7 +280,8 @@ impl Session {
                 continue;
             };
             let len = e.wire_len();
-            let too_large = matches!(e.body, Body::Single { .. }) && len > peer.max_message as usize;
+            let too_large =
+                matches!(e.body, Body::Single { .. }) && len > peer.max_message as usize;
             let cost = if too_large {
                 crate::config::message_cost(0)
             } else {
@@ -286,6 +299,7 @@ impl Session {
                     prefix: Prefix::default(),
                     payload: Bytes::new(),
                 };
+                e.len = 0;
                 e.withdrawn = true;
                 events.push_back(Event::MessageRejected {
                     peer: *node,

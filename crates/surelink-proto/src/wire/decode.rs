@@ -3,8 +3,8 @@
 use bytes::{Buf, Bytes, BytesMut};
 
 use super::{
-    AckFrame, BatchFrame, Close, CloseCode, CloseScope, DataFrame, Frame, FrameKind, Hello, HEADER_LEN,
-    HELLO_BODY_LEN, MAX_CLOSE_REASON, PROTOCOL_VERSION,
+    AckFrame, BatchFrame, Close, CloseCode, CloseScope, DataFrame, Frame, FrameKind, Hello,
+    HEADER_LEN, HELLO_BODY_LEN, MAX_CLOSE_REASON, PROTOCOL_VERSION,
 };
 use crate::ids::{ClusterId, Epoch, NodeId, SessionId, StreamId};
 

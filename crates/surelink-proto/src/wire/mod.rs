@@ -47,13 +47,13 @@ mod varint;
 
 pub use ack::{AckEntry, AckFrame, AckRanges, AckWriter};
 pub use batch::{
-    batched_message_overhead, encode_batch, put_batched_message, BatchFrame, BatchIter, BatchSlices,
-    BATCH_FIXED, BATCH_OVERHEAD, MAX_BATCH_COUNT, MIN_BATCHED_MESSAGE,
+    batched_message_overhead, encode_batch, put_batched_message, BatchFrame, BatchIter,
+    BatchSlices, BATCH_FIXED, BATCH_OVERHEAD, MAX_BATCH_COUNT, MIN_BATCHED_MESSAGE,
 };
-pub use varint::{get_varint, put_varint, varint_len, MAX_VARINT};
 pub use decode::{decode, decode_frame, DecodeError};
 pub use encode::{encode_data, encode_data_parts, encode_hello, encode_ping, encode_pong};
 pub use frame::{Close, CloseCode, CloseScope, DataFrame, Frame, FrameKind, Hello};
+pub use varint::{get_varint, put_varint, varint_len, MAX_VARINT};
 
 /// The protocol version this build speaks.
 pub const PROTOCOL_VERSION: u8 = 1;

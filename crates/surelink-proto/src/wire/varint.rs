@@ -51,7 +51,17 @@ mod tests {
 
     #[test]
     fn round_trip_and_refusals() {
-        for v in [0u64, 1, 127, 128, 300, 16_383, 16_384, u32::MAX as u64, u64::MAX] {
+        for v in [
+            0u64,
+            1,
+            127,
+            128,
+            300,
+            16_383,
+            16_384,
+            u32::MAX as u64,
+            u64::MAX,
+        ] {
             let mut b = Vec::new();
             put_varint(&mut b, v);
             assert_eq!(b.len(), varint_len(v), "{v}");
