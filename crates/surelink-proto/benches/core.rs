@@ -96,7 +96,7 @@ impl Pair {
             for _ in 0..3 {
                 while let Some(p) = bs.poll_transmit(now, &mut buf, 1 << 16) {
                     if let Ok(Input::Hello(h)) = a.handle_input(now, p, &mut buf) {
-                        ra.handle_hello(now, p, Some(NodeId(2)), &h).unwrap();
+                        let _ = ra.handle_hello(now, p, Some(NodeId(2)), &h).unwrap();
                         a.handle_hello(now, p, &h).unwrap();
                         let _ = a.handle_input(now, p, &mut buf).unwrap();
                     }

@@ -179,12 +179,7 @@ impl EndpointConfig {
             1,
             u64::from(StreamId::MAX_CHANNELS),
         )?;
-        range(
-            "batch_bytes",
-            u64::from(self.batch_bytes),
-            64,
-            u64::from(self.max_message_size).max(64),
-        )?;
+        range("batch_bytes", u64::from(self.batch_bytes), 64, 16 << 20)?;
         range(
             "max_requests_per_peer",
             u64::from(self.max_requests_per_peer),

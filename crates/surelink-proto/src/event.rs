@@ -33,6 +33,8 @@ pub enum Event {
         session: SessionId,
         /// The call.
         call: CallId,
+        /// Times the request was sent (1 + re-sends).
+        sends: u32,
         /// The reply, or the failure.
         result: Result<Bytes, CallFailure>,
     },
@@ -63,7 +65,8 @@ pub enum Event {
         path: PathId,
         /// Why.
         reason: PathCloseReason,
-        /// Messages that were in flight on it and are re-sent elsewhere.
+        /// Frames (single messages or batches) that were in flight on it
+        /// and are re-sent elsewhere.
         resent: usize,
     },
     /// A session has its first working path (or one again after losing all).

@@ -30,6 +30,6 @@ pub mod pair;
 pub mod rpc;
 mod sim;
 
-pub use checker::{make_payload, Checker, Outcome, Tally};
+pub use checker::{answer, make_payload, CallOutcome, CallTally, Checker, Outcome, Tally};
 pub use faults::{random_schedule, Fault, ScheduleSpec};
 pub use sim::{LinkSpec, Sim, SimConfig, SimReport, Workload};

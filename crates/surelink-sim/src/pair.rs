@@ -180,7 +180,7 @@ impl Pair {
         self.events_b
             .iter()
             .filter_map(|e| match e {
-                Event::Message { payload, .. } => Some(payload.clone()),
+                Event::Message(m) => Some(m.payload.clone()),
                 _ => None,
             })
             .collect()

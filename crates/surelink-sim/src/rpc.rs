@@ -1,55 +1,59 @@
-//! Calls over the real session core, with the client state machine and the
-//! server dispatcher from `surelink_proto::rpc`, on a virtual clock.
+//! Calls through the product's message layer on a virtual clock: the
+//! client's call table, re-sends and overdue handling, the server's
+//! at-most-once admission and duplicate answers all run inside
+//! [`surelink_proto::Session`]s (driven through [`Endpoint`]), and requests
+//! are scheduled by the product's [`Scheduler`] implementations. Nothing
+//! here models the protocol; it only moves bytes, keeps time and plays the
+//! workers.
 //!
 //! A client (node 1) and a server (node 2) share two paths with a fixed
 //! one-way latency. A path can *stall* for a while: what is written on it
 //! arrives only when the stall ends (nothing fails, nothing is reported).
-//! The client starts a call every `call_every`; a call not answered within
-//! its re-send timeout is sent again with the same id (RESEND, high
-//! priority, on the priority lane — its own channel, so it does not wait
-//! behind the stalled original in the session's per-channel order), with
-//! the timeout doubling each time; the client first tells the core the
-//! original is overdue, which suspects the path it is on (hr-net: RESEND →
-//! SELECT another path). The server queues requests in a
-//! [`Dispatcher`] and runs `workers` of them at a time, each for
-//! `service` of virtual time. Replies go back on the request's channel.
-//!
-//! Message header (inside the session payload): kind (1 = request,
-//! 2 = reply, 3 = still running), flags (bit 0: re-send, bit 1: high), id.
+//! The client starts calls every `call_every`; the core re-sends a call
+//! that has no reply within its re-send timeout (same id, on the request
+//! lane, high priority), doubling the timeout each time, after suspecting
+//! the path the original is stuck on. The server takes admitted requests
+//! (tickets) into the scheduler and runs `workers` of them at a time, each
+//! for `service` of virtual time. Optionally a second client (node 3, its
+//! own unstalled path) adds background load.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use surelink_proto::rpc::{
-    AnyCall, Call, CallInput, Caller, Dispatcher, DispatcherConfig, Duplicate, Priority,
-    RequestClass,
+    CallFailure, CallOptions, FifoScheduler, Priority, PriorityScheduler, RequestClass, Scheduler,
+    Ticket, TicketKey,
 };
 use surelink_proto::{
-    ChannelId, Endpoint, EndpointConfig, Epoch, Event, MessageId, NodeId, PathId, Prefix, Time,
+    CallId, ChannelId, Endpoint, EndpointConfig, Event, NodeId, PathId, SessionId, Time,
 };
 
 use crate::pair::identity;
 
 const CLIENT: NodeId = NodeId(1);
 const SERVER: NodeId = NodeId(2);
-/// Channel of normal calls.
-pub const NORMAL_CHANNEL: u16 = 0;
-/// The priority lane: re-sends and high-priority calls.
-pub const LANE_CHANNEL: u16 = 1;
-
-const REQUEST: u8 = 1;
-const REPLY: u8 = 2;
-const STILL_RUNNING: u8 = 3;
-const FLAG_RESEND: u8 = 1;
-const FLAG_HIGH: u8 = 2;
+const BACKGROUND: NodeId = NodeId(3);
+/// The background client's path.
+const BACKGROUND_PATH: PathId = PathId(10);
+/// Channel of the calls.
+pub const CHANNEL: u16 = 0;
 
 const TICK: Duration = Duration::from_micros(100);
+
+/// How the server schedules admitted requests.
+#[derive(Clone, Debug)]
+pub enum SchedulerSpec {
+    /// hr-net's queues with this aging bound (the default scheduler).
+    Priority(Duration),
+    /// One FIFO (the baseline).
+    Fifo,
+}
 
 /// A scenario.
 #[derive(Clone, Debug)]
 pub struct RpcScenario {
-    /// One-way latency of both paths.
+    /// One-way latency of every path.
     pub latency: Duration,
     /// Stalls: (path, from, length). A stalled path holds everything
     /// written on it until the stall ends. Path 0 is the one the session
@@ -59,8 +63,7 @@ pub struct RpcScenario {
     pub call_every: Duration,
     /// Calls per burst (at least 1).
     pub burst: u64,
-    /// Requests from other clients, straight into the server's queue, one
-    /// this often (their ids count down from `u64::MAX`).
+    /// Calls from a second client, one this often (first half of the run).
     pub background_every: Option<Duration>,
     /// Every n-th call is high priority (0: none).
     pub high_every: u64,
@@ -74,8 +77,10 @@ pub struct RpcScenario {
     pub workers: usize,
     /// Time a request takes to run.
     pub service: Duration,
-    /// Server dispatcher settings.
-    pub dispatcher: DispatcherConfig,
+    /// How the server schedules.
+    pub scheduler: SchedulerSpec,
+    /// Session settings of every endpoint.
+    pub endpoint: EndpointConfig,
     /// Stop after this long.
     pub run_for: Duration,
 }
@@ -83,84 +88,71 @@ pub struct RpcScenario {
 /// One request dispatched by the server.
 #[derive(Clone, Debug)]
 pub struct DispatchRecord {
-    /// The call id.
-    pub id: u64,
+    /// The client's number for the call (background calls: `None`).
+    pub id: Option<u64>,
     /// When it was dispatched.
     pub at: Time,
-    /// When the server first received it.
+    /// When the server admitted it.
     pub arrived: Time,
-    /// Its place in the server's arrival order.
+    /// Its place in the server's admission order.
     pub arrival_order: u64,
     /// Its priority then.
     pub priority: Priority,
-    /// Whether it had been re-sent before it was dispatched.
+    /// Whether it was admitted as a re-send or promoted by one before it
+    /// was dispatched.
     pub was_resent: bool,
-    /// When the first re-send reached the server, if one did before the
-    /// dispatch.
+    /// When a re-send of it first reached the server while it waited.
     pub resend_arrived: Option<Time>,
-    /// How long it waited in the queue.
+    /// How long it waited in the scheduler.
     pub waited: Duration,
-    /// The longest any normal request still queued had waited, at this
-    /// dispatch.
+    /// The longest any normal request still queued (and never promoted)
+    /// had waited, at this dispatch.
     pub oldest_normal_waiting: Option<Duration>,
 }
 
 /// What happened.
 #[derive(Clone, Debug, Default)]
 pub struct RpcOutcome {
-    /// Executions per call id.
+    /// Executions per call (the client's numbers).
     pub executions: BTreeMap<u64, u32>,
-    /// Sends per call id (1 + re-sends).
+    /// Transmissions per answered or failed call (1 + re-sends).
     pub sends: BTreeMap<u64, u32>,
     /// Replies matched to their call (right id, right body).
     pub replied: BTreeMap<u64, Time>,
     /// Calls that failed with a timeout.
     pub timed_out: Vec<u64>,
+    /// Calls that failed otherwise (must stay empty).
+    pub failed: Vec<(u64, String)>,
     /// Replies whose body did not match the call (must stay empty).
     pub mismatched: Vec<u64>,
     /// The server's dispatch order.
     pub dispatched: Vec<DispatchRecord>,
-    /// Duplicates the server answered without running them.
+    /// Duplicate requests the server answered without running them.
     pub duplicates: u64,
 }
 
-struct ClientCall {
-    state: AnyCall,
-    /// The last transmission's message id.
-    msg: Option<MessageId>,
-    body: Bytes,
-    resend_at: Time,
-    backoff: Duration,
-    deadline: Time,
+pub use crate::checker::answer;
+
+/// A request the server admitted, as the scheduler holds it.
+struct Job {
+    ticket: Ticket,
+    /// The client's number (from the body), for our records.
+    id: Option<u64>,
+}
+
+struct Waiting {
+    arrived: Time,
+    order: u64,
+    priority: Priority,
+    resent: bool,
+    resend_arrived: Option<Time>,
 }
 
 struct Running {
-    caller: Caller,
-    id: u64,
-    channel: u16,
+    session: SessionId,
+    call: CallId,
     body: Bytes,
     done_at: Time,
-}
-
-fn header(kind: u8, flags: u8, id: u64) -> Prefix {
-    let mut h = [0u8; 10];
-    h[0] = kind;
-    h[1] = flags;
-    h[2..].copy_from_slice(&id.to_be_bytes());
-    Prefix::new(&h).unwrap_or_default()
-}
-
-fn parse(p: &Bytes) -> Option<(u8, u8, u64, Bytes)> {
-    if p.len() < 10 {
-        return None;
-    }
-    let id = u64::from_be_bytes(p[2..10].try_into().ok()?);
-    Some((p[0], p[1], id, p.slice(10..)))
-}
-
-/// The reply a request body gets (the server's "work").
-pub fn answer(body: &[u8]) -> Bytes {
-    body.iter().rev().copied().collect::<Vec<u8>>().into()
 }
 
 impl RpcScenario {
@@ -170,39 +162,61 @@ impl RpcScenario {
         })
     }
 
+    fn scheduler(&self) -> Box<dyn Scheduler<Job>> {
+        match self.scheduler {
+            SchedulerSpec::Priority(aging) => Box::new(PriorityScheduler::new(aging)),
+            SchedulerSpec::Fifo => Box::new(FifoScheduler::new()),
+        }
+    }
+
+    /// The aging bound in force (FIFO: none).
+    pub fn aging_bound(&self) -> Option<Duration> {
+        match self.scheduler {
+            SchedulerSpec::Priority(a) => Some(a),
+            SchedulerSpec::Fifo => None,
+        }
+    }
+
     /// Runs it.
     #[allow(clippy::too_many_lines)]
     pub fn run(&self) -> RpcOutcome {
-        let cfg = EndpointConfig::default();
+        let cfg = &self.endpoint;
         let mut client = Endpoint::new(cfg.clone(), identity(CLIENT.0, 1)).expect("config");
-        let mut server = Endpoint::new(cfg, identity(SERVER.0, 1)).expect("config");
+        let mut server = Endpoint::new(cfg.clone(), identity(SERVER.0, 1)).expect("config");
+        let mut background = Endpoint::new(cfg.clone(), identity(BACKGROUND.0, 1)).expect("config");
         let mut out = RpcOutcome::default();
         let mut now = Time::from_millis(1);
         for p in [PathId(0), PathId(1)] {
             client.add_path(now, p, Some(SERVER)).expect("path");
             server.add_path(now, p, None).expect("path");
         }
+        if self.background_every.is_some() {
+            background
+                .add_path(now, BACKGROUND_PATH, Some(SERVER))
+                .expect("path");
+            server.add_path(now, BACKGROUND_PATH, None).expect("path");
+        }
         // In flight: (path, to_server) -> (deliver at, bytes).
         let mut wire: BTreeMap<(PathId, bool), VecDeque<(Time, Bytes)>> = BTreeMap::new();
-        let mut calls: BTreeMap<u64, ClientCall> = BTreeMap::new();
-        let mut dispatcher: Dispatcher<(u16, Bytes, bool)> =
-            Dispatcher::new(self.dispatcher.clone());
-        let mut arrived: BTreeMap<u64, (Time, bool, u64)> = BTreeMap::new();
-        let mut resend_arrived: BTreeMap<u64, Time> = BTreeMap::new();
+        // The client's calls: core id -> (our number, body).
+        let mut calls: BTreeMap<CallId, (u64, Bytes)> = BTreeMap::new();
+        let mut sched = self.scheduler();
+        let mut waiting: BTreeMap<TicketKey, Waiting> = BTreeMap::new();
         let mut running: Vec<Running> = Vec::new();
-        // The message that carried each reply (a duplicate request means it
-        // may be stuck: the server then suspects its path).
-        let mut reply_msgs: BTreeMap<u64, MessageId> = BTreeMap::new();
-        let mut client_epoch = Epoch(1);
+        let mut admitted = 0u64;
         let mut next_id = 0u64;
         let mut next_call = now;
         let mut next_background = now;
-        let mut background_id = u64::MAX;
-        let other = Caller {
-            node: NodeId(99),
-            epoch: Epoch(1),
-        };
         let end = Time::ZERO + self.run_for;
+        let opts = |high: bool| {
+            CallOptions::new(self.deadline)
+                .with_resend_after(Some(self.resend_after))
+                .with_priority(if high {
+                    Priority::High
+                } else {
+                    Priority::Normal
+                })
+        };
         while now <= end {
             // ---- client: start calls ----
             let mut burst = 0;
@@ -214,106 +228,25 @@ impl RpcScenario {
                 let id = next_id;
                 next_id += 1;
                 let high = self.high_every > 0 && id % self.high_every == self.high_every - 1;
-                let priority = if high {
-                    Priority::High
-                } else {
-                    Priority::Normal
-                };
                 let body = Bytes::from(id.to_be_bytes().to_vec());
-                let call = Call::new(id, priority, true).select();
-                let flags = if high { FLAG_HIGH } else { 0 };
-                let channel = if high { LANE_CHANNEL } else { NORMAL_CHANNEL };
-                let sent = client.send_with_prefix(
-                    now,
-                    SERVER,
-                    ChannelId(channel),
-                    header(REQUEST, flags, id),
-                    body.clone(),
-                );
-                let msg = sent.as_ref().ok().copied();
-                let state = match sent {
-                    Ok(_) => AnyCall::Sent(call.send()),
-                    Err(_) => AnyCall::Resend(call.send_failed()),
-                };
-                *out.sends.entry(id).or_default() += 1;
-                calls.insert(
-                    id,
-                    ClientCall {
-                        state,
-                        msg,
-                        body,
-                        resend_at: now + self.resend_after,
-                        backoff: self.resend_after,
-                        deadline: now + self.deadline,
-                    },
-                );
-            }
-            // ---- client: deadlines and re-sends ----
-            let due: Vec<u64> = calls
-                .iter()
-                .filter(|(_, c)| now >= c.resend_at || now >= c.deadline)
-                .map(|(id, _)| *id)
-                .collect();
-            for id in due {
-                let Some(c) = calls.get_mut(&id) else {
-                    continue;
-                };
-                if now >= c.deadline {
-                    out.timed_out.push(id);
-                    calls.remove(&id);
-                    continue;
+                match client.call(now, SERVER, ChannelId(CHANNEL), body.clone(), &opts(high)) {
+                    Ok((_, call)) => {
+                        calls.insert(call, (id, body));
+                    }
+                    Err(e) => out.failed.push((id, format!("call refused: {e}"))),
                 }
-                let resend = match c.state {
-                    AnyCall::Sent(_) => c.state.apply(CallInput::Timeout),
-                    _ => Ok(c.state),
-                }
-                .and_then(|s| s.apply(CallInput::Select));
-                let Ok(selected) = resend else { continue };
-                if let Some(m) = c.msg {
-                    client.handle_message_overdue(now, SERVER, m);
-                }
-                let flags = FLAG_RESEND
-                    | if selected.priority() == Priority::High {
-                        FLAG_HIGH
-                    } else {
-                        0
-                    };
-                let sent = client.send_with_prefix(
-                    now,
-                    SERVER,
-                    ChannelId(LANE_CHANNEL),
-                    header(REQUEST, flags, id),
-                    c.body.clone(),
-                );
-                if let Ok(m) = &sent {
-                    c.msg = Some(*m);
-                }
-                c.state = selected
-                    .apply(if sent.is_ok() {
-                        CallInput::Send
-                    } else {
-                        CallInput::SendError
-                    })
-                    .unwrap_or(selected);
-                *out.sends.entry(id).or_default() += 1;
-                c.backoff *= 2;
-                c.resend_at = now + c.backoff;
             }
             // ---- other clients' load ----
             if let Some(every) = self.background_every {
                 if now >= next_background && now < Time::ZERO + self.run_for / 2 {
                     next_background = now + every;
-                    let order = arrived.len() as u64;
-                    arrived.insert(background_id, (now, false, order));
-                    dispatcher.handle_request(
+                    let _ = background.call(
                         now,
-                        other,
-                        background_id,
-                        RequestClass::Send,
-                        Priority::Normal,
-                        (u16::MAX, Bytes::new(), false),
+                        SERVER,
+                        ChannelId(CHANNEL),
+                        Bytes::from_static(b"bg"),
+                        &CallOptions::new(self.deadline),
                     );
-                    background_id -= 1;
                 }
             }
             // ---- server: finish and dispatch ----
@@ -321,53 +254,44 @@ impl RpcScenario {
                 if r.done_at > now {
                     return true;
                 }
-                let reply = answer(&r.body);
-                dispatcher.complete(r.caller, r.id, reply.clone());
-                if r.caller == other {
-                    return false; // not ours to answer
-                }
-                if let Ok(m) = server.send_with_prefix(
-                    now,
-                    CLIENT,
-                    ChannelId(r.channel),
-                    header(REPLY, 0, r.id),
-                    reply,
-                ) {
-                    reply_msgs.insert(r.id, m);
-                }
+                let _ = server.complete(now, r.session, r.call, Ok(answer(&r.body)));
                 false
             });
             while running.len() < self.workers {
-                let oldest = dispatcher.oldest_normal_wait(now);
-                let Some(d) = dispatcher.next(now) else { break };
-                *out.executions.entry(d.id).or_default() += 1;
-                let (channel, body, _) = d.request;
-                let (first, resent, order) =
-                    arrived
-                        .get(&d.id)
-                        .copied()
-                        .unwrap_or((now, false, u64::MAX));
+                let oldest = waiting
+                    .values()
+                    .filter(|w| w.priority == Priority::Normal && !w.resent)
+                    .map(|w| now.saturating_since(w.arrived))
+                    .max();
+                let Some(d) = sched.pop(now) else { break };
+                let w = waiting.remove(&d.key);
+                if let Some(id) = d.item.id {
+                    *out.executions.entry(id).or_default() += 1;
+                }
                 out.dispatched.push(DispatchRecord {
-                    id: d.id,
+                    id: d.item.id,
                     at: now,
-                    arrived: first,
-                    arrival_order: order,
+                    arrived: w.as_ref().map_or(now, |w| w.arrived),
+                    arrival_order: w.as_ref().map_or(u64::MAX, |w| w.order),
                     priority: d.priority,
-                    was_resent: resent,
-                    resend_arrived: resend_arrived.get(&d.id).copied(),
+                    was_resent: w.as_ref().is_some_and(|w| w.resent),
+                    resend_arrived: w.as_ref().and_then(|w| w.resend_arrived),
                     waited: d.waited,
                     oldest_normal_waiting: oldest,
                 });
                 running.push(Running {
-                    caller: d.caller,
-                    id: d.id,
-                    channel,
-                    body,
+                    session: d.item.ticket.session,
+                    call: d.item.ticket.call,
+                    body: d.item.ticket.body,
                     done_at: now + self.service,
                 });
             }
             // ---- network ----
-            for (ep, to_server) in [(&mut client, true), (&mut server, false)] {
+            for (ep, to_server) in [
+                (&mut client, true),
+                (&mut background, true),
+                (&mut server, false),
+            ] {
                 let mut buf = BytesMut::new();
                 while let Some(path) = ep.poll_transmit(now, &mut buf, 64 << 10) {
                     let at = now + self.latency;
@@ -385,12 +309,16 @@ impl RpcScenario {
                         break;
                     };
                     let mut b = BytesMut::from(&bytes[..]);
-                    let to = if *to_server { &mut server } else { &mut client };
+                    let to = match (*to_server, *path == BACKGROUND_PATH) {
+                        (true, _) => &mut server,
+                        (false, true) => &mut background,
+                        (false, false) => &mut client,
+                    };
                     let _ = to.handle_input(now, *path, &mut b);
                 }
             }
             // ---- timers ----
-            for ep in [&mut client, &mut server] {
+            for ep in [&mut client, &mut server, &mut background] {
                 if ep.poll_timeout().is_some_and(|t| t <= now) {
                     ep.handle_timeout(now);
                 }
@@ -398,97 +326,76 @@ impl RpcScenario {
             // ---- events ----
             while let Some(e) = server.poll_event() {
                 match e {
-                    Event::PeerUp { epoch, .. } => client_epoch = epoch,
-                    Event::Message {
-                        channel, payload, ..
-                    } => {
-                        let Some((REQUEST, flags, id, body)) = parse(&payload) else {
-                            continue;
+                    Event::Request(t) => {
+                        let key = TicketKey {
+                            session: t.session.0,
+                            call: t.call,
                         };
-                        let resent = flags & FLAG_RESEND != 0;
-                        let class = if resent {
-                            RequestClass::Resend
-                        } else {
-                            RequestClass::Send
-                        };
-                        let hint = if flags & FLAG_HIGH != 0 {
-                            Priority::High
-                        } else {
-                            Priority::Normal
-                        };
-                        let order = arrived.len() as u64;
-                        let entry = arrived.entry(id).or_insert((now, false, order));
-                        entry.1 |= resent;
-                        if resent {
-                            resend_arrived.entry(id).or_insert(now);
-                        }
-                        let caller = Caller {
-                            node: CLIENT,
-                            epoch: client_epoch,
-                        };
-                        let dup = dispatcher.handle_request(
-                            now,
-                            caller,
-                            id,
-                            class,
-                            hint,
-                            (channel.0, body, resent),
+                        let id = (t.peer == CLIENT)
+                            .then(|| t.body.as_ref().try_into().ok().map(u64::from_be_bytes))
+                            .flatten();
+                        waiting.insert(
+                            key,
+                            Waiting {
+                                arrived: now,
+                                order: admitted,
+                                priority: t.priority,
+                                resent: t.class == RequestClass::Resend,
+                                resend_arrived: (t.class == RequestClass::Resend).then_some(now),
+                            },
                         );
-                        match &dup {
-                            None | Some(Duplicate::Queued) | Some(Duplicate::StillRunning) => {}
-                            Some(Duplicate::Answered) | Some(Duplicate::Reply(_)) => {
-                                // The caller did not get the reply: the
-                                // path under it may be stalled (RECEIVE
-                                // ERROR at the caller).
-                                if let Some(m) = reply_msgs.get(&id) {
-                                    server.handle_message_overdue(now, CLIENT, *m);
-                                }
+                        admitted += 1;
+                        sched.push(now, key, t.priority, Job { ticket: t, id });
+                    }
+                    Event::Promote { session, call, .. } => {
+                        let key = TicketKey {
+                            session: session.0,
+                            call,
+                        };
+                        if sched.promote(key) {
+                            if let Some(w) = waiting.get_mut(&key) {
+                                w.resent = true;
+                                w.resend_arrived.get_or_insert(now);
                             }
                         }
-                        // "I have it" (the caller waits a full period
-                        // before sending again), or the cached reply.
-                        let (kind, body) = match dup {
-                            Some(Duplicate::Reply(r)) => (REPLY, r),
-                            Some(_) => (STILL_RUNNING, Bytes::new()),
-                            None => continue,
-                        };
-                        let _ = server.send_with_prefix(
-                            now,
-                            CLIENT,
-                            channel,
-                            header(kind, 0, id),
-                            body,
-                        );
+                    }
+                    Event::SessionEnded { session, .. } => {
+                        sched.remove_session(session.0);
                     }
                     _ => {}
                 }
             }
+            while background.poll_event().is_some() {}
             while let Some(e) = client.poll_event() {
-                let Event::Message { payload, .. } = e else {
+                let Event::CallDone {
+                    call,
+                    sends,
+                    result,
+                    ..
+                } = e
+                else {
                     continue;
                 };
-                match parse(&payload) {
-                    Some((REPLY, _, id, body)) => {
-                        let Some(c) = calls.remove(&id) else {
-                            continue; // a second reply to a finished call
-                        };
-                        if body != answer(&c.body) || c.state.apply(CallInput::Reply).is_err() {
+                let Some((id, body)) = calls.remove(&call) else {
+                    continue;
+                };
+                out.sends.insert(id, sends);
+                match result {
+                    Ok(reply) => {
+                        if reply != answer(&body) {
                             out.mismatched.push(id);
                         }
                         out.replied.insert(id, now);
                     }
-                    Some((STILL_RUNNING, _, id, _)) => {
-                        // The server has it: wait a full period more.
-                        if let Some(c) = calls.get_mut(&id) {
-                            c.resend_at = now + c.backoff;
-                        }
-                    }
-                    _ => {}
+                    Err(CallFailure::Timeout) => out.timed_out.push(id),
+                    Err(e) => out.failed.push((id, e.to_string())),
                 }
             }
             now += TICK;
         }
-        out.duplicates = dispatcher.duplicates();
+        out.duplicates = server
+            .session_stats(CLIENT)
+            .map_or(0, |s| s.duplicate_requests);
         out
     }
 }

@@ -12,6 +12,8 @@ use surelink_proto::{
     SendError, Time,
 };
 
+use surelink_proto::rpc::{CallOptions, PriorityScheduler, Scheduler, Ticket, TicketKey};
+
 use crate::checker::{make_payload, Checker, Tally};
 use crate::faults::Fault;
 
@@ -38,6 +40,17 @@ pub struct Workload {
     pub channels: u16,
     /// Payload lengths are drawn from `[8, max_len]`.
     pub max_len: usize,
+    /// Messages sent back to back per tick (to the same peer and channel):
+    /// above 1, they queue behind each other and leave as BATCH frames.
+    pub burst: usize,
+    /// Each node also calls a random peer this often (`None`: no calls).
+    /// Every node serves: admitted requests go through the product's
+    /// `PriorityScheduler` to one worker per node.
+    pub call_every: Option<std::time::Duration>,
+    /// Each request takes this long to run.
+    pub service: std::time::Duration,
+    /// Calls fail with a timeout after this long.
+    pub call_timeout: std::time::Duration,
 }
 
 /// A simulation's setup.
@@ -72,18 +85,21 @@ impl SimConfig {
             nodes: 2,
             paths: 2,
             seed,
-            endpoint: EndpointConfig {
-                min_rto: Duration::from_millis(40),
-                max_rto: Duration::from_millis(500),
-                handshake_retry: Duration::from_millis(50),
-                handshake_timeout: Duration::from_secs(2),
-                linger: Duration::from_secs(10),
-                send_buffer: 256 << 10,
-                recv_window: 256 << 10,
-                max_message_size: 16 << 10,
-                path_inflight_limit: 128 << 10,
-                max_channels: 8,
-                ..EndpointConfig::default()
+            endpoint: {
+                let mut e = EndpointConfig::default();
+                e.min_rto = Duration::from_millis(40);
+                e.max_rto = Duration::from_millis(500);
+                e.handshake_retry = Duration::from_millis(50);
+                e.handshake_timeout = Duration::from_secs(2);
+                e.linger = Duration::from_secs(10);
+                e.send_buffer = 256 << 10;
+                e.recv_window = 256 << 10;
+                e.max_message_size = 16 << 10;
+                e.path_inflight_limit = 128 << 10;
+                e.max_channels = 8;
+                e.batch_bytes = 4 << 10;
+                e.batch_message_max = 1 << 10;
+                e
             },
             link: LinkSpec {
                 latency: Duration::from_micros(200),
@@ -98,6 +114,10 @@ impl SimConfig {
                 until: Duration::from_secs(2),
                 channels: 3,
                 max_len: 600,
+                burst: 1,
+                call_every: None,
+                service: Duration::from_micros(300),
+                call_timeout: Duration::from_secs(2),
             },
         }
     }
@@ -116,14 +136,18 @@ pub struct SimReport {
     pub faults_end: Duration,
     /// `send` calls refused with `Full` (backpressure, not loss).
     pub refused_full: u64,
-    /// DATA frames re-sent, summed over the sessions alive at the end.
+    /// Frames re-sent, summed over the sessions alive at the end.
     pub resent: u64,
+    /// BATCH frames sent, summed over the sessions alive at the end.
+    pub batches: u64,
     /// Largest send cache and receive buffer seen in any session, in bytes.
     pub peak_cache: u64,
     /// Largest receive-side buffer seen.
     pub peak_recv: u64,
     /// `(sent at, latency)` in virtual ms per delivery, when recording.
     pub latencies: Vec<(f64, f64)>,
+    /// Call outcome counts.
+    pub calls: crate::checker::CallTally,
     /// Events processed.
     pub steps: u64,
 }
@@ -150,6 +174,10 @@ struct Node {
     /// Consecutive wake-ups at one instant (a timer livelock if large).
     spins: u32,
     last_wake: Time,
+    /// Admitted requests waiting for the node's one worker.
+    sched: PriorityScheduler<Ticket>,
+    /// The worker is running a request.
+    busy: bool,
 }
 
 #[derive(Debug)]
@@ -195,6 +223,10 @@ enum Action {
     Wake,
     /// The workload's next send; stale generations (from before a restart) are dropped.
     AppTick(u32),
+    /// The workload's next call.
+    CallTick(u32),
+    /// The worker finished a request (of incarnation `inc`).
+    Complete(u32, Box<Ticket>),
 }
 
 #[derive(Debug)]
@@ -236,6 +268,7 @@ pub struct Sim {
     faults_end: Duration,
     steps: u64,
     buf: BytesMut,
+    batches: u64,
 }
 
 fn node_id(i: usize) -> NodeId {
@@ -271,6 +304,8 @@ impl Sim {
                 wake_at: None,
                 spins: 0,
                 last_wake: Time::ZERO,
+                sched: PriorityScheduler::new(Duration::from_millis(50)),
+                busy: false,
             });
             ids.insert(node_id(i), i);
         }
@@ -310,6 +345,7 @@ impl Sim {
             faults_end: Duration::ZERO,
             steps: 0,
             buf: BytesMut::new(),
+            batches: 0,
         };
         for l in 0..sim.links.len() {
             sim.schedule(Time::ZERO, Job::Reconnect(l));
@@ -318,6 +354,10 @@ impl Sim {
         for n in 0..sim.nodes.len() {
             let jitter = Duration::from_micros(sim.rng.random_range(0..1000));
             sim.schedule(Time::ZERO + jitter, Job::Node(n, Action::AppTick(1)));
+            if sim.cfg.workload.call_every.is_some() {
+                let jitter = Duration::from_micros(sim.rng.random_range(0..1000));
+                sim.schedule(Time::ZERO + jitter, Job::Node(n, Action::CallTick(1)));
+            }
         }
         for f in faults {
             let f = f.clone();
@@ -515,6 +555,60 @@ impl Sim {
                     self.schedule(at, Job::Node(n, Action::AppTick(inc)));
                 }
             }
+            Action::CallTick(inc) => {
+                if inc != self.nodes[n].incarnation {
+                    return;
+                }
+                self.app_call(n);
+                let w = &self.cfg.workload;
+                if let Some(every) = w.call_every {
+                    if now.since_origin() + every < w.until {
+                        self.schedule(now + every, Job::Node(n, Action::CallTick(inc)));
+                    }
+                }
+            }
+            Action::Complete(inc, t) => {
+                let node = &mut self.nodes[n];
+                if inc != node.incarnation {
+                    return; // the process that ran it is gone
+                }
+                node.busy = false;
+                let reply = crate::checker::answer(&t.body);
+                // Refused if the session ended meanwhile: the caller learns
+                // that from its own side.
+                let _ = node.ep.complete(now, t.session, t.call, Ok(reply));
+            }
+        }
+    }
+
+    fn app_call(&mut self, n: usize) {
+        if self.cfg.nodes < 2 {
+            return;
+        }
+        let mut dst = self.rng.random_range(0..self.cfg.nodes - 1);
+        if dst >= n {
+            dst += 1;
+        }
+        let channel = ChannelId(self.rng.random_range(0..self.cfg.workload.channels.max(1)));
+        let len = self
+            .rng
+            .random_range(8..=self.cfg.workload.max_len.clamp(8, 256));
+        let uid = self.checker.next_call_uid();
+        let body = make_payload(uid, len);
+        let now = self.now;
+        let opts = CallOptions::new(self.cfg.workload.call_timeout);
+        let node = &mut self.nodes[n];
+        match node.ep.call(now, node_id(dst), channel, body, &opts) {
+            Ok((session, call)) => {
+                let inc = node.incarnation;
+                self.checker
+                    .call_started(ms(now), uid, n, inc, dst, session, call, len);
+            }
+            Err(SendError::Full { .. }) => self.refused_full += 1,
+            Err(e) => self
+                .checker
+                .violations
+                .push(format!("node {n}: call refused: {e}")),
         }
     }
 
@@ -527,21 +621,23 @@ impl Sim {
             dst += 1;
         }
         let channel = ChannelId(self.rng.random_range(0..self.cfg.workload.channels.max(1)));
-        let len = self.rng.random_range(8..=self.cfg.workload.max_len.max(8));
-        let uid = self.checker.next_uid();
-        let payload = make_payload(uid, len);
-        let now = self.now;
-        let node = &mut self.nodes[n];
-        match node.ep.send(now, node_id(dst), channel, payload) {
-            Ok(id) => {
-                let inc = node.incarnation;
-                self.checker.sent(ms(now), uid, n, inc, dst, id, len);
+        for _ in 0..self.cfg.workload.burst.max(1) {
+            let len = self.rng.random_range(8..=self.cfg.workload.max_len.max(8));
+            let uid = self.checker.next_uid();
+            let payload = make_payload(uid, len);
+            let now = self.now;
+            let node = &mut self.nodes[n];
+            match node.ep.send(now, node_id(dst), channel, payload) {
+                Ok(id) => {
+                    let inc = node.incarnation;
+                    self.checker.sent(ms(now), uid, n, inc, dst, id, len);
+                }
+                Err(SendError::Full { .. }) => self.refused_full += 1,
+                Err(e) => self
+                    .checker
+                    .violations
+                    .push(format!("node {n}: send failed: {e}")),
             }
-            Err(SendError::Full { .. }) => self.refused_full += 1,
-            Err(e) => self
-                .checker
-                .violations
-                .push(format!("node {n}: send failed: {e}")),
         }
     }
 
@@ -570,11 +666,41 @@ impl Sim {
                 eprintln!("t={:.3}ms node {n}.{inc}: {ev:?}", ms(now));
             }
             self.checker.event(ms(now), n, inc, &ev, &self.ids);
-            if let Event::PathClosed { path, .. } = ev {
-                // The core is done with the path; close the transport.
-                if let Some((link, gen)) = self.nodes[n].paths.remove(&path) {
-                    self.close_conn_from(n, link, gen);
+            match ev {
+                Event::PathClosed { path, .. } => {
+                    // The core is done with the path; close the transport.
+                    if let Some((link, gen)) = self.nodes[n].paths.remove(&path) {
+                        self.close_conn_from(n, link, gen);
+                    }
                 }
+                Event::Request(t) => {
+                    let key = TicketKey {
+                        session: t.session.0,
+                        call: t.call,
+                    };
+                    let prio = t.priority;
+                    self.nodes[n].sched.push(now, key, prio, t);
+                }
+                Event::Promote { session, call, .. } => {
+                    self.nodes[n].sched.promote(TicketKey {
+                        session: session.0,
+                        call,
+                    });
+                }
+                Event::SessionEnded { session, .. } => {
+                    self.nodes[n].sched.remove_session(session.0);
+                }
+                _ => {}
+            }
+        }
+        // The node's one worker takes the next request.
+        if !self.nodes[n].busy {
+            if let Some(d) = self.nodes[n].sched.pop(now) {
+                let inc = self.nodes[n].incarnation;
+                self.checker.executed(ms(now), n, &d.item.body);
+                self.nodes[n].busy = true;
+                let at = now + self.cfg.workload.service;
+                self.schedule(at, Job::Node(n, Action::Complete(inc, Box::new(d.item))));
             }
         }
         // Memory bounds, checked after every step.
@@ -831,6 +957,8 @@ impl Sim {
         node.paths.clear();
         node.wake_at = None;
         node.paused_until = Time::ZERO;
+        node.sched = PriorityScheduler::new(Duration::from_millis(50));
+        node.busy = false;
         // The kernel resets every connection of the dead process; peers see
         // the reset after one latency.
         let at = self.now + self.cfg.link.latency;
@@ -853,6 +981,9 @@ impl Sim {
         if now.since_origin() < self.cfg.workload.until {
             let inc = self.nodes[n].incarnation;
             self.schedule(now, Job::Node(n, Action::AppTick(inc)));
+            if self.cfg.workload.call_every.is_some() {
+                self.schedule(now, Job::Node(n, Action::CallTick(inc)));
+            }
         }
     }
 
@@ -865,7 +996,7 @@ impl Sim {
         let deadline = quiet + drain_limit;
         let mut drained_at = None;
         loop {
-            if self.checker.pending() == 0 {
+            if self.checker.pending() == 0 && self.checker.calls_pending() == 0 {
                 drained_at = Some(self.now.since_origin());
                 break;
             }
@@ -900,9 +1031,10 @@ impl Sim {
         }
         if drained_at.is_none() {
             let pending = self.checker.pending();
+            let calls = self.checker.calls_pending();
             let sample = self.checker.describe_pending(5).join("; ");
             self.checker.violations.push(format!(
-                "{pending} messages neither delivered nor reported {:?} after the faults and load stopped at {:?} (e.g. {sample})",
+                "{pending} messages neither delivered nor reported and {calls} calls neither answered nor failed {:?} after the faults and load stopped at {:?} (e.g. {sample})",
                 drain_limit, quiet
             ));
         }
@@ -915,16 +1047,19 @@ impl Sim {
             for p in peers {
                 if let Some(s) = self.nodes[n].ep.session_stats(p) {
                     self.resent += s.resent;
+                    self.batches += s.batches_sent;
                 }
             }
         }
         SimReport {
             tally: self.checker.tally(),
+            calls: self.checker.call_tally(),
             violations: std::mem::take(&mut self.checker.violations),
             drained_at,
             faults_end: self.faults_end,
             refused_full: self.refused_full,
             resent: self.resent,
+            batches: self.batches,
             peak_cache: self.peak_cache,
             peak_recv: self.peak_recv,
             latencies: self.checker.latencies.take().unwrap_or_default(),

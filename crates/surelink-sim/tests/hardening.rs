@@ -65,7 +65,13 @@ fn sequence_number_beyond_the_window_is_refused_without_panic() {
     p.connect(2);
     p.settle();
     let mut buf = BytesMut::new();
-    encode_data(&mut buf, ChannelId(0), u64::MAX, 0, b"boom");
+    encode_data(
+        &mut buf,
+        StreamId::oneway(ChannelId(0)).unwrap(),
+        u64::MAX,
+        0,
+        b"boom",
+    );
     let now = p.now;
     let err = p.b.handle_input(now, PathId(1), &mut buf).unwrap_err();
     assert!(matches!(
@@ -146,10 +152,10 @@ fn channels_the_peer_does_not_accept_are_rejected_not_fatal() {
     assert!(p.events_a.iter().any(|e| matches!(
         e,
         Event::MessageRejected {
-            channel: ChannelId(300),
+            stream,
             reason: RejectReason::ChannelOutOfRange { max: 256 },
             ..
-        }
+        } if stream.channel() == Some(ChannelId(300))
     )));
     assert!(!p
         .events_a
@@ -284,7 +290,7 @@ fn window_probes_back_off_and_carry_no_payload_while_the_peer_app_is_slow() {
 }
 
 #[test]
-fn an_ack_naming_a_channel_twice_is_refused() {
+fn an_ack_naming_a_stream_twice_is_refused() {
     let mut p = Pair::new(cfg());
     p.connect(1);
     p.settle();
@@ -295,14 +301,19 @@ fn an_ack_naming_a_channel_twice_is_refused() {
     let mut ack = BytesMut::new();
     let mut w = AckWriter::begin(&mut ack, FrameKind::Ack, 0);
     for _ in 0..1000 {
-        w.entry(&mut ack, ChannelId(0), 0, &[(0, 1000)]);
+        w.entry(
+            &mut ack,
+            StreamId::oneway(ChannelId(0)).unwrap(),
+            0,
+            &[(0, 1000)],
+        );
     }
     w.finish(&mut ack);
     let now = p.now;
     let err = p.a.handle_input(now, PathId(1), &mut ack).unwrap_err();
     assert_eq!(
         err,
-        PathError::Protocol(ProtocolViolation::RepeatedAckChannel(0))
+        PathError::Protocol(ProtocolViolation::RepeatedAckStream(4))
     );
 }
 
@@ -366,7 +377,7 @@ fn a_late_hello_of_a_dead_session_cannot_bind_a_fresh_one() {
     let got: Vec<_> = events(&mut b)
         .into_iter()
         .filter_map(|e| match e {
-            Event::Message { payload, .. } => Some(payload),
+            Event::Message(m) => Some(m.payload),
             _ => None,
         })
         .collect();

@@ -3,10 +3,14 @@
 //! Each case draws a seed and a few knobs (nodes, paths, whether the failure
 //! detector is modelled, whether a connection keeps FIFO order, whether
 //! processes restart); the seed fixes the fault schedule, the latencies and
-//! the workload. Every run must hold every promise (see `surelink_sim`
-//! checker): no loss, no duplicate, order per channel, buffers within their
-//! bounds, and everything delivered or reported within the drain bound once
-//! faults and load stop. A failing case prints a replay command.
+//! the workload (one-way messages, in bursts that leave as BATCH frames,
+//! and — in half the cases — calls between every pair of nodes, each node
+//! serving through the product's scheduler). Every run must hold every
+//! promise (see `surelink_sim` checker): no loss, no duplicate, order per
+//! stream, buffers within their bounds, every call run at most once and
+//! answered with its own reply, and everything delivered, answered or
+//! reported within the drain bound once faults and load stop. A failing
+//! case prints a replay command.
 //!
 //! `PROPTEST_CASES` sets the number of cases (default 500).
 
@@ -26,12 +30,16 @@ struct Case {
     faults: usize,
     /// Tiny buffers and a heavy load: backpressure and flow control at work.
     pressure: bool,
+    /// Messages per send tick (above 1: BATCH frames).
+    burst: usize,
+    /// Nodes also call each other (requests, re-sends, at most once).
+    calls: bool,
 }
 
 impl Case {
     fn encode(&self) -> String {
         format!(
-            "seed={},nodes={},paths={},detect={},fifo={},restarts={},faults={},pressure={}",
+            "seed={},nodes={},paths={},detect={},fifo={},restarts={},faults={},pressure={},burst={},calls={}",
             self.seed,
             self.nodes,
             self.paths,
@@ -39,7 +47,9 @@ impl Case {
             self.fifo,
             self.restarts,
             self.faults,
-            self.pressure
+            self.pressure,
+            self.burst,
+            self.calls
         )
     }
 
@@ -53,6 +63,8 @@ impl Case {
             restarts: false,
             faults: 6,
             pressure: false,
+            burst: 1,
+            calls: false,
         };
         for kv in s.split(',') {
             let (k, v) = kv.split_once('=')?;
@@ -65,6 +77,8 @@ impl Case {
                 "restarts" => c.restarts = v.parse().ok()?,
                 "faults" => c.faults = v.parse().ok()?,
                 "pressure" => c.pressure = v.parse().ok()?,
+                "burst" => c.burst = v.parse().ok()?,
+                "calls" => c.calls = v.parse().ok()?,
                 _ => return None,
             }
         }
@@ -107,6 +121,10 @@ fn run_case(c: &Case) -> (SimReport, SimConfig) {
         cfg.detect_after = None;
     }
     cfg.workload.until = Duration::from_millis(1500);
+    cfg.workload.burst = c.burst;
+    if c.calls {
+        cfg.workload.call_every = Some(Duration::from_millis(3));
+    }
     if c.pressure {
         cfg.endpoint.send_buffer = 24 << 10;
         cfg.endpoint.recv_window = 8 << 10;
@@ -139,6 +157,11 @@ fn check(c: &Case) -> Result<SimReport, String> {
         // be abandoned.
         return Err(format!("{:?}\n{replay}", r.tally));
     }
+    if !c.restarts && r.calls.answered + r.calls.timed_out != r.calls.calls {
+        // Without restarts every session lives: a call is answered, or its
+        // caller gave up waiting.
+        return Err(format!("{:?}\n{replay}", r.calls));
+    }
     Ok(r)
 }
 
@@ -162,8 +185,10 @@ proptest! {
         restarts in prop::bool::weighted(0.3),
         faults in 0usize..=8,
         pressure in prop::bool::weighted(0.25),
+        burst in prop_oneof![3 => Just(1usize), 1 => 2usize..=12],
+        calls in prop::bool::weighted(0.5),
     ) {
-        let c = Case { seed, nodes, paths, detect, fifo, restarts, faults, pressure };
+        let c = Case { seed, nodes, paths, detect, fifo, restarts, faults, pressure, burst, calls };
         if let Err(e) = check(&c) {
             prop_assert!(false, "{}", e);
         }
@@ -185,9 +210,11 @@ fn replay() {
         r.refused_full, r.peak_cache, r.peak_recv
     );
     eprintln!(
-        "{c:?}\ndrain bound {:?}\n{:?}\ndrained_at={:?} faults_end={:?}",
+        "{c:?}\ndrain bound {:?}\n{:?}\n{:?}\nbatches={} drained_at={:?} faults_end={:?}",
         drain_bound(&cfg),
         r.tally,
+        r.calls,
+        r.batches,
         r.drained_at,
         r.faults_end
     );
@@ -196,4 +223,36 @@ fn replay() {
     }
     eprintln!("faults: {:#?}", faults_of(&c));
     assert!(check(&c).is_ok());
+}
+
+/// The random cases above must really exercise batches and calls under
+/// faults: a run of fixed seeds counts them (and keeps every promise).
+#[test]
+fn batches_and_calls_are_exercised_under_faults() {
+    let (mut batches, mut answered, mut executed, mut calls) = (0, 0, 0, 0);
+    for seed in 0..12u64 {
+        let c = Case {
+            seed,
+            nodes: 2 + (seed % 2) as usize,
+            paths: 2,
+            detect: seed % 3 != 0,
+            fifo: true,
+            restarts: false,
+            faults: 6,
+            pressure: seed % 4 == 0,
+            burst: 8,
+            calls: true,
+        };
+        let r = check(&c).unwrap_or_else(|e| panic!("{e}"));
+        batches += r.batches;
+        answered += r.calls.answered;
+        executed += r.calls.executed;
+        calls += r.calls.calls;
+    }
+    assert!(batches > 100, "{batches} batches");
+    assert!(
+        answered > 1000 && answered * 10 > calls * 9,
+        "{answered} of {calls}"
+    );
+    assert!(executed >= answered, "{executed} ran, {answered} answered");
 }

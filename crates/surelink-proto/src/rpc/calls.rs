@@ -251,9 +251,13 @@ impl CallTable {
         self.calls.len()
     }
 
-    /// Removes every call (the session ended).
-    pub(crate) fn drain(&mut self) -> Vec<CallId> {
-        let mut ids: Vec<CallId> = self.calls.keys().copied().collect();
+    /// Removes every call (the session ended): ids and times sent.
+    pub(crate) fn drain(&mut self) -> Vec<(CallId, u32)> {
+        let mut ids: Vec<(CallId, u32)> = self
+            .calls
+            .iter()
+            .map(|(&id, o)| (id, o.state.sends()))
+            .collect();
         ids.sort_unstable();
         self.calls.clear();
         self.timers.clear();
@@ -327,7 +331,7 @@ mod tests {
         t.send_failed(b);
         let (prio, ..) = t.begin_resend(ms(250), b).unwrap();
         assert_eq!(prio, Priority::Normal, "fixed priority is kept");
-        assert_eq!(t.drain(), vec![b]);
+        assert_eq!(t.drain(), vec![(b, 0)], "never sent");
         // Many finished calls do not grow the heap without bound.
         for _ in 0..10_000 {
             let id = t.open(ms(0), ChannelId(0), Bytes::new(), &opts);

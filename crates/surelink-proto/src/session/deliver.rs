@@ -372,11 +372,12 @@ impl Session {
             ReplyStatus::Error(e) => Err(CallFailure::Remote(e)),
         };
         // A second answer to a finished call finds nothing.
-        if self.calls.answered(call).is_some() {
+        if let Some(o) = self.calls.answered(call) {
             self.events.push_back(Event::CallDone {
                 peer: self.node,
                 session: self.id,
                 call,
+                sends: o.state.sends(),
                 result,
             });
         }

@@ -758,11 +758,12 @@ impl Session {
                 resent: 0,
             });
         }
-        for call in self.calls.drain() {
+        for (call, sends) in self.calls.drain() {
             self.events.push_back(Event::CallDone {
                 peer: self.node,
                 session: self.id,
                 call,
+                sends,
                 result: Err(crate::rpc::CallFailure::SessionEnded(reason.clone())),
             });
         }

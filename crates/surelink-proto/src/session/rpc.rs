@@ -110,11 +110,12 @@ impl Session {
         while let Some((id, due)) = self.calls.pop_due(now) {
             match due {
                 Due::Expired => {
-                    self.calls.remove(id);
+                    let sends = self.calls.remove(id).map_or(0, |o| o.state.sends());
                     self.events.push_back(Event::CallDone {
                         peer: self.node,
                         session: self.id,
                         call: id,
+                        sends,
                         result: Err(CallFailure::Timeout),
                     });
                 }

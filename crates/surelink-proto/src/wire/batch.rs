@@ -20,7 +20,7 @@ use std::fmt;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use super::varint::{get_varint, put_varint, varint_len};
+use super::varint::{get_varint, varint_len};
 use super::{DecodeError, FrameKind, HEADER_LEN, PROTOCOL_VERSION};
 use crate::ids::StreamId;
 
@@ -239,10 +239,10 @@ pub fn put_batched_message(body: &mut BytesMut, head: &[u8], payload: &[u8]) {
     body.put_u8(0);
     let mut v = len as u64;
     while v >= 0x80 {
-        body.put_u8((v as u8) | 0x80);
+        body.put_u8((v & 0x7f) as u8 | 0x80);
         v >>= 7;
     }
-    body.put_u8(v as u8);
+    body.put_u8((v & 0x7f) as u8);
     if !head.is_empty() {
         body.extend_from_slice(head);
     }

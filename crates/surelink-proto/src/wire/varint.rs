@@ -10,10 +10,10 @@ pub const MAX_VARINT: usize = 10;
 #[inline]
 pub fn put_varint(buf: &mut impl BufMut, mut v: u64) {
     while v >= 0x80 {
-        buf.put_u8((v as u8) | 0x80);
+        buf.put_u8((v & 0x7f) as u8 | 0x80);
         v >>= 7;
     }
-    buf.put_u8(v as u8);
+    buf.put_u8((v & 0x7f) as u8);
 }
 
 /// Bytes `v` takes.
