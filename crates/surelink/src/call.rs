@@ -1,85 +1,84 @@
-//! Calls: the client side of hr-net's message state machine on a real
-//! session.
+//! Calls and one-way sends from the application's side.
 //!
-//! A call is sent once; if no reply comes within its re-send timeout it is
-//! sent again with the same id — RESEND, high priority unless the call
-//! asked for a fixed priority — on the session's priority lane (its own
-//! channel, so it does not wait behind the stalled original), after telling
-//! the session that the original is overdue (which suspects the path it is
-//! stuck on and moves that path's in-flight messages to the others). The
-//! timeout doubles per re-send. The server runs each id at most once. The
-//! call fails with [`CallError::Timeout`] only when its overall deadline
-//! passes.
+//! A call is one entry in its session's call table (in the core): the core
+//! sends the request, re-sends it with the same id when it has no reply
+//! within its re-send timeout (on the priority lane, after suspecting the
+//! path the original is stuck on), and fails it when its deadline passes —
+//! all on the session's own timer. The caller only waits for the outcome;
+//! no timer is armed per call, and the reply reaches the caller straight
+//! from the reader that received it.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::task::{Context, Poll};
+use std::time::Instant;
 
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
-use surelink_proto::rpc::{Call, Priority, Resend, Sent};
-use surelink_proto::{ChannelId, MessageId, NodeId};
+use surelink_proto::rpc::{CallOptions, Priority};
+use surelink_proto::{CallId, ChannelId, MessageId, NodeId};
 
-use crate::driver::{self, Flush, PendingCall, Shared};
 use crate::error::{CallError, SendError};
-use crate::rpc;
+use crate::session::SessionHandle;
+use crate::shared::Shared;
 
-/// How a call is made.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CallOptions {
-    /// The call fails with [`CallError::Timeout`] after this long.
-    pub timeout: Duration,
-    /// Without a reply for this long, the request is sent again (same id,
-    /// high priority, doubling the wait each time). `None`: never re-sent
-    /// (the session still delivers it exactly once).
-    pub resend_after: Option<Duration>,
-    /// Priority of the first transmission.
-    pub priority: Priority,
-    /// Keep `priority` on re-sends (hr-net's synchronous transmission,
-    /// which is never re-prioritised).
-    pub fixed_priority: bool,
+/// Refuses a channel the core does not have (before any session work).
+pub(crate) fn check_channel(shared: &Shared, channel: u16) -> Result<ChannelId, SendError> {
+    if u32::from(channel) >= shared.config.core.max_channels {
+        return Err(SendError::Core(
+            surelink_proto::SendError::ChannelOutOfRange {
+                channel,
+                max: shared.config.core.max_channels,
+            },
+        ));
+    }
+    Ok(ChannelId(channel))
 }
 
-impl CallOptions {
-    /// A normal-priority call with deadline `timeout`, re-sent after a
-    /// quarter of it.
-    pub fn new(timeout: Duration) -> CallOptions {
-        CallOptions {
-            timeout,
-            resend_after: Some((timeout / 4).max(Duration::from_millis(1))),
-            priority: Priority::Normal,
-            fixed_priority: false,
+/// Forgets the call in its session if the caller stops waiting.
+struct Pending {
+    session: Arc<SessionHandle>,
+    call: CallId,
+    done: bool,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.done {
+            let mut g = self.session.lock();
+            g.waiters.remove(&self.call);
+            g.core.cancel_call(self.call);
         }
     }
+}
 
-    /// The same with `priority`.
-    pub fn with_priority(mut self, priority: Priority) -> CallOptions {
-        self.priority = priority;
-        self
+/// How one attempt to queue a call went.
+enum Attempt {
+    Sent(CallId),
+    Full(Bytes),
+    Ended(Bytes),
+    Failed(surelink_proto::SendError),
+}
+
+/// The reply of a call made with [`call`].
+struct Reply {
+    rx: oneshot::Receiver<Result<Bytes, CallError>>,
+    pending: Pending,
+}
+
+impl Future for Reply {
+    type Output = Result<Bytes, CallError>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match Pin::new(&mut self.rx).poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(r) => {
+                self.pending.done = true;
+                Poll::Ready(r.unwrap_or(Err(CallError::Send(SendError::Closed))))
+            }
+        }
     }
-}
-
-/// The session channel of the priority lane: the last one.
-pub(crate) fn lane(shared: &Shared) -> u16 {
-    u16::try_from(shared.config.core.max_channels.saturating_sub(1)).unwrap_or(u16::MAX)
-}
-
-/// Refuses the lane as a user channel.
-pub(crate) fn check_channel(shared: &Shared, channel: u16) -> Result<(), SendError> {
-    if channel >= lane(shared) {
-        return Err(SendError::ReservedChannel {
-            channel,
-            lane: lane(shared),
-        });
-    }
-    Ok(())
-}
-
-/// Where the call stands between transmissions.
-enum State {
-    Sent(Call<Sent>, MessageId),
-    Resend(Call<Resend>),
 }
 
 /// Makes a call (see the module docs).
@@ -87,140 +86,142 @@ pub(crate) async fn call(
     shared: &Arc<Shared>,
     peer: NodeId,
     channel: u16,
-    request: Bytes,
+    mut body: Bytes,
     opts: &CallOptions,
 ) -> Result<Bytes, CallError> {
-    check_channel(shared, channel)?;
-    let start = Instant::now();
+    let started = Instant::now();
+    let channel = check_channel(shared, channel)?;
     let deadline = tokio::time::Instant::now() + opts.timeout;
-    let (tx, mut rx) = oneshot::channel();
-    let id = shared.next_call_id();
-    let call = Call::new(id, opts.priority, !opts.fixed_priority).select();
-    let high = call.priority() == Priority::High;
-    // The call is registered under the same lock that queues and writes
-    // the request, so the reply cannot arrive before it is expected.
-    let register = move |g: &mut driver::Inner, mid: MessageId| {
-        g.calls.insert(
-            id,
-            PendingCall {
-                peer,
-                session: mid.session,
-                tx,
-            },
-        );
-    };
-    let transport = if high { lane(shared) } else { channel };
-    let flags = if high { rpc::FLAG_HIGH } else { 0 };
-    let mut send = std::pin::pin!(driver::send_message(
-        shared,
-        peer,
-        ChannelId(transport),
-        rpc::call_prefix(rpc::REQUEST, flags, channel, id),
-        request.clone(),
-        Flush::Now,
-        register,
-    ));
-    // Queueing nearly always completes at once; only a full send buffer
-    // makes it wait, and only then is a timer needed for it.
-    let first = {
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        send.as_mut().poll(&mut cx)
-    };
-    let sent = match first {
-        std::task::Poll::Ready(r) => Ok(r),
-        std::task::Poll::Pending => tokio::time::timeout_at(deadline, send).await,
-    };
-    let result = match sent {
-        Err(_) => Err(CallError::Timeout),
-        Ok(Err(e)) => Err(CallError::Send(e)),
-        Ok(Ok(mid)) => {
-            let state = State::Sent(call.send(), mid);
-            wait(
-                shared, peer, channel, &request, opts, state, &mut rx, deadline,
-            )
-            .await
+    let reply = loop {
+        let session = shared.session_for(peer)?;
+        let s2 = session.clone();
+        // Registered before the attempt, so a wake-up between a failed
+        // attempt and the wait is not lost.
+        let space = s2.space.notified();
+        tokio::pin!(space);
+        space.as_mut().enable();
+        let (tx, rx) = oneshot::channel();
+        let attempt = session.with(shared, |g, now| {
+            if g.core.ended().is_some() {
+                return Attempt::Ended(body);
+            }
+            match g.core.call(now, channel, body, opts) {
+                Ok(id) => {
+                    g.waiters.insert(id, tx);
+                    Attempt::Sent(id)
+                }
+                Err(surelink_proto::SendError::Full { message, .. }) => Attempt::Full(message),
+                Err(e) => Attempt::Failed(e),
+            }
+        });
+        match attempt {
+            Attempt::Sent(call) => {
+                break Reply {
+                    rx,
+                    pending: Pending {
+                        session,
+                        call,
+                        done: false,
+                    },
+                }
+            }
+            Attempt::Full(b) => {
+                body = b;
+                if tokio::time::timeout_at(deadline, space).await.is_err() {
+                    shared.stats.call_done(None);
+                    return Err(CallError::Timeout);
+                }
+            }
+            // The session ended under us: the next attempt opens a new one.
+            Attempt::Ended(b) => body = b,
+            Attempt::Failed(e) => return Err(CallError::Send(SendError::Core(e))),
         }
     };
-    if result.is_err() {
-        shared.lock().calls.remove(&id);
-    }
+    let r = reply.await;
     shared
         .stats
-        .call_done(result.as_ref().ok().map(|_| start.elapsed()));
-    result
+        .call_done(r.as_ref().ok().map(|_| started.elapsed()));
+    r
 }
 
-/// Waits for the reply, re-sending on timeouts, until the deadline.
-#[allow(clippy::too_many_arguments)]
-async fn wait(
+/// When a one-way message is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Flush {
+    /// At once (high priority).
+    Now,
+    /// At once if the session is idle; otherwise with the session's next
+    /// write, batched with what queues meanwhile.
+    Batched,
+}
+
+/// Queues one-way messages, waiting while the session's send buffer is
+/// full. `msgs` are sent in order; on success all were queued.
+pub(crate) async fn send(
     shared: &Arc<Shared>,
     peer: NodeId,
     channel: u16,
-    request: &Bytes,
-    opts: &CallOptions,
-    mut state: State,
-    rx: &mut oneshot::Receiver<Result<Bytes, CallError>>,
-    deadline: tokio::time::Instant,
-) -> Result<Bytes, CallError> {
-    let mut backoff = opts.resend_after;
+    priority: Priority,
+    mut msgs: impl Iterator<Item = Bytes> + Send,
+    flush: Flush,
+) -> Result<Option<MessageId>, SendError> {
+    let channel = check_channel(shared, channel)?;
+    let mut pending: Option<Bytes> = None;
+    let mut last = None;
     loop {
-        let resend_at = backoff.map(|b| tokio::time::Instant::now() + b);
-        tokio::select! {
-            r = &mut *rx => {
-                return match r {
-                    Ok(r) => r,
-                    Err(_) => Err(CallError::Send(SendError::Closed)),
+        let session = shared.session_for(peer)?;
+        let space = session.space.notified();
+        tokio::pin!(space);
+        space.as_mut().enable();
+        let (r, w) = {
+            let mut g = session.lock();
+            let now = shared.now_cached();
+            let mut r = Ok(());
+            let mut queued = 0usize;
+            let mut count = 0u64;
+            if g.core.ended().is_some() {
+                // The session ended under us: the next round opens a new one.
+                r = Err(Some(surelink_proto::SendError::SessionEnded(peer)));
+            }
+            while r.is_ok() {
+                let Some(m) = pending.take().or_else(|| msgs.next()) else {
+                    break;
                 };
+                let len = m.len();
+                match g.core.send(now, channel, priority, m) {
+                    Ok(id) => {
+                        last = Some(id);
+                        queued += len;
+                        count += 1;
+                    }
+                    Err(surelink_proto::SendError::Full { message, .. }) => {
+                        pending = Some(message);
+                        r = Err(None);
+                        break;
+                    }
+                    Err(e) => {
+                        r = Err(Some(e));
+                        break;
+                    }
+                }
             }
-            () = tokio::time::sleep_until(deadline) => return Err(CallError::Timeout),
-            () = sleep_until_opt(resend_at) => {}
+            shared.stats.messages_sent(count);
+            let now_write = flush == Flush::Now || session.write_now(&mut g, shared, queued);
+            let w = now_write.then(|| session.drive(&mut g, shared));
+            (r, w)
+        };
+        if let Some(w) = w {
+            session.run(shared, w);
         }
-        // TIMEOUT (or an earlier SEND ERROR): send again.
-        let resend = match state {
-            State::Sent(c, mid) => {
-                let now = shared.now();
-                shared.lock().core.handle_message_overdue(now, peer, mid);
-                c.timeout()
+        match r {
+            Ok(()) => return Ok(last),
+            Err(None) => {
+                if shared.closed.load(std::sync::atomic::Ordering::Relaxed) {
+                    return Err(SendError::Closed);
+                }
+                space.await;
             }
-            State::Resend(c) => c,
-        };
-        let selected = resend.select();
-        let flags = rpc::FLAG_RESEND
-            | if selected.priority() == Priority::High {
-                rpc::FLAG_HIGH
-            } else {
-                0
-            };
-        let id = selected.id();
-        let sent = tokio::time::timeout_at(
-            deadline,
-            driver::send_message(
-                shared,
-                peer,
-                ChannelId(lane(shared)),
-                rpc::call_prefix(rpc::REQUEST, flags, channel, id),
-                request.clone(),
-                Flush::Now,
-                |_, _| {},
-            ),
-        )
-        .await;
-        state = match sent {
-            Err(_) => return Err(CallError::Timeout),
-            Ok(Ok(mid)) => {
-                shared.stats.call_resent();
-                State::Sent(selected.send(), mid)
-            }
-            Ok(Err(SendError::Closed)) => return Err(CallError::Send(SendError::Closed)),
-            Ok(Err(_)) => State::Resend(selected.send_failed()),
-        };
-        backoff = backoff.map(|b| b * 2);
-    }
-}
-
-async fn sleep_until_opt(t: Option<tokio::time::Instant>) {
-    match t {
-        Some(t) => tokio::time::sleep_until(t).await,
-        None => std::future::pending().await,
+            Err(Some(surelink_proto::SendError::SessionEnded(_))) => {}
+            Err(Some(e)) => return Err(SendError::Core(e)),
+        }
     }
 }

@@ -10,11 +10,18 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use surelink_proto::detector::DetectorConfig;
-use surelink_proto::rpc::DispatcherConfig;
+use surelink_proto::rpc::{FifoScheduler, PriorityScheduler, Scheduler};
 use surelink_proto::{ClusterId, EndpointConfig, Epoch, NodeId};
 
+use crate::server::Job;
+
 /// A peer this endpoint dials.
+///
+/// Non-exhaustive, like every configuration struct here: later versions
+/// add fields with defaults, so build one with [`PeerConfig::new`] (and
+/// [`Config::new`]) and change fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PeerConfig {
     /// Its node id.
     pub node: NodeId,
@@ -23,8 +30,58 @@ pub struct PeerConfig {
     pub addrs: Vec<Option<SocketAddr>>,
 }
 
+impl PeerConfig {
+    /// A peer with its address on each network.
+    pub fn new(node: NodeId, addrs: Vec<Option<SocketAddr>>) -> PeerConfig {
+        PeerConfig { node, addrs }
+    }
+}
+
+/// Which scheduler picks the next request to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SchedulerKind {
+    /// hr-net's priority queues (re-sent and high-priority requests first,
+    /// a normal request waits at most the aging bound behind them), normal
+    /// requests round robin between peers. The default.
+    Priority,
+    /// One queue in arrival order (the baseline of the priority bench).
+    Fifo,
+}
+
+/// How the server schedules admitted requests (and the aging bound of the
+/// one-way incoming queue).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SchedulerConfig {
+    /// Which scheduler.
+    pub kind: SchedulerKind,
+    /// A normal request (or one-way message) waits at most this long behind
+    /// high-priority ones.
+    pub aging_bound: Duration,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            kind: SchedulerKind::Priority,
+            aging_bound: Duration::from_millis(50),
+        }
+    }
+}
+
+impl SchedulerConfig {
+    pub(crate) fn build(&self) -> Box<dyn Scheduler<Job>> {
+        match self.kind {
+            SchedulerKind::Priority => Box::new(PriorityScheduler::new(self.aging_bound)),
+            SchedulerKind::Fifo => Box::new(FifoScheduler::new()),
+        }
+    }
+}
+
 /// How an endpoint runs. Build one with [`Config::new`] and adjust fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Config {
     /// This node.
     pub node: NodeId,
@@ -58,19 +115,16 @@ pub struct Config {
     /// `TCP_USER_TIMEOUT`: the kernel fails a connection whose sent data
     /// stays unacknowledged this long.
     pub tcp_user_timeout: Option<Duration>,
-    /// Requests being handled at once; beyond it, requests wait in the
-    /// session (unacknowledged, so the sender is held back).
+    /// Request handlers running at once (the executor's width); admitted
+    /// requests beyond it wait in the scheduler. How many a peer may have
+    /// admitted at once is `core.max_requests_per_peer`; beyond that its
+    /// requests wait in its session, unacknowledged, holding it back.
     pub max_concurrent_requests: usize,
-    /// One-way messages buffered for [`crate::Endpoint::recv`]; beyond it,
-    /// they wait in the session likewise.
-    pub incoming_buffer: usize,
-    /// Requests waiting in the server's dispatch queues; beyond it, they
-    /// wait in the session (unacknowledged, holding the caller back).
-    pub max_queued_requests: usize,
-    /// The server's request scheduling: priority queue, FIFO with an aging
-    /// bound, reply cache for duplicates. See
-    /// [`surelink_proto::rpc::DispatcherConfig`].
-    pub dispatch: DispatcherConfig,
+    /// One-way messages per peer waiting for [`crate::Endpoint::recv`];
+    /// beyond it, that peer's messages wait in its session likewise.
+    pub incoming_per_peer: usize,
+    /// The server's request scheduling. See [`SchedulerConfig`].
+    pub scheduler: SchedulerConfig,
     /// The protocol core's settings ([`default_core`] unless changed).
     pub core: EndpointConfig,
     /// The failure detector: heartbeats per path over UDP (on the same
@@ -88,11 +142,10 @@ pub struct Config {
 /// path window. A premature re-send costs one duplicate, which the receiver
 /// drops; a late one stalls the stream, so the floor leans short.
 pub fn default_core() -> EndpointConfig {
-    EndpointConfig {
-        min_rto: Duration::from_millis(20),
-        max_ack_delay: Duration::from_millis(5),
-        ..EndpointConfig::default()
-    }
+    let mut c = EndpointConfig::default();
+    c.min_rto = Duration::from_millis(20);
+    c.max_ack_delay = Duration::from_millis(5);
+    c
 }
 
 impl Config {
@@ -112,9 +165,8 @@ impl Config {
             connect_timeout: Duration::from_secs(2),
             tcp_user_timeout: Some(Duration::from_secs(5)),
             max_concurrent_requests: 4096,
-            incoming_buffer: 65_536,
-            max_queued_requests: 65_536,
-            dispatch: DispatcherConfig::default(),
+            incoming_per_peer: 65_536,
+            scheduler: SchedulerConfig::default(),
             core: default_core(),
             detector: DetectorConfig::default(),
         }
@@ -161,12 +213,15 @@ impl Config {
                 reason: "must be non-zero",
             });
         }
-        if self.max_concurrent_requests == 0
-            || self.incoming_buffer == 0
-            || self.max_queued_requests == 0
-        {
+        if self.max_concurrent_requests == 0 {
             return Err(ConfigError::Invalid {
-                field: "max_concurrent_requests/incoming_buffer",
+                field: "max_concurrent_requests",
+                reason: "must be non-zero",
+            });
+        }
+        if self.incoming_per_peer == 0 {
+            return Err(ConfigError::Invalid {
+                field: "incoming_per_peer",
                 reason: "must be non-zero",
             });
         }
@@ -213,6 +268,7 @@ impl Config {
 
 /// A configuration that cannot work.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// A setting of the protocol core.
     #[error("core: {0}")]
@@ -247,10 +303,10 @@ mod tests {
     fn validation_names_the_problem() {
         let mut c = Config::new(NodeId(1), ClusterId(1));
         c.listen = vec![addr("127.0.1.1:0")];
-        c.peers = vec![PeerConfig {
-            node: NodeId(2),
-            addrs: vec![Some(addr("127.0.1.2:7000"))],
-        }];
+        c.peers = vec![PeerConfig::new(
+            NodeId(2),
+            vec![Some(addr("127.0.1.2:7000"))],
+        )];
         c.validate().unwrap();
         let mut bad = c.clone();
         bad.peers.push(bad.peers[0].clone());

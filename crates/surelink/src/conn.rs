@@ -16,8 +16,11 @@ use tracing::{debug, warn, Instrument};
 
 use surelink_proto::{NodeId, PathId};
 
+use surelink_proto::Input;
+
 use crate::detector::{Detector, Gate};
-use crate::driver::{self, Shared};
+use crate::session::SessionHandle;
+use crate::shared::Shared;
 
 /// Bytes asked of the kernel per read.
 const READ_CHUNK: usize = 64 * 1024;
@@ -65,8 +68,8 @@ enum Flushed {
 const MAX_IOV: usize = 16;
 
 impl ConnIo {
-    /// Queues `b` behind everything queued before (call with the core lock
-    /// held, so the queue order is the core's order); `flush` writes it.
+    /// Queues `b` behind everything queued before (call with the session's
+    /// lock held, so the queue order is the core's order); `flush` writes it.
     pub(crate) fn enqueue(&self, b: Bytes) {
         self.pending
             .lock()
@@ -74,7 +77,7 @@ impl ConnIo {
             .push_back(b);
     }
 
-    /// Writes what is queued, outside the core lock. If another thread is
+    /// Writes what is queued, outside the session's lock. If another thread is
     /// already writing to this socket, returns at once: that thread writes
     /// these bytes too (it loops until the queue is empty), so concurrent
     /// senders share system calls instead of queueing for the lock.
@@ -228,11 +231,11 @@ async fn write_loop(io: Arc<ConnIo>) {
     }
 }
 
-/// Reads until the connection ends, feeding the core; then reports the
-/// path down.
-async fn read_loop(shared: Arc<Shared>, io: Arc<ConnIo>) {
+/// Reads until the connection ends, feeding its session (or, until its
+/// HELLO binds it, the router); then reports the path down.
+async fn read_loop(shared: Arc<Shared>, io: Arc<ConnIo>, mut bound: Option<Arc<SessionHandle>>) {
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
-    loop {
+    'read: loop {
         if buf.capacity() - buf.len() < READ_CHUNK / 4 {
             buf.reserve(READ_CHUNK);
         }
@@ -254,13 +257,36 @@ async fn read_loop(shared: Arc<Shared>, io: Arc<ConnIo>) {
                 break;
             }
         }
-        let refused = driver::input(&shared, io.path, &mut buf);
-        if let Some(e) = refused {
-            warn!(path = %io.path, remote = %io.remote, error = %e, "refused input from peer; closing the connection");
-            break;
+        // A HELLO may move the path to another session mid-buffer: feed the
+        // rest to wherever it belongs now.
+        loop {
+            let r = match &bound {
+                Some(h) => match h.input(&shared, io.path, &mut buf) {
+                    Ok(Input::Done) => break,
+                    Ok(Input::Hello(hello)) => shared.route_hello(&io, Some(h), &hello).map(Some),
+                    Err(e) => Err(e),
+                },
+                None => match shared.unbound_input(&io, &mut buf) {
+                    Ok(None) => break,
+                    r => r,
+                },
+            };
+            match r {
+                Ok(Some(h)) => bound = Some(h),
+                Ok(None) => break,
+                Err(surelink_proto::PathError::UnknownPath(_)) => break 'read,
+                Err(e) => {
+                    shared.stats.refused_input();
+                    warn!(path = %io.path, remote = %io.remote, error = %e, "refused input from peer; closing the connection");
+                    break 'read;
+                }
+            }
         }
     }
-    driver::path_down(&shared, io.path);
+    match bound {
+        Some(h) => h.path_down(&shared, io.path),
+        None => shared.unbound_down(io.path),
+    }
 }
 
 fn configure(stream: &TcpStream, shared: &Shared) {
@@ -302,14 +328,20 @@ pub(crate) fn start(
         io.set_peer(p);
     }
     let (done_tx, done_rx) = oneshot::channel();
-    driver::add_path(shared, io.clone(), peer);
+    let bound = match peer {
+        Some(p) => shared.add_dialled(&io, p),
+        None => {
+            shared.add_accepted(&io);
+            None
+        }
+    };
     // Every event of this connection's tasks carries its path, network and peer address.
     let span = tracing::info_span!("conn", %path, network, %remote, ?peer);
     shared.spawn(write_loop(io.clone()).instrument(span.clone()));
     let sh = shared.clone();
     shared.spawn(
         async move {
-            read_loop(sh, io.clone()).await;
+            read_loop(sh, io.clone(), bound).await;
             // The writer finishes what is queued (a CLOSE frame) and stops.
             io.failed.store(true, Ordering::Relaxed);
             io.wake.notify_one();

@@ -321,12 +321,14 @@ impl Detector {
     }
 
     /// Stalls a thread of the detector for `d` from now.
+    #[cfg(feature = "test-util")]
     pub(crate) fn inject_delay(&self, point: DelayPoint, d: Duration) {
         let until = self.gate.now() + d;
         self.delays[point as usize].store(until.as_nanos(), Ordering::Relaxed);
     }
 
     /// Sets the heartbeat sockets' receive buffer.
+    #[cfg(feature = "test-util")]
     pub(crate) fn set_recv_buffer(&self, bytes: usize) -> std::io::Result<()> {
         for s in self.socks() {
             s.set_recv_buffer(bytes)?;
@@ -769,18 +771,18 @@ impl Detector {
 
 /// Acts on the detector's signals inside the runtime.
 pub(crate) async fn signal_loop(
-    shared: Arc<crate::driver::Shared>,
+    shared: Arc<crate::shared::Shared>,
     mut rx: mpsc::UnboundedReceiver<Signal>,
 ) {
     while let Some(s) = rx.recv().await {
         match s {
-            Signal::Report(r) => crate::driver::detector_report(&shared, r),
+            Signal::Report(r) => shared.detector_report(r),
             Signal::Fenced { at, missed_seq } => {
                 warn!(
                     ?at,
                     missed_seq, "heartbeat missed its deadline: fenced; starting a new epoch"
                 );
-                crate::driver::recover_from_fence(&shared);
+                shared.recover_from_fence();
             }
         }
     }

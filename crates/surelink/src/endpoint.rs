@@ -6,22 +6,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::broadcast;
 use tracing::info;
 
-use surelink_proto::{ChannelId, Endpoint as Core, Epoch, LocalIdentity, NodeId, PathId};
+use surelink_proto::rpc::{CallOptions, Priority};
+use surelink_proto::{Epoch, LocalIdentity, NodeId, PathId, Router};
 
-use crate::call::CallOptions;
+use crate::call::{self, Flush};
 use crate::config::{Config, PeerConfig};
 use crate::conn;
-use crate::detector::{DelayPoint, Detector};
-use crate::driver::{self, Flush, Handler, Incoming, NetEvent, Shared};
+use crate::detector::Detector;
 use crate::error::{BindError, CallError, SendError, TrySendError};
-use crate::rpc;
+use crate::events::Events;
+use crate::incoming::Incoming;
+use crate::server::Handler;
+use crate::shared::Shared;
 use crate::stats::StatsSnapshot;
 
 /// A path as the endpoint sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PathInfo {
     /// The path.
     pub id: PathId,
@@ -35,7 +38,7 @@ pub struct PathInfo {
     pub remote: SocketAddr,
 }
 
-/// Aborts the endpoint's tasks when the last handle is dropped.
+/// Stops the endpoint's tasks when the last handle is dropped.
 struct Guard(Arc<Shared>);
 
 impl Drop for Guard {
@@ -59,22 +62,27 @@ impl Drop for Guard {
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
-/// use surelink::{Config, Endpoint, PeerConfig};
+/// use surelink::{Config, Endpoint, HandlerError, PeerConfig, Request};
 /// use surelink::proto::{ClusterId, NodeId};
 ///
 /// // A server on two networks.
 /// let mut cfg = Config::new(NodeId(1), ClusterId(7));
 /// cfg.listen = vec!["127.0.1.1:7100".parse()?, "127.0.2.1:7100".parse()?];
 /// let server = Endpoint::bind(cfg).await?;
-/// server.serve(|req: surelink::Request| async move { req.body });
+/// server.serve(|req: Request| async move {
+///     if req.body.is_empty() {
+///         return Err(HandlerError::new(400, "empty request"));
+///     }
+///     Ok(req.body)
+/// });
 ///
 /// // A client that dials it on both.
 /// let mut cfg = Config::new(NodeId(2), ClusterId(7));
 /// cfg.dial_from = vec!["127.0.1.2:0".parse()?, "127.0.2.2:0".parse()?];
-/// cfg.peers = vec![PeerConfig {
-///     node: NodeId(1),
-///     addrs: vec![Some("127.0.1.1:7100".parse()?), Some("127.0.2.1:7100".parse()?)],
-/// }];
+/// cfg.peers = vec![PeerConfig::new(
+///     NodeId(1),
+///     vec![Some("127.0.1.1:7100".parse()?), Some("127.0.2.1:7100".parse()?)],
+/// )];
 /// let client = Endpoint::bind(cfg).await?;
 /// let reply = client.call(NodeId(1), 0, "ping".into(), Duration::from_secs(1)).await?;
 /// assert_eq!(reply, "ping");
@@ -112,8 +120,8 @@ impl Endpoint {
             node: config.node,
             epoch,
         };
-        let core =
-            Core::new(config.core.clone(), local).map_err(|e| BindError::Config(e.into()))?;
+        let router =
+            Router::new(config.core.clone(), local).map_err(|e| BindError::Config(e.into()))?;
         let mut listeners = Vec::new();
         for (i, &addr) in config.listen.iter().enumerate() {
             let device = config.devices.get(i).and_then(|d| d.as_deref());
@@ -151,12 +159,11 @@ impl Endpoint {
             Some((d, rx)) => (Some(d), Some(rx)),
             None => (None, None),
         };
-        let shared = Arc::new(Shared::new(config, core, epoch, base, detector));
+        let shared = Arc::new(Shared::new(config, router, base, detector));
         if let Some(rx) = signals {
             shared.spawn(crate::detector::signal_loop(shared.clone(), rx));
         }
-        shared.spawn(driver::timer_loop(shared.clone()));
-        shared.spawn(driver::flush_loop(shared.clone()));
+        shared.spawn(router_loop(shared.clone()));
         for (network, l) in listeners.into_iter().enumerate() {
             shared.spawn(conn::accept_loop(shared.clone(), l, network));
         }
@@ -211,29 +218,14 @@ impl Endpoint {
             .unwrap_or_default()
     }
 
-    /// Stalls one of the failure detector's threads for `d`, as a GC pause
-    /// or a blocked disk would. For experiments and tests; does nothing when
-    /// the detector is off.
-    #[doc(hidden)]
-    pub fn inject_delay(&self, point: DelayPoint, d: Duration) {
-        if let Some(det) = &self.shared.detector {
-            det.inject_delay(point, d);
-        }
-    }
-
-    /// Sets the heartbeat sockets' receive buffer (experiments that make
-    /// the kernel drop heartbeats).
-    #[doc(hidden)]
-    pub fn set_heartbeat_recv_buffer(&self, bytes: usize) -> std::io::Result<()> {
-        match &self.shared.detector {
-            Some(d) => d.set_recv_buffer(bytes),
-            None => Ok(()),
-        }
-    }
-
     /// This node's id.
     pub fn node(&self) -> NodeId {
         self.shared.config.node
+    }
+
+    /// The cluster this endpoint belongs to.
+    pub fn cluster(&self) -> surelink_proto::ClusterId {
+        self.shared.config.cluster
     }
 
     /// This process's incarnation.
@@ -250,9 +242,12 @@ impl Endpoint {
     ///
     /// The request is delivered exactly once as long as some path to the
     /// peer works again within the linger time, whatever happens to the
-    /// connections meanwhile. Fails with [`CallError::PeerRestarted`] if the
-    /// peer's process restarts first (the request is never replayed into the
-    /// new process), and with [`CallError::Timeout`] after `timeout`.
+    /// connections meanwhile; without a reply after a quarter of `timeout`
+    /// it is sent again with the same id (run at most once). Fails with
+    /// [`CallError::PeerRestarted`] if the peer's process restarts first
+    /// (the request is never replayed into the new process), with
+    /// [`CallError::Remote`] when the handler failed, and with
+    /// [`CallError::Timeout`] after `timeout`.
     pub async fn call(
         &self,
         peer: NodeId,
@@ -260,7 +255,7 @@ impl Endpoint {
         request: Bytes,
         timeout: Duration,
     ) -> Result<Bytes, CallError> {
-        crate::call::call(
+        call::call(
             &self.shared,
             peer,
             channel,
@@ -292,50 +287,70 @@ impl Endpoint {
         request: Bytes,
         opts: &CallOptions,
     ) -> Result<Bytes, CallError> {
-        crate::call::call(&self.shared, peer, channel, request, opts).await
+        call::call(&self.shared, peer, channel, request, opts).await
     }
 
-    /// Sends a one-way message, waiting while the session's send buffer is full.
+    /// Sends a one-way message, waiting while the session's send buffer is
+    /// full. A message sent while the session is idle leaves at once; ones
+    /// sent back to back leave together (in BATCH frames) with the
+    /// session's next write.
     pub async fn send(&self, peer: NodeId, channel: u16, message: Bytes) -> Result<(), SendError> {
-        crate::call::check_channel(&self.shared, channel)?;
-        driver::send_message(
+        call::send(
             &self.shared,
             peer,
-            ChannelId(channel),
-            rpc::oneway_prefix(),
-            message,
-            Flush::Deferred,
-            |_, _| {},
+            channel,
+            Priority::Normal,
+            std::iter::once(message),
+            Flush::Batched,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Sends many one-way messages in order, under one lock: the cheapest
+    /// way to send small messages fast. Waits while the send buffer is
+    /// full; on error, the messages before the failing one were queued.
+    pub async fn send_many(
+        &self,
+        peer: NodeId,
+        channel: u16,
+        messages: impl IntoIterator<Item = Bytes, IntoIter: Send>,
+    ) -> Result<(), SendError> {
+        call::send(
+            &self.shared,
+            peer,
+            channel,
+            Priority::Normal,
+            messages.into_iter(),
+            Flush::Batched,
         )
         .await
         .map(|_| ())
     }
 
     /// Sends a one-way message with a priority. A high-priority message
-    /// travels on the session's priority lane and is handed to the
+    /// travels on its own stream, leaves at once, and is handed to the
     /// receiver's [`recv`](Endpoint::recv) before normal ones waiting there
     /// (a normal message waits at most the receiver's aging bound behind
-    /// high ones). Order is kept per channel *and* priority: a high message
-    /// may overtake normal ones of its channel.
+    /// high ones). Order is kept per channel *and* priority.
     pub async fn send_with(
         &self,
         peer: NodeId,
         channel: u16,
         message: Bytes,
-        priority: crate::Priority,
+        priority: Priority,
     ) -> Result<(), SendError> {
-        if priority == crate::Priority::Normal {
-            return self.send(peer, channel, message).await;
-        }
-        crate::call::check_channel(&self.shared, channel)?;
-        driver::send_message(
+        let flush = match priority {
+            Priority::High => Flush::Now,
+            Priority::Normal => Flush::Batched,
+        };
+        call::send(
             &self.shared,
             peer,
-            ChannelId(crate::call::lane(&self.shared)),
-            rpc::oneway_high_prefix(channel),
-            message,
-            Flush::Now,
-            |_, _| {},
+            channel,
+            priority,
+            std::iter::once(message),
+            flush,
         )
         .await
         .map(|_| ())
@@ -343,43 +358,52 @@ impl Endpoint {
 
     /// Sends a one-way message if there is room now; otherwise hands it back.
     pub fn try_send(&self, peer: NodeId, channel: u16, message: Bytes) -> Result<(), TrySendError> {
-        if self.shared.closed.load(Ordering::Relaxed) {
-            return Err(SendError::Closed.into());
-        }
-        crate::call::check_channel(&self.shared, channel)?;
-        // Written by the flush task, as for `send`.
-        let r = {
-            let mut g = self.shared.lock();
-            let now = self.shared.now();
-            g.core
-                .send_with_prefix(now, peer, ChannelId(channel), rpc::oneway_prefix(), message)
+        let channel = call::check_channel(&self.shared, channel)?;
+        let session = self.shared.session_for(peer)?;
+        let (r, w) = {
+            let mut g = session.lock();
+            let now = self.shared.now_cached();
+            let len = message.len();
+            let r = g.core.send(now, channel, Priority::Normal, message);
+            let w = (r.is_ok() && session.write_now(&mut g, &self.shared, len))
+                .then(|| session.drive(&mut g, &self.shared));
+            (r, w)
         };
+        if let Some(w) = w {
+            session.run(&self.shared, w);
+        }
         match r {
             Ok(_) => {
-                self.shared.request_flush();
-                self.shared.stats.message_sent();
+                self.shared.stats.messages_sent(1);
                 Ok(())
             }
             Err(surelink_proto::SendError::Full { message, .. }) => {
                 Err(TrySendError::Full(message))
+            }
+            Err(surelink_proto::SendError::SessionEnded(_)) => {
+                Err(SendError::SessionEnded { peer }.into())
             }
             Err(e) => Err(SendError::Core(e).into()),
         }
     }
 
     /// Serves requests with `handler` (replacing any earlier one). Each
-    /// request runs in its own task; at most `max_concurrent_requests` at once.
+    /// request runs in its own task on the endpoint's executor, at most
+    /// `max_concurrent_requests` at once, in the order the scheduler picks
+    /// (hr-net's priorities, round robin between peers).
+    ///
+    /// The handler's future returns the reply (`Bytes`), or a
+    /// `Result<Bytes, E>` whose error (any `E: Into<HandlerError>`) reaches
+    /// the caller as [`CallError::Remote`]. A handler that panics is
+    /// caught: the caller gets [`RemoteError::Panicked`](crate::RemoteError::Panicked)
+    /// and the endpoint carries on.
     pub fn serve<H: Handler>(&self, handler: H) {
-        let jobs = {
-            let mut g = self.shared.lock();
-            g.handler = Some(Arc::new(handler));
-            driver::drive(&mut g, &self.shared)
-        };
-        driver::run_jobs(&self.shared, jobs);
+        self.shared.server.set_handler(Arc::new(handler));
+        crate::server::Server::dispatch(&self.shared);
     }
 
-    /// The next one-way message, in order per peer and channel. `None` once
-    /// the endpoint is shut down.
+    /// The next one-way message, in order per peer, channel and priority.
+    /// `None` once the endpoint is shut down.
     pub async fn recv(&self) -> Option<Incoming> {
         let mut one = Vec::with_capacity(1);
         if self.recv_many(&mut one, 1).await == 0 {
@@ -389,9 +413,10 @@ impl Endpoint {
     }
 
     /// Waits for one-way messages and appends up to `limit` of them to
-    /// `buf` (in order per peer and channel); returns how many. `0` once the
-    /// endpoint is shut down (or when `limit` is 0). One lock for the whole
-    /// batch: the way to keep up with a peer sending small messages fast.
+    /// `buf` (in order per peer, channel and priority); returns how many.
+    /// `0` once the endpoint is shut down (or when `limit` is 0). One lock
+    /// for the whole batch: the way to keep up with a peer sending small
+    /// messages fast.
     ///
     /// ```no_run
     /// # async fn f(ep: surelink::Endpoint) {
@@ -417,7 +442,7 @@ impl Endpoint {
             if n > 0 {
                 return n;
             }
-            let notified = self.shared.incoming_ready.notified();
+            let notified = self.shared.incoming.ready.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             // Re-check after registering: a message queued in between would
@@ -433,39 +458,26 @@ impl Endpoint {
         }
     }
 
-    /// Moves up to `limit` queued messages into `buf`; when the queue was
-    /// full, lets the core hand over the messages that waited for room.
     fn take_incoming(&self, buf: &mut Vec<Incoming>, limit: usize) -> usize {
-        let (n, was_full) = {
-            let mut q = self
-                .shared
-                .incoming
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            let n = q.queue.len().min(limit);
-            let before = self.shared.incoming_len.load(Ordering::Relaxed);
-            let now = self.shared.now_cached();
-            buf.extend(std::iter::from_fn(|| q.queue.pop(now).map(|(_, m)| m)).take(n));
-            if n > 0 {
-                self.shared.incoming_len.fetch_sub(n, Ordering::Relaxed);
-            }
-            (n, before >= self.shared.config.incoming_buffer)
-        };
-        if n > 0 && was_full {
-            let jobs = {
-                let mut g = self.shared.lock();
-                driver::drive(&mut g, &self.shared)
-            };
-            driver::run_jobs(&self.shared, jobs);
+        let (n, reopened) = self.shared.incoming.take(
+            self.shared.now_cached(),
+            buf,
+            limit,
+            self.shared.config.incoming_per_peer,
+        );
+        // Sessions that stopped taking one-way messages for lack of room
+        // take the ones that waited in them now.
+        for s in reopened {
+            s.poke(&self.shared);
         }
         n
     }
 
-    /// Path and peer events (path up/down, peer up/unreachable, session
-    /// ended) from the moment of the call on: a session that came up
-    /// between [`Endpoint::bind`] and this call sent its `PeerUp` before;
-    /// [`Endpoint::stats`] (`paths_up`, `sessions`) shows the state then.
-    pub fn events(&self) -> broadcast::Receiver<NetEvent> {
+    /// Path and peer events. The subscription first yields a `PathUp` for
+    /// every working path and a `PeerUp` for every reachable peer at the
+    /// moment of the call, then every event after it, so a subscriber never
+    /// misses a session that came up before it subscribed.
+    pub fn events(&self) -> Events {
         self.shared.events.subscribe()
     }
 
@@ -480,13 +492,7 @@ impl Endpoint {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut events = self.events();
         loop {
-            let up = {
-                let g = self.shared.lock();
-                g.core
-                    .session_stats(peer)
-                    .map_or(0, |s| s.paths.iter().filter(|p| p.active).count())
-            };
-            if up >= paths {
+            if self.shared.events.paths_up(peer) >= paths {
                 return true;
             }
             // Woken by any path event, checked at least every 10 ms.
@@ -499,6 +505,7 @@ impl Endpoint {
 
     /// Serves the counters as Prometheus text on `http://addr/metrics`.
     /// Returns the bound address (port 0 picks one).
+    #[cfg(feature = "prometheus")]
     pub async fn serve_metrics(&self, addr: SocketAddr) -> std::io::Result<SocketAddr> {
         let listener = crate::exporter::bind(addr).await?;
         let bound = listener.local_addr()?;
@@ -509,33 +516,20 @@ impl Endpoint {
 
     /// The connections carrying paths now.
     pub fn paths(&self) -> Vec<PathInfo> {
-        let g = self.shared.lock();
-        let mut v: Vec<PathInfo> = g
-            .conns
-            .values()
-            .map(|c| PathInfo {
-                id: c.io.path,
-                peer: c.peer,
-                network: c.io.network,
-                local: c.io.local,
-                remote: c.io.remote,
+        let mut v: Vec<PathInfo> = self
+            .shared
+            .connections()
+            .into_iter()
+            .map(|(c, peer)| PathInfo {
+                id: c.path,
+                peer: peer.or_else(|| c.peer()),
+                network: c.network,
+                local: c.local,
+                remote: c.remote,
             })
             .collect();
         v.sort_by_key(|p| p.id);
         v
-    }
-
-    /// Shuts down the sockets of every connection on `network` (as `ss -K`
-    /// would), returning how many. Both ends see the connections end; their
-    /// messages fail over and the dialler reconnects. For tests and demos.
-    pub fn kill_network(&self, network: usize) -> usize {
-        let g = self.shared.lock();
-        let mut n = 0;
-        for c in g.conns.values().filter(|c| c.io.network == network) {
-            c.io.kill();
-            n += 1;
-        }
-        n
     }
 
     /// Closes every session (peers see an orderly close) and stops all tasks.
@@ -547,20 +541,32 @@ impl Endpoint {
             d.close();
         }
         self.shared.abort_tasks();
-        let jobs = {
-            let mut g = self.shared.lock();
-            let now = self.shared.now();
-            let peers: Vec<NodeId> = g.core.peers().collect();
-            for p in peers {
-                g.core.close_session(now, p);
-            }
-            driver::drive(&mut g, &self.shared)
-        };
-        driver::run_jobs(&self.shared, jobs);
-        // Give the CLOSE frames (written inline above) a moment to leave.
+        for s in self.shared.sessions() {
+            s.with(&self.shared, |g, now| g.core.close(now));
+        }
+        // Give the CLOSE frames (written above) a moment to leave.
         tokio::time::sleep(Duration::from_millis(20)).await;
-        self.shared.incoming_ready.notify_waiters();
-        self.shared.space.notify_waiters();
+        self.shared.incoming.ready.notify_waiters();
+        for s in self.shared.sessions() {
+            s.space.notify_waiters();
+        }
         self.shared.kill_connections();
+    }
+
+    /// Debugging and fault-injection hooks (feature `test-util`).
+    #[cfg(feature = "test-util")]
+    pub fn testing(&self) -> crate::testing::Testing<'_> {
+        crate::testing::Testing {
+            shared: &self.shared,
+        }
+    }
+}
+
+/// Closes accepted connections whose handshake does not complete in time.
+async fn router_loop(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tick.tick().await;
+        shared.router_tick();
     }
 }

@@ -1,14 +1,19 @@
 //! Errors of the public API, one enum per operation.
+//!
+//! Every enum is `#[non_exhaustive]`: a later version may add a way to fail
+//! without a breaking release, so match with a catch-all arm.
 
 use std::net::SocketAddr;
 
 use bytes::Bytes;
+use surelink_proto::rpc::RemoteError;
 use surelink_proto::{Epoch, NodeId, SessionEndReason};
 
 use crate::config::ConfigError;
 
 /// Why [`Endpoint::bind`](crate::Endpoint::bind) failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum BindError {
     /// The configuration does not validate.
     #[error("invalid configuration: {0}")]
@@ -34,18 +39,17 @@ pub enum BindError {
 
 /// Why a message could not be queued.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SendError {
     /// Refused by the protocol core (too large, bad channel, ...).
     #[error(transparent)]
     Core(surelink_proto::SendError),
-    /// The channel is the session's priority lane, reserved for
-    /// high-priority and re-sent requests.
-    #[error("channel {channel} is reserved (the priority lane is {lane}; use a lower channel)")]
-    ReservedChannel {
-        /// The channel asked for.
-        channel: u16,
-        /// The lane.
-        lane: u16,
+    /// The session ended while the message was being queued (the peer
+    /// restarted, or it was closed); sending again opens a new session.
+    #[error("the session with node {peer} ended")]
+    SessionEnded {
+        /// The peer.
+        peer: NodeId,
     },
     /// The endpoint is shut down.
     #[error("endpoint closed")]
@@ -54,6 +58,7 @@ pub enum SendError {
 
 /// Why [`Endpoint::try_send`](crate::Endpoint::try_send) did not queue a message.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TrySendError {
     /// The session's send buffer is full; the message is handed back.
     #[error("send buffer full; message handed back")]
@@ -65,10 +70,16 @@ pub enum TrySendError {
 
 /// Why a [`call`](crate::Endpoint::call) did not return a reply.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CallError {
     /// No reply within the deadline. The request may or may not have run.
     #[error("no reply within the deadline")]
     Timeout,
+    /// The server answered with an error: the handler's own
+    /// ([`RemoteError::App`]), or that it panicked, had no handler, found
+    /// the request expired, or is shutting down.
+    #[error("the server answered with an error: {0}")]
+    Remote(RemoteError),
     /// The peer's process restarted while the call was outstanding. The
     /// request is not replayed into the new process; it may have run in
     /// the old one.

@@ -12,7 +12,7 @@ use tracing::debug;
 
 use std::sync::Arc;
 
-use crate::driver::Shared;
+use crate::shared::Shared;
 
 /// Most bytes of a request read before answering.
 const MAX_REQUEST: usize = 8 * 1024;

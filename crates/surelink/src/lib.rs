@@ -3,48 +3,72 @@
 //!
 //! This crate is the tokio shell around the sans-IO core in
 //! [`surelink_proto`] (re-exported as [`proto`]). It owns the sockets (one or
-//! more TCP connections per network to each peer), the timers and the tasks,
-//! and gives services [`Endpoint::call`], [`Endpoint::send`] /
-//! [`Endpoint::try_send`], [`Endpoint::serve`] and [`Endpoint::recv`].
+//! more TCP connections per network to each peer, UDP heartbeats), the
+//! timers, the tasks and the request executor, and gives services
+//! [`Endpoint::call`], [`Endpoint::send`] / [`Endpoint::send_many`] /
+//! [`Endpoint::try_send`], [`Endpoint::serve`] and [`Endpoint::recv_many`].
 //!
 //! What it adds to the core: listening and dialling on every configured
 //! network from the matching local address, `TCP_NODELAY` and
 //! `TCP_USER_TIMEOUT`, re-dialling lost connections with capped backoff
-//! (the core then runs the resume handshake), request/reply matching,
-//! backpressure, events, and counters ([`Endpoint::stats`], Prometheus text,
-//! and the `metrics` facade).
+//! (the core then runs the resume handshake), the failure detector
+//! (SafeTimer: heartbeats, barrier checks, the send fence), backpressure,
+//! events, and counters ([`Endpoint::stats`], Prometheus text with the
+//! `prometheus` feature, and the `metrics` facade).
 //!
-//! What it does not do (yet): detect a silently dead path faster than TCP
-//! does (the heartbeat failure detector is later work; until then a path
-//! that goes silent without the connection failing is caught by the core's
-//! retransmission timeout, which re-sends its messages on another path, and
-//! by `TCP_USER_TIMEOUT`), priorities, or batching helpers.
+//! # Shape
 //!
-//! Data path: no task sits between the application and the sockets. A
-//! caller locks the core, queues its message and writes the core's output to
-//! the socket itself; a connection's reader task feeds received bytes to the
-//! core and writes whatever the core answers. Request handlers run in their
-//! own tasks, outside the lock.
+//! quinn's: the core's [`Router`](proto::Router) sits behind one lock and
+//! is taken only for handshakes, new sessions and ended ones; each
+//! [`Session`](proto::Session) has its own lock, its own task for timers and
+//! deferred writes, and its connections. A reader task feeds its
+//! connection's bytes straight into its session and writes what the
+//! session answers; a caller queues its request and writes it itself; a
+//! reply reaches its caller from the reader that received it. Request
+//! handlers run on the endpoint's executor (one task each), in the order
+//! the scheduler picks, never inside a reader or a caller.
+//!
+//! # Stability
+//!
+//! Public enums and configuration structs are `#[non_exhaustive]`: later
+//! versions add variants and fields (with defaults) without a breaking
+//! release. Build configurations with `Config::new` / `PeerConfig::new`
+//! and change fields; match enums with a catch-all arm.
+//!
+//! # Features
+//!
+//! - `prometheus` (default): [`Endpoint::serve_metrics`].
+//! - `test-util`: the [`testing`] module — fault injection (kill a
+//!   network's connections, stall the detector's threads), debugging
+//!   hooks, and the two-network loopback fixture for tests, demos and
+//!   benchmarks.
 
 mod call;
 mod config;
 mod conn;
 mod detector;
-mod dispatch;
-mod driver;
 mod endpoint;
 mod error;
+mod events;
+#[cfg(feature = "prometheus")]
 mod exporter;
-mod rpc;
+mod incoming;
+mod server;
+mod session;
+mod shared;
 mod stats;
+#[cfg(feature = "test-util")]
+pub mod testing;
 
-pub use call::CallOptions;
-pub use config::{default_core, Config, ConfigError, PeerConfig};
+pub use config::{default_core, Config, ConfigError, PeerConfig, SchedulerConfig, SchedulerKind};
 pub use detector::{DelayPoint, DetectorSnapshot};
-pub use driver::{Handler, HandlerFuture, Incoming, NetEvent, Request};
 pub use endpoint::{Endpoint, PathInfo};
 pub use error::{BindError, CallError, SendError, TrySendError};
+pub use events::{Events, NetEvent, RecvError, TryRecvError};
+pub use incoming::Incoming;
+pub use server::{Handler, HandlerError, HandlerFuture, IntoReply, Request};
 pub use stats::StatsSnapshot;
 pub use surelink_proto as proto;
 pub use surelink_proto::detector::{DetectorConfig, DetectorMode};
-pub use surelink_proto::rpc::{DispatcherConfig, Priority};
+pub use surelink_proto::rpc::{CallOptions, Priority, RemoteError};
+pub use surelink_proto::ChannelId;

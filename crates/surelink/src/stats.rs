@@ -15,8 +15,6 @@ use surelink_proto::{NodeId, SessionStats};
 pub(crate) struct Stats {
     messages_sent: AtomicU64,
     messages_received: AtomicU64,
-    duplicate_requests: AtomicU64,
-    calls_resent: AtomicU64,
     bytes_sent: AtomicU64,
     bytes_received: AtomicU64,
     paths_up: AtomicU64,
@@ -25,7 +23,8 @@ pub(crate) struct Stats {
     calls: AtomicU64,
     call_errors: AtomicU64,
     refused_inputs: AtomicU64,
-    malformed_messages: AtomicU64,
+    handler_errors: AtomicU64,
+    handler_panics: AtomicU64,
     /// Call round trips, microseconds.
     call_rtt: Mutex<Histogram<u64>>,
 }
@@ -35,8 +34,6 @@ impl Default for Stats {
         Stats {
             messages_sent: AtomicU64::new(0),
             messages_received: AtomicU64::new(0),
-            duplicate_requests: AtomicU64::new(0),
-            calls_resent: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
             bytes_received: AtomicU64::new(0),
             paths_up: AtomicU64::new(0),
@@ -45,7 +42,8 @@ impl Default for Stats {
             calls: AtomicU64::new(0),
             call_errors: AtomicU64::new(0),
             refused_inputs: AtomicU64::new(0),
-            malformed_messages: AtomicU64::new(0),
+            handler_errors: AtomicU64::new(0),
+            handler_panics: AtomicU64::new(0),
             // 1 µs .. 1 h, 3 significant digits; creation cannot fail for
             // these constants.
             call_rtt: Mutex::new(
@@ -56,19 +54,22 @@ impl Default for Stats {
 }
 
 impl Stats {
-    pub(crate) fn message_sent(&self) {
-        self.messages_sent.fetch_add(1, Relaxed);
-        metrics::counter!("surelink_messages_sent_total").increment(1);
+    pub(crate) fn messages_sent(&self, n: u64) {
+        if n > 0 {
+            self.messages_sent.fetch_add(n, Relaxed);
+            metrics::counter!("surelink_messages_sent_total").increment(n);
+        }
     }
-    pub(crate) fn call_resent(&self) {
-        self.calls_resent.fetch_add(1, Relaxed);
+    pub(crate) fn handler_panicked(&self) {
+        self.handler_panics.fetch_add(1, Relaxed);
+        self.handler_errors.fetch_add(1, Relaxed);
     }
-    pub(crate) fn duplicate_request(&self) {
-        self.duplicate_requests.fetch_add(1, Relaxed);
+    pub(crate) fn handler_failed(&self) {
+        self.handler_errors.fetch_add(1, Relaxed);
     }
-    pub(crate) fn message_received(&self) {
-        self.messages_received.fetch_add(1, Relaxed);
-        metrics::counter!("surelink_messages_received_total").increment(1);
+    pub(crate) fn messages_received(&self, n: usize) {
+        self.messages_received.fetch_add(n as u64, Relaxed);
+        metrics::counter!("surelink_messages_received_total").increment(n as u64);
     }
     pub(crate) fn bytes_sent(&self, n: usize) {
         self.bytes_sent.fetch_add(n as u64, Relaxed);
@@ -109,9 +110,6 @@ impl Stats {
         self.refused_inputs.fetch_add(1, Relaxed);
         metrics::counter!("surelink_refused_inputs_total").increment(1);
     }
-    pub(crate) fn malformed_message(&self) {
-        self.malformed_messages.fetch_add(1, Relaxed);
-    }
 
     pub(crate) fn snapshot(&self, sessions: Vec<(NodeId, SessionStats)>) -> StatsSnapshot {
         let (p50, p99, p999, max) = match self.call_rtt.lock() {
@@ -126,8 +124,8 @@ impl Stats {
         StatsSnapshot {
             messages_sent: self.messages_sent.load(Relaxed),
             messages_received: self.messages_received.load(Relaxed),
-            duplicate_requests: self.duplicate_requests.load(Relaxed),
-            calls_resent: self.calls_resent.load(Relaxed),
+            duplicate_requests: sessions.iter().map(|(_, s)| s.duplicate_requests).sum(),
+            calls_resent: sessions.iter().map(|(_, s)| s.calls_resent).sum(),
             bytes_sent: self.bytes_sent.load(Relaxed),
             bytes_received: self.bytes_received.load(Relaxed),
             paths_up: self.paths_up.load(Relaxed),
@@ -136,7 +134,10 @@ impl Stats {
             calls: self.calls.load(Relaxed),
             call_errors: self.call_errors.load(Relaxed),
             refused_inputs: self.refused_inputs.load(Relaxed),
-            malformed_messages: self.malformed_messages.load(Relaxed),
+            handler_errors: self.handler_errors.load(Relaxed),
+            handler_panics: self.handler_panics.load(Relaxed),
+            requests_queued: 0,
+            requests_running: 0,
             call_rtt_us: [p50, p99, p999, max],
             sessions,
             detector: None,
@@ -146,16 +147,17 @@ impl Stats {
 
 /// The counters at one moment.
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct StatsSnapshot {
     /// Messages queued by this endpoint (one-way, requests, replies).
     pub messages_sent: u64,
     /// Messages delivered to this endpoint.
     pub messages_received: u64,
     /// Requests that arrived again (re-sends) and were answered without
-    /// running the handler a second time.
+    /// running the handler a second time (sessions alive now).
     pub duplicate_requests: u64,
     /// Requests this endpoint sent again (same id) after their re-send
-    /// timeout.
+    /// timeout (sessions alive now).
     pub calls_resent: u64,
     /// Bytes written to sockets.
     pub bytes_sent: u64,
@@ -173,8 +175,14 @@ pub struct StatsSnapshot {
     pub call_errors: u64,
     /// Connections closed because their peer sent bytes the core refused.
     pub refused_inputs: u64,
-    /// Session messages without a valid shell header.
-    pub malformed_messages: u64,
+    /// Requests whose handler returned an error or panicked.
+    pub handler_errors: u64,
+    /// Requests whose handler panicked (caught; the caller got an error).
+    pub handler_panics: u64,
+    /// Requests admitted and waiting for a worker now.
+    pub requests_queued: u64,
+    /// Requests running now.
+    pub requests_running: u64,
     /// Call round trip p50, p99, p99.9, max in microseconds.
     pub call_rtt_us: [u64; 4],
     /// Per peer session counters from the core.

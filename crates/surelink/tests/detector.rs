@@ -9,12 +9,11 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use surelink::proto::{ClusterId, NodeId};
+use surelink::proto::NodeId;
+use surelink::testing::Loopback;
 use surelink::{
-    CallError, Config, DelayPoint, DetectorConfig, DetectorMode, Endpoint, NetEvent, PeerConfig,
-    Request,
+    CallError, DelayPoint, DetectorConfig, DetectorMode, Endpoint, Events, NetEvent, Request,
 };
-use tokio::sync::broadcast;
 
 const SERVER: NodeId = NodeId(1);
 const CLIENT: NodeId = NodeId(2);
@@ -26,29 +25,11 @@ fn detector(mode: DetectorMode) -> DetectorConfig {
 }
 
 async fn pair(mode: DetectorMode) -> (Endpoint, Endpoint) {
-    let mut c = Config::new(SERVER, ClusterId(5));
-    c.listen = vec![
-        "127.0.1.1:0".parse().unwrap(),
-        "127.0.2.1:0".parse().unwrap(),
-    ];
-    c.detector = detector(mode);
-    let server = Endpoint::bind(c).await.unwrap();
-    let mut c = Config::new(CLIENT, ClusterId(5));
-    c.dial_from = vec![
-        "127.0.1.2:0".parse().unwrap(),
-        "127.0.2.2:0".parse().unwrap(),
-    ];
-    c.peers = vec![PeerConfig {
-        node: SERVER,
-        addrs: server.local_addrs().into_iter().map(Some).collect(),
-    }];
-    c.detector = detector(mode);
-    let client = Endpoint::bind(c).await.unwrap();
-    assert!(
-        client
-            .wait_for_paths(SERVER, 2, Duration::from_secs(5))
-            .await
-    );
+    let mut lb = Loopback::new();
+    lb.server.detector = detector(mode);
+    lb.client.detector = detector(mode);
+    let p = lb.start().await.unwrap();
+    let (server, client) = (p.server, p.client);
     // Both sides hear each other's heartbeats before the test starts.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -67,7 +48,7 @@ async fn pair(mode: DetectorMode) -> (Endpoint, Endpoint) {
 }
 
 /// Detector reports seen on `events` within `window`.
-async fn reports(events: &mut broadcast::Receiver<NetEvent>, window: Duration) -> Vec<NetEvent> {
+async fn reports(events: &mut Events, window: Duration) -> Vec<NetEvent> {
     let mut out = Vec::new();
     let deadline = tokio::time::Instant::now() + window;
     while let Ok(Ok(e)) = tokio::time::timeout_at(deadline, events.recv()).await {
@@ -87,7 +68,9 @@ async fn stalled_reader_is_no_false_report_for_safetimer() {
     let mut events = server.events();
     // The heartbeat reader stalls for 6 windows; heartbeats queue in the
     // socket, the barrier behind them.
-    server.inject_delay(DelayPoint::Reader, Duration::from_millis(300));
+    server
+        .testing()
+        .inject_delay(DelayPoint::Reader, Duration::from_millis(300));
     let got = reports(&mut events, Duration::from_millis(600)).await;
     assert!(got.is_empty(), "false reports: {got:?}");
     let d = server.stats().detector.unwrap();
@@ -99,7 +82,9 @@ async fn stalled_reader_is_no_false_report_for_safetimer() {
 async fn stalled_reader_is_a_false_report_for_the_plain_detector() {
     let (server, _client) = pair(DetectorMode::Plain).await;
     let mut events = server.events();
-    server.inject_delay(DelayPoint::Reader, Duration::from_millis(300));
+    server
+        .testing()
+        .inject_delay(DelayPoint::Reader, Duration::from_millis(300));
     let got = reports(&mut events, Duration::from_millis(600)).await;
     assert!(
         got.iter()
@@ -112,7 +97,9 @@ async fn stalled_reader_is_a_false_report_for_the_plain_detector() {
 async fn stalled_checker_is_no_false_report() {
     let (server, _client) = pair(DetectorMode::SafeTimer).await;
     let mut events = server.events();
-    server.inject_delay(DelayPoint::Checker, Duration::from_millis(300));
+    server
+        .testing()
+        .inject_delay(DelayPoint::Checker, Duration::from_millis(300));
     let got = reports(&mut events, Duration::from_millis(600)).await;
     assert!(got.is_empty(), "false reports: {got:?}");
 }
@@ -136,7 +123,9 @@ async fn stalled_heartbeat_sender_fences_itself_and_restarts() {
         })
     };
     tokio::time::sleep(Duration::from_millis(20)).await;
-    client.inject_delay(DelayPoint::Sender, Duration::from_millis(200));
+    client
+        .testing()
+        .inject_delay(DelayPoint::Sender, Duration::from_millis(200));
     let got = reports(&mut client_events, Duration::from_millis(800)).await;
     assert!(
         got.iter().any(|e| matches!(

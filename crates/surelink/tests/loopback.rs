@@ -8,57 +8,35 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use surelink::proto::{ClusterId, Epoch, NodeId};
-use surelink::{CallError, Config, Endpoint, NetEvent, PeerConfig, Request};
+use surelink::proto::{Epoch, NodeId};
+use surelink::testing::{Loopback, LoopbackPair};
+use surelink::{CallError, Config, Endpoint, NetEvent, Request};
 use tokio::io::AsyncWriteExt;
 
 const SERVER: NodeId = NodeId(1);
-const CLIENT: NodeId = NodeId(2);
 
-fn server_config(epoch: Option<u64>) -> Config {
-    let mut c = Config::new(SERVER, ClusterId(9));
-    c.listen = vec![
-        "127.0.1.1:0".parse().unwrap(),
-        "127.0.2.1:0".parse().unwrap(),
-    ];
-    c.epoch = epoch.map(Epoch);
-    c
+/// The shared two-network fixture, with the server's epoch set.
+async fn pair_with_epoch(epoch: Option<u64>) -> LoopbackPair {
+    let mut lb = Loopback::new();
+    lb.server.epoch = epoch.map(Epoch);
+    lb.start().await.unwrap()
+}
+
+async fn pair() -> LoopbackPair {
+    pair_with_epoch(None).await
 }
 
 fn server_config_at(addrs: &[std::net::SocketAddr], epoch: u64) -> Config {
-    let mut c = Config::new(SERVER, ClusterId(9));
+    let mut c = Loopback::new().server;
     c.listen = addrs.to_vec();
     c.epoch = Some(Epoch(epoch));
     c
 }
 
-async fn client_for(server: &[std::net::SocketAddr]) -> Endpoint {
-    let mut c = Config::new(CLIENT, ClusterId(9));
-    c.dial_from = vec![
-        "127.0.1.2:0".parse().unwrap(),
-        "127.0.2.2:0".parse().unwrap(),
-    ];
-    c.peers = vec![PeerConfig {
-        node: SERVER,
-        addrs: server.iter().copied().map(Some).collect(),
-    }];
-    Endpoint::bind(c).await.unwrap()
-}
-
-async fn wait_paths(ep: &Endpoint, n: usize) {
-    assert!(
-        ep.wait_for_paths(SERVER, n, Duration::from_secs(5)).await,
-        "{n} active paths did not come up: {:?}",
-        ep.paths()
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn echo_call_over_two_networks() {
-    let server = Endpoint::bind(server_config(None)).await.unwrap();
+    let LoopbackPair { server, client } = pair().await;
     server.serve(|r: Request| async move { r.body });
-    let client = client_for(&server.local_addrs()).await;
-    wait_paths(&client, 2).await;
     for i in 0..100u32 {
         let body = Bytes::from(i.to_be_bytes().to_vec());
         let reply = client
@@ -72,7 +50,7 @@ async fn echo_call_over_two_networks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn call_survives_its_connections_being_killed_mid_flight() {
-    let server = Endpoint::bind(server_config(None)).await.unwrap();
+    let LoopbackPair { server, client } = pair().await;
     let executions = Arc::new(AtomicU64::new(0));
     let ex = executions.clone();
     server.serve(move |r: Request| {
@@ -84,8 +62,6 @@ async fn call_survives_its_connections_being_killed_mid_flight() {
             r.body
         }
     });
-    let client = client_for(&server.local_addrs()).await;
-    wait_paths(&client, 2).await;
     for round in 0..4u8 {
         let c = client.clone();
         let call = tokio::spawn(async move {
@@ -100,9 +76,9 @@ async fn call_survives_its_connections_being_killed_mid_flight() {
         // Kill the request's connection while it is in flight or executing
         // (alternating which network carries the blow, and sometimes both).
         tokio::time::sleep(Duration::from_millis(if round % 2 == 0 { 1 } else { 50 })).await;
-        let killed = server.kill_network(usize::from(round % 2))
+        let killed = server.testing().kill_network(usize::from(round % 2))
             + if round == 3 {
-                client.kill_network(1)
+                client.testing().kill_network(1)
             } else {
                 0
             };
@@ -119,9 +95,7 @@ async fn call_survives_its_connections_being_killed_mid_flight() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flood_arrives_complete_in_order_across_a_path_failure() {
-    let server = Endpoint::bind(server_config(None)).await.unwrap();
-    let client = client_for(&server.local_addrs()).await;
-    wait_paths(&client, 2).await;
+    let LoopbackPair { server, client } = pair().await;
     const N: u64 = 100_000;
     let sender = {
         let client = client.clone();
@@ -143,9 +117,9 @@ async fn flood_arrives_complete_in_order_across_a_path_failure() {
         let server = server.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(30)).await;
-            client.kill_network(0);
+            client.testing().kill_network(0);
             tokio::time::sleep(Duration::from_millis(60)).await;
-            server.kill_network(1);
+            server.testing().kill_network(1);
         })
     };
     let mut next = [0u64; 4];
@@ -156,7 +130,7 @@ async fn flood_arrives_complete_in_order_across_a_path_failure() {
             .expect("flood stalled")
             .unwrap();
         let v = u64::from_be_bytes(m.body[..8].try_into().unwrap());
-        let ch = m.channel as usize;
+        let ch = usize::from(m.channel.0);
         assert_eq!(v % 4, ch as u64, "message on the wrong channel");
         assert_eq!(
             v,
@@ -180,15 +154,13 @@ async fn flood_arrives_complete_in_order_across_a_path_failure() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_server_fails_outstanding_calls_with_peer_restarted() {
-    let server = Endpoint::bind(server_config(Some(100))).await.unwrap();
+    let LoopbackPair { server, client } = pair_with_epoch(Some(100)).await;
     let addrs = server.local_addrs();
     // The old server never answers.
     server.serve(|_r: Request| async move {
         tokio::time::sleep(Duration::from_secs(3600)).await;
         Bytes::new()
     });
-    let client = client_for(&addrs).await;
-    wait_paths(&client, 2).await;
     let c = client.clone();
     let call = tokio::spawn(async move {
         c.call(SERVER, 0, Bytes::from_static(b"q"), Duration::from_secs(20))
@@ -234,11 +206,9 @@ async fn restarted_server_fails_outstanding_calls_with_peer_restarted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_bytes_close_only_that_connection() {
-    let server = Endpoint::bind(server_config(None)).await.unwrap();
+    let LoopbackPair { server, client } = pair().await;
     server.serve(|r: Request| async move { r.body });
     let addrs = server.local_addrs();
-    let client = client_for(&addrs).await;
-    wait_paths(&client, 2).await;
     let mut events = server.events();
     let mut raw = tokio::net::TcpStream::connect(addrs[0]).await.unwrap();
     raw.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -285,4 +255,181 @@ async fn malformed_bytes_close_only_that_connection() {
         .unwrap();
     assert_eq!(reply, Bytes::from_static(b"fine"));
     assert_eq!(client.stats().paths_down, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_fails_its_call_and_the_session_carries_on() {
+    let LoopbackPair { server, client } = pair().await;
+    server.serve(|r: Request| async move {
+        if r.body == "boom" {
+            panic!("handler bug (expected by this test)");
+        }
+        if r.body == "bad" {
+            return Err(surelink::HandlerError::new(404, "no such key"));
+        }
+        Ok(r.body)
+    });
+    let err = client
+        .call(
+            SERVER,
+            0,
+            Bytes::from_static(b"boom"),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err, CallError::Remote(surelink::RemoteError::Panicked));
+    let err = client
+        .call(
+            SERVER,
+            0,
+            Bytes::from_static(b"bad"),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        CallError::Remote(surelink::RemoteError::App {
+            code: 404,
+            message: "no such key".into()
+        })
+    );
+    // The slot was released and the session is untouched: many calls after,
+    // with fewer workers than calls.
+    for i in 0..200u32 {
+        let body = Bytes::from(i.to_be_bytes().to_vec());
+        let reply = client
+            .call(SERVER, 0, body.clone(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(reply, body);
+    }
+    let st = server.stats();
+    assert_eq!((st.handler_panics, st.handler_errors), (1, 2));
+    assert_eq!((st.requests_running, st.requests_queued), (0, 0));
+    assert_eq!(client.stats().paths_down, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_peer_does_not_delay_another_peers_calls() {
+    // Four workers, each request of the flooding peer takes 20 ms: its
+    // backlog alone would take seconds. The other peer's calls are served
+    // round robin between peers, so each waits at most for the workers to
+    // come free (~20 ms), not for the backlog.
+    let mut lb = Loopback::new();
+    lb.server.max_concurrent_requests = 4;
+    let pair = lb.start().await.unwrap();
+    pair.server.serve(|r: Request| async move {
+        if r.channel.0 == 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        r.body
+    });
+    let flooder = pair.client.clone();
+    let mut flood = Vec::new();
+    for i in 0..400u32 {
+        let f = flooder.clone();
+        flood.push(tokio::spawn(async move {
+            f.call(
+                SERVER,
+                1,
+                Bytes::from(i.to_be_bytes().to_vec()),
+                Duration::from_secs(60),
+            )
+            .await
+        }));
+    }
+    // Let the flood queue up at the server.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (queued, _) = {
+        let s = pair.server.stats();
+        (s.requests_queued, s.requests_running)
+    };
+    assert!(queued > 100, "the flood is queued at the server: {queued}");
+    let other = pair.add_client(NodeId(3), |_| {}).await.unwrap();
+    let mut worst = Duration::ZERO;
+    for i in 0..20u32 {
+        let t = std::time::Instant::now();
+        let body = Bytes::from(i.to_be_bytes().to_vec());
+        let reply = other
+            .call(SERVER, 0, body.clone(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(reply, body);
+        worst = worst.max(t.elapsed());
+    }
+    // ~20 ms for a worker to free up, plus scheduling on a busy 2-core VM.
+    assert!(
+        worst < Duration::from_millis(80),
+        "another peer's call took {worst:?} behind the flood"
+    );
+    assert!(
+        pair.server.stats().requests_queued > 0,
+        "the flood was still queued while the other peer was served"
+    );
+    for f in flood {
+        f.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_message_is_written_before_send_returns() {
+    let LoopbackPair { server, client } = pair().await;
+    // Idle session: the message goes to the socket inside `send`, not
+    // with a later batch.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let before = client.stats().bytes_sent;
+    client
+        .send(SERVER, 2, Bytes::from_static(b"alone"))
+        .await
+        .unwrap();
+    let after = client.stats().bytes_sent;
+    assert!(
+        after > before,
+        "nothing written by send: {before} -> {after}"
+    );
+    let m = tokio::time::timeout(Duration::from_secs(2), server.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(m.body, Bytes::from_static(b"alone"));
+    // Back-to-back messages leave in batches: fewer frames than messages.
+    let msgs: Vec<Bytes> = (0..1000u32)
+        .map(|i| Bytes::from(i.to_be_bytes().to_vec()))
+        .collect();
+    client.send_many(SERVER, 2, msgs.clone()).await.unwrap();
+    let mut got = Vec::new();
+    while got.len() < 1000 {
+        tokio::time::timeout(Duration::from_secs(5), server.recv_many(&mut got, 1000))
+            .await
+            .unwrap();
+    }
+    assert_eq!(got.iter().map(|m| m.body.clone()).collect::<Vec<_>>(), msgs);
+    let s = &client.stats().sessions[0].1;
+    assert!(
+        s.batches_sent > 0 && s.frames_sent < 500,
+        "1001 messages in {} frames ({} batches)",
+        s.frames_sent,
+        s.batches_sent
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_subscriber_sees_the_paths_already_up() {
+    let LoopbackPair { server, client } = pair().await;
+    let mut events = client.events();
+    let mut up = Vec::new();
+    while let Ok(e) = events.try_recv() {
+        up.push(e);
+    }
+    let paths = up
+        .iter()
+        .filter(|e| matches!(e, NetEvent::PathUp { peer, .. } if *peer == SERVER))
+        .count();
+    assert_eq!(paths, 2, "{up:?}");
+    assert!(up
+        .iter()
+        .any(|e| matches!(e, NetEvent::PeerUp { peer, .. } if *peer == SERVER)));
+    drop(server);
 }

@@ -7,36 +7,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use surelink::proto::{ClusterId, NodeId};
-use surelink::{CallOptions, Config, Endpoint, PeerConfig, Priority, Request, SendError};
+use surelink::proto::NodeId;
+use surelink::testing::Loopback;
+use surelink::{CallOptions, Endpoint, Priority, Request, SendError};
 
 const SERVER: NodeId = NodeId(1);
-const CLIENT: NodeId = NodeId(2);
 
 async fn pair(max_concurrent: usize) -> (Endpoint, Endpoint) {
-    let mut c = Config::new(SERVER, ClusterId(8));
-    c.listen = vec![
-        "127.0.1.1:0".parse().unwrap(),
-        "127.0.2.1:0".parse().unwrap(),
-    ];
-    c.max_concurrent_requests = max_concurrent;
-    let server = Endpoint::bind(c).await.unwrap();
-    let mut c = Config::new(CLIENT, ClusterId(8));
-    c.dial_from = vec![
-        "127.0.1.2:0".parse().unwrap(),
-        "127.0.2.2:0".parse().unwrap(),
-    ];
-    c.peers = vec![PeerConfig {
-        node: SERVER,
-        addrs: server.local_addrs().into_iter().map(Some).collect(),
-    }];
-    let client = Endpoint::bind(c).await.unwrap();
-    assert!(
-        client
-            .wait_for_paths(SERVER, 2, Duration::from_secs(5))
-            .await
-    );
-    (server, client)
+    let mut lb = Loopback::new();
+    lb.server.max_concurrent_requests = max_concurrent;
+    let p = lb.start().await.unwrap();
+    (p.server, p.client)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -51,10 +32,8 @@ async fn a_call_re_sent_while_running_executes_once() {
             req.body
         }
     });
-    let opts = CallOptions {
-        resend_after: Some(Duration::from_millis(40)),
-        ..CallOptions::new(Duration::from_secs(5))
-    };
+    let opts =
+        CallOptions::new(Duration::from_secs(5)).with_resend_after(Some(Duration::from_millis(40)));
     let reply = client
         .call_with(SERVER, 3, Bytes::from_static(b"once"), &opts)
         .await
@@ -136,24 +115,44 @@ async fn high_priority_one_way_messages_are_received_first() {
         server.recv_many(&mut got, 100).await;
     }
     assert_eq!(got[0].body, Bytes::from_static(b"H"));
-    assert_eq!(got[0].channel, 1, "delivered on the channel it was sent to");
+    assert_eq!(
+        got[0].channel.0, 1,
+        "delivered on the channel it was sent to"
+    );
+    assert_eq!(got[0].priority, Priority::High);
     // The normal ones keep their order.
     let normal: Vec<u8> = got[1..].iter().map(|m| m.body[0]).collect();
     assert_eq!(normal, (0..50).collect::<Vec<u8>>());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_priority_lane_is_not_a_user_channel() {
-    let (_server, client) = pair(16).await;
+async fn every_configured_channel_is_the_users_and_no_more() {
+    // The priority lane is a stream of the session, not a channel: all
+    // `max_channels` channels are the application's.
+    let (server, client) = pair(16).await;
+    server.serve(|r: Request| async move { r.body });
+    let reply = client
+        .call(
+            SERVER,
+            255,
+            Bytes::from_static(b"x"),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply, Bytes::from_static(b"x"));
     let err = client
-        .send(SERVER, 255, Bytes::from_static(b"x"))
+        .send(SERVER, 256, Bytes::from_static(b"x"))
         .await
         .unwrap_err();
-    assert!(matches!(
-        err,
-        SendError::ReservedChannel {
-            channel: 255,
-            lane: 255
-        }
-    ));
+    assert!(
+        matches!(
+            err,
+            SendError::Core(surelink::proto::SendError::ChannelOutOfRange {
+                channel: 256,
+                max: 256
+            })
+        ),
+        "{err:?}"
+    );
 }

@@ -1,0 +1,140 @@
+//! One-way messages waiting for [`Endpoint::recv`](crate::Endpoint::recv).
+//!
+//! Sessions hand over released messages in runs (whatever one frame or one
+//! read released), each run tagged with its session, so taking messages
+//! costs one lock per batch and one counter update per run. Admission is
+//! per peer: a session stops taking one-way messages from its core while
+//! `incoming_per_peer` of them wait here, which leaves them unacknowledged
+//! and holds that sender back — and only that sender, and only its one-way
+//! traffic. High-priority messages go first, but a normal run that has
+//! waited longer than the aging bound goes before them (hr-net's queues).
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::Notify;
+
+use surelink_proto::rpc::Priority;
+use surelink_proto::{ChannelId, NodeId, Time};
+
+use crate::session::SessionHandle;
+
+/// A one-way message taken by [`Endpoint::recv`](crate::Endpoint::recv).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Incoming {
+    /// The sender.
+    pub peer: NodeId,
+    /// Its channel.
+    pub channel: ChannelId,
+    /// Its priority.
+    pub priority: Priority,
+    /// The message.
+    pub body: Bytes,
+}
+
+struct Run {
+    session: Arc<SessionHandle>,
+    at: Time,
+    msgs: VecDeque<Incoming>,
+}
+
+#[derive(Default)]
+struct Queues {
+    normal: VecDeque<Run>,
+    high: VecDeque<Run>,
+}
+
+/// The queue and its wake-up.
+pub(crate) struct IncomingQueue {
+    queues: Mutex<Queues>,
+    pub(crate) ready: Notify,
+    aging: Duration,
+}
+
+impl IncomingQueue {
+    pub(crate) fn new(aging: Duration) -> IncomingQueue {
+        IncomingQueue {
+            queues: Mutex::new(Queues::default()),
+            ready: Notify::new(),
+            aging,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queues> {
+        self.queues.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues messages a session released (counted against its admission
+    /// already) and wakes a receiver.
+    pub(crate) fn push(&self, session: &Arc<SessionHandle>, now: Time, msgs: Vec<Incoming>) {
+        if msgs.is_empty() {
+            return;
+        }
+        {
+            let mut q = self.lock();
+            let (mut normal, mut high) = (VecDeque::new(), VecDeque::new());
+            for m in msgs {
+                if m.priority == Priority::High {
+                    high.push_back(m);
+                } else {
+                    normal.push_back(m);
+                }
+            }
+            if !normal.is_empty() {
+                q.normal.push_back(Run {
+                    session: session.clone(),
+                    at: now,
+                    msgs: normal,
+                });
+            }
+            if !high.is_empty() {
+                q.high.push_back(Run {
+                    session: session.clone(),
+                    at: now,
+                    msgs: high,
+                });
+            }
+        }
+        self.ready.notify_waiters();
+    }
+
+    /// Moves up to `limit` messages into `buf`. Returns how many, and the
+    /// sessions whose admission just reopened (to be driven again).
+    pub(crate) fn take(
+        &self,
+        now: Time,
+        buf: &mut Vec<Incoming>,
+        limit: usize,
+        bound: usize,
+    ) -> (usize, Vec<Arc<SessionHandle>>) {
+        let mut taken = 0;
+        let mut reopened = Vec::new();
+        let mut q = self.lock();
+        while taken < limit {
+            // High first, unless the oldest normal run has aged past it.
+            let normal_aged = q.normal.front().is_some_and(|r| now >= r.at + self.aging)
+                && q.high.front().is_none_or(|h| h.at + self.aging > now);
+            let list = if !q.high.is_empty() && !normal_aged {
+                &mut q.high
+            } else {
+                &mut q.normal
+            };
+            let Some(run) = list.front_mut() else { break };
+            let n = run.msgs.len().min(limit - taken);
+            buf.extend(run.msgs.drain(..n));
+            taken += n;
+            let before = run.session.incoming.fetch_sub(n, Ordering::AcqRel);
+            if before >= bound && before - n < bound {
+                reopened.push(run.session.clone());
+            }
+            if run.msgs.is_empty() {
+                list.pop_front();
+            }
+        }
+        (taken, reopened)
+    }
+}

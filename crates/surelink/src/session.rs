@@ -1,0 +1,451 @@
+//! One session in the shell: the core's [`Session`] behind its own lock,
+//! the connections under its paths, the callers waiting for replies, and a
+//! task for its timers and deferred writes.
+//!
+//! Everything that touches a session happens under its lock and nothing
+//! else: a reader feeds bytes in, a caller queues a request, a handler
+//! queues a reply; each then *drives* the session — writes what the core
+//! wants written onto the connections' queues, completes waiting calls,
+//! collects admitted requests and one-way messages — and, after the lock is
+//! released, does the rest (socket writes, scheduling, events). Sessions of
+//! different peers never contend, and one peer's overload never stalls
+//! another peer's replies, events or timers.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::sync::{oneshot, Notify};
+use tracing::{debug, info, warn};
+
+use surelink_proto::rpc::{CallFailure, RemoteError, Ticket};
+use surelink_proto::{
+    CallId, Event, Input, NodeId, PathCloseReason, PathError, PathId, Session, SessionEndReason,
+    SessionId, Time,
+};
+
+use crate::conn::ConnIo;
+use crate::error::CallError;
+use crate::events::NetEvent;
+use crate::incoming::Incoming;
+use crate::server::Server;
+use crate::shared::Shared;
+
+/// Bytes per `poll_transmit`: big enough to batch, small enough to
+/// interleave paths.
+const TRANSMIT_BUDGET: usize = 256 * 1024;
+/// Longest the session's task sleeps while the core has any deadline:
+/// then a new deadline at least this far away needs no wake-up call from
+/// the data path (a thread switch per message).
+const TIMER_TICK: Duration = Duration::from_millis(25);
+/// Bytes of deferred one-way sends after which the sender writes them
+/// itself.
+const FLUSH_BATCH: usize = 32 * 1024;
+/// A session that wrote within this long is busy: a one-way `send` then
+/// leaves its message to the session's flush (batched with what follows)
+/// instead of writing at once. An idle session writes a lone message at
+/// once.
+const HOT: u64 = 50_000; // ns
+
+/// A caller waiting for its reply.
+pub(crate) type Waiter = oneshot::Sender<Result<Bytes, CallError>>;
+
+/// What a session holds under its lock.
+pub(crate) struct SessionInner {
+    pub(crate) core: Session,
+    pub(crate) conns: Vec<Arc<ConnIo>>,
+    pub(crate) waiters: HashMap<CallId, Waiter>,
+    out: BytesMut,
+    /// The deadline the session's task sleeps towards.
+    armed: Option<Time>,
+    /// Bytes of one-way sends not yet written.
+    pub(crate) unflushed: usize,
+}
+
+/// One session of the endpoint.
+pub(crate) struct SessionHandle {
+    /// The shell's number for it (unique for the endpoint's life).
+    pub(crate) key: u64,
+    pub(crate) node: NodeId,
+    pub(crate) id: SessionId,
+    inner: Mutex<SessionInner>,
+    /// Send-buffer room may have been freed (or the session ended).
+    pub(crate) space: Notify,
+    /// Re-arms the session's task, or asks it to flush.
+    wake: Notify,
+    flush_scheduled: AtomicBool,
+    /// When the session last wrote (the shell's clock, ns).
+    last_tx: AtomicU64,
+    /// One-way messages handed to the incoming queue and not yet taken.
+    pub(crate) incoming: AtomicUsize,
+    ended: AtomicBool,
+}
+
+/// Work found while holding a session's lock, done after releasing it.
+#[derive(Default)]
+pub(crate) struct Work {
+    flush: Vec<Arc<ConnIo>>,
+    close: Vec<Arc<ConnIo>>,
+    events: Vec<NetEvent>,
+    tickets: Vec<Ticket>,
+    promotes: Vec<CallId>,
+    messages: Vec<Incoming>,
+    ended: bool,
+    space: bool,
+    rearm: bool,
+}
+
+impl SessionHandle {
+    pub(crate) fn new(key: u64, core: Session) -> SessionHandle {
+        SessionHandle {
+            key,
+            node: core.peer(),
+            id: core.id(),
+            inner: Mutex::new(SessionInner {
+                core,
+                conns: Vec::new(),
+                waiters: HashMap::new(),
+                out: BytesMut::with_capacity(TRANSMIT_BUDGET),
+                armed: None,
+                unflushed: 0,
+            }),
+            space: Notify::new(),
+            wake: Notify::new(),
+            flush_scheduled: AtomicBool::new(false),
+            last_tx: AtomicU64::new(0),
+            incoming: AtomicUsize::new(0),
+            ended: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, SessionInner> {
+        // A panic while holding the lock leaves the core consistent enough
+        // to continue (every mutation is a whole core call).
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn is_ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+
+    /// Writes what the core wants written, hands out what it delivered,
+    /// and re-arms the timer. Call with the lock held after every input.
+    pub(crate) fn drive(&self, g: &mut SessionInner, shared: &Shared) -> Work {
+        let now = shared.now();
+        let mut w = Work::default();
+        let SessionInner {
+            core, conns, out, ..
+        } = &mut *g;
+        while let Some(path) = core.poll_transmit(now, out, TRANSMIT_BUDGET) {
+            let bytes = out.split().freeze();
+            shared.stats.bytes_sent(bytes.len());
+            if let Some(c) = conns.iter().find(|c| c.path == path) {
+                c.enqueue(bytes);
+                if !w.flush.iter().any(|f| Arc::ptr_eq(f, c)) {
+                    w.flush.push(c.clone());
+                }
+            }
+        }
+        if !w.flush.is_empty() {
+            self.last_tx.store(now.as_nanos(), Ordering::Relaxed);
+        }
+        g.unflushed = 0;
+        while let Some(ev) = g.core.poll_event() {
+            self.on_event(g, shared, ev, &mut w);
+        }
+        // Requests: the core admits up to its per-peer bound.
+        while let Some(t) = g.core.poll_request() {
+            w.tickets.push(t);
+        }
+        // One-way messages: up to this peer's share of the incoming queue.
+        let bound = shared.config.incoming_per_peer;
+        let mut room = bound.saturating_sub(self.incoming.load(Ordering::Acquire));
+        while room > 0 {
+            let Some(m) = g.core.poll_message() else {
+                break;
+            };
+            w.messages.push(Incoming {
+                peer: m.peer,
+                channel: m.channel,
+                priority: m.priority,
+                body: m.payload,
+            });
+            room -= 1;
+        }
+        if !w.messages.is_empty() {
+            self.incoming.fetch_add(w.messages.len(), Ordering::AcqRel);
+            shared.stats.messages_received(w.messages.len());
+        }
+        let t = g.core.poll_timeout();
+        if t.is_some() && (g.armed.is_none() || t < g.armed) {
+            g.armed = t;
+            w.rearm = true;
+        }
+        w
+    }
+
+    fn on_event(&self, g: &mut SessionInner, shared: &Shared, ev: Event, w: &mut Work) {
+        match ev {
+            Event::CallDone { call, result, .. } => {
+                if let Some(tx) = g.waiters.remove(&call) {
+                    let r = result.map_err(|f| match f {
+                        CallFailure::Timeout => CallError::Timeout,
+                        CallFailure::Remote(e) => CallError::Remote(e),
+                        CallFailure::SessionEnded(reason) => {
+                            CallError::from_end(self.node, &reason)
+                        }
+                        // A failure kind newer than this shell.
+                        _ => CallError::Remote(RemoteError::Unknown(0)),
+                    });
+                    let _ = tx.send(r);
+                }
+            }
+            Event::Promote { call, .. } => w.promotes.push(call),
+            Event::PathUp { peer, path } => {
+                let network = g.conns.iter().find(|c| c.path == path).map_or(0, |c| {
+                    c.set_peer(peer);
+                    c.network
+                });
+                info!(%peer, %path, network, "path up");
+                shared.stats.path_up();
+                w.events.push(NetEvent::PathUp {
+                    peer,
+                    path,
+                    network,
+                });
+            }
+            Event::PathClosed {
+                peer,
+                path,
+                reason,
+                resent,
+            } => {
+                let network = match g.conns.iter().position(|c| c.path == path) {
+                    Some(i) => {
+                        let c = g.conns.swap_remove(i);
+                        let n = c.network;
+                        w.close.push(c);
+                        n
+                    }
+                    None => 0,
+                };
+                match &reason {
+                    PathCloseReason::Error(e) => warn!(%path, ?peer, error = %e, "path closed"),
+                    r => info!(%path, ?peer, reason = ?r, resent, "path closed"),
+                }
+                shared.stats.path_down(resent);
+                w.events.push(NetEvent::PathDown {
+                    peer,
+                    path,
+                    network,
+                    resent,
+                    reason: format!("{reason:?}"),
+                });
+            }
+            Event::PeerUp { peer, epoch, .. } => w.events.push(NetEvent::PeerUp { peer, epoch }),
+            Event::PeerUnreachable { peer, .. } => {
+                warn!(%peer, "peer unreachable: no working path");
+                w.events.push(NetEvent::PeerUnreachable { peer });
+            }
+            Event::SessionEnded {
+                peer,
+                reason,
+                abandoned,
+                ..
+            } => {
+                let n: u64 = abandoned.iter().map(|a| a.end - a.start).sum();
+                match reason {
+                    SessionEndReason::ClosedLocally | SessionEndReason::ClosedByPeer { .. } => {
+                        info!(%peer, ?reason, abandoned = n, "session closed");
+                    }
+                    _ => warn!(%peer, ?reason, abandoned = n, "session ended"),
+                }
+                self.ended.store(true, Ordering::Release);
+                w.ended = true;
+                w.space = true;
+                w.events.push(NetEvent::SessionEnded {
+                    peer,
+                    reason,
+                    abandoned: n,
+                });
+            }
+            Event::MessageRejected { peer, reason, .. } => {
+                warn!(%peer, ?reason, "queued message rejected by the peer's limits");
+            }
+            other => debug!(?other, "session event ignored"),
+        }
+    }
+
+    /// Does what `drive` found, outside the lock.
+    pub(crate) fn run(self: &Arc<Self>, shared: &Arc<Shared>, w: Work) {
+        for c in &w.flush {
+            c.flush();
+        }
+        for c in w.close {
+            tokio::spawn(c.close_after_flush());
+        }
+        for e in w.events {
+            shared.events.publish(e);
+        }
+        if !w.messages.is_empty() {
+            shared.incoming.push(self, shared.now_cached(), w.messages);
+        }
+        Server::submit(shared, self, w.tickets, w.promotes);
+        if w.rearm {
+            self.wake.notify_one();
+        }
+        if w.space {
+            self.space.notify_waiters();
+        }
+        if w.ended {
+            shared.session_ended(self);
+        }
+    }
+
+    /// Locks, applies `f`, drives, unlocks, runs the work.
+    pub(crate) fn with<R>(
+        self: &Arc<Self>,
+        shared: &Arc<Shared>,
+        f: impl FnOnce(&mut SessionInner, Time) -> R,
+    ) -> R {
+        let (r, w) = {
+            let mut g = self.lock();
+            let now = shared.now();
+            let r = f(&mut g, now);
+            let w = self.drive(&mut g, shared);
+            (r, w)
+        };
+        self.run(shared, w);
+        r
+    }
+
+    /// Bytes arrived on one of the session's paths.
+    pub(crate) fn input(
+        self: &Arc<Self>,
+        shared: &Arc<Shared>,
+        path: PathId,
+        buf: &mut BytesMut,
+    ) -> Result<Input, PathError> {
+        let r = self.with(shared, |g, now| g.core.handle_input(now, path, buf));
+        // Acknowledgements may have freed send-buffer room.
+        self.space.notify_waiters();
+        r
+    }
+
+    /// One of the session's connections ended.
+    pub(crate) fn path_down(self: &Arc<Self>, shared: &Arc<Shared>, path: PathId) {
+        self.with(shared, |g, now| {
+            g.core.handle_path_down(now, path);
+            g.conns.retain(|c| c.path != path);
+        });
+        self.space.notify_waiters();
+    }
+
+    /// A handler finished: the reply (or the error) goes back.
+    pub(crate) fn complete(
+        self: &Arc<Self>,
+        shared: &Arc<Shared>,
+        call: CallId,
+        result: Result<Bytes, RemoteError>,
+    ) {
+        self.with(shared, |g, now| {
+            if let Err(e) = g.core.complete(now, call, result) {
+                debug!(peer = %self.node, error = %e, "reply not sent");
+            }
+        });
+    }
+
+    /// Decides, after a one-way message was queued under the lock, whether
+    /// to write now (an idle session: a lone message leaves at once) or to
+    /// leave it for the session's flush (a busy one: it joins a batch).
+    /// Returns whether to drive now.
+    pub(crate) fn write_now(&self, g: &mut SessionInner, shared: &Shared, len: usize) -> bool {
+        g.unflushed += len;
+        if g.unflushed >= FLUSH_BATCH {
+            return true;
+        }
+        if self.flush_scheduled.load(Ordering::Relaxed) {
+            return false;
+        }
+        // A real clock read: the cached one is stale after a quiet spell,
+        // which would make an idle session look busy.
+        let now = shared.now().as_nanos();
+        if now.saturating_sub(self.last_tx.load(Ordering::Relaxed)) > HOT {
+            return true;
+        }
+        if !self.flush_scheduled.swap(true, Ordering::AcqRel) {
+            self.wake.notify_one();
+        }
+        false
+    }
+
+    /// Drives the session again (after the incoming queue made room).
+    pub(crate) fn poke(self: &Arc<Self>, shared: &Arc<Shared>) {
+        self.with(shared, |_, _| {});
+    }
+
+    /// Fails every waiting call with `err` and forgets the connections
+    /// (the process fenced itself or shuts down).
+    pub(crate) fn abandon(&self, err: &CallError) -> (usize, u64) {
+        let mut g = self.lock();
+        let n = g.waiters.len();
+        for (_, tx) in g.waiters.drain() {
+            let _ = tx.send(Err(err.clone()));
+        }
+        for c in g.conns.drain(..) {
+            c.kill();
+        }
+        self.ended.store(true, Ordering::Release);
+        let abandoned = g.core.stats().cache_messages;
+        drop(g);
+        self.space.notify_waiters();
+        (n, abandoned)
+    }
+}
+
+/// The session's task: runs its timers, and the deferred writes of one-way
+/// sends, until it ended and has nothing left to write.
+pub(crate) async fn run_session(shared: Arc<Shared>, h: Arc<SessionHandle>) {
+    loop {
+        let notified = h.wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let wake_at = {
+            let mut g = h.lock();
+            if h.is_ended() && g.core.is_drained() {
+                return;
+            }
+            let now = shared.now();
+            let w = g.core.poll_timeout().map(|t| t.min(now + TIMER_TICK));
+            g.armed = w;
+            w
+        };
+        let timer = async {
+            match wake_at {
+                Some(t) => tokio::time::sleep_until(shared.instant(t)).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = timer => {
+                h.with(&shared, |g, now| {
+                    if g.core.poll_timeout().is_some_and(|d| d <= now) {
+                        g.core.handle_timeout(now);
+                    }
+                });
+                h.space.notify_waiters();
+            }
+            () = &mut notified => {
+                if h.flush_scheduled.load(Ordering::Acquire) {
+                    // Let a sender in a loop add a few more first: one
+                    // write for many.
+                    tokio::task::yield_now().await;
+                    h.flush_scheduled.store(false, Ordering::Release);
+                    h.poke(&shared);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! Test support (feature `test-util`): fault-injection and debugging hooks
+//! ([`Testing`], from `Endpoint::testing`), and the two-network loopback
+//! fixture every test, the demo and the benchmark share ([`Loopback`]).
+//! Nothing here belongs in a service's normal code path.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use surelink_proto::{ClusterId, NodeId};
+
+use crate::config::{Config, PeerConfig};
+use crate::detector::DelayPoint;
+use crate::endpoint::Endpoint;
+use crate::error::BindError;
+use crate::shared::Shared;
+
+/// The hooks of one endpoint (from `Endpoint::testing`).
+#[derive(Clone, Copy)]
+pub struct Testing<'a> {
+    pub(crate) shared: &'a Arc<Shared>,
+}
+
+impl std::fmt::Debug for Testing<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Testing")
+            .field("node", &self.shared.config.node)
+            .finish()
+    }
+}
+
+impl Testing<'_> {
+    /// Shuts down the sockets of every connection on `network` (as `ss -K`
+    /// would), returning how many. Both ends see the connections end; their
+    /// messages fail over and the dialler reconnects.
+    pub fn kill_network(&self, network: usize) -> usize {
+        let mut n = 0;
+        for (c, _) in self.shared.connections() {
+            if c.network == network {
+                c.kill();
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Stalls one of the failure detector's threads for `d`, as a GC pause
+    /// or a blocked disk would. Does nothing when the detector is off.
+    pub fn inject_delay(&self, point: DelayPoint, d: Duration) {
+        if let Some(det) = &self.shared.detector {
+            det.inject_delay(point, d);
+        }
+    }
+
+    /// Sets the heartbeat sockets' receive buffer (experiments that make
+    /// the kernel drop heartbeats).
+    pub fn set_heartbeat_recv_buffer(&self, bytes: usize) -> std::io::Result<()> {
+        match &self.shared.detector {
+            Some(d) => d.set_recv_buffer(bytes),
+            None => Ok(()),
+        }
+    }
+
+    /// A one-screen dump of the session with `peer`.
+    pub fn debug_session(&self, peer: NodeId) -> String {
+        self.shared
+            .session(peer)
+            .map_or_else(|| "none".into(), |h| h.lock().core.debug_dump())
+    }
+}
+
+/// Two endpoints on loopback over two networks — a server listening on
+/// 127.0.1.1 and 127.0.2.1 (free ports) and a client dialling it from
+/// 127.0.1.2 and 127.0.2.2 — set up the same way by every test, the demo
+/// and the benchmark. Change `server` and `client` (defaults otherwise),
+/// then [`Loopback::start`].
+///
+/// ```no_run
+/// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut lb = surelink::testing::Loopback::new();
+/// lb.server.max_concurrent_requests = 1;
+/// let pair = lb.start().await?;
+/// pair.server.serve(|r: surelink::Request| async move { r.body });
+/// let reply = pair.client.call(pair.server.node(), 0, "x".into(),
+///     std::time::Duration::from_secs(1)).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Loopback {
+    /// The server's configuration (listen addresses filled in).
+    pub server: Config,
+    /// The client's configuration (dial-from addresses filled in; the
+    /// server is added as its peer at start).
+    pub client: Config,
+    /// How long `start` waits for both paths on both sides.
+    pub paths_timeout: Duration,
+}
+
+/// Why [`Loopback::start`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoopbackError {
+    /// An endpoint did not bind.
+    #[error("binding node {node}: {source}")]
+    Bind {
+        /// The node.
+        node: NodeId,
+        /// Why.
+        source: BindError,
+    },
+    /// The paths did not all come up in time.
+    #[error("node {node}: {want} active paths did not come up within {timeout:?}")]
+    NoPaths {
+        /// The node that waited.
+        node: NodeId,
+        /// Paths wanted.
+        want: usize,
+        /// How long it waited.
+        timeout: Duration,
+    },
+}
+
+/// The endpoints [`Loopback::start`] made.
+#[derive(Clone, Debug)]
+pub struct LoopbackPair {
+    /// The server (node 1 unless changed).
+    pub server: Endpoint,
+    /// The client (node 2 unless changed).
+    pub client: Endpoint,
+}
+
+/// The loopback addresses of the two networks: the server's, the client's.
+pub const SERVER_IPS: [Ipv4Addr; 2] = [Ipv4Addr::new(127, 0, 1, 1), Ipv4Addr::new(127, 0, 2, 1)];
+/// The client's addresses on the two networks.
+pub const CLIENT_IPS: [Ipv4Addr; 2] = [Ipv4Addr::new(127, 0, 1, 2), Ipv4Addr::new(127, 0, 2, 2)];
+
+impl Default for Loopback {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Loopback {
+    /// Node 1 serves, node 2 calls, cluster 9, every other setting the
+    /// product's default.
+    pub fn new() -> Loopback {
+        let mut server = Config::new(NodeId(1), ClusterId(9));
+        server.listen = SERVER_IPS
+            .iter()
+            .map(|&ip| SocketAddr::new(IpAddr::V4(ip), 0))
+            .collect();
+        let mut client = Config::new(NodeId(2), ClusterId(9));
+        client.dial_from = CLIENT_IPS
+            .iter()
+            .map(|&ip| SocketAddr::new(IpAddr::V4(ip), 0))
+            .collect();
+        Loopback {
+            server,
+            client,
+            paths_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Binds both, and waits until each sees both paths.
+    pub async fn start(self) -> Result<LoopbackPair, LoopbackError> {
+        let server_node = self.server.node;
+        let client_node = self.client.node;
+        let server = Endpoint::bind(self.server)
+            .await
+            .map_err(|source| LoopbackError::Bind {
+                node: server_node,
+                source,
+            })?;
+        let mut client_cfg = self.client;
+        client_cfg.peers = vec![PeerConfig::new(
+            server_node,
+            server.local_addrs().into_iter().map(Some).collect(),
+        )];
+        let client = Endpoint::bind(client_cfg)
+            .await
+            .map_err(|source| LoopbackError::Bind {
+                node: client_node,
+                source,
+            })?;
+        for (ep, peer) in [(&client, server_node), (&server, client_node)] {
+            if !ep.wait_for_paths(peer, 2, self.paths_timeout).await {
+                return Err(LoopbackError::NoPaths {
+                    node: ep.node(),
+                    want: 2,
+                    timeout: self.paths_timeout,
+                });
+            }
+        }
+        Ok(LoopbackPair { server, client })
+    }
+}
+
+impl LoopbackPair {
+    /// Shuts both down together (each closes its session before the other's
+    /// connections go, so neither reports the other unreachable).
+    pub async fn shutdown(self) {
+        tokio::join!(self.client.shutdown(), self.server.shutdown());
+    }
+}
+
+impl LoopbackPair {
+    /// Binds one more client, node `node`, dialling the server on both
+    /// networks from 127.0.1.`n` and 127.0.2.`n` (`n` = 10 + the node id's
+    /// low byte), with `tweak` applied to its configuration; waits for its
+    /// paths.
+    pub async fn add_client(
+        &self,
+        node: NodeId,
+        tweak: impl FnOnce(&mut Config),
+    ) -> Result<Endpoint, LoopbackError> {
+        let last = 10u8.wrapping_add(node.0.to_le_bytes()[0]);
+        let mut c = Config::new(node, self.server_cluster());
+        c.dial_from = (1..=2u8)
+            .map(|net| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, net, last)), 0))
+            .collect();
+        c.peers = vec![PeerConfig::new(
+            self.server.node(),
+            self.server.local_addrs().into_iter().map(Some).collect(),
+        )];
+        tweak(&mut c);
+        let ep = Endpoint::bind(c)
+            .await
+            .map_err(|source| LoopbackError::Bind { node, source })?;
+        let timeout = Duration::from_secs(10);
+        if !ep.wait_for_paths(self.server.node(), 2, timeout).await {
+            return Err(LoopbackError::NoPaths {
+                node,
+                want: 2,
+                timeout,
+            });
+        }
+        Ok(ep)
+    }
+
+    fn server_cluster(&self) -> ClusterId {
+        self.server.cluster()
+    }
+}
