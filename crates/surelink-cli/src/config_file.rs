@@ -145,10 +145,7 @@ pub(crate) fn parse(text: &str) -> Result<Loaded> {
             })
             .collect::<Result<Vec<_>, _>>()
             .with_context(|| format!("peer {}: bad address", p.node))?;
-        c.peers.push(PeerConfig {
-            node: NodeId(p.node),
-            addrs,
-        });
+        c.peers.push(PeerConfig::new(NodeId(p.node), addrs));
     }
     let k = &mut c.core;
     let core = f.core;

@@ -10,8 +10,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use clap::Args;
-use surelink::proto::{ClusterId, NodeId};
-use surelink::{Config, Endpoint, NetEvent, PeerConfig};
+use surelink::proto::NodeId;
+use surelink::testing::{Loopback, LoopbackPair};
+use surelink::NetEvent;
 use tokio::time::Instant;
 
 #[derive(Args, Debug)]
@@ -38,7 +39,6 @@ pub(crate) struct DemoArgs {
 }
 
 const SERVER: NodeId = NodeId(1);
-const CLIENT: NodeId = NodeId(2);
 const CHANNELS: u64 = 4;
 
 /// What the receiver saw.
@@ -52,9 +52,6 @@ struct Seen {
     latencies: Vec<(f64, f64)>,
 }
 
-fn addr(s: &str) -> Result<std::net::SocketAddr> {
-    s.parse().with_context(|| format!("bad address {s}"))
-}
 
 pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     if args.simulated {
@@ -67,25 +64,11 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     if !(args.fail_at >= 0.0 && args.down_for > 0.0 && second_kill < args.seconds as f64) {
         bail!("both kills (--fail-at, --fail-at + --down-for) must fall inside the stream (--seconds)");
     }
-    let mut scfg = Config::new(SERVER, ClusterId(42));
-    scfg.listen = vec![addr("127.0.1.1:0")?, addr("127.0.2.1:0")?];
-    let server = Endpoint::bind(scfg)
+    let LoopbackPair { server, client } = Loopback::new()
+        .start()
         .await
-        .context("binding the server on 127.0.1.1 and 127.0.2.1")?;
-    let mut ccfg = Config::new(CLIENT, ClusterId(42));
-    ccfg.dial_from = vec![addr("127.0.1.2:0")?, addr("127.0.2.2:0")?];
-    ccfg.peers = vec![PeerConfig {
-        node: SERVER,
-        addrs: server.local_addrs().into_iter().map(Some).collect(),
-    }];
-    let client = Endpoint::bind(ccfg).await.context("binding the client")?;
+        .context("starting two endpoints on 127.0.1.x and 127.0.2.x")?;
     let mut events = client.events();
-    if !client
-        .wait_for_paths(SERVER, 2, Duration::from_secs(5))
-        .await
-    {
-        bail!("the two paths did not come up: {:?}", client.paths());
-    }
     let n = args.seconds * 1_000_000 / args.interval_us;
     println!("surelink demo: two endpoints on loopback, two networks (127.0.1.x, 127.0.2.x)");
     for p in client.paths() {
@@ -122,7 +105,7 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
                 let sent_ns = b.get_u64();
                 let now_ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
                 let mut s = seen.lock().unwrap_or_else(|e| e.into_inner());
-                let next = s.next.entry(m.channel).or_insert(0);
+                let next = s.next.entry(m.channel.0).or_insert(0);
                 let expect = *next;
                 if seq < expect {
                     s.duplicated += 1;
@@ -131,7 +114,7 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
                 if seq > expect {
                     s.out_of_order += 1;
                 }
-                *s.next.entry(m.channel).or_insert(0) = seq + 1;
+                *s.next.entry(m.channel.0).or_insert(0) = seq + 1;
                 s.delivered += 1;
                 s.latencies.push((
                     sent_ns as f64 / 1e6,
@@ -146,9 +129,9 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
         let (a, b) = (args.fail_at, second_kill);
         tokio::spawn(async move {
             tokio::time::sleep_until(start + Duration::from_secs_f64(a)).await;
-            let k0 = client.kill_network(0);
+            let k0 = client.testing().kill_network(0);
             tokio::time::sleep_until(start + Duration::from_secs_f64(b)).await;
-            let k1 = server.kill_network(1);
+            let k1 = server.testing().kill_network(1);
             (k0, k1)
         })
     };
@@ -192,7 +175,7 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
                 resent,
                 ..
             } => {
-                println!("    path {path} (network {network}) down, {resent} in-flight messages re-sent on the other path")
+                println!("    path {path} (network {network}) down, {resent} in-flight frames re-sent on the other path")
             }
             NetEvent::PathUp { path, network, .. } => {
                 println!("    path {path} (network {network}) up")
@@ -207,7 +190,7 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     println!("  duplicated  {:>8}", s.duplicated);
     println!("  out of order{:>8}", s.out_of_order);
     let resent: u64 = stats.sessions.iter().map(|(_, st)| st.resent).sum();
-    println!("  re-sent     {resent:>8}  (failover copies of in-flight messages)");
+    println!("  re-sent     {resent:>8}  (failover copies of in-flight frames: a message or a batch)");
     let worst = |from: f64, to: f64| {
         s.latencies
             .iter()

@@ -119,6 +119,7 @@ fn print_event(e: &NetEvent) {
             "FENCED: a heartbeat missed its deadline; epoch {old_epoch} -> {new_epoch} \
              ({calls_failed} calls failed, {abandoned} messages abandoned)"
         ),
+        other => println!("{other:?}"),
     }
 }
 

@@ -2,17 +2,26 @@
 //! that hold it to its promises.
 //!
 //! [`Sim`] drives N endpoints with M paths between each pair through
-//! [`surelink_proto::Endpoint`] on a virtual clock. Every random choice
-//! (latency jitter, loss, the workload) comes from one seed, so a run replays
-//! exactly. Faults ([`Fault`]): link down and up, one-way silence, random
-//! loss, connection reset, process pause (GC, SIGSTOP) and restart (new
-//! epoch). [`Sim::step`] jumps to the next event; nothing sleeps and nothing
-//! reads the wall clock.
+//! [`surelink_proto::Endpoint`] — the same router, sessions and message
+//! layer the shell runs — on a virtual clock. Every random choice (latency
+//! jitter, loss, the workload) comes from one seed, so a run replays
+//! exactly. The workload is one-way messages (in bursts, so they batch) and
+//! calls between every pair of nodes; every node serves its admitted
+//! requests through the product's `PriorityScheduler`. Faults ([`Fault`]):
+//! link down and up, one-way silence, random loss, connection reset,
+//! process pause (GC, SIGSTOP) and restart (new epoch). [`Sim::step`] jumps
+//! to the next event; nothing sleeps and nothing reads the wall clock.
 //!
-//! The [`Checker`] sees every `send` and every event and reports broken
-//! promises: a message delivered twice, out of order, corrupted, to the wrong
-//! node, or neither delivered nor reported abandoned once faults stop; and
-//! any session buffer over its configured bound.
+//! The [`Checker`] sees every `send`, every call and every event and
+//! reports broken promises: a message delivered twice, out of order,
+//! corrupted, to the wrong node, or neither delivered nor reported abandoned
+//! once faults stop; a call run twice, answered with another call's reply,
+//! or neither answered nor failed; and any session buffer over its
+//! configured bound.
+//!
+//! [`rpc::RpcScenario`] stalls paths (nothing fails) under a stream of calls
+//! to check re-sends, priorities and at-most-once through the product's
+//! call table, dispatcher admission and schedulers.
 //!
 //! [`pair::Pair`] is the hand-driven counterpart for targeted tests: two
 //! endpoints whose bytes cross only when the test says so.

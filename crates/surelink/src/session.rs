@@ -336,10 +336,17 @@ impl SessionHandle {
 
     /// One of the session's connections ended.
     pub(crate) fn path_down(self: &Arc<Self>, shared: &Arc<Shared>, path: PathId) {
-        self.with(shared, |g, now| {
+        let w = {
+            let mut g = self.lock();
+            let now = shared.now();
             g.core.handle_path_down(now, path);
+            // The PathClosed event (handled in `drive`) still finds the
+            // connection, for its network.
+            let w = self.drive(&mut g, shared);
             g.conns.retain(|c| c.path != path);
-        });
+            w
+        };
+        self.run(shared, w);
         self.space.notify_waiters();
     }
 

@@ -147,10 +147,10 @@ impl SurelinkPair {
             .iter()
             .map(|&ip| SocketAddr::new(IpAddr::V4(ip), 0))
             .collect();
-        cfg.peers = vec![PeerConfig {
-            node: SERVER,
-            addrs: server.local_addrs().into_iter().map(Some).collect(),
-        }];
+        cfg.peers = vec![PeerConfig::new(
+            SERVER,
+            server.local_addrs().into_iter().map(Some).collect(),
+        )];
         let client = match Endpoint::bind(cfg).await {
             Ok(c) => c,
             Err(e) => {

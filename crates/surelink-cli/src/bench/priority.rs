@@ -20,7 +20,7 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use surelink::proto::{ClusterId, NodeId};
-use surelink::{CallOptions, Config, DispatcherConfig, Endpoint, PeerConfig, Priority, Request};
+use surelink::{CallOptions, Config, Endpoint, PeerConfig, Priority, Request, SchedulerKind};
 
 use super::fixture::{CLIENT_IPS, SERVER_IPS};
 use super::report::new_histogram;
@@ -115,10 +115,10 @@ async fn pair(fifo: bool) -> Result<Pair> {
         .iter()
         .map(|&ip| SocketAddr::new(IpAddr::V4(ip), 0))
         .collect();
-    cfg.peers = vec![PeerConfig {
-        node: SERVER,
-        addrs: server_listen.iter().copied().map(Some).collect(),
-    }];
+    cfg.peers = vec![PeerConfig::new(
+        SERVER,
+        server_listen.iter().copied().map(Some).collect(),
+    )];
     let client = Endpoint::bind(cfg).await.context("priority bench client")?;
     anyhow::ensure!(
         client
@@ -140,10 +140,9 @@ async fn bind_server(fifo: bool) -> Result<Endpoint> {
         .map(|&ip| SocketAddr::new(IpAddr::V4(ip), 0))
         .collect();
     cfg.max_concurrent_requests = 1;
-    cfg.dispatch = DispatcherConfig {
-        fifo_only: fifo,
-        ..DispatcherConfig::default()
-    };
+    if fifo {
+        cfg.scheduler.kind = SchedulerKind::Fifo;
+    }
     let server = Endpoint::bind(cfg).await.context("priority bench server")?;
     server.serve(|r: Request| async move {
         spin(WORK);

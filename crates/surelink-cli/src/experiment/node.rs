@@ -215,18 +215,16 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
                 bail!("--peer needs one address per --local network");
             }
             cfg.dial_from = args.local.clone();
-            cfg.peers = vec![PeerConfig {
-                node: RECEIVER,
-                addrs: args.peer.iter().copied().map(Some).collect(),
-            }];
+            cfg.peers = vec![PeerConfig::new(
+                RECEIVER,
+                args.peer.iter().copied().map(Some).collect(),
+            )];
         }
     }
     let ep = Endpoint::bind(cfg).await.context("binding the node")?;
     let mut events = ep.events();
-    // A session that came up before the subscription sent its PeerUp
-    // already (seen once in ~250 starts on the testbed: the experiment
-    // then waited in vain for peer_up).
-    let already_up = ep.stats().paths_up > 0;
+    // (A session that came up before this subscription is replayed to it
+    // as PeerUp: no event is missed.)
     // The receiver counts, per request id (its first 8 bytes), how often
     // it ran and whether it came after a later one: printed at `quit`.
     let order = Arc::new(Mutex::new(ServerOrder::default()));
@@ -246,11 +244,6 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
         "listen": ep.local_addrs().iter().map(ToString::to_string).collect::<Vec<_>>(),
         "heartbeat": ep.heartbeat_addrs().iter().map(ToString::to_string).collect::<Vec<_>>(),
     }));
-    if already_up {
-        emit(
-            json!({"t": wall_us(), "ev": "peer_up", "peer": peer.unwrap_or(SENDER).0, "early": true}),
-        );
-    }
     let counts = Arc::new(Counts::default());
     let check = Arc::new(Mutex::new(StreamCheck::default()));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -395,9 +388,9 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
                             "sender" => DelayPoint::Sender,
                             other => bail!("unknown delay point {other}"),
                         };
-                        ep.inject_delay(point, Duration::from_millis(ms.parse()?));
+                        ep.testing().inject_delay(point, Duration::from_millis(ms.parse()?));
                     }
-                    ["rcvbuf", bytes] => ep.set_heartbeat_recv_buffer(bytes.parse()?)?,
+                    ["rcvbuf", bytes] => ep.testing().set_heartbeat_recv_buffer(bytes.parse()?)?,
                     _ => bail!("unknown command {line:?}"),
                 }
                 emit(json!({"t": wall_us(), "ev": "ack", "cmd": line}));
