@@ -52,7 +52,6 @@ struct Seen {
     latencies: Vec<(f64, f64)>,
 }
 
-
 pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     if args.simulated {
         return crate::demo_sim::run(args);
@@ -190,7 +189,9 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     println!("  duplicated  {:>8}", s.duplicated);
     println!("  out of order{:>8}", s.out_of_order);
     let resent: u64 = stats.sessions.iter().map(|(_, st)| st.resent).sum();
-    println!("  re-sent     {resent:>8}  (failover copies of in-flight frames: a message or a batch)");
+    println!(
+        "  re-sent     {resent:>8}  (failover copies of in-flight frames: a message or a batch)"
+    );
     let worst = |from: f64, to: f64| {
         s.latencies
             .iter()

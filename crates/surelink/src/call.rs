@@ -56,7 +56,7 @@ impl Drop for Pending {
 
 /// How one attempt to queue a call went.
 enum Attempt {
-    Sent(CallId),
+    Sent(CallId, usize),
     Full(Bytes),
     Ended(Bytes),
     Failed(surelink_proto::SendError),
@@ -94,28 +94,39 @@ pub(crate) async fn call(
     let deadline = tokio::time::Instant::now() + opts.timeout;
     let reply = loop {
         let session = shared.session_for(peer)?;
-        let s2 = session.clone();
-        // Registered before the attempt, so a wake-up between a failed
-        // attempt and the wait is not lost.
-        let space = s2.space.notified();
-        tokio::pin!(space);
-        space.as_mut().enable();
         let (tx, rx) = oneshot::channel();
-        let attempt = session.with(shared, |g, now| {
-            if g.core.ended().is_some() {
-                return Attempt::Ended(body);
-            }
-            match g.core.call(now, channel, body, opts) {
-                Ok(id) => {
-                    g.waiters.insert(id, tx);
-                    Attempt::Sent(id)
+        let (attempt, w) = {
+            let mut g = session.lock();
+            let now = shared.now();
+            let a = if g.core.ended().is_some() {
+                Attempt::Ended(body)
+            } else {
+                let len = body.len();
+                match g.core.call(now, channel, body, opts) {
+                    Ok(id) => {
+                        g.waiters.insert(id, tx);
+                        Attempt::Sent(id, len)
+                    }
+                    Err(surelink_proto::SendError::Full { message, .. }) => Attempt::Full(message),
+                    Err(e) => Attempt::Failed(e),
                 }
-                Err(surelink_proto::SendError::Full { message, .. }) => Attempt::Full(message),
-                Err(e) => Attempt::Failed(e),
-            }
-        });
+            };
+            // A high-priority call leaves at once; others at once when the
+            // session is idle, else with the calls queued alongside.
+            let now_write = match a {
+                Attempt::Sent(_, len) => {
+                    opts.priority == Priority::High || session.write_now(&mut g, shared, len)
+                }
+                _ => true,
+            };
+            let w = now_write.then(|| session.drive(&mut g, shared));
+            (a, w)
+        };
+        if let Some(w) = w {
+            session.run(shared, w);
+        }
         match attempt {
-            Attempt::Sent(call) => {
+            Attempt::Sent(call, _) => {
                 break Reply {
                     rx,
                     pending: Pending {
@@ -126,8 +137,12 @@ pub(crate) async fn call(
                 }
             }
             Attempt::Full(b) => {
+                let len = b.len() + 64;
                 body = b;
-                if tokio::time::timeout_at(deadline, space).await.is_err() {
+                if tokio::time::timeout_at(deadline, wait_for_room(&session, len))
+                    .await
+                    .is_err()
+                {
                     shared.stats.call_done(None);
                     return Err(CallError::Timeout);
                 }
@@ -142,6 +157,23 @@ pub(crate) async fn call(
         .stats
         .call_done(r.as_ref().ok().map(|_| started.elapsed()));
     r
+}
+
+/// Waits until the session's send buffer has room for `len` bytes (or it
+/// ended). Registration costs a lock, so it happens only here, when a send
+/// found the buffer full; the check after registering closes the race
+/// with a wake-up in between.
+async fn wait_for_room(session: &SessionHandle, len: usize) {
+    let space = session.space.notified();
+    tokio::pin!(space);
+    space.as_mut().enable();
+    {
+        let g = session.lock();
+        if g.core.has_room(len) || g.core.ended().is_some() {
+            return;
+        }
+    }
+    space.await;
 }
 
 /// When a one-way message is written.
@@ -169,9 +201,6 @@ pub(crate) async fn send(
     let mut last = None;
     loop {
         let session = shared.session_for(peer)?;
-        let space = session.space.notified();
-        tokio::pin!(space);
-        space.as_mut().enable();
         let (r, w) = {
             let mut g = session.lock();
             let now = shared.now_cached();
@@ -218,7 +247,8 @@ pub(crate) async fn send(
                 if shared.closed.load(std::sync::atomic::Ordering::Relaxed) {
                     return Err(SendError::Closed);
                 }
-                space.await;
+                let len = pending.as_ref().map_or(0, Bytes::len);
+                wait_for_room(&session, len).await;
             }
             Err(Some(surelink_proto::SendError::SessionEnded(_))) => {}
             Err(Some(e)) => return Err(SendError::Core(e)),

@@ -5,7 +5,9 @@ use std::collections::VecDeque;
 use std::io;
 use std::net::{Shutdown, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -71,10 +73,7 @@ impl ConnIo {
     /// Queues `b` behind everything queued before (call with the session's
     /// lock held, so the queue order is the core's order); `flush` writes it.
     pub(crate) fn enqueue(&self, b: Bytes) {
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push_back(b);
+        self.pending.lock().push_back(b);
     }
 
     /// Writes what is queued, outside the session's lock. If another thread is
@@ -115,7 +114,7 @@ impl ConnIo {
         let mut batch: [Bytes; MAX_IOV] = std::array::from_fn(|_| Bytes::new());
         loop {
             let n = {
-                let q = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+                let q = self.pending.lock();
                 let mut n = 0;
                 for (slot, b) in batch.iter_mut().zip(q.iter()) {
                     *slot = b.clone();
@@ -141,7 +140,7 @@ impl ConnIo {
             }
             match written {
                 Ok(mut n) => {
-                    let mut q = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut q = self.pending.lock();
                     while n > 0 {
                         let Some(front) = q.front_mut() else { break };
                         if n >= front.len() {
@@ -156,10 +155,7 @@ impl ConnIo {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Flushed::Blocked,
                 Err(e) => {
                     debug!(path = %self.path, error = %e, "write failed");
-                    self.pending
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .clear();
+                    self.pending.lock().clear();
                     return Flushed::Failed;
                 }
             }
@@ -182,11 +178,7 @@ impl ConnIo {
     }
 
     fn has_pending(&self) -> bool {
-        !self
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty()
+        !self.pending.lock().is_empty()
     }
 
     /// Shuts the socket down both ways, as `ss -K` would: both ends see the

@@ -11,7 +11,9 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -65,7 +67,7 @@ impl IncomingQueue {
     }
 
     fn lock(&self) -> MutexGuard<'_, Queues> {
-        self.queues.lock().unwrap_or_else(|e| e.into_inner())
+        self.queues.lock()
     }
 
     /// Queues messages a session released (counted against its admission

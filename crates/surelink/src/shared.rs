@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use bytes::BytesMut;
+use rustc_hash::FxHashMap;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -46,7 +47,7 @@ pub(crate) struct Shared {
     base: tokio::time::Instant,
     router: Mutex<RouterState>,
     /// The current session per peer node.
-    sessions: RwLock<HashMap<NodeId, Arc<SessionHandle>>>,
+    sessions: RwLock<FxHashMap<NodeId, Arc<SessionHandle>>>,
     next_session_key: AtomicU64,
     pub(crate) server: Server,
     pub(crate) incoming: IncomingQueue,
@@ -84,7 +85,7 @@ impl Shared {
                 unbound: HashMap::new(),
                 out: BytesMut::new(),
             }),
-            sessions: RwLock::new(HashMap::new()),
+            sessions: RwLock::new(FxHashMap::default()),
             next_session_key: AtomicU64::new(1),
             server,
             incoming,
