@@ -1,0 +1,263 @@
+//! The surelink contender, and every call the bench makes into surelink's
+//! API: an echo server endpoint on two loopback networks and its client,
+//! a call, the throughput sender and receiver, and the endpoints' own
+//! counters for the report.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use serde::Serialize;
+use surelink::proto::{ClusterId, NodeId};
+use surelink::{Config, DetectorConfig, Endpoint, PeerConfig, Request, StatsSnapshot};
+use tokio::task::coop::consume_budget;
+use tokio::task::JoinHandle;
+
+use super::fixture::{Delivered, CALL_TIMEOUT, CLIENT_IPS, SERVER_IPS};
+use super::report::ThroughputRound;
+use super::throughput::{measure, Delivery};
+use super::Plan;
+
+/// How the contender is set up, for `bench.json`.
+pub(super) const DESCRIPTION: &str =
+    "Config::new defaults; 2 networks, 1 connection per network; echo handler; recv_many receiver";
+
+pub(super) const SERVER: NodeId = NodeId(1);
+const CLIENT: NodeId = NodeId(2);
+const CLUSTER: ClusterId = ClusterId(0xbe7c);
+/// How long the paths may take to come up.
+const PATHS_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The surelink contender: an echo server on two networks and its client.
+pub(super) struct SurelinkPair {
+    pub(super) server: Endpoint,
+    pub(super) client: Endpoint,
+    pub(super) delivered: Arc<Delivered>,
+    receiver: JoinHandle<()>,
+}
+
+impl SurelinkPair {
+    /// Two endpoints on two networks with `detector` on both.
+    pub(super) async fn setup(detector: DetectorConfig) -> Result<SurelinkPair> {
+        let mut cfg = Config::new(SERVER, CLUSTER);
+        cfg.detector = detector.clone();
+        cfg.listen = SERVER_IPS
+            .iter()
+            .map(|&ip| SocketAddr::new(IpAddr::V4(ip), 0))
+            .collect();
+        let server = Endpoint::bind(cfg)
+            .await
+            .context("binding the surelink server")?;
+        server.serve(|r: Request| async move { r.body });
+
+        let delivered = Arc::new(Delivered::default());
+        let receiver = {
+            let server = server.clone();
+            let delivered = delivered.clone();
+            tokio::spawn(async move {
+                // Batches, as the baseline takes whole reads: one lock per batch.
+                let mut batch = Vec::with_capacity(1024);
+                while server.recv_many(&mut batch, 1024).await > 0 {
+                    for m in batch.drain(..) {
+                        delivered.add(m.body.len());
+                    }
+                }
+            })
+        };
+
+        let mut cfg = Config::new(CLIENT, CLUSTER);
+        cfg.detector = detector;
+        cfg.dial_from = CLIENT_IPS
+            .iter()
+            .map(|&ip| SocketAddr::new(IpAddr::V4(ip), 0))
+            .collect();
+        cfg.peers = vec![PeerConfig {
+            node: SERVER,
+            addrs: server.local_addrs().into_iter().map(Some).collect(),
+        }];
+        let client = match Endpoint::bind(cfg).await {
+            Ok(c) => c,
+            Err(e) => {
+                receiver.abort();
+                server.shutdown().await;
+                return Err(e).context("binding the surelink client");
+            }
+        };
+        let pair = SurelinkPair {
+            server,
+            client,
+            delivered,
+            receiver,
+        };
+        let up = async {
+            wait_paths(&pair.client, 2).await?;
+            wait_paths(&pair.server, 2).await
+        };
+        if let Err(e) = up.await {
+            pair.shutdown().await;
+            return Err(e);
+        }
+        Ok(pair)
+    }
+
+    pub(super) async fn shutdown(self) {
+        // Both at once: each closes its session before the other's
+        // connections go, so neither reports the other unreachable.
+        tokio::join!(self.client.shutdown(), self.server.shutdown());
+        self.receiver.abort();
+    }
+
+    /// One throughput round: `send` in a loop, `recv_many` counting.
+    pub(super) async fn throughput_round(
+        &self,
+        payload: &Bytes,
+        plan: &Plan,
+    ) -> Result<ThroughputRound> {
+        let (round, ()) = measure(&self.delivered, plan, Delivery::Reliable, |stop| {
+            let task = tokio::spawn(send_loop(self.client.clone(), payload.clone(), stop));
+            async move { task.await.context("sender task failed")? }
+        })
+        .await?;
+        settle(&self.client).await;
+        Ok(round)
+    }
+}
+
+/// One call of a latency caller: the echo of `payload`.
+pub(super) async fn call(client: &Endpoint, payload: &Bytes) -> Result<Bytes> {
+    Ok(client
+        .call(SERVER, 0, payload.clone(), CALL_TIMEOUT)
+        .await?)
+}
+
+/// The throughput sender: `send` until told to stop; returns the count.
+async fn send_loop(client: Endpoint, payload: Bytes, stop: Arc<AtomicBool>) -> Result<((), u64)> {
+    let mut sent = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        client.send(SERVER, 0, payload.clone()).await?;
+        sent += 1;
+        consume_budget().await;
+    }
+    Ok(((), sent))
+}
+
+/// Gives the client's retransmit cache a moment to empty (the last
+/// acknowledgements), so a round does not start with the previous one's
+/// messages still held. Not counted anywhere.
+async fn settle(client: &Endpoint) {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < deadline {
+        let held: u64 = client
+            .stats()
+            .sessions
+            .iter()
+            .map(|(_, s)| s.cache_messages)
+            .sum();
+        if held == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Waits until `ep` has `n` active paths (there is no readiness signal in
+/// the API, so this polls the session stats as the loopback tests do).
+async fn wait_paths(ep: &Endpoint, n: usize) -> Result<()> {
+    let deadline = Instant::now() + PATHS_TIMEOUT;
+    loop {
+        if active_paths(&ep.stats()) >= n {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "node {}: {n} active paths did not come up within {PATHS_TIMEOUT:?} (connections: {:?})",
+                ep.node(),
+                ep.paths()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn active_paths(s: &StatsSnapshot) -> usize {
+    s.sessions
+        .iter()
+        .map(|(_, st)| st.paths.iter().filter(|p| p.active).count())
+        .sum()
+}
+
+/// The endpoints' own counters at the end of the run (were both paths used,
+/// was anything re-sent).
+#[derive(Serialize)]
+pub(super) struct SurelinkStats {
+    client: EndpointStats,
+    server: EndpointStats,
+}
+
+#[derive(Serialize)]
+struct EndpointStats {
+    messages_sent: u64,
+    messages_received: u64,
+    bytes_sent: u64,
+    bytes_received: u64,
+    calls: u64,
+    call_errors: u64,
+    paths_up: u64,
+    paths_down: u64,
+    resent: u64,
+    timeouts: u64,
+    paths: Vec<PathStats>,
+}
+
+#[derive(Serialize)]
+struct PathStats {
+    id: String,
+    active: bool,
+    srtt_us: f64,
+    data_sent: u64,
+    data_received: u64,
+    resent: u64,
+    timeouts: u64,
+}
+
+impl SurelinkStats {
+    pub(super) fn collect(pair: &SurelinkPair) -> SurelinkStats {
+        SurelinkStats {
+            client: EndpointStats::from(&pair.client.stats()),
+            server: EndpointStats::from(&pair.server.stats()),
+        }
+    }
+}
+
+impl From<&StatsSnapshot> for EndpointStats {
+    fn from(s: &StatsSnapshot) -> Self {
+        let sessions = s.sessions.iter().map(|(_, st)| st);
+        EndpointStats {
+            messages_sent: s.messages_sent,
+            messages_received: s.messages_received,
+            bytes_sent: s.bytes_sent,
+            bytes_received: s.bytes_received,
+            calls: s.calls,
+            call_errors: s.call_errors,
+            paths_up: s.paths_up,
+            paths_down: s.paths_down,
+            resent: sessions.clone().map(|st| st.resent).sum(),
+            timeouts: sessions.clone().map(|st| st.timeouts).sum(),
+            paths: sessions
+                .flat_map(|st| st.paths.iter())
+                .map(|p| PathStats {
+                    id: p.id.to_string(),
+                    active: p.active,
+                    srtt_us: p.srtt.as_secs_f64() * 1e6,
+                    data_sent: p.stats.data_sent,
+                    data_received: p.stats.data_received,
+                    resent: p.stats.resent,
+                    timeouts: p.stats.timeouts,
+                })
+                .collect(),
+        }
+    }
+}
