@@ -105,10 +105,11 @@ mod zeromq;
 mod zeromq;
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use bytes::Bytes;
 use clap::{Args, ValueEnum};
 use serde::Serialize;
@@ -289,20 +290,13 @@ impl Progress {
 // Entry point
 // ---------------------------------------------------------------------------
 
-/// Runs the benchmark. Ctrl-C stops it cleanly: dropping the run drops the
-/// contenders, and with them the `nats-server` child process.
+/// Runs the benchmark: sets all contenders up, measures, shuts down, and
+/// writes the table, the JSON and the plot.
+///
+/// Ctrl-C during the measurements stops them and shuts every contender down
+/// as at the end of a run (the `nats-server` child is killed and reaped);
+/// during the setup it drops what was set up, which kills the child too.
 pub(crate) async fn run(args: &BenchArgs) -> Result<()> {
-    tokio::select! {
-        r = run_inner(args) => r,
-        _ = tokio::signal::ctrl_c() => {
-            anyhow::bail!("interrupted: contenders stopped")
-        }
-    }
-}
-
-/// Sets all contenders up, measures, shuts down, and writes the table, the
-/// JSON and the plot.
-async fn run_inner(args: &BenchArgs) -> Result<()> {
     let plan = Plan::new(args)?;
     // Fail on an unwritable output directory before measuring anything.
     std::fs::create_dir_all(&args.out)
@@ -312,7 +306,7 @@ async fn run_inner(args: &BenchArgs) -> Result<()> {
         .map_or(0, |d| d.as_secs());
     if args.only == Some(Only::Priority) {
         announce(&plan, plan.steps(2));
-        let report = priority::run(&plan).await?;
+        let report = interruptible(priority::run(&plan)).await?;
         let path = args.out.join("priority_bench.json");
         std::fs::write(&path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
@@ -321,7 +315,7 @@ async fn run_inner(args: &BenchArgs) -> Result<()> {
     }
     if args.only == Some(Only::Detector) {
         announce(&plan, plan.steps(2));
-        let cases = detector::run(&plan, &PAYLOADS).await?;
+        let cases = interruptible(detector::run(&plan, &PAYLOADS)).await?;
         let path = args.out.join("detector_bench.json");
         let json = serde_json::json!({
             "started_unix_s": started,
@@ -336,12 +330,12 @@ async fn run_inner(args: &BenchArgs) -> Result<()> {
         eprintln!("wrote {}", path.display());
         return Ok(());
     }
-    let mut fixture = Fixture::setup()
+    let mut fixture = interruptible(Fixture::setup())
         .await
         .context("setting up the contenders")?;
     let contenders = fixture.contenders();
     announce(&plan, plan.steps(contenders.len()));
-    let outcome = measure_all(&mut fixture, &plan, &contenders).await;
+    let outcome = interruptible(measure_all(&mut fixture, &plan, &contenders)).await;
     let surelink_stats = SurelinkStats::collect(&fixture.surelink);
     let descriptions: BTreeMap<Contender, String> = contenders
         .iter()
@@ -390,6 +384,17 @@ async fn run_inner(args: &BenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `work`, unless Ctrl-C comes first (then `work` is dropped).
+async fn interruptible<T>(work: impl Future<Output = Result<T>>) -> Result<T> {
+    tokio::select! {
+        r = work => r,
+        r = tokio::signal::ctrl_c() => {
+            r.context("listening for Ctrl-C")?;
+            bail!("interrupted by Ctrl-C")
+        }
+    }
 }
 
 /// The first progress line.

@@ -365,3 +365,40 @@ async fn read_log(
         let _ = tx.send(Err(startup_log.join(" | ")));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny_plan() -> Plan {
+        Plan {
+            rounds: 1,
+            measure: Duration::from_millis(50),
+            warmup: Duration::from_millis(20),
+            latency: Vec::new(),
+            throughput: Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn echoes_counts_and_leaves_no_server_behind() {
+        let nats = match NatsContender::setup().await.unwrap() {
+            Setup::Ready(n) => n,
+            Setup::Skipped(why) => {
+                eprintln!("SKIPPED nats: {why}");
+                return;
+            }
+        };
+        let pid = nats.server.child.id().unwrap();
+        let body = Bytes::from_static(b"ping");
+        assert_eq!(nats.caller().call(&body).await.unwrap(), body);
+        let round = nats.throughput_round(&body, &tiny_plan()).await.unwrap();
+        assert!(round.delivered > 0 && round.sent > 0, "{round:?}");
+        assert!(nats.describe().contains("nats-server 2."));
+        nats.shutdown().await;
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "nats-server {pid} still running"
+        );
+    }
+}

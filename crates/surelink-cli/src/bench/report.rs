@@ -173,7 +173,7 @@ impl LatencyCase {
 }
 
 /// One throughput round of one contender.
-#[derive(Serialize)]
+#[derive(Debug, Serialize)]
 pub(super) struct ThroughputRound {
     pub(super) round: usize,
     /// Messages the receiver took inside the window.

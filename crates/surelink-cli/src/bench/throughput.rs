@@ -76,6 +76,15 @@ async fn drain(delivered: &Delivered, target: u64, delivery: Delivery) -> Result
     }
 }
 
+/// Stops the sender also when a round is dropped half-way (Ctrl-C).
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// One throughput round. `start` starts the contender's sender (a task or
 /// a thread, running by the time `start` returns) and returns a future of
 /// its outcome: what the sender hands back (e.g. its buffered writer) and
@@ -92,11 +101,11 @@ where
     F: Future<Output = Result<(T, u64)>>,
 {
     let base = delivered.msgs();
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = StopOnDrop(Arc::new(AtomicBool::new(false)));
     let started = Instant::now();
-    let sender = start(stop.clone());
+    let sender = start(stop.0.clone());
     let window = delivery_window(delivered, plan).await;
-    stop.store(true, Ordering::Relaxed);
+    stop.0.store(true, Ordering::Relaxed);
     let (handed_back, sent) = sender.await?;
     let send_seconds = started.elapsed().as_secs_f64();
     let drain_start = Instant::now();

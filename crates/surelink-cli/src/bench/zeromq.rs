@@ -399,3 +399,33 @@ fn on_thread<T: Send + 'static>(
         .with_context(|| format!("spawning thread {name}"))?;
     Ok(async move { rx.await.with_context(|| format!("thread {name} panicked")) })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn echoes_counts_and_stops() {
+        let Setup::Ready(mut z) = ZmqContender::setup().unwrap() else {
+            panic!("ZeroMQ is built in: it cannot be skipped");
+        };
+        let plan = Plan {
+            rounds: 1,
+            measure: Duration::from_millis(50),
+            warmup: Duration::from_millis(20),
+            latency: Vec::new(),
+            throughput: Vec::new(),
+        };
+        let body = Bytes::from(vec![7u8; 100]);
+        let (round, _) = z.latency_round(&body, 3, &plan).await.unwrap();
+        assert!(
+            round.calls > 0 && round.errors == 0,
+            "{:?}",
+            round.first_error
+        );
+        assert_eq!(z.callers.len(), 3);
+        let round = z.throughput_round(&body, &plan).await.unwrap();
+        assert!(round.delivered > 0 && round.lost == 0);
+        z.shutdown().await.unwrap();
+    }
+}
