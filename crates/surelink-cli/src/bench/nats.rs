@@ -64,6 +64,8 @@ pub(super) struct NatsContender {
     delivered: Arc<Delivered>,
     /// The echo responder and the sink subscriber.
     tasks: AbortOnDrop,
+    /// What the client connections reported.
+    events: Arc<Events>,
 }
 
 impl NatsContender {
@@ -75,10 +77,18 @@ impl NatsContender {
         };
         let server = NatsServer::start(&bin).await?;
         let url = format!("nats://{}", server.addr);
+        let events = Arc::new(Events::default());
         let connect = |name: &'static str| {
+            let events = events.clone();
             ConnectOptions::new()
                 .name(name)
                 .request_timeout(Some(CALL_TIMEOUT))
+                // Only observes: what the client reports (e.g. that it
+                // dropped messages for a slow subscriber) goes in the report.
+                .event_callback(move |event| {
+                    events.note(name, &event);
+                    async {}
+                })
                 .connect(url.clone())
         };
         let client = connect("surelink-bench-client")
@@ -111,6 +121,7 @@ impl NatsContender {
             responder,
             delivered,
             tasks,
+            events,
         }))
     }
 
@@ -143,11 +154,43 @@ impl NatsContender {
         Ok(round)
     }
 
-    /// Closes both connections and kills the server; returns the warnings
-    /// the server logged, as notes for the report.
+    /// Closes both connections and kills the server; returns what the
+    /// clients reported and the warnings the server logged, as notes for the
+    /// report.
     pub(super) async fn shutdown(self) -> Vec<String> {
         drop((self.tasks, self.client, self.responder));
-        self.server.stop().await
+        let mut notes = self.events.notes();
+        notes.extend(self.server.stop().await);
+        notes
+    }
+}
+
+/// The client connections' events, counted by kind.
+#[derive(Default)]
+struct Events(Mutex<std::collections::BTreeMap<String, u64>>);
+
+impl Events {
+    fn note(&self, connection: &str, event: &async_nats::Event) {
+        // Slow-consumer events name a subscription id; count them as one kind.
+        use async_nats::Event;
+        let kind = match event {
+            // The normal life of a connection.
+            Event::Connected | Event::Draining | Event::Closed => return,
+            Event::SlowConsumer(_) => {
+                "slow consumer: a subscription's buffer was full, messages dropped".to_owned()
+            }
+            other => other.to_string(),
+        };
+        *lock(&self.0)
+            .entry(format!("{connection}: {kind}"))
+            .or_default() += 1;
+    }
+
+    fn notes(&self) -> Vec<String> {
+        lock(&self.0)
+            .iter()
+            .map(|(what, n)| format!("async-nats event x{n}: {what}"))
+            .collect()
     }
 }
 
