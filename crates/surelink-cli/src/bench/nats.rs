@@ -25,9 +25,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use async_nats::{Client, ConnectOptions, Subscriber};
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -115,14 +115,52 @@ impl NatsContender {
             tokio::spawn(answer(echo, responder.clone())),
             tokio::spawn(count(sink, delivered.clone())),
         ]);
-        Ok(Setup::Ready(NatsContender {
+        let nats = NatsContender {
             server,
             client,
             responder,
             delivered,
             tasks,
             events,
-        }))
+        };
+        nats.wait_ready().await?;
+        Ok(Setup::Ready(nats))
+    }
+
+    /// Waits until the server has both subscriptions in place: a request
+    /// is answered and a published message arrives. (The client's `flush`
+    /// only says that the subscriptions left the client; the server reads
+    /// each connection on its own, so a request on the other connection
+    /// could overtake them and find no responder.)
+    async fn wait_ready(&self) -> Result<()> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            match self.client.request(ECHO_SUBJECT, Bytes::new()).await {
+                Ok(_) => break,
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(e).context("the NATS responder never answered")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+        loop {
+            let before = self.delivered.msgs();
+            self.client
+                .publish(SINK_SUBJECT, Bytes::new())
+                .await
+                .context("NATS publish")?;
+            let probe = Instant::now();
+            while probe.elapsed() < Duration::from_millis(100) {
+                if self.delivered.msgs() > before {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the NATS subscriber never received a message"
+            );
+        }
     }
 
     /// What this contender is, for `bench.json`.
