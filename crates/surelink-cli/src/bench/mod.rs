@@ -92,6 +92,7 @@ mod detector;
 mod fixture;
 mod latency;
 mod nats;
+mod nats_server;
 pub(crate) mod plot;
 mod priority;
 mod report;

@@ -1,4 +1,4 @@
-//! Stands in for the ZeroMQ contender ([`zeromq.rs`](self)) in a build
+//! Stands in for the ZeroMQ contender (`zeromq.rs`) in a build
 //! without the `zeromq` cargo feature: setting it up reports it skipped,
 //! and there is never a value to measure.
 
