@@ -328,143 +328,149 @@ pub(super) fn render_table(r: &Report) -> String {
     for (who, why) in &r.settings.skipped {
         let _ = writeln!(s, "SKIPPED {}: {why}", who.name());
     }
-    let fmt_us = |v: f64| format!("{v:.1}");
     if !r.latency.is_empty() {
-        const W: usize = 10;
-        let _ = writeln!(s, "\nRound-trip latency (µs; ratio > 1: surelink slower)");
-        header(&mut s, "case", &all, &others, W);
-        for c in &r.latency {
-            let case = format!("{} B x{}", c.payload, c.callers);
-            let value = |who: &Contender, f: fn(&LatencyMedians) -> f64| {
-                c.sides
-                    .get(who)
-                    .map_or_else(|| "-".to_owned(), |side| fmt_us(f(&side.median)))
-            };
-            let ratio_of = |who: &Contender, f: fn(&LatencyRatios) -> Option<f64>| {
-                fmt_ratio(c.ratio.get(who).and_then(f))
-            };
-            type Stat = (
-                &'static str,
-                fn(&LatencyMedians) -> f64,
-                fn(&LatencyRatios) -> Option<f64>,
-            );
-            let stats: [Stat; 3] = [
-                ("p50", |m| m.p50_us, |r| r.p50),
-                ("p99", |m| m.p99_us, |r| r.p99),
-                ("p99.9", |m| m.p999_us, |r| r.p999),
-            ];
-            for (i, (name, get, get_ratio)) in stats.into_iter().enumerate() {
-                let values: Vec<String> = all.iter().map(|w| value(w, get)).collect();
-                let ratios: Vec<String> = others.iter().map(|w| ratio_of(w, get_ratio)).collect();
-                row(
-                    &mut s,
-                    (if i == 0 { &case } else { "" }, name),
-                    &values,
-                    &ratios,
-                    W,
-                );
-            }
-            let calls: Vec<String> = all
-                .iter()
-                .map(|w| {
-                    c.sides
-                        .get(w)
-                        .map_or_else(|| "-".to_owned(), |x| thousands(x.median.calls_per_s))
-                })
-                .collect();
-            let diffs: Vec<String> = others
-                .iter()
-                .map(|w| {
-                    c.p50_diff_us
-                        .get(w)
-                        .map_or_else(|| "-".to_owned(), |d| format!("{d:+.1}µs"))
-                })
-                .collect();
-            row(&mut s, ("", "calls/s"), &calls, &[], W);
-            row(
-                &mut s,
-                ("", "Δp50"),
-                &vec![String::new(); all.len()],
-                &diffs,
-                W,
-            );
-        }
-        let errors: Vec<String> = all
-            .iter()
-            .filter_map(|who| {
-                let n: u64 = r
-                    .latency
-                    .iter()
-                    .filter_map(|c| c.sides.get(who))
-                    .flat_map(|side| &side.rounds)
-                    .map(|x| x.errors)
-                    .sum();
-                (n > 0).then(|| format!("{} {n}", who.name()))
-            })
-            .collect();
-        if !errors.is_empty() {
-            let _ = writeln!(
-                s,
-                "WARNING: failed calls: {} (see bench.json)",
-                errors.join(", ")
-            );
-        }
+        latency_table(&mut s, r, &all, &others);
     }
     if !r.throughput.is_empty() {
-        const W: usize = 12;
-        let _ = writeln!(
-            s,
-            "\nOne-way pipelined throughput, delivered at the receiver (ratio < 1: surelink slower)"
-        );
-        header(&mut s, "payload", &all, &others, W);
-        for c in &r.throughput {
-            let case = format!("{} B", c.payload);
-            let get = |f: fn(&ThroughputSide) -> String| -> Vec<String> {
-                all.iter()
-                    .map(|w| c.sides.get(w).map_or_else(|| "-".to_owned(), f))
-                    .collect()
-            };
-            let ratios: Vec<String> = others
-                .iter()
-                .map(|w| fmt_ratio(c.ratio_msgs_per_s.get(w).copied().flatten()))
-                .collect();
-            row(
-                &mut s,
-                (&case, "msgs/s"),
-                &get(|x| thousands(x.median_msgs_per_s)),
-                &ratios,
-                W,
-            );
-            row(
-                &mut s,
-                ("", "MB/s"),
-                &get(|x| format!("{:.1}", x.median_mb_per_s)),
-                &[],
-                W,
-            );
-        }
-        for who in &all {
-            let (lost, sent) = r
-                .throughput
-                .iter()
-                .filter_map(|c| c.sides.get(who))
-                .flat_map(|side| &side.rounds)
-                .fold((0, 0), |(l, s), x| (l + x.lost, s + x.sent));
-            if lost > 0 {
-                let _ = writeln!(
-                    s,
-                    "NOTE: {} dropped {} of {} messages sent (at-most-once delivery; see bench.json)",
-                    who.name(),
-                    thousands(lost as f64),
-                    thousands(sent as f64)
-                );
-            }
-        }
+        throughput_table(&mut s, r, &all, &others);
     }
     for note in &r.notes {
         let _ = writeln!(s, "NOTE: {note}");
     }
     s
+}
+
+/// The latency table: per case, p50/p99/p99.9 and calls/s per contender, a
+/// ratio column per other contender, and the p50 differences.
+fn latency_table(s: &mut String, r: &Report, all: &[Contender], others: &[Contender]) {
+    let fmt_us = |v: f64| format!("{v:.1}");
+    const W: usize = 10;
+    let _ = writeln!(s, "\nRound-trip latency (µs; ratio > 1: surelink slower)");
+    header(s, "case", all, others, W);
+    for c in &r.latency {
+        let case = format!("{} B x{}", c.payload, c.callers);
+        let value = |who: &Contender, f: fn(&LatencyMedians) -> f64| {
+            c.sides
+                .get(who)
+                .map_or_else(|| "-".to_owned(), |side| fmt_us(f(&side.median)))
+        };
+        let ratio_of = |who: &Contender, f: fn(&LatencyRatios) -> Option<f64>| {
+            fmt_ratio(c.ratio.get(who).and_then(f))
+        };
+        type Stat = (
+            &'static str,
+            fn(&LatencyMedians) -> f64,
+            fn(&LatencyRatios) -> Option<f64>,
+        );
+        let stats: [Stat; 3] = [
+            ("p50", |m| m.p50_us, |r| r.p50),
+            ("p99", |m| m.p99_us, |r| r.p99),
+            ("p99.9", |m| m.p999_us, |r| r.p999),
+        ];
+        for (i, (name, get, get_ratio)) in stats.into_iter().enumerate() {
+            let values: Vec<String> = all.iter().map(|w| value(w, get)).collect();
+            let ratios: Vec<String> = others.iter().map(|w| ratio_of(w, get_ratio)).collect();
+            row(
+                s,
+                (if i == 0 { &case } else { "" }, name),
+                &values,
+                &ratios,
+                W,
+            );
+        }
+        let calls: Vec<String> = all
+            .iter()
+            .map(|w| {
+                c.sides
+                    .get(w)
+                    .map_or_else(|| "-".to_owned(), |x| thousands(x.median.calls_per_s))
+            })
+            .collect();
+        let diffs: Vec<String> = others
+            .iter()
+            .map(|w| {
+                c.p50_diff_us
+                    .get(w)
+                    .map_or_else(|| "-".to_owned(), |d| format!("{d:+.1}µs"))
+            })
+            .collect();
+        row(s, ("", "calls/s"), &calls, &[], W);
+        row(s, ("", "Δp50"), &vec![String::new(); all.len()], &diffs, W);
+    }
+    let errors: Vec<String> = all
+        .iter()
+        .filter_map(|who| {
+            let n: u64 = r
+                .latency
+                .iter()
+                .filter_map(|c| c.sides.get(who))
+                .flat_map(|side| &side.rounds)
+                .map(|x| x.errors)
+                .sum();
+            (n > 0).then(|| format!("{} {n}", who.name()))
+        })
+        .collect();
+    if !errors.is_empty() {
+        let _ = writeln!(
+            s,
+            "WARNING: failed calls: {} (see bench.json)",
+            errors.join(", ")
+        );
+    }
+}
+
+/// The throughput table: per payload, msgs/s and MB/s per contender, a
+/// ratio column per other contender, and what was dropped.
+fn throughput_table(s: &mut String, r: &Report, all: &[Contender], others: &[Contender]) {
+    const W: usize = 12;
+    let _ = writeln!(
+        s,
+        "\nOne-way pipelined throughput, delivered at the receiver (ratio < 1: surelink slower)"
+    );
+    header(s, "payload", all, others, W);
+    for c in &r.throughput {
+        let case = format!("{} B", c.payload);
+        let get = |f: fn(&ThroughputSide) -> String| -> Vec<String> {
+            all.iter()
+                .map(|w| c.sides.get(w).map_or_else(|| "-".to_owned(), f))
+                .collect()
+        };
+        let ratios: Vec<String> = others
+            .iter()
+            .map(|w| fmt_ratio(c.ratio_msgs_per_s.get(w).copied().flatten()))
+            .collect();
+        row(
+            s,
+            (&case, "msgs/s"),
+            &get(|x| thousands(x.median_msgs_per_s)),
+            &ratios,
+            W,
+        );
+        row(
+            s,
+            ("", "MB/s"),
+            &get(|x| format!("{:.1}", x.median_mb_per_s)),
+            &[],
+            W,
+        );
+    }
+    for who in all {
+        let (lost, sent) = r
+            .throughput
+            .iter()
+            .filter_map(|c| c.sides.get(who))
+            .flat_map(|side| &side.rounds)
+            .fold((0, 0), |(l, s), x| (l + x.lost, s + x.sent));
+        if lost > 0 {
+            let _ = writeln!(
+                s,
+                "NOTE: {} dropped {} of {} messages sent (at-most-once delivery; see bench.json)",
+                who.name(),
+                thousands(lost as f64),
+                thousands(sent as f64)
+            );
+        }
+    }
 }
 
 #[cfg(test)]
@@ -514,5 +520,38 @@ mod tests {
         assert_eq!(json["ratio"]["nats"]["p50"], 0.5);
         assert_eq!(json["p50_diff_us"]["tcp"], 10.0);
         assert!(json["ratio"].get("surelink").is_none());
+
+        let report = Report {
+            settings: Settings {
+                rounds: 1,
+                seconds: 1.0,
+                warmup_seconds: 0.2,
+                quick: false,
+                cpus: 2,
+                started_unix_s: 0,
+                contenders: [Contender::Surelink, Contender::Tcp, Contender::Nats]
+                    .into_iter()
+                    .map(|c| (c, String::new()))
+                    .collect(),
+                skipped: [(Contender::Zeromq, "not built".to_owned())].into(),
+                ratio: "surelink / contender",
+                latency_unit: "microseconds",
+                goodput_unit: "MB/s",
+            },
+            latency: vec![case],
+            throughput: Vec::new(),
+            surelink_stats: SurelinkStats::default(),
+            notes: vec!["a note".to_owned()],
+        };
+        let table = render_table(&report);
+        assert!(table.contains("SKIPPED zeromq: not built"), "{table}");
+        assert!(table.contains("vs tcp"), "{table}");
+        assert!(table.contains("vs nats"), "{table}");
+        assert!(!table.contains("vs surelink"), "{table}");
+        assert!(
+            table.contains("1.50x") && table.contains("0.50x"),
+            "{table}"
+        );
+        assert!(table.contains("NOTE: a note"), "{table}");
     }
 }

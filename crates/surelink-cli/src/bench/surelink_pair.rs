@@ -191,13 +191,13 @@ fn active_paths(s: &StatsSnapshot) -> usize {
 
 /// The endpoints' own counters at the end of the run (were both paths used,
 /// was anything re-sent).
-#[derive(Serialize)]
+#[derive(Default, Serialize)]
 pub(super) struct SurelinkStats {
     client: EndpointStats,
     server: EndpointStats,
 }
 
-#[derive(Serialize)]
+#[derive(Default, Serialize)]
 struct EndpointStats {
     messages_sent: u64,
     messages_received: u64,
