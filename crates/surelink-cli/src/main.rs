@@ -4,7 +4,8 @@
 //!   what arrived (`--simulated` for the deterministic simulator).
 //! - `serve --config F`: an echo server; `call --config F --peer N`: a ping
 //!   client; `stats --metrics ADDR`: a running endpoint's counters.
-//! - `bench`: surelink against plain TCP, latency and throughput.
+//! - `bench`: surelink against plain TCP, ZeroMQ (`--features zeromq`) and
+//!   NATS (a `nats-server` child process), latency and throughput.
 //! - `testbed up|down|fault|undo|pause|resume`: two network namespaces, two
 //!   links, faults on either link, SIGSTOP/SIGCONT of a host (root).
 //! - `experiment detector`: false failure reports under local delays
@@ -49,7 +50,8 @@ enum Command {
     Call(serve::CallArgs),
     /// Print a running endpoint's counters from its metrics port.
     Stats(stats::StatsArgs),
-    /// Benchmark against plain TCP: round-trip latency and throughput.
+    /// Benchmark against plain TCP, ZeroMQ and NATS: round-trip latency and
+    /// throughput.
     Bench(bench::BenchArgs),
     /// Network namespaces joined by two links, and faults (needs root).
     Testbed(testbed::TestbedArgs),

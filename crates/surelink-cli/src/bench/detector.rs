@@ -15,8 +15,8 @@ use bytes::Bytes;
 use serde::Serialize;
 use surelink::{DetectorConfig, DetectorMode};
 
-use super::fixture::SurelinkPair;
 use super::latency::{latency_round, Caller};
+use super::surelink_pair::SurelinkPair;
 use super::Plan;
 
 /// Concurrent callers.

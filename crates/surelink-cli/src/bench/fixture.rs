@@ -1,78 +1,202 @@
-//! Both contenders set up once for the whole run: the surelink endpoints
-//! (an echo server on two loopback networks and its client) and the plain-TCP
-//! baseline, the addresses they use, and the receivers' delivery counter.
+//! All contenders set up once for the whole run, the addresses they use,
+//! the receivers' delivery counter, and the one place that dispatches a
+//! measurement to a contender.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-use surelink::proto::{ClusterId, NodeId};
-use surelink::{Config, DetectorConfig, Endpoint, PeerConfig, Request, StatsSnapshot};
-use tokio::task::JoinHandle;
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use surelink::DetectorConfig;
 
-use super::tcp::{TcpRpc, TcpSink};
+use super::latency::{latency_round, Caller};
+use super::nats::NatsContender;
+use super::report::{LatencyRound, ThroughputRound};
+use super::surelink_pair::{self, SurelinkPair};
+use super::tcp::{self, TcpBaseline};
+use super::zeromq::ZmqContender;
+use super::{Contender, Plan};
 
-pub(super) const SERVER: NodeId = NodeId(1);
-const CLIENT: NodeId = NodeId(2);
-const CLUSTER: ClusterId = ClusterId(0xbe7c);
-/// Timeout of every call, both contenders.
+/// Timeout of every call, all contenders.
 pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long the paths may take to come up.
-const PATHS_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub(super) const SERVER_IPS: [Ipv4Addr; 2] =
-    [Ipv4Addr::new(127, 0, 1, 1), Ipv4Addr::new(127, 0, 2, 1)];
-pub(super) const CLIENT_IPS: [Ipv4Addr; 2] =
-    [Ipv4Addr::new(127, 0, 1, 2), Ipv4Addr::new(127, 0, 2, 2)];
+/// Every contender uses the shared fixture's loopback addresses.
+pub(super) use surelink::testing::{CLIENT_IPS, SERVER_IPS};
 
-/// Both contenders, set up once for the whole run.
+/// What setting up an optional contender gave.
+pub(super) enum Setup<T> {
+    Ready(T),
+    /// It cannot run on this machine or in this build: why, and how to fix
+    /// it (printed as `SKIPPED <name>: <reason>`).
+    Skipped(String),
+}
+
+/// All contenders, set up once for the whole run.
 pub(super) struct Fixture {
     pub(super) surelink: SurelinkPair,
-    pub(super) tcp_rpc: Arc<TcpRpc>,
-    pub(super) tcp_sink: TcpSink,
-    /// The baseline's tasks (echo server, reply reader, sink reader).
-    tcp_tasks: Vec<JoinHandle<Result<()>>>,
+    tcp: TcpBaseline,
+    zeromq: Option<ZmqContender>,
+    nats: Option<NatsContender>,
+    /// The contenders that could not run, and why.
+    pub(super) skipped: BTreeMap<Contender, String>,
 }
 
 impl Fixture {
+    /// Sets every contender up; skips (with a `SKIPPED` line on stderr) the
+    /// ones this machine or build cannot run. On an error, whatever was set
+    /// up already is stopped again.
     pub(super) async fn setup() -> Result<Fixture> {
         let surelink = SurelinkPair::setup(DetectorConfig::default()).await?;
-        let tcp = async {
-            let (tcp_rpc, mut tcp_tasks) = TcpRpc::setup().await?;
-            match TcpSink::setup().await {
-                Ok((tcp_sink, sink_task)) => {
-                    tcp_tasks.push(sink_task);
-                    Ok((tcp_rpc, tcp_sink, tcp_tasks))
-                }
-                Err(e) => {
-                    tcp_tasks.iter().for_each(JoinHandle::abort);
-                    Err(e)
-                }
-            }
+        let mut skipped = BTreeMap::new();
+        let others = async {
+            let tcp = TcpBaseline::setup()
+                .await
+                .context("setting up the plain-TCP baseline")?;
+            // From here on an error drops what was set up, which stops it.
+            let zeromq = ready(
+                Contender::Zeromq,
+                ZmqContender::setup().context("setting up ZeroMQ")?,
+                &mut skipped,
+            );
+            let nats = ready(
+                Contender::Nats,
+                NatsContender::setup().await.context("setting up NATS")?,
+                &mut skipped,
+            );
+            Ok::<_, anyhow::Error>((tcp, zeromq, nats))
         };
-        match tcp.await {
-            Ok((tcp_rpc, tcp_sink, tcp_tasks)) => Ok(Fixture {
+        match others.await {
+            Ok((tcp, zeromq, nats)) => Ok(Fixture {
                 surelink,
-                tcp_rpc,
-                tcp_sink,
-                tcp_tasks,
+                tcp,
+                zeromq,
+                nats,
+                skipped,
             }),
             Err(e) => {
                 surelink.shutdown().await;
-                Err(e.context("setting up the plain-TCP baseline"))
+                Err(e)
             }
         }
     }
 
-    pub(super) async fn shutdown(self) {
-        for t in &self.tcp_tasks {
-            t.abort();
-        }
-        self.tcp_rpc.close();
-        self.surelink.shutdown().await;
+    /// The contenders that run, in the report's order.
+    pub(super) fn contenders(&self) -> Vec<Contender> {
+        Contender::ALL
+            .into_iter()
+            .filter(|&who| match who {
+                Contender::Surelink | Contender::Tcp => true,
+                Contender::Zeromq => self.zeromq.is_some(),
+                Contender::Nats => self.nats.is_some(),
+            })
+            .collect()
     }
+
+    /// What `who` is and how it is tuned, for `bench.json`.
+    pub(super) fn describe(&self, who: Contender) -> String {
+        match who {
+            Contender::Surelink => surelink_pair::DESCRIPTION.to_owned(),
+            Contender::Tcp => tcp::DESCRIPTION.to_owned(),
+            Contender::Zeromq => self
+                .zeromq
+                .as_ref()
+                .map_or_else(String::new, ZmqContender::describe),
+            Contender::Nats => self
+                .nats
+                .as_ref()
+                .map_or_else(String::new, NatsContender::describe),
+        }
+    }
+
+    /// One latency round of `who`: `callers` concurrent callers.
+    pub(super) async fn latency_round(
+        &mut self,
+        who: Contender,
+        payload: &Bytes,
+        callers: usize,
+        plan: &Plan,
+    ) -> Result<(LatencyRound, Histogram<u64>)> {
+        let caller = match who {
+            Contender::Surelink => Caller::Surelink(self.surelink.client.clone()),
+            Contender::Tcp => Caller::Tcp(self.tcp.rpc.clone()),
+            Contender::Nats => Caller::Nats(present(&self.nats, who)?.caller()),
+            // Blocking sockets: callers on threads of their own.
+            Contender::Zeromq => {
+                return present_mut(&mut self.zeromq, who)?
+                    .latency_round(payload, callers, plan)
+                    .await;
+            }
+        };
+        latency_round(&caller, payload, callers, plan).await
+    }
+
+    /// One throughput round of `who`.
+    pub(super) async fn throughput_round(
+        &mut self,
+        who: Contender,
+        payload: &Bytes,
+        plan: &Plan,
+    ) -> Result<ThroughputRound> {
+        match who {
+            Contender::Surelink => self.surelink.throughput_round(payload, plan).await,
+            Contender::Tcp => self.tcp.throughput_round(payload, plan).await,
+            Contender::Zeromq => {
+                present_mut(&mut self.zeromq, who)?
+                    .throughput_round(payload, plan)
+                    .await
+            }
+            Contender::Nats => {
+                present(&self.nats, who)?
+                    .throughput_round(payload, plan)
+                    .await
+            }
+        }
+    }
+
+    /// Stops every contender; returns what their servers reported that the
+    /// report should mention (e.g. `nats-server` warnings).
+    pub(super) async fn shutdown(self) -> Vec<String> {
+        let mut notes = Vec::new();
+        drop(self.tcp);
+        if let Some(z) = self.zeromq {
+            if let Err(e) = z.shutdown().await {
+                eprintln!("warning: stopping ZeroMQ: {e:#}");
+            }
+        }
+        if let Some(n) = self.nats {
+            notes.extend(n.shutdown().await);
+        }
+        self.surelink.shutdown().await;
+        notes
+    }
+}
+
+/// The contender of an optional setup; notes (and prints) a skip.
+fn ready<T>(
+    who: Contender,
+    setup: Setup<T>,
+    skipped: &mut BTreeMap<Contender, String>,
+) -> Option<T> {
+    match setup {
+        Setup::Ready(t) => Some(t),
+        Setup::Skipped(why) => {
+            eprintln!("SKIPPED {}: {why}", who.name());
+            skipped.insert(who, why);
+            None
+        }
+    }
+}
+
+fn present<T>(slot: &Option<T>, who: Contender) -> Result<&T> {
+    slot.as_ref()
+        .with_context(|| format!("{} was skipped at setup", who.name()))
+}
+
+fn present_mut<T>(slot: &mut Option<T>, who: Contender) -> Result<&mut T> {
+    slot.as_mut()
+        .with_context(|| format!("{} was skipped at setup", who.name()))
 }
 
 /// Messages and payload bytes delivered to a receiving application.
@@ -102,110 +226,4 @@ impl Delivered {
             Instant::now(),
         )
     }
-}
-
-/// The surelink contender: an echo server on two networks and its client.
-pub(super) struct SurelinkPair {
-    pub(super) server: Endpoint,
-    pub(super) client: Endpoint,
-    pub(super) delivered: Arc<Delivered>,
-    receiver: JoinHandle<()>,
-}
-
-impl SurelinkPair {
-    /// Two endpoints on two networks with `detector` on both.
-    pub(super) async fn setup(detector: DetectorConfig) -> Result<SurelinkPair> {
-        let mut cfg = Config::new(SERVER, CLUSTER);
-        cfg.detector = detector.clone();
-        cfg.listen = SERVER_IPS
-            .iter()
-            .map(|&ip| SocketAddr::new(IpAddr::V4(ip), 0))
-            .collect();
-        let server = Endpoint::bind(cfg)
-            .await
-            .context("binding the surelink server")?;
-        server.serve(|r: Request| async move { r.body });
-
-        let delivered = Arc::new(Delivered::default());
-        let receiver = {
-            let server = server.clone();
-            let delivered = delivered.clone();
-            tokio::spawn(async move {
-                // Batches, as the baseline takes whole reads: one lock per batch.
-                let mut batch = Vec::with_capacity(1024);
-                while server.recv_many(&mut batch, 1024).await > 0 {
-                    for m in batch.drain(..) {
-                        delivered.add(m.body.len());
-                    }
-                }
-            })
-        };
-
-        let mut cfg = Config::new(CLIENT, CLUSTER);
-        cfg.detector = detector;
-        cfg.dial_from = CLIENT_IPS
-            .iter()
-            .map(|&ip| SocketAddr::new(IpAddr::V4(ip), 0))
-            .collect();
-        cfg.peers = vec![PeerConfig::new(
-            SERVER,
-            server.local_addrs().into_iter().map(Some).collect(),
-        )];
-        let client = match Endpoint::bind(cfg).await {
-            Ok(c) => c,
-            Err(e) => {
-                receiver.abort();
-                server.shutdown().await;
-                return Err(e).context("binding the surelink client");
-            }
-        };
-        let pair = SurelinkPair {
-            server,
-            client,
-            delivered,
-            receiver,
-        };
-        let up = async {
-            wait_paths(&pair.client, 2).await?;
-            wait_paths(&pair.server, 2).await
-        };
-        if let Err(e) = up.await {
-            pair.shutdown().await;
-            return Err(e);
-        }
-        Ok(pair)
-    }
-
-    pub(super) async fn shutdown(self) {
-        // Both at once: each closes its session before the other's
-        // connections go, so neither reports the other unreachable.
-        tokio::join!(self.client.shutdown(), self.server.shutdown());
-        self.receiver.abort();
-    }
-}
-
-/// Waits until `ep` has `n` active paths (there is no readiness signal in
-/// the API, so this polls the session stats as the loopback tests do).
-async fn wait_paths(ep: &Endpoint, n: usize) -> Result<()> {
-    let deadline = Instant::now() + PATHS_TIMEOUT;
-    loop {
-        if active_paths(&ep.stats()) >= n {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            bail!(
-                "node {}: {n} active paths did not come up within {PATHS_TIMEOUT:?} (connections: {:?})",
-                ep.node(),
-                ep.paths()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-fn active_paths(s: &StatsSnapshot) -> usize {
-    s.sessions
-        .iter()
-        .map(|(_, st)| st.paths.iter().filter(|p| p.active).count())
-        .sum()
 }

@@ -10,6 +10,7 @@ use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 
 use super::report::LatencyCase;
+use super::Contender;
 
 const FONT_CANDIDATES: [&str; 4] = [
     "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
@@ -63,6 +64,16 @@ fn cdf(h: &Histogram<u64>, top: f64) -> Vec<(f64, f64)> {
     points
 }
 
+/// A contender's line colour.
+fn color(who: Contender) -> RGBColor {
+    match who {
+        Contender::Surelink => BLUE,
+        Contender::Tcp => RED,
+        Contender::Zeromq => RGBColor(0, 150, 0),
+        Contender::Nats => RGBColor(230, 140, 0),
+    }
+}
+
 /// Draws `path`. Returns false (after a warning) when no font is found.
 pub(super) fn latency_cdf(path: &Path, cases: &[LatencyCase]) -> Result<bool> {
     if !register_sans_serif() {
@@ -80,17 +91,31 @@ pub(super) fn latency_cdf(path: &Path, cases: &[LatencyCase]) -> Result<bool> {
     let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
     root.fill(&WHITE)?;
     let (title, body) = root.split_vertically(50);
+    let others: Vec<&str> = cases
+        .first()
+        .map(|c| {
+            c.sides
+                .keys()
+                .filter(|&&w| w != Contender::Surelink)
+                .map(|w| w.label())
+                .collect()
+        })
+        .unwrap_or_default();
     title.draw_text(
-        "Round-trip latency by percentile: surelink (2 paths) vs plain TCP, all rounds",
+        &format!(
+            "Round-trip latency by percentile, all rounds: surelink (2 paths) vs {}",
+            others.join(", ")
+        ),
         &("sans-serif", 22).into_font().color(&BLACK),
         (20, 15),
     )?;
     let panels = body.split_evenly((rows, cols));
     for (case, panel) in cases.iter().zip(panels.iter()) {
-        let sides = [
-            ("surelink", &case.surelink.merged, BLUE),
-            ("plain TCP", &case.tcp.merged, RED),
-        ];
+        let sides: Vec<_> = case
+            .sides
+            .iter()
+            .map(|(&who, side)| (who.label(), &side.merged, color(who)))
+            .collect();
         let count = sides.iter().map(|(_, h, _)| h.len()).min().unwrap_or(0);
         // As many nines as there are samples to support them.
         let steps: usize = match count {

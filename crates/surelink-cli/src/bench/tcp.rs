@@ -1,10 +1,10 @@
 //! The plain-TCP baseline: framing, the echo server, the multiplexed
-//! request/reply client and the one-way sink.
+//! request/reply client, the one-way sink and its sender.
 
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use anyhow::{bail, ensure, Context, Result};
@@ -12,9 +12,18 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::oneshot;
+use tokio::task::coop::consume_budget;
 use tokio::task::JoinHandle;
 
 use super::fixture::{Delivered, CALL_TIMEOUT, CLIENT_IPS, SERVER_IPS};
+use super::report::ThroughputRound;
+use super::throughput::{measure, Delivery};
+use super::Plan;
+
+/// How the baseline is set up, for `bench.json`.
+pub(super) const DESCRIPTION: &str =
+    "one tokio TcpStream per measurement kind, TCP_NODELAY, 4-byte length + 8-byte id + payload; \
+     callers multiplexed with write combining; 64 KiB BufWriter sender";
 
 /// Bytes before the payload: length (of id + payload) and id.
 const FRAME_HEADER: usize = 12;
@@ -24,6 +33,83 @@ const MAX_FRAME: usize = 16 << 20;
 const READ_CHUNK: usize = 64 * 1024;
 /// The throughput sender's buffer.
 const WRITE_BUFFER: usize = 64 * 1024;
+
+/// The baseline: the request/reply client, the one-way sink, and the tasks
+/// behind them (echo server, reply reader, sink reader). Dropping it stops
+/// them.
+pub(super) struct TcpBaseline {
+    pub(super) rpc: Arc<TcpRpc>,
+    sink: TcpSink,
+    tasks: Vec<JoinHandle<Result<()>>>,
+}
+
+impl TcpBaseline {
+    pub(super) async fn setup() -> Result<TcpBaseline> {
+        let (rpc, tasks) = TcpRpc::setup().await?;
+        let mut baseline = TcpBaseline {
+            rpc,
+            sink: TcpSink {
+                writer: None,
+                delivered: Arc::default(),
+            },
+            tasks,
+        };
+        // An error here drops `baseline`, which stops the rpc tasks.
+        let (sink, sink_task) = TcpSink::setup().await?;
+        baseline.sink = sink;
+        baseline.tasks.push(sink_task);
+        Ok(baseline)
+    }
+
+    /// One throughput round: frames through a `BufWriter`, the receiver
+    /// counting.
+    pub(super) async fn throughput_round(
+        &mut self,
+        payload: &Bytes,
+        plan: &Plan,
+    ) -> Result<ThroughputRound> {
+        let writer = self
+            .sink
+            .writer
+            .take()
+            .context("the baseline writer was lost in an earlier round")?;
+        let (round, writer) = measure(&self.sink.delivered, plan, Delivery::Reliable, |stop| {
+            let task = tokio::spawn(send_loop(writer, payload.clone(), stop));
+            async move { task.await.context("sender task failed")? }
+        })
+        .await?;
+        self.sink.writer = Some(writer);
+        Ok(round)
+    }
+}
+
+impl Drop for TcpBaseline {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.rpc.close();
+    }
+}
+
+/// The throughput sender: frames until told to stop, then a flush; hands
+/// the writer back with the count.
+async fn send_loop(
+    mut writer: BufWriter<TcpStream>,
+    payload: Bytes,
+    stop: Arc<AtomicBool>,
+) -> Result<(BufWriter<TcpStream>, u64)> {
+    let mut sent = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let header = frame_header(sent, payload.len())?;
+        writer.write_all(&header).await?;
+        writer.write_all(&payload).await?;
+        sent += 1;
+        consume_budget().await;
+    }
+    writer.flush().await?;
+    Ok((writer, sent))
+}
 
 /// Appends one frame to `buf`.
 fn put_frame(buf: &mut BytesMut, id: u64, payload: &[u8]) -> Result<()> {
@@ -36,7 +122,7 @@ fn put_frame(buf: &mut BytesMut, id: u64, payload: &[u8]) -> Result<()> {
 }
 
 /// The header of one frame.
-pub(super) fn frame_header(id: u64, payload_len: usize) -> Result<[u8; FRAME_HEADER]> {
+fn frame_header(id: u64, payload_len: usize) -> Result<[u8; FRAME_HEADER]> {
     let len = u32::try_from(8 + payload_len).context("payload too large for a frame")?;
     let mut h = [0u8; FRAME_HEADER];
     h[..4].copy_from_slice(&len.to_be_bytes());
@@ -124,7 +210,7 @@ pub(super) struct TcpRpc {
 impl TcpRpc {
     /// Connects a client to an echo server; returns it and the tasks (echo
     /// server, reply reader).
-    pub(super) async fn setup() -> Result<(Arc<TcpRpc>, Vec<JoinHandle<Result<()>>>)> {
+    async fn setup() -> Result<(Arc<TcpRpc>, Vec<JoinHandle<Result<()>>>)> {
         let (client, server) = tcp_pair().await?;
         let echo = tokio::spawn(echo_server(server));
         let rpc = Arc::new(TcpRpc {
@@ -185,7 +271,7 @@ impl TcpRpc {
         }
     }
 
-    pub(super) fn close(&self) {
+    fn close(&self) {
         // Dropping the waiters fails any call still waiting.
         lock(&self.waiting).clear();
     }
@@ -246,13 +332,13 @@ async fn echo_server(mut stream: TcpStream) -> Result<()> {
 
 /// The baseline's one-way connection: the sender's buffered writer (handed
 /// to each round's sender task and back) and the receiver's counter.
-pub(super) struct TcpSink {
-    pub(super) writer: Option<BufWriter<TcpStream>>,
-    pub(super) delivered: Arc<Delivered>,
+struct TcpSink {
+    writer: Option<BufWriter<TcpStream>>,
+    delivered: Arc<Delivered>,
 }
 
 impl TcpSink {
-    pub(super) async fn setup() -> Result<(TcpSink, JoinHandle<Result<()>>)> {
+    async fn setup() -> Result<(TcpSink, JoinHandle<Result<()>>)> {
         let (client, server) = tcp_pair().await?;
         let delivered = Arc::new(Delivered::default());
         let task = tokio::spawn(sink_receiver(server, delivered.clone()));

@@ -1,23 +1,34 @@
-//! Throughput rounds: a pipelined sender, deliveries counted at the
-//! receiver inside a window, the backlog drained before the next round.
+//! Throughput rounds, the same for every contender: a pipelined sender,
+//! deliveries counted at the receiver inside a window, the backlog drained
+//! before the next round.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Context, Result};
-use bytes::Bytes;
-use surelink::Endpoint;
-use tokio::io::AsyncWriteExt;
-use tokio::task::coop::consume_budget;
+use anyhow::{ensure, Result};
 
-use super::fixture::{Delivered, SurelinkPair, SERVER};
+use super::fixture::Delivered;
 use super::report::ThroughputRound;
-use super::tcp::{frame_header, TcpSink};
 use super::Plan;
 
 /// How long a throughput round's backlog may take to arrive.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+/// An at-most-once contender's drain ends after this long without a
+/// delivery: what has not arrived by then was dropped.
+const DRAIN_QUIET: Duration = Duration::from_millis(500);
+
+/// What a contender promises about delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Delivery {
+    /// Every message sent arrives: a round fails if the backlog does not
+    /// arrive within [`DRAIN_TIMEOUT`].
+    Reliable,
+    /// Messages may be dropped (NATS core): the drain ends once nothing has
+    /// arrived for [`DRAIN_QUIET`], and what is missing is reported lost.
+    AtMostOnce,
+}
 
 /// Deliveries counted inside the measurement window.
 struct Window {
@@ -41,127 +52,87 @@ async fn delivery_window(delivered: &Delivered, plan: &Plan) -> Window {
     }
 }
 
-/// Waits until the receiver has taken `target` messages in all.
-async fn drain(delivered: &Delivered, target: u64) -> Result<()> {
+/// Waits until the receiver has taken `target` messages in all; returns how
+/// many never arrived (always 0 for [`Delivery::Reliable`]).
+async fn drain(delivered: &Delivered, target: u64, delivery: Delivery) -> Result<u64> {
     let deadline = Instant::now() + DRAIN_TIMEOUT;
-    while delivered.msgs() < target {
+    let mut last = (delivered.msgs(), Instant::now());
+    loop {
+        let now_msgs = delivered.msgs();
+        if now_msgs >= target {
+            return Ok(0);
+        }
+        let now = Instant::now();
+        if now_msgs != last.0 {
+            last = (now_msgs, now);
+        } else if delivery == Delivery::AtMostOnce && now - last.1 >= DRAIN_QUIET {
+            return Ok(target - now_msgs);
+        }
         ensure!(
-            Instant::now() < deadline,
-            "backlog not delivered within {DRAIN_TIMEOUT:?}: {} of {target} messages",
-            delivered.msgs()
+            now < deadline,
+            "backlog not delivered within {DRAIN_TIMEOUT:?}: {now_msgs} of {target} messages"
         );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    Ok(())
 }
 
-fn throughput_round(w: &Window, sent: u64, send_seconds: f64, drain: Duration) -> ThroughputRound {
-    ThroughputRound {
+/// Stops the sender also when a round is dropped half-way (Ctrl-C).
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// One throughput round. `start` starts the contender's sender (a task or
+/// a thread, running by the time `start` returns) and returns a future of
+/// its outcome: what the sender hands back (e.g. its buffered writer) and
+/// how many messages it sent. The sender sends until `stop` is set, which
+/// happens when the window closes.
+pub(super) async fn measure<T, S, F>(
+    delivered: &Delivered,
+    plan: &Plan,
+    delivery: Delivery,
+    start: S,
+) -> Result<(ThroughputRound, T)>
+where
+    S: FnOnce(Arc<AtomicBool>) -> F,
+    F: Future<Output = Result<(T, u64)>>,
+{
+    let base = delivered.msgs();
+    let stop = StopOnDrop(Arc::new(AtomicBool::new(false)));
+    let started = Instant::now();
+    let sender = start(stop.0.clone());
+    let window = delivery_window(delivered, plan).await;
+    stop.0.store(true, Ordering::Relaxed);
+    let (handed_back, sent) = sender.await?;
+    let send_seconds = started.elapsed().as_secs_f64();
+    let drain_start = Instant::now();
+    let lost = drain(delivered, base + sent, delivery).await?;
+    let round = ThroughputRound {
         round: 0,
-        delivered: w.msgs,
-        seconds: w.seconds,
-        msgs_per_s: w.msgs as f64 / w.seconds,
-        mb_per_s: w.bytes as f64 / w.seconds / 1e6,
+        delivered: window.msgs,
+        seconds: window.seconds,
+        msgs_per_s: window.msgs as f64 / window.seconds,
+        mb_per_s: window.bytes as f64 / window.seconds / 1e6,
         sent,
         offered_msgs_per_s: sent as f64 / send_seconds,
-        drain_seconds: drain.as_secs_f64(),
-    }
-}
-
-/// One surelink throughput round: `send` in a loop, `recv` counting.
-pub(super) async fn throughput_surelink(
-    pair: &SurelinkPair,
-    payload: &Bytes,
-    plan: &Plan,
-) -> Result<ThroughputRound> {
-    let base = pair.delivered.msgs();
-    let stop = Arc::new(AtomicBool::new(false));
-    let started = Instant::now();
-    let sender = {
-        let client = pair.client.clone();
-        let payload = payload.clone();
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let mut sent = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                client.send(SERVER, 0, payload.clone()).await?;
-                sent += 1;
-                consume_budget().await;
-            }
-            Ok::<u64, anyhow::Error>(sent)
-        })
+        drain_seconds: drain_start.elapsed().as_secs_f64(),
+        lost,
     };
-    let window = delivery_window(&pair.delivered, plan).await;
-    stop.store(true, Ordering::Relaxed);
-    let sent = sender.await.context("sender task failed")??;
-    let send_seconds = started.elapsed().as_secs_f64();
-    let drain_start = Instant::now();
-    drain(&pair.delivered, base + sent).await?;
-    let drained = drain_start.elapsed();
-    settle(&pair.client).await;
-    Ok(throughput_round(&window, sent, send_seconds, drained))
+    Ok((round, handed_back))
 }
 
-/// Gives the client's retransmit cache a moment to empty (the last
-/// acknowledgements), so a round does not start with the previous one's
-/// messages still held. Not counted anywhere.
-async fn settle(client: &Endpoint) {
-    let deadline = Instant::now() + Duration::from_secs(1);
-    while Instant::now() < deadline {
-        let held: u64 = client
-            .stats()
-            .sessions
-            .iter()
-            .map(|(_, s)| s.cache_messages)
-            .sum();
-        if held == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn drain_reports_what_an_at_most_once_contender_dropped() {
+        let d = Delivered::default();
+        (0..3).for_each(|_| d.add(8));
+        assert_eq!(drain(&d, 3, Delivery::Reliable).await.unwrap(), 0);
+        assert_eq!(drain(&d, 5, Delivery::AtMostOnce).await.unwrap(), 2);
     }
-}
-
-/// One baseline throughput round: frames through a `BufWriter`, the
-/// receiver counting.
-pub(super) async fn throughput_tcp(
-    sink: &mut TcpSink,
-    payload: &Bytes,
-    plan: &Plan,
-) -> Result<ThroughputRound> {
-    let mut writer = sink
-        .writer
-        .take()
-        .context("the baseline writer was lost in an earlier round")?;
-    let base = sink.delivered.msgs();
-    let stop = Arc::new(AtomicBool::new(false));
-    let started = Instant::now();
-    let sender = {
-        let payload = payload.clone();
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let mut sent = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let header = frame_header(sent, payload.len())?;
-                writer.write_all(&header).await?;
-                writer.write_all(&payload).await?;
-                sent += 1;
-                consume_budget().await;
-            }
-            writer.flush().await?;
-            Ok::<_, anyhow::Error>((writer, sent))
-        })
-    };
-    let window = delivery_window(&sink.delivered, plan).await;
-    stop.store(true, Ordering::Relaxed);
-    let (writer, sent) = sender.await.context("sender task failed")??;
-    sink.writer = Some(writer);
-    let send_seconds = started.elapsed().as_secs_f64();
-    let drain_start = Instant::now();
-    drain(&sink.delivered, base + sent).await?;
-    Ok(throughput_round(
-        &window,
-        sent,
-        send_seconds,
-        drain_start.elapsed(),
-    ))
 }
