@@ -64,7 +64,8 @@ pub struct EndpointConfig {
     /// more than this many in-flight bytes (avoids needless reordering).
     pub balance_slack: u64,
     /// Messages up to this size join a BATCH frame with the messages queued
-    /// behind them on their stream (never delaying a lone message).
+    /// behind them on their stream (never delaying a lone message). Larger
+    /// ones go alone, their payload written without a copy.
     pub batch_message_max: u32,
     /// Largest BATCH frame body, messages and their framing.
     pub batch_bytes: u32,
@@ -96,9 +97,9 @@ impl Default for EndpointConfig {
             handshake_retry: Duration::from_millis(250),
             handshake_timeout: Duration::from_secs(10),
             linger: Duration::from_secs(30),
-            path_inflight_limit: 8 << 20,
-            balance_slack: 64 << 10,
-            batch_message_max: 4096,
+            path_inflight_limit: 2 << 20,
+            balance_slack: 1 << 20,
+            batch_message_max: 1024,
             batch_bytes: 32 << 10,
             max_requests_per_peer: 1024,
             reply_cache_entries: 1024,

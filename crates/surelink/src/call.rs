@@ -186,6 +186,70 @@ pub(crate) enum Flush {
     Batched,
 }
 
+/// What a send that could not wait found.
+pub(crate) enum SendNow {
+    /// Queued (the last message's id).
+    Done(Option<MessageId>),
+    /// The send buffer is full (or the session ended under us): the
+    /// message not queued, to be sent by the waiting path.
+    Blocked(Bytes),
+}
+
+/// Queues one-way messages without waiting: the fast path of every send.
+/// Stops at the first message that does not fit and hands it back.
+pub(crate) fn send_now(
+    shared: &Arc<Shared>,
+    peer: NodeId,
+    channel: ChannelId,
+    priority: Priority,
+    msgs: &mut impl Iterator<Item = Bytes>,
+    flush: Flush,
+) -> Result<SendNow, SendError> {
+    let session = shared.session_for(peer)?;
+    let (r, w) = {
+        let mut g = session.lock();
+        let now = shared.now_cached();
+        let mut r = Ok(SendNow::Done(None));
+        let mut last = None;
+        let mut queued = 0usize;
+        let mut count = 0u64;
+        for m in msgs.by_ref() {
+            if g.core.ended().is_some() {
+                // The session ended under us: the waiting path opens a new one.
+                r = Ok(SendNow::Blocked(m));
+                break;
+            }
+            let len = m.len();
+            match g.core.send(now, channel, priority, m) {
+                Ok(id) => {
+                    last = Some(id);
+                    queued += len;
+                    count += 1;
+                }
+                Err(surelink_proto::SendError::Full { message, .. }) => {
+                    r = Ok(SendNow::Blocked(message));
+                    break;
+                }
+                Err(e) => {
+                    r = Err(SendError::Core(e));
+                    break;
+                }
+            }
+        }
+        if let Ok(SendNow::Done(l)) = &mut r {
+            *l = last;
+        }
+        shared.stats.messages_sent(count);
+        let now_write =
+            count > 0 && (flush == Flush::Now || session.write_now(&mut g, shared, queued));
+        (r, now_write.then(|| session.drive(&mut g, shared)))
+    };
+    if let Some(w) = w {
+        session.run(shared, w);
+    }
+    r
+}
+
 /// Queues one-way messages, waiting while the session's send buffer is
 /// full. `msgs` are sent in order; on success all were queued.
 pub(crate) async fn send(
@@ -197,61 +261,40 @@ pub(crate) async fn send(
     flush: Flush,
 ) -> Result<Option<MessageId>, SendError> {
     let channel = check_channel(shared, channel)?;
-    let mut pending: Option<Bytes> = None;
     let mut last = None;
     loop {
-        let session = shared.session_for(peer)?;
-        let (r, w) = {
-            let mut g = session.lock();
-            let now = shared.now_cached();
-            let mut r = Ok(());
-            let mut queued = 0usize;
-            let mut count = 0u64;
-            if g.core.ended().is_some() {
-                // The session ended under us: the next round opens a new one.
-                r = Err(Some(surelink_proto::SendError::SessionEnded(peer)));
+        match send_now(shared, peer, channel, priority, &mut msgs, flush)? {
+            SendNow::Done(l) => return Ok(l.or(last)),
+            SendNow::Blocked(m) => {
+                // Slow path (boxed, so the common case's future stays small).
+                let l = Box::pin(send_waiting(shared, peer, channel, priority, m, flush)).await?;
+                last = l.or(last);
             }
-            while r.is_ok() {
-                let Some(m) = pending.take().or_else(|| msgs.next()) else {
-                    break;
-                };
-                let len = m.len();
-                match g.core.send(now, channel, priority, m) {
-                    Ok(id) => {
-                        last = Some(id);
-                        queued += len;
-                        count += 1;
-                    }
-                    Err(surelink_proto::SendError::Full { message, .. }) => {
-                        pending = Some(message);
-                        r = Err(None);
-                        break;
-                    }
-                    Err(e) => {
-                        r = Err(Some(e));
-                        break;
-                    }
-                }
-            }
-            shared.stats.messages_sent(count);
-            let now_write = flush == Flush::Now || session.write_now(&mut g, shared, queued);
-            let w = now_write.then(|| session.drive(&mut g, shared));
-            (r, w)
-        };
-        if let Some(w) = w {
-            session.run(shared, w);
         }
-        match r {
-            Ok(()) => return Ok(last),
-            Err(None) => {
-                if shared.closed.load(std::sync::atomic::Ordering::Relaxed) {
-                    return Err(SendError::Closed);
-                }
-                let len = pending.as_ref().map_or(0, Bytes::len);
-                wait_for_room(&session, len).await;
-            }
-            Err(Some(surelink_proto::SendError::SessionEnded(_))) => {}
-            Err(Some(e)) => return Err(SendError::Core(e)),
+    }
+}
+
+/// Waits for room, then queues `m` (re-resolving the session if it ended).
+async fn send_waiting(
+    shared: &Arc<Shared>,
+    peer: NodeId,
+    channel: ChannelId,
+    priority: Priority,
+    m: Bytes,
+    flush: Flush,
+) -> Result<Option<MessageId>, SendError> {
+    let mut pending = Some(m);
+    loop {
+        if shared.closed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(SendError::Closed);
+        }
+        let session = shared.session_for(peer)?;
+        let len = pending.as_ref().map_or(0, Bytes::len);
+        wait_for_room(&session, len).await;
+        let mut one = pending.take().into_iter();
+        match send_now(shared, peer, channel, priority, &mut one, flush)? {
+            SendNow::Done(l) => return Ok(l),
+            SendNow::Blocked(m) => pending = Some(m),
         }
     }
 }

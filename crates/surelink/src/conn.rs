@@ -67,13 +67,18 @@ enum Flushed {
 }
 
 /// Most buffers handed to one vectored write.
-const MAX_IOV: usize = 16;
+const MAX_IOV: usize = 64;
 
 impl ConnIo {
     /// Queues `b` behind everything queued before (call with the session's
     /// lock held, so the queue order is the core's order); `flush` writes it.
     pub(crate) fn enqueue(&self, b: Bytes) {
         self.pending.lock().push_back(b);
+    }
+
+    /// Queues pieces in order, under one lock.
+    pub(crate) fn enqueue_all(&self, pieces: impl Iterator<Item = Bytes>) {
+        self.pending.lock().extend(pieces);
     }
 
     /// Writes what is queued, outside the session's lock. If another thread is

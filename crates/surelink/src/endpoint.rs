@@ -295,16 +295,29 @@ impl Endpoint {
     /// sent back to back leave together (in BATCH frames) with the
     /// session's next write.
     pub async fn send(&self, peer: NodeId, channel: u16, message: Bytes) -> Result<(), SendError> {
-        call::send(
+        // The common case waits for nothing: no future state beyond this.
+        let ch = call::check_channel(&self.shared, channel)?;
+        let mut one = std::iter::once(message);
+        match call::send_now(
             &self.shared,
             peer,
-            channel,
+            ch,
             Priority::Normal,
-            std::iter::once(message),
+            &mut one,
             Flush::Batched,
-        )
-        .await
-        .map(|_| ())
+        )? {
+            call::SendNow::Done(_) => Ok(()),
+            call::SendNow::Blocked(m) => Box::pin(call::send(
+                &self.shared,
+                peer,
+                channel,
+                Priority::Normal,
+                std::iter::once(m),
+                Flush::Batched,
+            ))
+            .await
+            .map(|_| ()),
+        }
     }
 
     /// Sends many one-way messages in order, under one lock: the cheapest
@@ -358,32 +371,18 @@ impl Endpoint {
 
     /// Sends a one-way message if there is room now; otherwise hands it back.
     pub fn try_send(&self, peer: NodeId, channel: u16, message: Bytes) -> Result<(), TrySendError> {
-        let channel = call::check_channel(&self.shared, channel)?;
-        let session = self.shared.session_for(peer)?;
-        let (r, w) = {
-            let mut g = session.lock();
-            let now = self.shared.now_cached();
-            let len = message.len();
-            let r = g.core.send(now, channel, Priority::Normal, message);
-            let w = (r.is_ok() && session.write_now(&mut g, &self.shared, len))
-                .then(|| session.drive(&mut g, &self.shared));
-            (r, w)
-        };
-        if let Some(w) = w {
-            session.run(&self.shared, w);
-        }
-        match r {
-            Ok(_) => {
-                self.shared.stats.messages_sent(1);
-                Ok(())
-            }
-            Err(surelink_proto::SendError::Full { message, .. }) => {
-                Err(TrySendError::Full(message))
-            }
-            Err(surelink_proto::SendError::SessionEnded(_)) => {
-                Err(SendError::SessionEnded { peer }.into())
-            }
-            Err(e) => Err(SendError::Core(e).into()),
+        let ch = call::check_channel(&self.shared, channel)?;
+        let mut one = std::iter::once(message);
+        match call::send_now(
+            &self.shared,
+            peer,
+            ch,
+            Priority::Normal,
+            &mut one,
+            Flush::Batched,
+        )? {
+            call::SendNow::Done(_) => Ok(()),
+            call::SendNow::Blocked(m) => Err(TrySendError::Full(m)),
         }
     }
 

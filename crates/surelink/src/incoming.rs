@@ -77,15 +77,18 @@ impl IncomingQueue {
             return;
         }
         {
-            let mut q = self.lock();
-            let (mut normal, mut high) = (VecDeque::new(), VecDeque::new());
-            for m in msgs {
-                if m.priority == Priority::High {
-                    high.push_back(m);
+            // Nearly always all of one priority: the vector becomes the run
+            // as it is (no copy of the messages).
+            let (normal, high): (VecDeque<Incoming>, VecDeque<Incoming>) =
+                if msgs.iter().all(|m| m.priority == Priority::Normal) {
+                    (msgs.into(), VecDeque::new())
+                } else if msgs.iter().all(|m| m.priority == Priority::High) {
+                    (VecDeque::new(), msgs.into())
                 } else {
-                    normal.push_back(m);
-                }
-            }
+                    msgs.into_iter()
+                        .partition(|m| m.priority == Priority::Normal)
+                };
+            let mut q = self.lock();
             if !normal.is_empty() {
                 q.normal.push_back(Run {
                     session: session.clone(),

@@ -23,6 +23,7 @@ use tokio::sync::{oneshot, Notify};
 use tracing::{debug, info, warn};
 
 use surelink_proto::rpc::{CallFailure, RemoteError, Ticket};
+use surelink_proto::wire::TransmitBuf;
 use surelink_proto::{
     CallId, Event, Input, NodeId, PathCloseReason, PathError, PathId, Session, SessionEndReason,
     SessionId, Time,
@@ -42,9 +43,10 @@ const TRANSMIT_BUDGET: usize = 256 * 1024;
 /// then a new deadline at least this far away needs no wake-up call from
 /// the data path (a thread switch per message).
 const TIMER_TICK: Duration = Duration::from_millis(25);
-/// Bytes of deferred one-way sends after which the sender writes them
-/// itself.
-const FLUSH_BATCH: usize = 32 * 1024;
+/// Bytes of deferred sends after which the sender writes them itself.
+const FLUSH_BATCH: usize = 64 * 1024;
+/// Most times a flush yields to let senders add to it.
+const MAX_FLUSH_YIELDS: usize = 8;
 /// A session that wrote within this long is busy: a message queued then
 /// (a one-way send, a request, a reply) is left to the session's flush,
 /// which writes it together with whatever else queued meanwhile, in one
@@ -61,11 +63,9 @@ pub(crate) struct SessionInner {
     pub(crate) core: Session,
     pub(crate) conns: Vec<Arc<ConnIo>>,
     pub(crate) waiters: HashMap<CallId, Waiter>,
-    out: BytesMut,
+    out: TransmitBuf,
     /// The deadline the session's task sleeps towards.
     armed: Option<Time>,
-    /// Bytes of one-way sends not yet written.
-    pub(crate) unflushed: usize,
 }
 
 /// One session of the endpoint.
@@ -84,6 +84,9 @@ pub(crate) struct SessionHandle {
     last_tx: AtomicU64,
     /// One-way messages handed to the incoming queue and not yet taken.
     pub(crate) incoming: AtomicUsize,
+    /// Bytes queued since the last write (changed under the lock; read
+    /// without it by the flush).
+    unflushed: AtomicUsize,
     ended: AtomicBool,
 }
 
@@ -111,15 +114,15 @@ impl SessionHandle {
                 core,
                 conns: Vec::new(),
                 waiters: HashMap::new(),
-                out: BytesMut::with_capacity(TRANSMIT_BUDGET),
+                out: TransmitBuf::with_head(BytesMut::with_capacity(16 * 1024)),
                 armed: None,
-                unflushed: 0,
             }),
             space: Notify::new(),
             wake: Notify::new(),
             flush_scheduled: AtomicBool::new(false),
             last_tx: AtomicU64::new(0),
             incoming: AtomicUsize::new(0),
+            unflushed: AtomicUsize::new(0),
             ended: AtomicBool::new(false),
         }
     }
@@ -145,20 +148,24 @@ impl SessionHandle {
         let SessionInner {
             core, conns, out, ..
         } = &mut *g;
-        while let Some(path) = core.poll_transmit(now, out, TRANSMIT_BUDGET) {
-            let bytes = out.split().freeze();
-            shared.stats.bytes_sent(bytes.len());
-            if let Some(c) = conns.iter().find(|c| c.path == path) {
-                c.enqueue(bytes);
-                if !w.flush.iter().any(|f| Arc::ptr_eq(f, c)) {
-                    w.flush.push(c.clone());
+        while let Some(path) = core.poll_transmit_gather(now, out, TRANSMIT_BUDGET) {
+            shared.stats.bytes_sent(out.len());
+            match conns.iter().find(|c| c.path == path) {
+                Some(c) => {
+                    c.enqueue_all(out.drain());
+                    if !w.flush.iter().any(|f| Arc::ptr_eq(f, c)) {
+                        w.flush.push(c.clone());
+                    }
+                }
+                None => {
+                    out.drain();
                 }
             }
         }
         if !w.flush.is_empty() {
             self.last_tx.store(now.as_nanos(), Ordering::Relaxed);
         }
-        g.unflushed = 0;
+        self.unflushed.store(0, Ordering::Relaxed);
         while let Some(ev) = g.core.poll_event() {
             self.on_event(g, shared, ev, &mut w);
         }
@@ -384,9 +391,10 @@ impl SessionHandle {
     /// now (an idle session: a lone message leaves at once) or to leave it
     /// for the session's flush (a busy one: it joins what queues behind it).
     /// Returns whether to drive now.
-    pub(crate) fn write_now(&self, g: &mut SessionInner, shared: &Shared, len: usize) -> bool {
-        g.unflushed += len;
-        if g.unflushed >= FLUSH_BATCH {
+    pub(crate) fn write_now(&self, _g: &mut SessionInner, shared: &Shared, len: usize) -> bool {
+        let unflushed = self.unflushed.load(Ordering::Relaxed) + len;
+        self.unflushed.store(unflushed, Ordering::Relaxed);
+        if unflushed >= FLUSH_BATCH {
             return true;
         }
         if self.flush_scheduled.load(Ordering::Relaxed) {
@@ -462,9 +470,19 @@ pub(crate) async fn run_session(shared: Arc<Shared>, h: Arc<SessionHandle>) {
             }
             () = &mut notified => {
                 if h.flush_scheduled.load(Ordering::Acquire) {
-                    // Let a sender in a loop add a few more first: one
-                    // write for many.
-                    tokio::task::yield_now().await;
+                    // Let senders add more first: yield while the queue
+                    // grows (up to a write's worth), then write it all in
+                    // one go. A message that queues alone is written after
+                    // one yield.
+                    let mut before = h.unflushed.load(Ordering::Relaxed);
+                    for _ in 0..MAX_FLUSH_YIELDS {
+                        tokio::task::yield_now().await;
+                        let now = h.unflushed.load(Ordering::Relaxed);
+                        if now == before || now >= FLUSH_BATCH || now == 0 {
+                            break;
+                        }
+                        before = now;
+                    }
                     h.flush_scheduled.store(false, Ordering::Release);
                     h.poke(&shared);
                 }

@@ -9,7 +9,9 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use parking_lot::RwLock;
 
 use bytes::BytesMut;
 use rustc_hash::FxHashMap;
@@ -143,19 +145,13 @@ impl Shared {
 
     /// The sessions now (a copy of the map's values).
     pub(crate) fn sessions(&self) -> Vec<Arc<SessionHandle>> {
-        self.sessions
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect()
+        self.sessions.read().values().cloned().collect()
     }
 
     /// The current session with `peer`, if any.
     pub(crate) fn session(&self, peer: NodeId) -> Option<Arc<SessionHandle>> {
         self.sessions
             .read()
-            .unwrap_or_else(|e| e.into_inner())
             .get(&peer)
             .filter(|h| !h.is_ended())
             .cloned()
@@ -165,10 +161,7 @@ impl Shared {
     fn install(self: &Arc<Self>, core: surelink_proto::Session) -> Arc<SessionHandle> {
         let key = self.next_session_key.fetch_add(1, Ordering::Relaxed);
         let h = Arc::new(SessionHandle::new(key, core));
-        self.sessions
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(h.node, h.clone());
+        self.sessions.write().insert(h.node, h.clone());
         self.spawn(run_session(self.clone(), h.clone()));
         h
     }
@@ -220,7 +213,7 @@ impl Shared {
         {
             let mut r = self.router();
             r.router.session_ended(h.node, h.id);
-            let mut map = self.sessions.write().unwrap_or_else(|e| e.into_inner());
+            let mut map = self.sessions.write();
             if map.get(&h.node).is_some_and(|x| x.key == h.key) {
                 map.remove(&h.node);
             }
@@ -357,7 +350,6 @@ impl Shared {
                         let old = self
                             .sessions
                             .read()
-                            .unwrap_or_else(|e| e.into_inner())
                             .get(&hello.node)
                             .filter(|h| h.id == old_id)
                             .cloned();
@@ -517,13 +509,8 @@ impl Shared {
             for (_, io) in r.unbound.drain() {
                 io.kill();
             }
-            let old_sessions: Vec<Arc<SessionHandle>> = self
-                .sessions
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .drain()
-                .map(|(_, h)| h)
-                .collect();
+            let old_sessions: Vec<Arc<SessionHandle>> =
+                self.sessions.write().drain().map(|(_, h)| h).collect();
             for h in old_sessions {
                 let (c, a) = h.abandon(&err);
                 calls_failed += c;

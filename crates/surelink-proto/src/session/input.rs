@@ -193,12 +193,14 @@ impl Session {
         p.stats.data_received += 1;
         self.last_data_path = Some(p.id);
         let window = u64::from(self.cfg.recv_window);
-        let mut released: Vec<(u64, Chunk)> = Vec::new();
+        // A scratch vector kept across calls: no allocation per frame.
+        let mut released = std::mem::take(&mut self.released_scratch);
         let offer = self.recv.offer(now, stream, first, chunk, window, |q, c| {
             released.push((q, c))
         });
         match offer {
             Offer::Duplicate => self.stats.duplicates_received += 1,
+            Offer::Buffered => self.stats.frames_reordered += 1,
             Offer::OverWindow => self.stats.over_window += 1,
             Offer::BeyondWindow => {
                 return Err(ProtocolViolation::SeqBeyondWindow {
@@ -214,9 +216,9 @@ impl Session {
                 }
                 .into())
             }
-            Offer::Released | Offer::Buffered => {}
+            Offer::Released => {}
         }
-        for (q, c) in released {
+        for (q, c) in released.drain(..) {
             self.stats.messages_delivered += u64::from(c.count);
             let r = Released::new(stream, q, c);
             match stream.kind() {
@@ -225,6 +227,7 @@ impl Session {
                 StreamKind::Oneway(_) | StreamKind::OnewayHigh => self.oneway.push_back(r),
             }
         }
+        self.released_scratch = released;
         Ok(())
     }
 

@@ -131,6 +131,8 @@ pub struct SessionStats {
     pub resent: u64,
     /// Frames received that we already had.
     pub duplicates_received: u64,
+    /// Frames that arrived ahead of a gap and waited in the reorder buffer.
+    pub frames_reordered: u64,
     /// Frames dropped because they would exceed the receive window.
     pub over_window: u64,
     /// Frames ignored because they arrived on a path before its handshake.
@@ -233,6 +235,8 @@ pub struct Session {
     calls: CallTable,
     serve: ServeState,
     pending_replies: VecDeque<PendingReply>,
+    /// Chunks released by one frame (kept to reuse its allocation).
+    released_scratch: Vec<(u64, recv::Chunk)>,
     /// The latest `now` seen (for inputs that take none).
     now: Time,
 }
@@ -279,6 +283,7 @@ impl Session {
             calls: CallTable::default(),
             serve,
             pending_replies: VecDeque::new(),
+            released_scratch: Vec::new(),
             now,
         }
     }

@@ -67,8 +67,12 @@ impl Prefix {
 pub(crate) enum Body {
     /// One message: the message layer's header and the payload.
     Single { prefix: Prefix, payload: Bytes },
-    /// Several messages, each framed for a BATCH frame.
+    /// Several messages, each framed for a BATCH frame, still growing
+    /// (never written).
     Batch { messages: BytesMut },
+    /// A batch written at least once: frozen, so every transmission
+    /// shares it instead of copying it.
+    Sealed(Bytes),
 }
 
 #[derive(Debug)]
@@ -239,7 +243,7 @@ impl SendSide {
                 Body::Single { .. } if last.len <= limits.message => {
                     batched_message_overhead(last.len) + last.len
                 }
-                Body::Single { .. } => usize::MAX,
+                Body::Single { .. } | Body::Sealed(_) => usize::MAX,
                 Body::Batch { .. } => last.len,
             };
             let joins = last.state == EntryState::Queued
@@ -495,6 +499,7 @@ mod tests {
             == match &e.body {
                 Body::Single { prefix, payload } => prefix.as_slice().len() + payload.len(),
                 Body::Batch { messages } => messages.len(),
+                Body::Sealed(b) => b.len(),
             }));
         let Body::Batch { messages } = &st.entries[0].body else {
             panic!("not a batch")

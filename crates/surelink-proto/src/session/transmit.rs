@@ -11,8 +11,8 @@ use crate::event::{Event, RejectReason};
 use crate::ids::{PathId, StreamId};
 use crate::time::Time;
 use crate::wire::{
-    encode_batch, encode_data_parts, encode_hello, encode_ping, encode_pong, AckWriter, FrameKind,
-    Hello, DATA_FLAG_RETRANSMIT, DATA_FLAG_WITHDRAWN, MAX_ACK_RANGES,
+    batch_header, data_header, encode_hello, encode_ping, encode_pong, AckWriter, FrameKind, Hello,
+    TransmitBuf, DATA_FLAG_RETRANSMIT, DATA_FLAG_WITHDRAWN, MAX_ACK_RANGES,
 };
 
 /// Quiet channels re-acknowledged in every ACK frame (see `RecvSide::refresh`).
@@ -21,27 +21,39 @@ const REFRESH_PER_ACK: usize = 2;
 /// Largest ACK/RESUME frame we write; within every peer's `max_frame_body`.
 const ACK_FRAME_CAP: usize = AckWriter::EMPTY_LEN + AckWriter::entry_len(MAX_ACK_RANGES) * 64;
 
-/// Writes one cache entry to a path as a DATA or BATCH frame and records
-/// where and when it went.
+/// Writes one cache entry to a path as a DATA or BATCH frame (headers
+/// copied, a large body referenced) and records where and when it went.
 fn write_entry(
-    buf: &mut BytesMut,
+    out: &mut TransmitBuf,
     e: &mut Entry,
     st: StreamId,
     mut flags: u16,
     p: &mut PathState,
     now: Time,
 ) {
+    if let Body::Batch { messages } = &mut e.body {
+        // Written now: it stops growing, and every transmission shares it.
+        e.body = Body::Sealed(std::mem::take(messages).freeze());
+    }
     match &e.body {
         Body::Single { prefix, payload } => {
             if e.withdrawn {
                 flags |= DATA_FLAG_WITHDRAWN;
             }
-            encode_data_parts(buf, st, e.seq, flags, prefix.as_slice(), payload);
+            let prefix = prefix.as_slice();
+            let h = data_header(st, e.seq, flags, prefix.len() + payload.len());
+            let head = out.head();
+            head.extend_from_slice(&h);
+            head.extend_from_slice(prefix);
+            out.put_bytes(payload);
         }
-        Body::Batch { messages } => {
+        Body::Sealed(messages) => {
             let count = u16::try_from(e.count).unwrap_or(u16::MAX);
-            encode_batch(buf, st, e.seq, count, flags, messages);
+            let h = batch_header(st, e.seq, count, flags, messages.len());
+            out.head().extend_from_slice(&h);
+            out.put_bytes(messages);
         }
+        Body::Batch { .. } => {}
     }
     e.state = EntryState::InFlight;
     e.path = p.id;
@@ -56,17 +68,34 @@ impl Session {
     /// Appends the next frames for one path to `buf` (about `budget` bytes,
     /// at least one frame) and says which path they are for.
     ///
-    /// Call until it returns `None` after every input.
+    /// Call until it returns `None` after every input. (A copying form of
+    /// [`Session::poll_transmit_gather`].)
     pub fn poll_transmit(
         &mut self,
         now: Time,
         buf: &mut BytesMut,
         budget: usize,
     ) -> Option<PathId> {
+        let start = buf.len();
+        let mut out = TransmitBuf::with_head(buf.split_off(start));
+        let r = self.poll_transmit_gather(now, &mut out, budget);
+        buf.unsplit(out.into_flat());
+        r
+    }
+
+    /// Appends the next frames for one path to `out` as a gather list
+    /// (headers copied, large bodies referenced: write them with one
+    /// vectored write) and says which path they are for.
+    pub fn poll_transmit_gather(
+        &mut self,
+        now: Time,
+        out: &mut TransmitBuf,
+        budget: usize,
+    ) -> Option<PathId> {
         self.tick(now);
         if let Some(c) = self.closing.pop_front() {
             if let Some(close) = &c.close {
-                close.encode(buf);
+                close.encode(out.head());
             }
             let path = c.path;
             self.finish_close(c);
@@ -75,11 +104,11 @@ impl Session {
         if self.ended.is_some() {
             return None;
         }
-        let start = buf.len();
+        let start = out.len();
         if let Some(i) = self.paths.iter().position(PathState::has_control) {
-            self.write_control(now, i, buf);
+            self.write_control(now, i, out.head());
             let p = &mut self.paths[i];
-            p.stats.bytes_sent += (buf.len() - start) as u64;
+            p.stats.bytes_sent += (out.len() - start) as u64;
             return Some(p.id);
         }
         if !self.pending_replies.is_empty() {
@@ -112,16 +141,16 @@ impl Session {
             None => return None,
         };
         if !self.recv.dirty.is_empty() {
-            self.write_acks(now, buf, FrameKind::Ack, false);
+            self.write_acks(now, out.head(), FrameKind::Ack, false);
         }
         if data_path.is_some() {
-            self.write_data(now, pi, buf, start, budget);
+            self.write_data(now, pi, out, start, budget);
         }
         let p = &mut self.paths[pi];
-        if buf.len() == start {
+        if out.len() == start {
             return None;
         }
-        p.stats.bytes_sent += (buf.len() - start) as u64;
+        p.stats.bytes_sent += (out.len() - start) as u64;
         Some(p.id)
     }
 
@@ -234,7 +263,7 @@ impl Session {
         &mut self,
         now: Time,
         pi: usize,
-        buf: &mut BytesMut,
+        out: &mut TransmitBuf,
         start: usize,
         budget: usize,
     ) {
@@ -253,7 +282,7 @@ impl Session {
         let p = &mut paths[pi];
         // Re-sends first: SQR's promise that a failed path's messages go out
         // again at once, ahead of anything new.
-        while buf.len() - start < budget && p.inflight_bytes < cfg.path_inflight_limit {
+        while out.len() - start < budget && p.inflight_bytes < cfg.path_inflight_limit {
             let Some((st, seq)) = send.retx_queue.pop_front() else {
                 break;
             };
@@ -263,11 +292,11 @@ impl Session {
             if e.state != EntryState::Pending {
                 continue; // acknowledged meanwhile
             }
-            write_entry(buf, e, st, DATA_FLAG_RETRANSMIT, p, now);
+            write_entry(out, e, st, DATA_FLAG_RETRANSMIT, p, now);
             stats.resent += 1;
             p.stats.resent += 1;
         }
-        while buf.len() - start < budget && p.inflight_bytes < cfg.path_inflight_limit {
+        while out.len() - start < budget && p.inflight_bytes < cfg.path_inflight_limit {
             let Some(&(st, seq)) = send.new_queue.front() else {
                 break;
             };
@@ -312,11 +341,11 @@ impl Session {
                     },
                 });
             }
-            if matches!(e.body, Body::Batch { .. }) {
+            if e.count > 1 {
                 stats.batches_sent += 1;
             }
             stats.frames_sent += 1;
-            write_entry(buf, e, st, 0, p, now);
+            write_entry(out, e, st, 0, p, now);
             stream.sent_end = e.end();
             send.outstanding_bytes += cost;
         }

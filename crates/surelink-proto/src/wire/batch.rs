@@ -249,6 +249,26 @@ pub fn put_batched_message(body: &mut BytesMut, head: &[u8], payload: &[u8]) {
     body.extend_from_slice(payload);
 }
 
+/// The 20 bytes in front of a BATCH frame's messages.
+pub fn batch_header(
+    stream: StreamId,
+    first: u64,
+    count: u16,
+    flags: u16,
+    messages_len: usize,
+) -> [u8; BATCH_OVERHEAD] {
+    let body = u32::try_from(BATCH_FIXED + messages_len).unwrap_or(u32::MAX);
+    let mut h = [0u8; BATCH_OVERHEAD];
+    h[0] = PROTOCOL_VERSION;
+    h[1] = FrameKind::Batch as u8;
+    h[2..4].copy_from_slice(&flags.to_be_bytes());
+    h[4..8].copy_from_slice(&body.to_be_bytes());
+    h[8..10].copy_from_slice(&stream.0.to_be_bytes());
+    h[10..18].copy_from_slice(&first.to_be_bytes());
+    h[18..20].copy_from_slice(&count.to_be_bytes());
+    h
+}
+
 /// Appends a BATCH frame whose messages (framing included) are `messages`.
 pub fn encode_batch(
     buf: &mut BytesMut,
@@ -258,15 +278,7 @@ pub fn encode_batch(
     flags: u16,
     messages: &[u8],
 ) {
-    let body = u32::try_from(BATCH_FIXED + messages.len()).unwrap_or(u32::MAX);
-    let mut h = [0u8; BATCH_OVERHEAD];
-    h[0] = PROTOCOL_VERSION;
-    h[1] = FrameKind::Batch as u8;
-    h[2..4].copy_from_slice(&flags.to_be_bytes());
-    h[4..8].copy_from_slice(&body.to_be_bytes());
-    h[8..10].copy_from_slice(&stream.0.to_be_bytes());
-    h[10..18].copy_from_slice(&first.to_be_bytes());
-    h[18..20].copy_from_slice(&count.to_be_bytes());
+    let h = batch_header(stream, first, count, flags, messages.len());
     buf.reserve(h.len() + messages.len());
     buf.extend_from_slice(&h);
     buf.extend_from_slice(messages);

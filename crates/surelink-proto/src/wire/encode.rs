@@ -33,7 +33,17 @@ pub fn encode_data_parts(
 ) {
     // One 18-byte write for header, stream and sequence number: this is the
     // per-message cost of the whole protocol, so it avoids per-field checks.
-    let body = u32::try_from(10 + prefix.len() + payload.len()).unwrap_or(u32::MAX);
+    let h = data_header(stream, seq, flags, prefix.len() + payload.len());
+    buf.reserve(h.len() + prefix.len() + payload.len());
+    buf.extend_from_slice(&h);
+    buf.extend_from_slice(prefix);
+    buf.extend_from_slice(payload);
+}
+
+/// The 18 bytes in front of a DATA frame's message.
+#[inline]
+pub fn data_header(stream: StreamId, seq: u64, flags: u16, len: usize) -> [u8; HEADER_LEN + 10] {
+    let body = u32::try_from(10 + len).unwrap_or(u32::MAX);
     let mut h = [0u8; HEADER_LEN + 10];
     h[0] = PROTOCOL_VERSION;
     h[1] = FrameKind::Data as u8;
@@ -41,10 +51,7 @@ pub fn encode_data_parts(
     h[4..8].copy_from_slice(&body.to_be_bytes());
     h[8..10].copy_from_slice(&stream.0.to_be_bytes());
     h[10..18].copy_from_slice(&seq.to_be_bytes());
-    buf.reserve(h.len() + prefix.len() + payload.len());
-    buf.extend_from_slice(&h);
-    buf.extend_from_slice(prefix);
-    buf.extend_from_slice(payload);
+    h
 }
 
 /// Appends a HELLO frame.

@@ -43,16 +43,20 @@ mod batch;
 mod decode;
 mod encode;
 mod frame;
+mod gather;
 mod varint;
 
 pub use ack::{AckEntry, AckFrame, AckRanges, AckWriter};
 pub use batch::{
-    batched_message_overhead, encode_batch, put_batched_message, BatchFrame, BatchIter,
-    BatchSlices, BATCH_FIXED, BATCH_OVERHEAD, MAX_BATCH_COUNT, MIN_BATCHED_MESSAGE,
+    batch_header, batched_message_overhead, encode_batch, put_batched_message, BatchFrame,
+    BatchIter, BatchSlices, BATCH_FIXED, BATCH_OVERHEAD, MAX_BATCH_COUNT, MIN_BATCHED_MESSAGE,
 };
 pub use decode::{decode, decode_frame, DecodeError};
-pub use encode::{encode_data, encode_data_parts, encode_hello, encode_ping, encode_pong};
+pub use encode::{
+    data_header, encode_data, encode_data_parts, encode_hello, encode_ping, encode_pong,
+};
 pub use frame::{Close, CloseCode, CloseScope, DataFrame, Frame, FrameKind, Hello};
+pub use gather::TransmitBuf;
 pub use varint::{get_varint, put_varint, varint_len, MAX_VARINT};
 
 /// The protocol version this build speaks.
