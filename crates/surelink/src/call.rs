@@ -113,13 +113,12 @@ pub(crate) async fn call(
             };
             // A high-priority call leaves at once; others at once when the
             // session is idle, else with the calls queued alongside.
-            let now_write = match a {
-                Attempt::Sent(_, len) => {
-                    opts.priority == Priority::High || session.write_now(&mut g, shared, len)
-                }
-                _ => true,
+            let write_at = match a {
+                Attempt::Sent(_, _) if opts.priority == Priority::High => Some(now),
+                Attempt::Sent(_, len) => session.write_now(shared, len, Some(now)),
+                _ => Some(now),
             };
-            let w = now_write.then(|| session.drive(&mut g, shared));
+            let w = write_at.map(|now| session.drive(&mut g, shared, now));
             (a, w)
         };
         if let Some(w) = w {
@@ -240,9 +239,12 @@ pub(crate) fn send_now(
             *l = last;
         }
         shared.stats.messages_sent(count);
-        let now_write =
-            count > 0 && (flush == Flush::Now || session.write_now(&mut g, shared, queued));
-        (r, now_write.then(|| session.drive(&mut g, shared)))
+        let write_at = match (count, flush) {
+            (0, _) => None,
+            (_, Flush::Now) => Some(shared.now()),
+            (_, Flush::Batched) => session.write_now(shared, queued, None),
+        };
+        (r, write_at.map(|now| session.drive(&mut g, shared, now)))
     };
     if let Some(w) = w {
         session.run(shared, w);

@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use socket2::SockRef;
+use tokio::io::AsyncReadExt;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{oneshot, Notify};
 use tracing::{debug, warn, Instrument};
@@ -35,7 +37,10 @@ pub(crate) struct ConnIo {
     pub(crate) network: usize,
     pub(crate) local: SocketAddr,
     pub(crate) remote: SocketAddr,
-    stream: TcpStream,
+    /// The write half; the reader task owns the read half (so it reads with
+    /// `poll_read`, which notices a short read drained the socket and saves
+    /// the system call that would only say "would block").
+    stream: OwnedWriteHalf,
     /// Bytes the socket did not take yet, in order.
     pending: Mutex<VecDeque<Bytes>>,
     /// Someone is writing `pending` to the socket.
@@ -189,7 +194,7 @@ impl ConnIo {
     /// Shuts the socket down both ways, as `ss -K` would: both ends see the
     /// connection end and the core fails the path over.
     pub(crate) fn kill(&self) {
-        let _ = SockRef::from(&self.stream).shutdown(Shutdown::Both);
+        let _ = SockRef::from(self.stream.as_ref()).shutdown(Shutdown::Both);
     }
 
     /// Closes after the queued bytes (a CLOSE frame) are written, or after a
@@ -230,16 +235,18 @@ async fn write_loop(io: Arc<ConnIo>) {
 
 /// Reads until the connection ends, feeding its session (or, until its
 /// HELLO binds it, the router); then reports the path down.
-async fn read_loop(shared: Arc<Shared>, io: Arc<ConnIo>, mut bound: Option<Arc<SessionHandle>>) {
+async fn read_loop(
+    shared: Arc<Shared>,
+    io: Arc<ConnIo>,
+    mut reader: OwnedReadHalf,
+    mut bound: Option<Arc<SessionHandle>>,
+) {
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     'read: loop {
         if buf.capacity() - buf.len() < READ_CHUNK / 4 {
             buf.reserve(READ_CHUNK);
         }
-        if io.stream.readable().await.is_err() {
-            break;
-        }
-        match io.stream.try_read_buf(&mut buf) {
+        match reader.read_buf(&mut buf).await {
             Ok(0) => break,
             Ok(n) => {
                 shared.stats.bytes_received(n);
@@ -248,7 +255,6 @@ async fn read_loop(shared: Arc<Shared>, io: Arc<ConnIo>, mut bound: Option<Arc<S
                     cell.store(gate.now().as_nanos(), Ordering::Relaxed);
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => {
                 debug!(path = %io.path, error = %e, "read failed");
                 break;
@@ -305,6 +311,7 @@ pub(crate) fn start(
     let local = stream.local_addr()?;
     let remote = stream.peer_addr()?;
     let path = shared.next_path_id();
+    let (reader, stream) = stream.into_split();
     let io = Arc::new(ConnIo {
         path,
         network,
@@ -338,7 +345,7 @@ pub(crate) fn start(
     let sh = shared.clone();
     shared.spawn(
         async move {
-            read_loop(sh, io.clone(), bound).await;
+            read_loop(sh, io.clone(), reader, bound).await;
             // The writer finishes what is queued (a CLOSE frame) and stops.
             io.failed.store(true, Ordering::Relaxed);
             io.wake.notify_one();

@@ -200,7 +200,7 @@ impl Server {
                 if q.running >= shared.server.max_concurrent {
                     return;
                 }
-                let now = shared.now();
+                let now = shared.now_cached();
                 let Some(d) = q.scheduler.pop(now) else {
                     return;
                 };
@@ -237,7 +237,7 @@ impl Server {
 /// Runs one request and answers it through its session.
 async fn run(shared: Arc<Shared>, job: Job, handler: Option<Arc<dyn Handler>>) {
     let Job { session, ticket } = job;
-    let now = shared.now();
+    let now = shared.now_cached();
     let result = match handler {
         None => Err(RemoteError::NoHandler),
         Some(_) if ticket.deadline.is_some_and(|d| d <= now) => Err(RemoteError::Expired),

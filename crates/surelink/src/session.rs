@@ -39,10 +39,15 @@ use crate::shared::Shared;
 /// Bytes per `poll_transmit`: big enough to batch, small enough to
 /// interleave paths.
 const TRANSMIT_BUDGET: usize = 256 * 1024;
-/// Longest the session's task sleeps while the core has any deadline:
-/// then a new deadline at least this far away needs no wake-up call from
-/// the data path (a thread switch per message).
-const TIMER_TICK: Duration = Duration::from_millis(25);
+/// Longest the session's task sleeps while the core has any deadline
+/// (it then looks again): a new deadline later than where the task sleeps
+/// needs no wake-up call from the data path. The tick starts at the
+/// acknowledgement delay — every message received sets an ack deadline
+/// that far ahead, so on a busy session those never wake the task (a
+/// wake-up per message otherwise) — and doubles on each quiet wake-up up to
+/// this bound, so a session that only waits (a long call) costs a wake-up
+/// a second.
+const TIMER_TICK_MAX: Duration = Duration::from_secs(1);
 /// Bytes of deferred sends after which the sender writes them itself.
 const FLUSH_BATCH: usize = 64 * 1024;
 /// Most times a flush yields to let senders add to it.
@@ -142,8 +147,8 @@ impl SessionHandle {
 
     /// Writes what the core wants written, hands out what it delivered,
     /// and re-arms the timer. Call with the lock held after every input.
-    pub(crate) fn drive(&self, g: &mut SessionInner, shared: &Shared) -> Work {
-        let now = shared.now();
+    /// `now`: a clock read of the caller's, taken under the lock.
+    pub(crate) fn drive(&self, g: &mut SessionInner, shared: &Shared, now: Time) -> Work {
         let mut w = Work::default();
         let SessionInner {
             core, conns, out, ..
@@ -328,7 +333,7 @@ impl SessionHandle {
             let mut g = self.lock();
             let now = shared.now();
             let r = f(&mut g, now);
-            let w = self.drive(&mut g, shared);
+            let w = self.drive(&mut g, shared, now);
             (r, w)
         };
         self.run(shared, w);
@@ -356,7 +361,7 @@ impl SessionHandle {
             g.core.handle_path_down(now, path);
             // The PathClosed event (handled in `drive`) still finds the
             // connection, for its network.
-            let w = self.drive(&mut g, shared);
+            let w = self.drive(&mut g, shared, now);
             g.conns.retain(|c| c.path != path);
             w
         };
@@ -379,8 +384,8 @@ impl SessionHandle {
             if let Err(e) = g.core.complete(now, call, result) {
                 debug!(peer = %self.node, error = %e, "reply not sent");
             }
-            self.write_now(&mut g, shared, len)
-                .then(|| self.drive(&mut g, shared))
+            self.write_now(shared, len, Some(now))
+                .map(|now| self.drive(&mut g, shared, now))
         };
         if let Some(w) = w {
             self.run(shared, w);
@@ -390,26 +395,31 @@ impl SessionHandle {
     /// Decides, after a message was queued under the lock, whether to write
     /// now (an idle session: a lone message leaves at once) or to leave it
     /// for the session's flush (a busy one: it joins what queues behind it).
-    /// Returns whether to drive now.
-    pub(crate) fn write_now(&self, _g: &mut SessionInner, shared: &Shared, len: usize) -> bool {
+    /// Returns when to drive (the clock read it made or was given), or
+    /// `None` to leave it to the flush. `now`: a fresh clock read, if the
+    /// caller has one (the cached clock is stale after a quiet spell, which
+    /// would make an idle session look busy).
+    pub(crate) fn write_now(&self, shared: &Shared, len: usize, now: Option<Time>) -> Option<Time> {
         let unflushed = self.unflushed.load(Ordering::Relaxed) + len;
         self.unflushed.store(unflushed, Ordering::Relaxed);
         if unflushed >= FLUSH_BATCH {
-            return true;
+            return Some(now.unwrap_or_else(|| shared.now()));
         }
         if self.flush_scheduled.load(Ordering::Relaxed) {
-            return false;
+            return None;
         }
-        // A real clock read: the cached one is stale after a quiet spell,
-        // which would make an idle session look busy.
-        let now = shared.now().as_nanos();
-        if now.saturating_sub(self.last_tx.load(Ordering::Relaxed)) > HOT {
-            return true;
+        let now = now.unwrap_or_else(|| shared.now());
+        if now
+            .as_nanos()
+            .saturating_sub(self.last_tx.load(Ordering::Relaxed))
+            > HOT
+        {
+            return Some(now);
         }
         if !self.flush_scheduled.swap(true, Ordering::AcqRel) {
             self.wake.notify_one();
         }
-        false
+        None
     }
 
     /// Drives the session again (after the incoming queue made room).
@@ -439,6 +449,12 @@ impl SessionHandle {
 /// The session's task: runs its timers, and the deferred writes of one-way
 /// sends, until it ended and has nothing left to write.
 pub(crate) async fn run_session(shared: Arc<Shared>, h: Arc<SessionHandle>) {
+    let tick_min = shared
+        .config
+        .core
+        .max_ack_delay
+        .max(Duration::from_millis(1));
+    let mut tick = tick_min;
     loop {
         let notified = h.wake.notified();
         tokio::pin!(notified);
@@ -449,7 +465,7 @@ pub(crate) async fn run_session(shared: Arc<Shared>, h: Arc<SessionHandle>) {
                 return;
             }
             let now = shared.now();
-            let w = g.core.poll_timeout().map(|t| t.min(now + TIMER_TICK));
+            let w = g.core.poll_timeout().map(|t| t.min(now + tick));
             g.armed = w;
             w
         };
@@ -461,15 +477,23 @@ pub(crate) async fn run_session(shared: Arc<Shared>, h: Arc<SessionHandle>) {
         };
         tokio::select! {
             () = timer => {
-                h.with(&shared, |g, now| {
-                    if g.core.poll_timeout().is_some_and(|d| d <= now) {
+                let due = h.with(&shared, |g, now| {
+                    let due = g.core.poll_timeout().is_some_and(|d| d <= now);
+                    if due {
                         g.core.handle_timeout(now);
                     }
+                    due
                 });
+                if !due {
+                    tick = (tick * 2).min(TIMER_TICK_MAX);
+                }
                 h.space.notify_waiters();
             }
             () = &mut notified => {
-                if h.flush_scheduled.load(Ordering::Acquire) {
+                if !h.flush_scheduled.load(Ordering::Acquire) {
+                    // Re-armed for an earlier deadline: the session is busy.
+                    tick = tick_min;
+                } else {
                     // Let senders add more first: yield while the queue
                     // grows (up to a write's worth), then write it all in
                     // one go. A message that queues alone is written after

@@ -337,7 +337,7 @@ impl Shared {
                     if let Some(b) = bound {
                         let mut g = b.lock();
                         g.core.refuse_path(now, path, e.clone());
-                        works.push((b.clone(), b.drive(&mut g, self)));
+                        works.push((b.clone(), b.drive(&mut g, self, now)));
                     }
                     Err(e)
                 }
@@ -358,7 +358,7 @@ impl Shared {
                             g.core.detach_path(path);
                             g.conns.retain(|c| c.path != path);
                             g.core.supersede(now, reason);
-                            works.push((old.clone(), old.drive(&mut g, self)));
+                            works.push((old.clone(), old.drive(&mut g, self, now)));
                         }
                     }
                     Ok(self.install(*session))
@@ -371,7 +371,7 @@ impl Shared {
                         let mut g = b.lock();
                         g.core.detach_path(path);
                         g.conns.retain(|c| c.path != path);
-                        works.push((b.clone(), b.drive(&mut g, self)));
+                        works.push((b.clone(), b.drive(&mut g, self, now)));
                     }
                     r.unbound.remove(&path);
                     let mut g = t.lock();
@@ -379,7 +379,7 @@ impl Shared {
                         g.conns.push(io.clone());
                     }
                     let res = g.core.handle_hello(now, path, hello);
-                    works.push((t.clone(), t.drive(&mut g, self)));
+                    works.push((t.clone(), t.drive(&mut g, self, now)));
                     drop(g);
                     res.map(|()| t)
                 }

@@ -176,6 +176,10 @@ pub(crate) fn parse_request(
         None => channel_of(varint(msg, &mut at, "truncated channel")?)?,
     };
     let call = CallId(varint(msg, &mut at, "truncated call id")?);
+    if call.0 == 0 {
+        // Callers number calls from 1 (the server's bookkeeping relies on it).
+        return Err(HeaderError("call id 0"));
+    }
     let timeout_us = if flags & FLAG_DEADLINE != 0 {
         Some(varint(msg, &mut at, "truncated timeout")?)
     } else {

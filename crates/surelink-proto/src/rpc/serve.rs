@@ -12,9 +12,15 @@
 //!   STILL_RUNNING once the reply was evicted (the first reply is in the
 //!   session's retransmit cache until the caller's application has it).
 //!
-//! The cache is bounded by entries and by bytes; ids of finished requests
-//! are remembered (without their reply) up to `remember`, so an evicted
-//! reply is still never re-executed within that window.
+//! The cache is bounded by entries and by bytes; ids are remembered
+//! (without their reply) in a ring indexed by the id itself, which a
+//! caller numbers from 1 upwards: an id is forgotten when the id
+//! `remember` (rounded up to a power of two) above it arrives, so an
+//! evicted reply is still never re-executed within that window. Consecutive
+//! calls touch neighbouring slots, so the bookkeeping stays in cache however
+//! many calls went before (a hash map of the same ids missed the cache on
+//! every eviction). A request still running when its slot is needed moves
+//! aside to a small map; it is never forgotten.
 
 use std::collections::VecDeque;
 
@@ -31,13 +37,33 @@ pub(crate) struct ServeLimits {
     pub(crate) remember: usize,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     /// Handed out as a ticket; `lane`: it came on the request lane.
     Admitted { lane: bool },
-    /// Finished; its reply while cached.
-    Done(Option<Bytes>),
+    /// Finished (its reply, while cached, is in the reply cache).
+    Done,
 }
+
+/// One remembered call.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    /// The call (0: the slot is free; callers number from 1).
+    call: u64,
+    state: State,
+    /// The message that carried its reply (a duplicate means it may be
+    /// stuck on a stalled path).
+    reply_msg: Option<MessageId>,
+}
+
+const FREE: Slot = Slot {
+    call: 0,
+    state: State::Done,
+    reply_msg: None,
+};
+
+/// Slots allocated at first (the ring doubles up to its bound as ids grow).
+const INITIAL_SLOTS: usize = 64;
 
 /// What to do with an arriving request.
 #[derive(Debug, PartialEq, Eq)]
@@ -54,15 +80,15 @@ pub(crate) enum Arrival {
 #[derive(Debug)]
 pub(crate) struct ServeState {
     limits: ServeLimits,
-    states: HashMap<CallId, State>,
-    /// Finished ids, oldest first (for forgetting).
-    finished: VecDeque<CallId>,
+    /// Indexed by call id modulo its length (a power of two).
+    ring: Vec<Slot>,
+    /// The ring's largest length.
+    ring_max: usize,
+    /// Admitted calls whose slot a newer id took.
+    displaced: HashMap<CallId, Slot>,
     /// Cached replies, oldest first.
-    cache: VecDeque<CallId>,
+    cache: VecDeque<(CallId, Bytes)>,
     cache_bytes: usize,
-    /// The message that carried each reply (a duplicate means it may be
-    /// stuck on a stalled path).
-    reply_msgs: HashMap<CallId, MessageId>,
     /// Tickets handed out and not completed.
     pub(crate) admitted: usize,
     pub(crate) executed: u64,
@@ -71,25 +97,111 @@ pub(crate) struct ServeState {
 
 impl ServeState {
     pub(crate) fn new(limits: ServeLimits) -> ServeState {
+        let ring_max = limits.remember.max(1).next_power_of_two();
         ServeState {
             limits,
-            states: HashMap::default(),
-            finished: VecDeque::new(),
+            ring: Vec::new(),
+            ring_max,
+            displaced: HashMap::default(),
             cache: VecDeque::new(),
             cache_bytes: 0,
-            reply_msgs: HashMap::default(),
             admitted: 0,
             executed: 0,
             duplicates: 0,
         }
     }
 
+    fn index(&self, call: CallId) -> usize {
+        // Truncation is the point: the low bits pick the slot.
+        #[allow(clippy::cast_possible_truncation)]
+        let low = call.0 as usize;
+        low & (self.ring.len() - 1)
+    }
+
+    fn slot(&self, call: CallId) -> Option<&Slot> {
+        if !self.ring.is_empty() {
+            let s = &self.ring[self.index(call)];
+            if s.call == call.0 {
+                return Some(s);
+            }
+        }
+        if self.displaced.is_empty() {
+            None
+        } else {
+            self.displaced.get(&call)
+        }
+    }
+
+    fn slot_mut(&mut self, call: CallId) -> Option<&mut Slot> {
+        if !self.ring.is_empty() {
+            let i = self.index(call);
+            if self.ring[i].call == call.0 {
+                return Some(&mut self.ring[i]);
+            }
+        }
+        if self.displaced.is_empty() {
+            None
+        } else {
+            self.displaced.get_mut(&call)
+        }
+    }
+
+    /// Grows the ring (up to its bound) so `call` gets a slot of its own
+    /// while ids are still small.
+    fn grow_for(&mut self, call: CallId) {
+        let want = usize::try_from(call.0.saturating_add(1))
+            .unwrap_or(usize::MAX)
+            .max(INITIAL_SLOTS)
+            .checked_next_power_of_two()
+            .unwrap_or(self.ring_max)
+            .min(self.ring_max);
+        if want <= self.ring.len() {
+            return;
+        }
+        let old = std::mem::replace(&mut self.ring, vec![FREE; want]);
+        for s in old.into_iter().filter(|s| s.call != 0) {
+            // Distinct modulo the old length means distinct modulo a
+            // multiple of it: no two land on one slot.
+            let i = self.index(CallId(s.call));
+            self.ring[i] = s;
+        }
+    }
+
+    /// Records `call` as admitted, taking its slot from an older id.
+    fn insert(&mut self, call: CallId, lane: bool) {
+        self.grow_for(call);
+        let i = self.index(call);
+        let old = std::mem::replace(
+            &mut self.ring[i],
+            Slot {
+                call: call.0,
+                state: State::Admitted { lane },
+                reply_msg: None,
+            },
+        );
+        // A running request is never forgotten; a finished one is, once
+        // `remember` newer ids came.
+        if old.call != 0 && matches!(old.state, State::Admitted { .. }) {
+            self.displaced.insert(CallId(old.call), old);
+        }
+    }
+
+    /// The cached reply of `call`, if still cached (newest first: only a
+    /// duplicate, which is rare, looks).
+    fn cached_reply(&self, call: CallId) -> Option<Bytes> {
+        self.cache
+            .iter()
+            .rev()
+            .find(|(c, _)| *c == call)
+            .map(|(_, r)| r.clone())
+    }
+
     /// Classifies an arriving request; a new one is admitted (the caller
     /// hands out its ticket).
     pub(crate) fn arrive(&mut self, call: CallId, lane: bool) -> Arrival {
-        match self.states.get(&call) {
+        match self.slot(call).map(|s| s.state) {
             None => {
-                self.states.insert(call, State::Admitted { lane });
+                self.insert(call, lane);
                 self.admitted += 1;
                 self.executed += 1;
                 Arrival::New
@@ -98,23 +210,23 @@ impl ServeState {
                 self.duplicates += 1;
                 Arrival::Admitted
             }
-            Some(State::Done(r)) => {
+            Some(State::Done) => {
                 self.duplicates += 1;
-                Arrival::Done(r.clone())
+                Arrival::Done(self.cached_reply(call))
             }
         }
     }
 
     /// Whether `call` was seen (admitted or finished, and not forgotten).
     pub(crate) fn knows(&self, call: CallId) -> bool {
-        self.states.contains_key(&call)
+        self.slot(call).is_some()
     }
 
     /// Whether `call` is admitted and not finished; `Some(lane)`.
     pub(crate) fn admitted_on_lane(&self, call: CallId) -> Option<bool> {
-        match self.states.get(&call) {
-            Some(State::Admitted { lane }) => Some(*lane),
-            _ => None,
+        match self.slot(call)?.state {
+            State::Admitted { lane } => Some(lane),
+            State::Done => None,
         }
     }
 
@@ -122,53 +234,45 @@ impl ServeState {
     /// successful reply is worth repeating; an error is answered again as
     /// "still running" and its first answer is in flight).
     pub(crate) fn finish(&mut self, call: CallId, reply: Option<Bytes>) {
-        if !matches!(self.states.get(&call), Some(State::Admitted { .. })) {
+        let Some(s) = self.slot_mut(call) else {
+            return;
+        };
+        if !matches!(s.state, State::Admitted { .. }) {
             return;
         }
+        s.state = State::Done;
         self.admitted -= 1;
-        let reply = reply.filter(|r| {
-            r.len() <= self.limits.reply_cache_bytes && self.limits.reply_cache_entries > 0
-        });
-        if let Some(r) = &reply {
-            self.cache_bytes += r.len();
-            self.cache.push_back(call);
+        // A displaced call is older than the window: remembered no longer.
+        if !self.displaced.is_empty() {
+            self.displaced.remove(&call);
         }
-        self.states.insert(call, State::Done(reply));
-        while self.cache.len() > self.limits.reply_cache_entries
-            || self.cache_bytes > self.limits.reply_cache_bytes
+        let limits = self.limits;
+        if let Some(r) =
+            reply.filter(|r| r.len() <= limits.reply_cache_bytes && limits.reply_cache_entries > 0)
         {
-            let Some(old) = self.cache.pop_front() else {
-                break;
-            };
-            if let Some(State::Done(r)) = self.states.get_mut(&old) {
-                if let Some(r) = r.take() {
-                    self.cache_bytes -= r.len();
-                }
-            }
+            self.cache_bytes += r.len();
+            self.cache.push_back((call, r));
         }
-        self.finished.push_back(call);
-        while self.finished.len() > self.limits.remember {
-            let Some(old) = self.finished.pop_front() else {
+        while self.cache.len() > limits.reply_cache_entries
+            || self.cache_bytes > limits.reply_cache_bytes
+        {
+            let Some((_, r)) = self.cache.pop_front() else {
                 break;
             };
-            if let Some(State::Done(Some(r))) = self.states.remove(&old) {
-                self.cache_bytes -= r.len();
-                self.cache.retain(|k| *k != old);
-            }
-            self.reply_msgs.remove(&old);
+            self.cache_bytes -= r.len();
         }
     }
 
     /// The reply to `call` went out as `msg`.
     pub(crate) fn reply_sent(&mut self, call: CallId, msg: MessageId) {
-        if self.states.contains_key(&call) {
-            self.reply_msgs.insert(call, msg);
+        if let Some(s) = self.slot_mut(call) {
+            s.reply_msg = Some(msg);
         }
     }
 
     /// The message that carried the reply to `call`, if it went out.
     pub(crate) fn reply_msg(&self, call: CallId) -> Option<MessageId> {
-        self.reply_msgs.get(&call).copied()
+        self.slot(call)?.reply_msg
     }
 
     /// Bytes of cached replies.
@@ -179,11 +283,10 @@ impl ServeState {
 
     /// Forgets everything (the session ended).
     pub(crate) fn clear(&mut self) {
-        self.states.clear();
-        self.finished.clear();
+        self.ring = Vec::new();
+        self.displaced.clear();
         self.cache.clear();
         self.cache_bytes = 0;
-        self.reply_msgs.clear();
         self.admitted = 0;
     }
 }
@@ -240,5 +343,27 @@ mod tests {
         s.arrive(CallId(1), false);
         s.finish(CallId(1), Some(Bytes::from(vec![0; 11])));
         assert_eq!(s.arrive(CallId(1), false), Arrival::Done(None));
+    }
+
+    #[test]
+    fn a_running_call_is_never_forgotten_and_the_ring_grows_with_ids() {
+        let mut s = ServeState::new(limits(4, 1024, 8));
+        assert_eq!(s.arrive(CallId(3), false), Arrival::New);
+        // 20 newer calls pass through the 8-slot ring while 3 runs.
+        for i in 4..24 {
+            assert_eq!(s.arrive(CallId(i), true), Arrival::New);
+            s.finish(CallId(i), None);
+        }
+        assert_eq!(s.admitted_on_lane(CallId(3)), Some(false));
+        assert_eq!(s.arrive(CallId(3), false), Arrival::Admitted);
+        s.finish(CallId(3), Some(Bytes::from_static(b"late")));
+        assert_eq!(s.admitted, 0);
+        // Recent ids are remembered, older ones forgotten.
+        assert!(s.knows(CallId(23)) && s.knows(CallId(16)));
+        assert!(!s.knows(CallId(15)));
+        // An id far ahead takes its slot without growing past the bound.
+        assert_eq!(s.arrive(CallId(1 << 40), false), Arrival::New);
+        assert!(s.ring.len() <= 8);
+        assert_eq!(s.admitted_on_lane(CallId(1 << 40)), Some(false));
     }
 }
