@@ -9,11 +9,19 @@
 //! handler returns a reply or a typed [`HandlerError`]; one that panics is
 //! caught: its caller gets [`RemoteError::Panicked`], its slot is freed,
 //! and the connection and the other handlers carry on.
+//!
+//! One peer's requests are *started* (the handler called) in the order the
+//! scheduler hands them out — per priority, the order they were sent —
+//! even though each runs in its own task and the runtime may poll a later
+//! task first (tokio runs the last task a worker spawned before the ones
+//! spawned just ahead of it). Once started they run concurrently.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::task::{Poll, Waker};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -111,6 +119,61 @@ pub(crate) struct Job {
     pub(crate) ticket: Ticket,
 }
 
+/// The turns in which one session's requests start (see the module docs).
+#[derive(Default)]
+pub(crate) struct StartOrder {
+    /// Turns handed out (under the queue lock, so in the scheduler's order).
+    issued: AtomicU64,
+    /// The turn that may start now.
+    next: AtomicU64,
+    /// Tasks polled before their turn came.
+    early: Mutex<Vec<(u64, Waker)>>,
+}
+
+impl StartOrder {
+    fn issue(&self) -> u64 {
+        self.issued.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Waits until `turn` may start.
+    async fn wait(&self, turn: u64) {
+        std::future::poll_fn(|cx| {
+            if self.next.load(Ordering::Acquire) == turn {
+                return Poll::Ready(());
+            }
+            let mut early = lock(&self.early);
+            // Checked again under the lock: `done` stores before it locks.
+            if self.next.load(Ordering::Acquire) == turn {
+                return Poll::Ready(());
+            }
+            match early.iter_mut().find(|(t, _)| *t == turn) {
+                Some((_, w)) => w.clone_from(cx.waker()),
+                None => early.push((turn, cx.waker().clone())),
+            }
+            Poll::Pending
+        })
+        .await;
+    }
+
+    /// `turn` has started: the next one may.
+    fn done(&self, turn: u64) {
+        self.next.store(turn + 1, Ordering::Release);
+        let mut early = lock(&self.early);
+        if let Some(i) = early.iter().position(|(t, _)| *t == turn + 1) {
+            early.swap_remove(i).1.wake();
+        }
+    }
+}
+
+/// Passes the turn on however the start ends (a panic included).
+struct Turn<'a>(&'a StartOrder, u64);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.0.done(self.1);
+    }
+}
+
 struct Queue {
     scheduler: Box<dyn Scheduler<Job>>,
     running: usize,
@@ -205,14 +268,15 @@ impl Server {
                     return;
                 };
                 q.running += 1;
-                d.item
+                let turn = d.item.session.start_order.issue();
+                (d.item, turn)
             };
             let handler = shared.server.handler();
             let sh = shared.clone();
             let mut tasks = lock(&shared.server.tasks);
             // Reap what finished, so the set stays the size of the work.
             while tasks.try_join_next().is_some() {}
-            tasks.spawn(run(sh, job, handler));
+            tasks.spawn(run(sh, job.0, job.1, handler));
         }
     }
 
@@ -235,8 +299,10 @@ impl Server {
 }
 
 /// Runs one request and answers it through its session.
-async fn run(shared: Arc<Shared>, job: Job, handler: Option<Arc<dyn Handler>>) {
+async fn run(shared: Arc<Shared>, job: Job, turn: u64, handler: Option<Arc<dyn Handler>>) {
     let Job { session, ticket } = job;
+    session.start_order.wait(turn).await;
+    let turn = Turn(&session.start_order, turn);
     let now = shared.now_cached();
     let result = match handler {
         None => Err(RemoteError::NoHandler),
@@ -252,7 +318,9 @@ async fn run(shared: Arc<Shared>, job: Job, handler: Option<Arc<dyn Handler>>) {
             };
             // Both the call that makes the future and the future itself may
             // panic; either way the caller gets a typed answer.
-            match std::panic::catch_unwind(AssertUnwindSafe(|| h.handle(req))) {
+            let started = std::panic::catch_unwind(AssertUnwindSafe(|| h.handle(req)));
+            drop(turn);
+            match started {
                 Err(_) => Err(RemoteError::Panicked),
                 Ok(fut) => match AssertUnwindSafe(fut).catch_unwind().await {
                     Ok(Ok(reply)) => Ok(reply),

@@ -33,7 +33,7 @@ use crate::conn::ConnIo;
 use crate::error::CallError;
 use crate::events::NetEvent;
 use crate::incoming::Incoming;
-use crate::server::Server;
+use crate::server::{Server, StartOrder};
 use crate::shared::Shared;
 
 /// Bytes per `poll_transmit`: big enough to batch, small enough to
@@ -51,7 +51,7 @@ const TIMER_TICK_MAX: Duration = Duration::from_secs(1);
 /// Bytes of deferred sends after which the sender writes them itself.
 const FLUSH_BATCH: usize = 64 * 1024;
 /// Most times a flush yields to let senders add to it.
-const MAX_FLUSH_YIELDS: usize = 8;
+const MAX_FLUSH_YIELDS: usize = 32;
 /// A session that wrote within this long is busy: a message queued then
 /// (a one-way send, a request, a reply) is left to the session's flush,
 /// which writes it together with whatever else queued meanwhile, in one
@@ -93,6 +93,8 @@ pub(crate) struct SessionHandle {
     /// without it by the flush).
     unflushed: AtomicUsize,
     ended: AtomicBool,
+    /// The order its requests start in.
+    pub(crate) start_order: StartOrder,
 }
 
 /// Work found while holding a session's lock, done after releasing it.
@@ -129,6 +131,7 @@ impl SessionHandle {
             incoming: AtomicUsize::new(0),
             unflushed: AtomicUsize::new(0),
             ended: AtomicBool::new(false),
+            start_order: StartOrder::default(),
         }
     }
 

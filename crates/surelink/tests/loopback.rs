@@ -312,6 +312,44 @@ async fn a_panicking_handler_fails_its_call_and_the_session_carries_on() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_callers_requests_start_in_the_order_it_made_them() {
+    // Bursts of calls made in order from one task (join_all polls them in
+    // order, and a call's first poll queues it): the handler must be called
+    // in the same order, although each request runs in its own task and
+    // tokio polls the task a worker spawned last first.
+    let LoopbackPair { server, client } = pair().await;
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    server.serve(move |r: Request| {
+        s2.lock()
+            .unwrap()
+            .push(u32::from_be_bytes(r.body[..4].try_into().unwrap()));
+        async move {
+            tokio::task::yield_now().await;
+            r.body
+        }
+    });
+    let mut next = 0u32;
+    for _ in 0..50 {
+        let calls = (0..64).map(|_| {
+            let body = Bytes::from(next.to_be_bytes().to_vec());
+            next += 1;
+            client.call(SERVER, 0, body, Duration::from_secs(10))
+        });
+        for r in futures_util::future::join_all(calls.collect::<Vec<_>>()).await {
+            r.unwrap();
+        }
+    }
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), next as usize);
+    let out_of_order = seen.windows(2).filter(|w| w[1] < w[0]).count();
+    assert_eq!(
+        out_of_order, 0,
+        "{out_of_order} requests started after a later one"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flooding_peer_does_not_delay_another_peers_calls() {
     // Four workers, each request of the flooding peer takes 20 ms: its
     // backlog alone would take seconds. The other peer's calls are served
