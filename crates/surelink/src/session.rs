@@ -44,9 +44,14 @@ const TRANSMIT_BUDGET: usize = 256 * 1024;
 /// needs no wake-up call from the data path. The tick starts at the
 /// acknowledgement delay — every message received sets an ack deadline
 /// that far ahead, so on a busy session those never wake the task (a
-/// wake-up per message otherwise) — and doubles on each quiet wake-up up to
-/// this bound, so a session that only waits (a long call) costs a wake-up
-/// a second.
+/// wake-up per message otherwise). It stays there while the session
+/// writes, and doubles on each wake-up that finds neither a deadline due
+/// nor a write since the last one, up to this bound: a session that only
+/// waits (a long call) costs a wake-up a second. (Letting a busy session's
+/// tick grow would make every new ack deadline a wake-up call from the data
+/// path — a second task scheduled beside the one the data path wakes,
+/// which makes tokio unpark another worker and hand every later message
+/// across threads.)
 const TIMER_TICK_MAX: Duration = Duration::from_secs(1);
 /// Bytes of deferred sends after which the sender writes them itself.
 const FLUSH_BATCH: usize = 64 * 1024;
@@ -458,6 +463,7 @@ pub(crate) async fn run_session(shared: Arc<Shared>, h: Arc<SessionHandle>) {
         .max_ack_delay
         .max(Duration::from_millis(1));
     let mut tick = tick_min;
+    let mut seen_tx = h.last_tx.load(Ordering::Relaxed);
     loop {
         let notified = h.wake.notified();
         tokio::pin!(notified);
@@ -487,9 +493,13 @@ pub(crate) async fn run_session(shared: Arc<Shared>, h: Arc<SessionHandle>) {
                     }
                     due
                 });
-                if !due {
+                let tx = h.last_tx.load(Ordering::Relaxed);
+                if due || tx != seen_tx {
+                    tick = tick_min;
+                } else {
                     tick = (tick * 2).min(TIMER_TICK_MAX);
                 }
+                seen_tx = tx;
                 h.space.notify_waiters();
             }
             () = &mut notified => {
