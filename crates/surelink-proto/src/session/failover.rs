@@ -1,0 +1,188 @@
+//! A session's paths failing, closing and being suspected: what was in
+//! flight on them moves to the retransmit queue (re-sent on the other
+//! paths before anything new, SQR), and the session tracks whether any
+//! path still reaches the peer.
+
+use super::paths::Phase;
+use super::{send, ClosingPath, Session};
+use crate::error::PathError;
+use crate::event::{Event, PathCloseReason};
+use crate::ids::{MessageId, PathId};
+use crate::time::Time;
+use crate::wire::{Close, CloseCode, CloseScope};
+
+impl Session {
+    /// Moves every frame in flight on path `i` to the retransmit queue.
+    /// Returns how many moved.
+    pub(super) fn evacuate(&mut self, i: usize) -> usize {
+        let p = &mut self.paths[i];
+        let mut moved = 0;
+        for (st, seq, t) in p.inflight.drain(..) {
+            if let Some(e) = self.send.entry_mut(st, seq) {
+                if e.state == send::EntryState::InFlight && e.path == p.id && e.sent_at == t {
+                    e.state = send::EntryState::Pending;
+                    self.send.retx_queue.push_back((st, seq));
+                    moved += 1;
+                }
+            }
+        }
+        p.inflight_bytes = 0;
+        moved
+    }
+
+    /// The transport under `path` failed (connection reset, or the failure
+    /// detector declared it dead). Its in-flight messages are re-sent on the
+    /// session's other paths before anything new.
+    pub fn handle_path_down(&mut self, now: Time, path: PathId) {
+        self.tick(now);
+        if let Some(pi) = self.path_index(path) {
+            self.path_failed(now, pi, PathCloseReason::TransportFailed, None);
+        } else if let Some(i) = self.closing.iter().position(|c| c.path == path) {
+            // Its CLOSE can no longer be written: report it now.
+            if let Some(mut c) = self.closing.remove(i) {
+                c.close = None;
+                self.finish_close(c);
+            }
+        }
+    }
+
+    /// Closes a path from this side (a CLOSE frame is queued for it).
+    pub fn close_path(&mut self, now: Time, path: PathId) {
+        self.tick(now);
+        if let Some(pi) = self.path_index(path) {
+            let close = Close {
+                scope: CloseScope::Path,
+                code: CloseCode::NORMAL,
+                reason: String::new(),
+            };
+            self.path_failed(now, pi, PathCloseReason::ClosedLocally, Some(close));
+        }
+    }
+
+    /// Closes `path` because of `e`, telling the peer why (the router
+    /// refused its HELLO, or its input broke the protocol).
+    pub fn refuse_path(&mut self, now: Time, path: PathId, e: PathError) {
+        self.tick(now);
+        let Some(pi) = self.path_index(path) else {
+            return;
+        };
+        let close = Close {
+            scope: e.close_scope(),
+            code: e.close_code(),
+            reason: e.to_string(),
+        };
+        self.path_failed(now, pi, PathCloseReason::Error(e), Some(close));
+    }
+
+    /// Takes `path` out of this session without closing it: the router
+    /// moved it to a session that replaces this one.
+    pub fn detach_path(&mut self, path: PathId) {
+        if let Some(pi) = self.path_index(path) {
+            self.evacuate(pi);
+            self.paths.remove(pi);
+            if self.last_path == Some(path) {
+                self.last_path = None;
+            }
+        }
+    }
+
+    /// The transport under path `pi` is gone (or the detector says so).
+    pub(crate) fn path_failed(
+        &mut self,
+        now: Time,
+        pi: usize,
+        reason: PathCloseReason,
+        close: Option<Close>,
+    ) {
+        let resent = self.evacuate(pi);
+        if resent > 0 {
+            self.stats.failovers += 1;
+        }
+        let p = self.paths.remove(pi);
+        if self.last_path == Some(p.id) {
+            self.last_path = None;
+        }
+        let c = ClosingPath {
+            path: p.id,
+            close,
+            reason,
+            resent,
+        };
+        if c.close.is_some() {
+            self.closing.push_back(c);
+        } else {
+            self.finish_close(c);
+        }
+        self.update_reachability(now);
+    }
+
+    pub(super) fn finish_close(&mut self, c: ClosingPath) {
+        self.events.push_back(Event::PathClosed {
+            peer: Some(self.node),
+            path: c.path,
+            reason: c.reason,
+            resent: c.resent,
+        });
+    }
+
+    pub(super) fn update_reachability(&mut self, now: Time) {
+        if self.ended.is_some() {
+            return;
+        }
+        let reachable = self.paths.iter().any(|p| p.phase == Phase::Active);
+        if reachable && !self.reachable {
+            if let Some(peer) = self.peer {
+                self.events.push_back(Event::PeerUp {
+                    peer: self.node,
+                    session: self.id,
+                    epoch: peer.epoch,
+                });
+            }
+        } else if !reachable && self.reachable {
+            self.unreachable_since = now;
+            self.events.push_back(Event::PeerUnreachable {
+                peer: self.node,
+                session: self.id,
+            });
+        }
+        self.reachable = reachable;
+    }
+
+    /// The application finds message `id` overdue (no reply within its
+    /// re-send timeout). If the message is still in flight, the path
+    /// carrying it is suspected at once, as if its retransmission timeout
+    /// had fired: its in-flight messages move to the other paths and new
+    /// ones avoid it until it answers a probe. Returns whether a path was
+    /// suspected (false: delivered already, queued, or another session).
+    pub fn handle_message_overdue(&mut self, now: Time, id: MessageId) -> bool {
+        self.tick(now);
+        if id.session != self.id {
+            return false;
+        }
+        let Some(e) = self
+            .send
+            .streams
+            .get(id.stream.index())
+            .and_then(|s| s.holding(id.seq))
+        else {
+            return false;
+        };
+        if e.state != send::EntryState::InFlight {
+            return false;
+        }
+        let path = e.path;
+        let Some(i) = self.path_index(path) else {
+            return false;
+        };
+        let p = &mut self.paths[i];
+        if p.phase != Phase::Active {
+            return false;
+        }
+        p.suspect = true;
+        p.backoff = p.backoff.saturating_add(1);
+        p.ping_due = true;
+        self.stats.timeouts += 1;
+        self.evacuate(i);
+        true
+    }
+}
