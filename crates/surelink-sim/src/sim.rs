@@ -581,14 +581,19 @@ impl Sim {
         }
     }
 
-    fn app_call(&mut self, n: usize) {
+    /// A random node other than `n` (none in a one-node run).
+    fn other_node(&mut self, n: usize) -> Option<usize> {
         if self.cfg.nodes < 2 {
+            return None;
+        }
+        let dst = self.rng.random_range(0..self.cfg.nodes - 1);
+        Some(if dst >= n { dst + 1 } else { dst })
+    }
+
+    fn app_call(&mut self, n: usize) {
+        let Some(dst) = self.other_node(n) else {
             return;
-        }
-        let mut dst = self.rng.random_range(0..self.cfg.nodes - 1);
-        if dst >= n {
-            dst += 1;
-        }
+        };
         let channel = ChannelId(self.rng.random_range(0..self.cfg.workload.channels.max(1)));
         let len = self
             .rng
@@ -613,13 +618,9 @@ impl Sim {
     }
 
     fn app_send(&mut self, n: usize) {
-        if self.cfg.nodes < 2 {
+        let Some(dst) = self.other_node(n) else {
             return;
-        }
-        let mut dst = self.rng.random_range(0..self.cfg.nodes - 1);
-        if dst >= n {
-            dst += 1;
-        }
+        };
         let channel = ChannelId(self.rng.random_range(0..self.cfg.workload.channels.max(1)));
         for _ in 0..self.cfg.workload.burst.max(1) {
             let len = self.rng.random_range(8..=self.cfg.workload.max_len.max(8));

@@ -296,16 +296,7 @@ impl Endpoint {
     /// session's next write.
     pub async fn send(&self, peer: NodeId, channel: u16, message: Bytes) -> Result<(), SendError> {
         // The common case waits for nothing: no future state beyond this.
-        let ch = call::check_channel(&self.shared, channel)?;
-        let mut one = std::iter::once(message);
-        match call::send_now(
-            &self.shared,
-            peer,
-            ch,
-            Priority::Normal,
-            &mut one,
-            Flush::Batched,
-        )? {
+        match self.send_one_now(peer, channel, message)? {
             call::SendNow::Done(_) => Ok(()),
             call::SendNow::Blocked(m) => Box::pin(call::send(
                 &self.shared,
@@ -371,19 +362,29 @@ impl Endpoint {
 
     /// Sends a one-way message if there is room now; otherwise hands it back.
     pub fn try_send(&self, peer: NodeId, channel: u16, message: Bytes) -> Result<(), TrySendError> {
+        match self.send_one_now(peer, channel, message)? {
+            call::SendNow::Done(_) => Ok(()),
+            call::SendNow::Blocked(m) => Err(TrySendError::Full(m)),
+        }
+    }
+
+    /// Queues one normal message if it fits now (the fast path of `send`
+    /// and `try_send`).
+    fn send_one_now(
+        &self,
+        peer: NodeId,
+        channel: u16,
+        message: Bytes,
+    ) -> Result<call::SendNow, SendError> {
         let ch = call::check_channel(&self.shared, channel)?;
-        let mut one = std::iter::once(message);
-        match call::send_now(
+        call::send_now(
             &self.shared,
             peer,
             ch,
             Priority::Normal,
-            &mut one,
+            &mut std::iter::once(message),
             Flush::Batched,
-        )? {
-            call::SendNow::Done(_) => Ok(()),
-            call::SendNow::Blocked(m) => Err(TrySendError::Full(m)),
-        }
+        )
     }
 
     /// Serves requests with `handler` (replacing any earlier one). Each

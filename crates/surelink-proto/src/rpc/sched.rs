@@ -103,6 +103,22 @@ pub struct PriorityScheduler<T> {
     arrivals: VecDeque<TicketKey>,
 }
 
+/// The first key of `queue` whose ticket still waits in `place` (keys of
+/// tickets taken, promoted or removed are dropped lazily, here).
+fn live_front<T>(
+    queue: &mut VecDeque<TicketKey>,
+    slots: &HashMap<TicketKey, Slot<T>>,
+    place: Place,
+) -> Option<TicketKey> {
+    while let Some(k) = queue.front() {
+        if slots.get(k).is_some_and(|s| s.place == place) {
+            return Some(*k);
+        }
+        queue.pop_front();
+    }
+    None
+}
+
 impl<T> PriorityScheduler<T> {
     /// Empty queues; a normal request waits at most `aging_bound` behind
     /// high-priority ones.
@@ -117,28 +133,12 @@ impl<T> PriorityScheduler<T> {
         }
     }
 
-    fn live(&self, key: &TicketKey, place: Place) -> bool {
-        self.slots.get(key).is_some_and(|s| s.place == place)
-    }
-
     fn high_head(&mut self) -> Option<TicketKey> {
-        while let Some(k) = self.high.front() {
-            if self.live(k, Place::High) {
-                return Some(*k);
-            }
-            self.high.pop_front();
-        }
-        None
+        live_front(&mut self.high, &self.slots, Place::High)
     }
 
     fn oldest_normal(&mut self) -> Option<TicketKey> {
-        while let Some(k) = self.arrivals.front() {
-            if self.live(k, Place::Normal) {
-                return Some(*k);
-            }
-            self.arrivals.pop_front();
-        }
-        None
+        live_front(&mut self.arrivals, &self.slots, Place::Normal)
     }
 
     /// The next normal key, round robin over sessions.
