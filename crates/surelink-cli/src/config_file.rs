@@ -3,14 +3,23 @@
 //! ```toml
 //! node = 1
 //! cluster = 7
+//! key_file = "node1.key"          # this node's secret (surelink keygen --out); relative to this file
+//! # protection = "integrity_only"  # default "encrypt"
+//! # insecure = true                # no authentication or encryption: benchmarks only
 //! listen = ["127.0.1.1:7100", "127.0.2.1:7100"]   # one per network
 //! # dial_from = ["127.0.1.9:0", "127.0.2.9:0"]     # clients without listeners
 //! connections_per_network = 1
 //! metrics = "127.0.0.1:9100"                        # optional Prometheus port
 //!
-//! [[peers]]
+//! [[members]]                     # every node that may connect, and its public key
+//! node = 2
+//! public_key = "…"                # from `surelink keygen`
+//!
+//! [[peers]]                       # nodes this one dials (each needs a member entry)
 //! node = 2
 //! addrs = ["127.0.1.2:7100", "127.0.2.2:7100"]     # "" where not attached
+//!
+//! # max_connections = 1024; max_connections_per_ip = 64; max_handshaking = 128
 //!
 //! [core]                                            # all optional
 //! linger_ms = 30000
@@ -33,7 +42,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde::Deserialize;
 use surelink::proto::{ClusterId, Epoch, NodeId};
-use surelink::{Config, DetectorConfig, DetectorMode, PeerConfig};
+use surelink::{Config, DetectorConfig, DetectorMode, PeerConfig, Protection};
 
 #[derive(Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
@@ -53,6 +62,15 @@ struct File {
     reconnect_max_ms: Option<u64>,
     tcp_user_timeout_ms: Option<u64>,
     metrics: Option<SocketAddr>,
+    key_file: Option<std::path::PathBuf>,
+    #[serde(default)]
+    insecure: bool,
+    protection: Option<String>,
+    max_connections: Option<usize>,
+    max_connections_per_ip: Option<usize>,
+    max_handshaking: Option<usize>,
+    #[serde(default)]
+    members: Vec<Member>,
     #[serde(default)]
     peers: Vec<Peer>,
     #[serde(default)]
@@ -72,6 +90,13 @@ struct Detector {
     max_network_delay_ms: Option<u64>,
     check_every_ms: Option<u64>,
     barrier_timeout_ms: Option<u64>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct Member {
+    node: u64,
+    public_key: String,
 }
 
 #[derive(Deserialize, Debug)]
@@ -105,12 +130,52 @@ pub(crate) struct Loaded {
 pub(crate) fn load(path: &Path) -> Result<Loaded> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    parse(&text).with_context(|| format!("in {}", path.display()))
+    let base = path.parent().unwrap_or(Path::new("."));
+    parse(&text, base).with_context(|| format!("in {}", path.display()))
 }
 
-pub(crate) fn parse(text: &str) -> Result<Loaded> {
+/// Parses a configuration; relative paths (`key_file`) are taken from `base`.
+pub(crate) fn parse(text: &str, base: &Path) -> Result<Loaded> {
     let f: File = toml::from_str(text)?;
     let mut c = Config::new(NodeId(f.node), ClusterId(f.cluster));
+    c.insecure = f.insecure;
+    if let Some(p) = &f.protection {
+        c.protection = match p.as_str() {
+            "encrypt" => Protection::Encrypt,
+            "integrity_only" => Protection::IntegrityOnly,
+            other => anyhow::bail!("protection {other:?}: use encrypt or integrity_only"),
+        };
+    }
+    match (&f.key_file, f.insecure) {
+        (Some(k), _) => {
+            c.identity = Some(crate::keys::read_secret(&base.join(k))?);
+        }
+        (None, false) => anyhow::bail!(
+            "key_file is required (make one with `surelink keygen --out node{}.key`), or set insecure = true for a benchmark on a trusted host",
+            f.node
+        ),
+        (None, true) => {}
+    }
+    if let Some(k) = &c.identity {
+        c.members
+            .insert(c.node, k.public())
+            .context("this node's own key")?;
+    }
+    for m in &f.members {
+        let key = crate::keys::parse_public(&m.public_key, &format!("member {}", m.node))?;
+        c.members
+            .insert(NodeId(m.node), key)
+            .with_context(|| format!("member {}", m.node))?;
+    }
+    if let Some(v) = f.max_connections {
+        c.max_connections = v;
+    }
+    if let Some(v) = f.max_connections_per_ip {
+        c.max_connections_per_ip = v;
+    }
+    if let Some(v) = f.max_handshaking {
+        c.max_handshaking = v;
+    }
     c.epoch = f.epoch.map(Epoch);
     c.listen = f.listen;
     c.dial_from = f.dial_from;
@@ -213,6 +278,46 @@ pub(crate) fn parse(text: &str) -> Result<Loaded> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse(text: &str) -> Result<Loaded> {
+        super::parse(&format!("insecure = true\n{text}"), Path::new("."))
+    }
+
+    #[test]
+    fn keys_and_members_are_read_and_required() {
+        let dir = std::env::temp_dir().join(format!("surelink-cfg-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        crate::keys::make_key_dir(&dir, &[NodeId(1), NodeId(2)]).unwrap();
+        let pub2 = std::fs::read_to_string(dir.join("node-2.pub")).unwrap();
+        let text = format!(
+            "node = 1\ncluster = 7\nkey_file = \"node-1.key\"\nlisten = [\"127.0.1.1:7100\"]\n\
+             [[members]]\nnode = 2\npublic_key = \"{}\"\n\
+             [[peers]]\nnode = 2\naddrs = [\"127.0.1.2:7100\"]\n",
+            pub2.trim()
+        );
+        let l = super::parse(&text, &dir).unwrap();
+        assert!(l.config.identity.is_some());
+        assert_eq!(l.config.members.len(), 2);
+        assert!(!l.config.insecure);
+        // No key file and not insecure: refused with the way out named.
+        let err = super::parse("node = 1\ncluster = 7\n", &dir).unwrap_err();
+        assert!(format!("{err:#}").contains("surelink keygen"), "{err:#}");
+        // A dialled peer without a member key: refused.
+        let err = super::parse(
+            "node = 1\ncluster = 7\nkey_file = \"node-1.key\"\nlisten = [\"127.0.1.1:7100\"]\n\
+             [[peers]]\nnode = 2\naddrs = [\"127.0.1.2:7100\"]\n",
+            &dir,
+        )
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("no public key"), "{err:#}");
+        let err = super::parse(
+            "node = 1\ncluster = 7\nkey_file = \"node-1.key\"\n[[members]]\nnode = 2\npublic_key = \"xyz\"\n",
+            &dir,
+        )
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("member 2"), "{err:#}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn parses_the_documented_example_and_refuses_typos() {

@@ -23,6 +23,7 @@ mod config_file;
 mod demo;
 mod demo_sim;
 mod experiment;
+mod keys;
 mod serve;
 mod stats;
 mod testbed;
@@ -48,6 +49,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Call a peer (ping/echo) from a TOML configuration.
     Call(serve::CallArgs),
+    /// Generate a node key pair (the secret to a file, the public key to
+    /// paste into every node's `[[members]]`).
+    Keygen(keys::KeygenArgs),
     /// Print a running endpoint's counters from its metrics port.
     Stats(stats::StatsArgs),
     /// Benchmark against plain TCP, ZeroMQ and NATS: round-trip latency and
@@ -86,6 +90,7 @@ fn main() -> anyhow::Result<()> {
             Command::Demo(a) => demo::run(&a).await,
             Command::Serve(a) => serve::serve(&a).await,
             Command::Call(a) => serve::call(&a).await,
+            Command::Keygen(a) => keys::keygen(&a),
             Command::Stats(a) => stats::run(&a).await,
             Command::Bench(a) => bench::run(&a).await,
             Command::Testbed(a) => testbed::main(&a),

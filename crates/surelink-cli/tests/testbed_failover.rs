@@ -111,6 +111,10 @@ fn no_loss_duplicate_or_reorder_under_every_fault_on_a_real_network() {
     }
     let _guard = Testbed;
     surelink(&["testbed", "up"]).unwrap();
+    // The nodes authenticate with key files, made here by the first node.
+    let keys = std::env::temp_dir().join(format!("surelink-testbed-keys-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&keys);
+    let keys_arg = keys.display().to_string();
     let detector = [
         "--interval-ms",
         "10",
@@ -130,6 +134,7 @@ fn no_loss_duplicate_or_reorder_under_every_fault_on_a_real_network() {
         "10.77.1.2:7400,10.77.2.2:7400",
     ];
     args.extend(detector);
+    args.extend(["--key-dir", &keys_arg]);
     let rx = Node::start("sl-b", &args);
     assert!(
         rx.wait_for("ready", Duration::from_secs(10)),
@@ -146,6 +151,7 @@ fn no_loss_duplicate_or_reorder_under_every_fault_on_a_real_network() {
         "1",
     ];
     args.extend(detector);
+    args.extend(["--key-dir", &keys_arg]);
     let tx = Node::start("sl-a", &args);
     assert!(
         rx.wait_for("peer_up", Duration::from_secs(10)),
@@ -168,6 +174,7 @@ fn no_loss_duplicate_or_reorder_under_every_fault_on_a_real_network() {
     std::thread::sleep(Duration::from_millis(1000));
     let tx_lines = tx.stop();
     let rx_lines = rx.stop();
+    let _ = std::fs::remove_dir_all(&keys);
     let fenced = tx_lines.iter().filter(|v| v["ev"] == "fenced").count();
     assert_eq!(
         fenced, 0,

@@ -145,6 +145,9 @@ pub enum HandshakeError {
     /// Too many sessions already.
     #[error("too many sessions (max_sessions = {0})")]
     TooManySessions(u32),
+    /// The HELLO named node 0, which is reserved.
+    #[error("peer claimed the reserved node id 0")]
+    ReservedNode,
 }
 
 impl HandshakeError {
@@ -161,6 +164,7 @@ impl HandshakeError {
             HandshakeError::BadLimits(_) => CloseCode::PROTOCOL,
             HandshakeError::Timeout => CloseCode::PROTOCOL,
             HandshakeError::TooManySessions(_) => CloseCode::PROTOCOL,
+            HandshakeError::ReservedNode => CloseCode::PROTOCOL,
         }
     }
 }

@@ -56,6 +56,9 @@ pub(crate) fn decide(
             theirs: h.cluster,
         });
     }
+    if h.node == NodeId(0) {
+        return Decision::Reject(HandshakeError::ReservedNode);
+    }
     if h.node == local.node {
         return Decision::Reject(HandshakeError::SelfConnect(h.node));
     }
@@ -235,6 +238,12 @@ mod tests {
         assert_eq!(
             decide(&LOCAL, &h, None, None, None),
             Decision::Reject(HandshakeError::SelfConnect(NodeId(1)))
+        );
+        let mut h = hello(5, 1, 0, 0);
+        h.node = NodeId(0);
+        assert_eq!(
+            decide(&LOCAL, &h, None, None, None),
+            Decision::Reject(HandshakeError::ReservedNode)
         );
         let h = hello(5, 1, 0, 0);
         assert_eq!(

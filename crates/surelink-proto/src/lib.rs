@@ -90,6 +90,7 @@ mod handshake;
 mod ids;
 mod router;
 pub mod rpc;
+pub mod secure;
 mod session;
 mod time;
 pub mod wire;

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use surelink_proto::detector::DetectorConfig;
 use surelink_proto::rpc::{FifoScheduler, PriorityScheduler, Scheduler};
+use surelink_proto::secure::{Keypair, Members, Protection};
 use surelink_proto::{ClusterId, EndpointConfig, Epoch, NodeId};
 
 use crate::server::Job;
@@ -131,6 +132,29 @@ pub struct Config {
     /// address and port as each listener), SafeTimer checks and the send
     /// fence. See [`DetectorConfig`].
     pub detector: DetectorConfig,
+    /// This node's key pair (`surelink keygen`). Required unless
+    /// `insecure`: every path starts with a Noise handshake proving it.
+    pub identity: Option<Keypair>,
+    /// Who may connect: each member node's public key. Every dialled peer
+    /// needs an entry; a connection proving a key not listed here is
+    /// closed before anything is allocated for it.
+    pub members: Members,
+    /// Encrypt frames (the default) or only authenticate them.
+    pub protection: Protection,
+    /// No handshake, no authentication, no encryption: anyone who reaches
+    /// a port can join as any node and read or alter every message. For
+    /// benchmarks and trusted single-host tests only; logged as a warning
+    /// at start.
+    pub insecure: bool,
+    /// Accepted connections open at once, at most (each is a file
+    /// descriptor; keep it below the process's limit, which `bind` raises
+    /// to the hard limit where allowed).
+    pub max_connections: usize,
+    /// Accepted connections from one source address, at most.
+    pub max_connections_per_ip: usize,
+    /// Accepted connections still in their handshake, at most: bounds the
+    /// key exchanges strangers can make us compute.
+    pub max_handshaking: usize,
 }
 
 /// The core's defaults as the shell runs it: a LAN cluster whose paths are
@@ -169,7 +193,23 @@ impl Config {
             scheduler: SchedulerConfig::default(),
             core: default_core(),
             detector: DetectorConfig::default(),
+            identity: None,
+            members: Members::new(),
+            protection: Protection::Encrypt,
+            insecure: false,
+            max_connections: 1024,
+            max_connections_per_ip: 64,
+            max_handshaking: 128,
         }
+    }
+
+    /// Sets this node's key pair and adds its public key to `members`.
+    pub fn with_identity(mut self, keys: Keypair) -> Result<Config, ConfigError> {
+        self.members
+            .insert(self.node, keys.public())
+            .map_err(ConfigError::Members)?;
+        self.identity = Some(keys);
+        Ok(self)
     }
 
     /// Number of networks: the longest of `listen`, `dial_from` and the
@@ -219,14 +259,48 @@ impl Config {
                 reason: "must be non-zero",
             });
         }
+        if self.max_connections == 0
+            || self.max_connections_per_ip == 0
+            || self.max_handshaking == 0
+        {
+            return Err(ConfigError::Invalid {
+                field: "max_connections",
+                reason:
+                    "max_connections, max_connections_per_ip and max_handshaking must be non-zero",
+            });
+        }
         if self.incoming_per_peer == 0 {
             return Err(ConfigError::Invalid {
                 field: "incoming_per_peer",
                 reason: "must be non-zero",
             });
         }
+        if !self.insecure {
+            let Some(keys) = &self.identity else {
+                return Err(ConfigError::Invalid {
+                    field: "identity",
+                    reason: "required unless insecure = true (generate one with `surelink keygen`)",
+                });
+            };
+            if self
+                .members
+                .key_of(self.node)
+                .is_some_and(|k| *k != keys.public())
+            {
+                return Err(ConfigError::Invalid {
+                    field: "members",
+                    reason: "this node's entry is not the public key of `identity`",
+                });
+            }
+        }
         let mut seen = std::collections::HashSet::new();
         for p in &self.peers {
+            if !self.insecure && self.members.key_of(p.node).is_none() {
+                return Err(ConfigError::Peer {
+                    node: p.node,
+                    reason: "has no public key in `members`",
+                });
+            }
             if p.node == self.node {
                 return Err(ConfigError::Peer {
                     node: p.node,
@@ -281,6 +355,9 @@ pub enum ConfigError {
         /// What is wrong.
         reason: &'static str,
     },
+    /// The member list.
+    #[error("members: {0}")]
+    Members(#[from] surelink_proto::secure::MemberError),
     /// A peer entry.
     #[error("peer {node}: {reason}")]
     Peer {
@@ -307,7 +384,36 @@ mod tests {
             NodeId(2),
             vec![Some(addr("127.0.1.2:7000"))],
         )];
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::Invalid {
+                field: "identity",
+                ..
+            })
+        ));
+        let mut c = c.with_identity(Keypair::generate().unwrap()).unwrap();
+        assert_eq!(
+            c.validate(),
+            Err(ConfigError::Peer {
+                node: NodeId(2),
+                reason: "has no public key in `members`"
+            })
+        );
+        let mut insecure = c.clone();
+        insecure.insecure = true;
+        insecure.validate().unwrap();
+        let peer = Keypair::generate().unwrap();
+        c.members.insert(NodeId(2), peer.public()).unwrap();
         c.validate().unwrap();
+        let mut bad = c.clone();
+        bad.identity = Some(peer);
+        assert!(matches!(
+            bad.validate(),
+            Err(ConfigError::Invalid {
+                field: "members",
+                ..
+            })
+        ));
         let mut bad = c.clone();
         bad.peers.push(bad.peers[0].clone());
         assert_eq!(

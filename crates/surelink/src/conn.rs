@@ -20,9 +20,11 @@ use tracing::{debug, warn, Instrument};
 
 use surelink_proto::{NodeId, PathId};
 
+use surelink_proto::secure::{Opener, Sealer};
 use surelink_proto::Input;
 
 use crate::detector::{Detector, Gate};
+use crate::secure::{ConnSlot, Secured};
 use crate::session::SessionHandle;
 use crate::shared::Shared;
 
@@ -41,8 +43,10 @@ pub(crate) struct ConnIo {
     /// `poll_read`, which notices a short read drained the socket and saves
     /// the system call that would only say "would block").
     stream: OwnedWriteHalf,
-    /// Bytes the socket did not take yet, in order.
-    pending: Mutex<VecDeque<Bytes>>,
+    /// Bytes the socket did not take yet, in order, and the record layer
+    /// that sealed them (under the same lock, so records are numbered in
+    /// queue order).
+    pending: Mutex<Pending>,
     /// Someone is writing `pending` to the socket.
     flushing: AtomicBool,
     wake: Notify,
@@ -56,6 +60,56 @@ pub(crate) struct ConnIo {
     detector: Option<Arc<Detector>>,
     /// Stamped on every read once the peer is known (see `Detector::heard_cell`).
     heard: std::sync::OnceLock<Arc<AtomicU64>>,
+    /// The node whose key the handshake proved (`None` when insecure).
+    pub(crate) authenticated: Option<NodeId>,
+    /// This connection's place under the accept limits (accepted ones only).
+    _slot: Option<ConnSlot>,
+}
+
+/// The write queue and, unless insecure, the sealer.
+#[derive(Debug, Default)]
+struct Pending {
+    q: VecDeque<Bytes>,
+    sealer: Option<Sealer>,
+}
+
+impl Pending {
+    fn push(&mut self, b: Bytes) -> bool {
+        match &mut self.sealer {
+            None => {
+                self.q.push_back(b);
+                true
+            }
+            Some(s) => match s.seal_to_bytes([&b[..]]) {
+                Ok(r) => {
+                    self.q.push_back(r);
+                    true
+                }
+                Err(_) => false,
+            },
+        }
+    }
+
+    fn push_all(&mut self, pieces: impl Iterator<Item = Bytes>) -> bool {
+        match &mut self.sealer {
+            None => {
+                self.q.extend(pieces);
+                true
+            }
+            Some(s) => {
+                // One record (or a few, when large) for the whole write:
+                // one copy, one tag, one iovec.
+                let pieces: Vec<Bytes> = pieces.collect();
+                match s.seal_to_bytes(pieces.iter().map(|b| &b[..])) {
+                    Ok(r) => {
+                        self.q.push_back(r);
+                        true
+                    }
+                    Err(_) => false,
+                }
+            }
+        }
+    }
 }
 
 /// How a flush ended.
@@ -78,12 +132,23 @@ impl ConnIo {
     /// Queues `b` behind everything queued before (call with the session's
     /// lock held, so the queue order is the core's order); `flush` writes it.
     pub(crate) fn enqueue(&self, b: Bytes) {
-        self.pending.lock().push_back(b);
+        if !self.pending.lock().push(b) {
+            self.seal_failed();
+        }
     }
 
     /// Queues pieces in order, under one lock.
     pub(crate) fn enqueue_all(&self, pieces: impl Iterator<Item = Bytes>) {
-        self.pending.lock().extend(pieces);
+        if !self.pending.lock().push_all(pieces) {
+            self.seal_failed();
+        }
+    }
+
+    /// The record counter ran out (2^64 records): the connection cannot
+    /// carry more; the core fails the path over when it ends.
+    fn seal_failed(&self) {
+        warn!(path = %self.path, "record layer exhausted; closing the connection");
+        self.kill();
     }
 
     /// Writes what is queued, outside the session's lock. If another thread is
@@ -126,7 +191,7 @@ impl ConnIo {
             let n = {
                 let q = self.pending.lock();
                 let mut n = 0;
-                for (slot, b) in batch.iter_mut().zip(q.iter()) {
+                for (slot, b) in batch.iter_mut().zip(q.q.iter()) {
                     *slot = b.clone();
                     n += 1;
                 }
@@ -150,7 +215,8 @@ impl ConnIo {
             }
             match written {
                 Ok(mut n) => {
-                    let mut q = self.pending.lock();
+                    let mut p = self.pending.lock();
+                    let q = &mut p.q;
                     while n > 0 {
                         let Some(front) = q.front_mut() else { break };
                         if n >= front.len() {
@@ -165,7 +231,7 @@ impl ConnIo {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Flushed::Blocked,
                 Err(e) => {
                     debug!(path = %self.path, error = %e, "write failed");
-                    self.pending.lock().clear();
+                    self.pending.lock().q.clear();
                     return Flushed::Failed;
                 }
             }
@@ -188,7 +254,7 @@ impl ConnIo {
     }
 
     fn has_pending(&self) -> bool {
-        !self.pending.lock().is_empty()
+        !self.pending.lock().q.is_empty()
     }
 
     /// Shuts the socket down both ways, as `ss -K` would: both ends see the
@@ -240,25 +306,49 @@ async fn read_loop(
     io: Arc<ConnIo>,
     mut reader: OwnedReadHalf,
     mut bound: Option<Arc<SessionHandle>>,
+    mut opener: Option<(Opener, BytesMut)>,
 ) {
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    // The first records may have arrived with the handshake's last message.
+    let mut first = opener.as_ref().is_some_and(|(_, raw)| !raw.is_empty());
     'read: loop {
-        if buf.capacity() - buf.len() < READ_CHUNK / 4 {
-            buf.reserve(READ_CHUNK);
-        }
-        match reader.read_buf(&mut buf).await {
-            Ok(0) => break,
-            Ok(n) => {
-                shared.stats.bytes_received(n);
-                // Anything from the peer counts as a heartbeat for this path.
-                if let (Some(cell), Some(gate)) = (io.heard.get(), &io.gate) {
-                    cell.store(gate.now().as_nanos(), Ordering::Relaxed);
+        if !std::mem::take(&mut first) {
+            // Insecure: bytes go straight to `buf`. Otherwise to `raw`,
+            // whose whole records are opened into `buf`.
+            let into = match &mut opener {
+                Some((_, raw)) => raw,
+                None => &mut buf,
+            };
+            if into.capacity() - into.len() < READ_CHUNK / 4 {
+                into.reserve(READ_CHUNK);
+            }
+            match reader.read_buf(into).await {
+                Ok(0) => break,
+                Ok(n) => shared.stats.bytes_received(n),
+                Err(e) => {
+                    debug!(path = %io.path, error = %e, "read failed");
+                    break;
                 }
             }
-            Err(e) => {
-                debug!(path = %io.path, error = %e, "read failed");
-                break;
+        }
+        if let Some((o, raw)) = &mut opener {
+            if let Err(e) = o.open(raw, &mut buf) {
+                shared.stats.refused_input();
+                if let Some(n) = shared
+                    .log_refused
+                    .allow(shared.now().since_origin().as_secs())
+                {
+                    warn!(path = %io.path, remote = %io.remote, error = %e, suppressed = n, "refused a record; closing the connection");
+                }
+                break 'read;
             }
+            if buf.is_empty() {
+                continue;
+            }
+        }
+        // Anything (authentic) from the peer counts as a heartbeat for this path.
+        if let (Some(cell), Some(gate)) = (io.heard.get(), &io.gate) {
+            cell.store(gate.now().as_nanos(), Ordering::Relaxed);
         }
         // A HELLO may move the path to another session mid-buffer: feed the
         // rest to wherever it belongs now.
@@ -280,7 +370,12 @@ async fn read_loop(
                 Err(surelink_proto::PathError::UnknownPath(_)) => break 'read,
                 Err(e) => {
                     shared.stats.refused_input();
-                    warn!(path = %io.path, remote = %io.remote, error = %e, "refused input from peer; closing the connection");
+                    if let Some(n) = shared
+                        .log_refused
+                        .allow(shared.now().since_origin().as_secs())
+                    {
+                        warn!(path = %io.path, remote = %io.remote, error = %e, suppressed = n, "refused input from peer; closing the connection");
+                    }
                     break 'read;
                 }
             }
@@ -306,19 +401,27 @@ pub(crate) fn start(
     stream: TcpStream,
     network: usize,
     peer: Option<NodeId>,
+    secured: Option<Secured>,
+    slot: Option<ConnSlot>,
 ) -> io::Result<oneshot::Receiver<()>> {
-    configure(&stream, shared);
     let local = stream.local_addr()?;
     let remote = stream.peer_addr()?;
     let path = shared.next_path_id();
     let (reader, stream) = stream.into_split();
+    let (authenticated, sealer, opener) = match secured {
+        Some(s) => (Some(s.peer), Some(s.sealer), Some((s.opener, s.leftover))),
+        None => (None, None, None),
+    };
     let io = Arc::new(ConnIo {
         path,
         network,
         local,
         remote,
         stream,
-        pending: Mutex::new(VecDeque::new()),
+        pending: Mutex::new(Pending {
+            q: VecDeque::new(),
+            sealer,
+        }),
         flushing: AtomicBool::new(false),
         wake: Notify::new(),
         failed: AtomicBool::new(false),
@@ -327,6 +430,8 @@ pub(crate) fn start(
         gate: shared.detector.as_ref().map(|d| d.gate.clone()),
         detector: shared.detector.clone(),
         heard: std::sync::OnceLock::new(),
+        authenticated,
+        _slot: slot,
     });
     if let Some(p) = peer {
         io.set_peer(p);
@@ -345,7 +450,7 @@ pub(crate) fn start(
     let sh = shared.clone();
     shared.spawn(
         async move {
-            read_loop(sh, io.clone(), reader, bound).await;
+            read_loop(sh, io.clone(), reader, bound, opener).await;
             // The writer finishes what is queued (a CLOSE frame) and stops.
             io.failed.store(true, Ordering::Relaxed);
             io.wake.notify_one();
@@ -398,20 +503,71 @@ pub(crate) async fn dial(
     }
 }
 
-/// Accepts connections on network `network` for ever.
+/// Accepts connections on network `network` for ever; each one's
+/// handshake runs in its own task, under the accept limits.
 pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, network: usize) {
     loop {
         match listener.accept().await {
             Ok((stream, from)) => {
-                if let Err(e) = start(&shared, stream, network, None) {
-                    debug!(%from, error = %e, "accepted connection vanished");
-                }
+                let slot = match shared.limits.acquire(from.ip()) {
+                    Ok(s) => s,
+                    Err(hit) => {
+                        shared.stats.connection_refused();
+                        if let Some(n) = shared
+                            .log_limits
+                            .allow(shared.now().since_origin().as_secs())
+                        {
+                            warn!(%from, network, limit = %hit, suppressed = n, "connection refused");
+                        }
+                        drop(stream);
+                        continue;
+                    }
+                };
+                let sh = shared.clone();
+                tokio::spawn(async move { accepted(sh, stream, from, network, slot).await });
             }
             Err(e) => {
                 warn!(network, error = %e, "accept failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
+    }
+}
+
+/// An accepted connection: authenticate it (unless insecure), then start it.
+async fn accepted(
+    shared: Arc<Shared>,
+    mut stream: TcpStream,
+    from: SocketAddr,
+    network: usize,
+    mut slot: ConnSlot,
+) {
+    configure(&stream, &shared);
+    let secured = match &shared.secure {
+        None => None,
+        Some(setup) => {
+            let timeout = shared.config.core.handshake_timeout;
+            match crate::secure::handshake(setup, &mut stream, None, timeout).await {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    shared.stats.handshake_failed();
+                    if let Some(n) = shared
+                        .log_handshake
+                        .allow(shared.now().since_origin().as_secs())
+                    {
+                        warn!(%from, network, error = %e, suppressed = n, "handshake failed; connection closed");
+                    }
+                    return;
+                }
+            }
+        }
+    };
+    slot.authenticated();
+    if shared.closed.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Err(e) = start(&shared, stream, network, None, secured, Some(slot)) {
+        debug!(%from, error = %e, "accepted connection vanished");
     }
 }
 
@@ -429,13 +585,37 @@ pub(crate) async fn dial_loop(
     loop {
         let device = cfg.devices.get(network).and_then(|d| d.as_deref());
         match dial(local, remote, device, cfg.connect_timeout).await {
-            Ok(stream) => match start(&shared, stream, network, Some(peer)) {
-                Ok(done) => {
-                    backoff = cfg.reconnect_initial;
-                    let _ = done.await;
+            Ok(mut stream) => {
+                configure(&stream, &shared);
+                let secured = match &shared.secure {
+                    None => Ok(None),
+                    Some(setup) => {
+                        let t = cfg.core.handshake_timeout;
+                        crate::secure::handshake(setup, &mut stream, Some(peer), t)
+                            .await
+                            .map(Some)
+                    }
+                };
+                match secured {
+                    Ok(secured) => match start(&shared, stream, network, Some(peer), secured, None)
+                    {
+                        Ok(done) => {
+                            backoff = cfg.reconnect_initial;
+                            let _ = done.await;
+                        }
+                        Err(e) => debug!(%peer, network, error = %e, "connection vanished"),
+                    },
+                    Err(e) => {
+                        shared.stats.handshake_failed();
+                        if let Some(n) = shared
+                            .log_handshake
+                            .allow(shared.now().since_origin().as_secs())
+                        {
+                            warn!(%peer, network, %remote, error = %e, suppressed = n, "handshake with the dialled peer failed");
+                        }
+                    }
                 }
-                Err(e) => debug!(%peer, network, error = %e, "connection vanished"),
-            },
+            }
             Err(e) => debug!(%peer, network, %remote, error = %e, "dial failed"),
         }
         // A silent path heard again is worth trying at once.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tracing::info;
+use tracing::{info, warn};
 
 use surelink_proto::rpc::{CallOptions, Priority};
 use surelink_proto::{Epoch, LocalIdentity, NodeId, PathId, Router};
@@ -62,11 +62,16 @@ impl Drop for Guard {
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
-/// use surelink::{Config, Endpoint, HandlerError, PeerConfig, Request};
+/// use surelink::{Config, Endpoint, HandlerError, Keypair, PeerConfig, Request};
 /// use surelink::proto::{ClusterId, NodeId};
 ///
+/// // Each node has a key pair (`surelink keygen`); every node lists the
+/// // members' public keys.
+/// let (server_keys, client_keys) = (Keypair::generate()?, Keypair::generate()?);
+///
 /// // A server on two networks.
-/// let mut cfg = Config::new(NodeId(1), ClusterId(7));
+/// let mut cfg = Config::new(NodeId(1), ClusterId(7)).with_identity(server_keys.clone())?;
+/// cfg.members.insert(NodeId(2), client_keys.public())?;
 /// cfg.listen = vec!["127.0.1.1:7100".parse()?, "127.0.2.1:7100".parse()?];
 /// let server = Endpoint::bind(cfg).await?;
 /// server.serve(|req: Request| async move {
@@ -77,7 +82,8 @@ impl Drop for Guard {
 /// });
 ///
 /// // A client that dials it on both.
-/// let mut cfg = Config::new(NodeId(2), ClusterId(7));
+/// let mut cfg = Config::new(NodeId(2), ClusterId(7)).with_identity(client_keys)?;
+/// cfg.members.insert(NodeId(1), server_keys.public())?;
 /// cfg.dial_from = vec!["127.0.1.2:0".parse()?, "127.0.2.2:0".parse()?];
 /// cfg.peers = vec![PeerConfig::new(
 ///     NodeId(1),
@@ -175,7 +181,10 @@ impl Endpoint {
         for p in peers {
             ep.dial_peer(&p);
         }
-        info!(node = %ep.shared.config.node, epoch = %epoch, listen = ?ep.listen, "endpoint up");
+        if ep.shared.config.insecure {
+            warn!(node = %ep.shared.config.node, "INSECURE: insecure = true — no member authentication and no encryption; anyone who can reach these ports can join as any node and read or alter every message. Use only for benchmarks on a trusted host.");
+        }
+        info!(node = %ep.shared.config.node, epoch = %epoch, listen = ?ep.listen, protection = %if ep.shared.config.insecure { "none (insecure)".to_string() } else { ep.shared.config.protection.to_string() }, "endpoint up");
         Ok(ep)
     }
 
@@ -226,6 +235,24 @@ impl Endpoint {
     /// The cluster this endpoint belongs to.
     pub fn cluster(&self) -> surelink_proto::ClusterId {
         self.shared.config.cluster
+    }
+
+    /// This node's public key (`None` when insecure).
+    pub fn public_key(&self) -> Option<surelink_proto::secure::PublicKey> {
+        self.shared.config.identity.as_ref().map(|k| k.public())
+    }
+
+    /// Lets `node` connect with `key` from now on (a member that joined
+    /// after this endpoint started). Ignored when insecure.
+    pub fn add_member(
+        &self,
+        node: NodeId,
+        key: surelink_proto::secure::PublicKey,
+    ) -> Result<(), surelink_proto::secure::MemberError> {
+        match &self.shared.secure {
+            Some(s) => s.add_member(node, key),
+            None => Ok(()),
+        }
     }
 
     /// This process's incarnation.

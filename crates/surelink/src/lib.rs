@@ -53,6 +53,8 @@ mod events;
 #[cfg(feature = "prometheus")]
 mod exporter;
 mod incoming;
+mod ratelog;
+mod secure;
 mod server;
 mod session;
 mod shared;
@@ -71,4 +73,5 @@ pub use stats::StatsSnapshot;
 pub use surelink_proto as proto;
 pub use surelink_proto::detector::{DetectorConfig, DetectorMode};
 pub use surelink_proto::rpc::{CallOptions, Priority, RemoteError};
+pub use surelink_proto::secure::{Keypair, Members, Protection, PublicKey};
 pub use surelink_proto::ChannelId;

@@ -30,6 +30,7 @@ use crate::conn::ConnIo;
 use crate::error::{CallError, SendError};
 use crate::events::{EventHub, NetEvent};
 use crate::incoming::IncomingQueue;
+use crate::ratelog::LogLimit;
 use crate::server::Server;
 use crate::session::{run_session, SessionHandle, Work};
 use crate::stats::Stats;
@@ -63,6 +64,14 @@ pub(crate) struct Shared {
     last_now: AtomicU64,
     pub(crate) closed: AtomicBool,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Keys and member list for handshakes; `None` when insecure.
+    pub(crate) secure: Option<crate::secure::SecureSetup>,
+    /// Limits on accepted connections.
+    pub(crate) limits: Arc<crate::secure::ConnLimits>,
+    /// Rate limits for log lines a remote party can cause.
+    pub(crate) log_refused: LogLimit,
+    pub(crate) log_handshake: LogLimit,
+    pub(crate) log_limits: LogLimit,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -99,6 +108,15 @@ impl Shared {
             last_now: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             tasks: Mutex::new(Vec::new()),
+            secure: crate::secure::SecureSetup::from_config(&config),
+            limits: Arc::new(crate::secure::ConnLimits::new(
+                config.max_connections,
+                config.max_connections_per_ip,
+                config.max_handshaking,
+            )),
+            log_refused: LogLimit::default(),
+            log_handshake: LogLimit::default(),
+            log_limits: LogLimit::default(),
             config,
         }
     }
@@ -328,9 +346,10 @@ impl Shared {
         let mut works: Vec<(Arc<SessionHandle>, Work)> = Vec::new();
         let result = {
             let mut r = self.router();
-            let decision = r
-                .router
-                .handle_hello(now, path, bound.map(|b| b.node), hello);
+            // The node a HELLO must name: the session's holding the path,
+            // else the one whose key the handshake proved.
+            let expected = bound.map(|b| b.node).or(io.authenticated);
+            let decision = r.router.handle_hello(now, path, expected, hello);
             self.drain_router(&mut r);
             let target = match decision {
                 Err(e) => {

@@ -23,6 +23,8 @@ pub(crate) struct Stats {
     calls: AtomicU64,
     call_errors: AtomicU64,
     refused_inputs: AtomicU64,
+    handshakes_failed: AtomicU64,
+    connections_refused: AtomicU64,
     handler_errors: AtomicU64,
     handler_panics: AtomicU64,
     /// Call round trips, microseconds.
@@ -42,6 +44,8 @@ impl Default for Stats {
             calls: AtomicU64::new(0),
             call_errors: AtomicU64::new(0),
             refused_inputs: AtomicU64::new(0),
+            handshakes_failed: AtomicU64::new(0),
+            connections_refused: AtomicU64::new(0),
             handler_errors: AtomicU64::new(0),
             handler_panics: AtomicU64::new(0),
             // 1 µs .. 1 h, 3 significant digits; creation cannot fail for
@@ -111,6 +115,16 @@ impl Stats {
         metrics::counter!("surelink_refused_inputs_total").increment(1);
     }
 
+    pub(crate) fn handshake_failed(&self) {
+        self.handshakes_failed.fetch_add(1, Relaxed);
+        metrics::counter!("surelink_handshakes_failed_total").increment(1);
+    }
+
+    pub(crate) fn connection_refused(&self) {
+        self.connections_refused.fetch_add(1, Relaxed);
+        metrics::counter!("surelink_connections_refused_total").increment(1);
+    }
+
     pub(crate) fn snapshot(&self, sessions: Vec<(NodeId, SessionStats)>) -> StatsSnapshot {
         let (p50, p99, p999, max) = match self.call_rtt.lock() {
             Ok(h) if !h.is_empty() => (
@@ -134,6 +148,8 @@ impl Stats {
             calls: self.calls.load(Relaxed),
             call_errors: self.call_errors.load(Relaxed),
             refused_inputs: self.refused_inputs.load(Relaxed),
+            handshakes_failed: self.handshakes_failed.load(Relaxed),
+            connections_refused: self.connections_refused.load(Relaxed),
             handler_errors: self.handler_errors.load(Relaxed),
             handler_panics: self.handler_panics.load(Relaxed),
             requests_queued: 0,
@@ -175,6 +191,11 @@ pub struct StatsSnapshot {
     pub call_errors: u64,
     /// Connections closed because their peer sent bytes the core refused.
     pub refused_inputs: u64,
+    /// Connections whose authenticating handshake failed or timed out
+    /// (unknown keys, impostors, other clusters, garbage).
+    pub handshakes_failed: u64,
+    /// Connections closed at once because a connection limit was reached.
+    pub connections_refused: u64,
     /// Requests whose handler returned an error or panicked.
     pub handler_errors: u64,
     /// Requests whose handler panicked (caught; the caller got an error).
@@ -239,6 +260,16 @@ impl StatsSnapshot {
             "surelink_refused_inputs_total",
             "Connections closed for bad input",
             self.refused_inputs,
+        );
+        counter(
+            "surelink_handshakes_failed_total",
+            "Connections whose authenticating handshake failed",
+            self.handshakes_failed,
+        );
+        counter(
+            "surelink_connections_refused_total",
+            "Connections refused at a connection limit",
+            self.connections_refused,
         );
         let _ = writeln!(s, "# HELP surelink_call_rtt_microseconds Call round trip\n# TYPE surelink_call_rtt_microseconds summary");
         for (q, v) in [

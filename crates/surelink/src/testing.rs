@@ -14,6 +14,7 @@ use crate::detector::DelayPoint;
 use crate::endpoint::Endpoint;
 use crate::error::BindError;
 use crate::shared::Shared;
+use surelink_proto::secure::{Keypair, Members};
 
 /// The hooks of one endpoint (from `Endpoint::testing`).
 #[derive(Clone, Copy)]
@@ -109,6 +110,9 @@ pub enum LoopbackError {
         /// Why.
         source: BindError,
     },
+    /// A member could not be added to the server's list.
+    #[error("member keys: {0}")]
+    Keys(String),
     /// The paths did not all come up in time.
     #[error("node {node}: {want} active paths did not come up within {timeout:?}")]
     NoPaths {
@@ -144,13 +148,22 @@ impl Default for Loopback {
 impl Loopback {
     /// Node 1 serves, node 2 calls, cluster 9, every other setting the
     /// product's default.
+    ///
+    /// Each gets a fresh key pair and the other's public key in its member
+    /// list (`Config::insecure` turns authentication off for both, for
+    /// benchmarks that measure its cost).
     pub fn new() -> Loopback {
+        let (sk, ck) = (fresh_keys(), fresh_keys());
         let mut server = Config::new(NodeId(1), ClusterId(9));
+        server.identity = Some(sk.clone());
+        server.members = members(&[(NodeId(1), &sk), (NodeId(2), &ck)]);
         server.listen = SERVER_IPS
             .iter()
             .map(|&ip| SocketAddr::new(IpAddr::V4(ip), 0))
             .collect();
         let mut client = Config::new(NodeId(2), ClusterId(9));
+        client.identity = Some(ck);
+        client.members = server.members.clone();
         client.dial_from = CLIENT_IPS
             .iter()
             .map(|&ip| SocketAddr::new(IpAddr::V4(ip), 0))
@@ -166,13 +179,28 @@ impl Loopback {
     pub async fn start(self) -> Result<LoopbackPair, LoopbackError> {
         let server_node = self.server.node;
         let client_node = self.client.node;
-        let server = Endpoint::bind(self.server)
+        // The tweaks may have renumbered nodes: list the keys under the
+        // ids in force.
+        let (mut server_cfg, mut client_cfg) = (self.server, self.client);
+        let mut m = Members::new();
+        for c in [&server_cfg, &client_cfg] {
+            if let Some(k) = &c.identity {
+                let _ = m.insert(c.node, k.public());
+            }
+        }
+        // Members the caller added (entries under the old ids conflict
+        // and drop out).
+        for (n, k) in server_cfg.members.iter().chain(client_cfg.members.iter()) {
+            let _ = m.insert(n, k);
+        }
+        server_cfg.members = m.clone();
+        client_cfg.members = m;
+        let server = Endpoint::bind(server_cfg)
             .await
             .map_err(|source| LoopbackError::Bind {
                 node: server_node,
                 source,
             })?;
-        let mut client_cfg = self.client;
         client_cfg.peers = vec![PeerConfig::new(
             server_node,
             server.local_addrs().into_iter().map(Some).collect(),
@@ -215,7 +243,17 @@ impl LoopbackPair {
         tweak: impl FnOnce(&mut Config),
     ) -> Result<Endpoint, LoopbackError> {
         let last = 10u8.wrapping_add(node.0.to_le_bytes()[0]);
+        let keys = fresh_keys();
         let mut c = Config::new(node, self.server_cluster());
+        if self.server.public_key().is_some() {
+            c.identity = Some(keys.clone());
+            c.members = members(&[(node, &keys)]);
+            if let Some(sk) = self.server.public_key() {
+                let _ = c.members.insert(self.server.node(), sk);
+            }
+        } else {
+            c.insecure = true;
+        }
         c.dial_from = (1..=2u8)
             .map(|net| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, net, last)), 0))
             .collect();
@@ -224,6 +262,11 @@ impl LoopbackPair {
             self.server.local_addrs().into_iter().map(Some).collect(),
         )];
         tweak(&mut c);
+        if let Some(k) = &c.identity {
+            self.server
+                .add_member(c.node, k.public())
+                .map_err(|e| LoopbackError::Keys(e.to_string()))?;
+        }
         let ep = Endpoint::bind(c)
             .await
             .map_err(|source| LoopbackError::Bind { node, source })?;
@@ -241,4 +284,19 @@ impl LoopbackPair {
     fn server_cluster(&self) -> ClusterId {
         self.server.cluster()
     }
+}
+
+/// A fresh key pair; tests and demos cannot run without the OS's random
+/// source anyway.
+pub fn fresh_keys() -> Keypair {
+    #[allow(clippy::expect_used)]
+    Keypair::generate().expect("the system random number generator works")
+}
+
+fn members(list: &[(NodeId, &Keypair)]) -> Members {
+    let mut m = Members::new();
+    for (n, k) in list {
+        let _ = m.insert(*n, k.public());
+    }
+    m
 }

@@ -108,9 +108,28 @@ fn start_server(
     Ok((listen, stop_tx, thread))
 }
 
+/// The server's and the client's key pairs, one per run, and the member
+/// list naming both.
+fn keys() -> &'static (surelink::Keypair, surelink::Keypair, surelink::Members) {
+    static KEYS: std::sync::OnceLock<(surelink::Keypair, surelink::Keypair, surelink::Members)> =
+        std::sync::OnceLock::new();
+    KEYS.get_or_init(|| {
+        let (s, c) = (
+            surelink::testing::fresh_keys(),
+            surelink::testing::fresh_keys(),
+        );
+        let mut m = surelink::Members::new();
+        let _ = m.insert(SERVER, s.public());
+        let _ = m.insert(CLIENT, c.public());
+        (s, c, m)
+    })
+}
+
 async fn pair(fifo: bool) -> Result<Pair> {
     let (server_listen, stop, thread) = start_server(fifo)?;
     let mut cfg = Config::new(CLIENT, CLUSTER);
+    cfg.identity = Some(keys().1.clone());
+    cfg.members = keys().2.clone();
     cfg.dial_from = CLIENT_IPS
         .iter()
         .map(|&ip| SocketAddr::new(IpAddr::V4(ip), 0))
@@ -135,6 +154,8 @@ async fn pair(fifo: bool) -> Result<Pair> {
 
 async fn bind_server(fifo: bool) -> Result<Endpoint> {
     let mut cfg = Config::new(SERVER, CLUSTER);
+    cfg.identity = Some(keys().0.clone());
+    cfg.members = keys().2.clone();
     cfg.listen = SERVER_IPS
         .iter()
         .map(|&ip| SocketAddr::new(IpAddr::V4(ip), 0))

@@ -42,12 +42,14 @@ pub(crate) enum Experiment {
 /// Runs one experiment. Ctrl-C drops it, and with it the node processes
 /// (killed on drop) and the testbed (removed by its guard).
 pub(crate) async fn run(e: &Experiment) -> Result<()> {
-    tokio::select! {
+    let r = tokio::select! {
         r = run_inner(e) => r,
         _ = tokio::signal::ctrl_c() => {
-            anyhow::bail!("interrupted: node processes stopped, testbed removed")
+            Err(anyhow::anyhow!("interrupted: node processes stopped, testbed removed"))
         }
-    }
+    };
+    procs::remove_key_dir();
+    r
 }
 
 async fn run_inner(e: &Experiment) -> Result<()> {

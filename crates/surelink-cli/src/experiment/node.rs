@@ -100,6 +100,14 @@ pub(crate) struct NodeArgs {
     /// message or reply; the receiver checks the stream's order itself.
     #[arg(long)]
     pub(crate) quiet: bool,
+    /// Directory with `node-<id>.key` / `node-<id>.pub` for both nodes
+    /// (made by the experiment that starts the node; missing ones are
+    /// made here).
+    #[arg(long, required_unless_present = "insecure")]
+    pub(crate) key_dir: Option<std::path::PathBuf>,
+    /// No authentication or encryption (the `insecure` setting).
+    #[arg(long)]
+    pub(crate) insecure: bool,
 }
 
 pub(crate) fn parse_sizes(s: &str) -> Result<(usize, usize), String> {
@@ -208,6 +216,17 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
     };
     let mut cfg = Config::new(node, CLUSTER);
     cfg.detector = args.detector();
+    cfg.insecure = args.insecure;
+    if let Some(dir) = &args.key_dir {
+        // Both nodes' keys, made by whichever node starts first (an
+        // experiment makes them before starting either).
+        crate::keys::make_key_dir(dir, &[RECEIVER, SENDER])?;
+        let (keys, members) = crate::keys::load_key_dir(dir, node, &[RECEIVER, SENDER])?;
+        cfg.identity = Some(keys);
+        for (n, k) in members {
+            cfg.members.insert(n, k)?;
+        }
+    }
     match args.role {
         Role::Receiver => cfg.listen = args.local.clone(),
         Role::Sender => {

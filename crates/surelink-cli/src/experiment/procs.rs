@@ -24,6 +24,24 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Key files for the experiment nodes of this process (receiver and
+/// sender), under the system's temporary directory.
+fn experiment_key_dir() -> Result<std::path::PathBuf> {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    if let Some(d) = DIR.get() {
+        return Ok(d.clone());
+    }
+    let dir = std::env::temp_dir().join(format!("surelink-experiment-keys-{}", std::process::id()));
+    crate::keys::make_key_dir(&dir, &[super::node::RECEIVER, super::node::SENDER])?;
+    Ok(DIR.get_or_init(|| dir).clone())
+}
+
+/// Removes this process's experiment key files (best effort).
+pub(crate) fn remove_key_dir() {
+    let dir = std::env::temp_dir().join(format!("surelink-experiment-keys-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 impl NodeProc {
     /// Starts a node with `args` and waits for its `ready` line.
     pub(crate) async fn spawn(args: &[String]) -> Result<(NodeProc, Value)> {
@@ -48,6 +66,13 @@ impl NodeProc {
         first: &str,
     ) -> Result<(NodeProc, Value)> {
         let exe = std::env::current_exe().context("locating the surelink binary")?;
+        // Experiment nodes authenticate like any deployment: with key files
+        // (one directory per experiment process, made on first use).
+        let mut args = args.to_vec();
+        if sub == "experiment-node" && !args.iter().any(|a| a == "--insecure" || a == "--key-dir") {
+            args.push("--key-dir".into());
+            args.push(experiment_key_dir()?.display().to_string());
+        }
         let mut cmd = match ns {
             Some(ns) => {
                 let mut c = Command::new("ip");

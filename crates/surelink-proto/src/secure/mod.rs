@@ -1,0 +1,120 @@
+//! Member authentication: who may open a path, and what protects the
+//! bytes on it afterwards.
+//!
+//! Every path (one TCP connection) starts with a Noise XX handshake
+//! ([`Handshake`]) in which both ends prove the static key the member list
+//! ([`Members`]) gives their node; then every byte travels in AEAD records
+//! ([`Sealer`], [`Opener`]) under keys fresh to that connection. The frames
+//! the session layer exchanges (HELLO first) run inside, unchanged, and the
+//! router only hears HELLOs from paths whose peer is authenticated: a HELLO
+//! naming another node than the key proved is refused.
+//!
+//! Pair keys ([`Keypair::pair_key`]) authenticate what does not run over a
+//! path: the detector's heartbeat datagrams.
+//!
+//! Not here: connection limits, handshake timeouts and the choice to run
+//! without any of this (`insecure`) belong to the shell, which owns
+//! sockets and clocks.
+
+mod keys;
+mod noise;
+mod record;
+
+pub use keys::{KeyError, Keypair, MemberError, Members, PublicKey, SecretKey, KEY_LEN};
+pub use noise::{Established, Handshake, NOISE_PARAMS, PREAMBLE_LEN};
+pub use record::{Opener, RecordError, Sealer, MAX_RECORD, RECORD_HEADER, RECORD_TAG};
+
+use crate::ids::{ClusterId, NodeId};
+
+/// What the record layer does to frames after the handshake. Both ends of
+/// a path must agree (the handshake checks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Protection {
+    /// Authenticated and encrypted (AES-256-GCM). The default.
+    #[default]
+    Encrypt,
+    /// Authenticated only (GMAC over the plaintext): on-path observers can
+    /// read messages but not alter, inject or replay them.
+    IntegrityOnly,
+}
+
+impl Protection {
+    fn code(self) -> u8 {
+        match self {
+            Protection::Encrypt => 1,
+            Protection::IntegrityOnly => 2,
+        }
+    }
+
+    fn from_code(c: u8) -> Option<Protection> {
+        match c {
+            1 => Some(Protection::Encrypt),
+            2 => Some(Protection::IntegrityOnly),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Protection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Protection::Encrypt => "encrypt",
+            Protection::IntegrityOnly => "integrity_only",
+        })
+    }
+}
+
+/// Why a path handshake failed. The transport must be closed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SecureError {
+    /// The peer's first bytes are not surelink's secure preamble: it runs
+    /// with `insecure = true`, or is not surelink at all.
+    #[error("the peer did not start an authenticated handshake (does it run with insecure = true, or is it not surelink?)")]
+    NotSecure,
+    /// The peer speaks another version of the handshake.
+    #[error("the peer speaks handshake version {0}; this build speaks 1")]
+    Version(u8),
+    /// The peer belongs to another cluster.
+    #[error("the peer is in cluster {theirs}, this node in cluster {ours}")]
+    WrongCluster {
+        /// Ours.
+        ours: ClusterId,
+        /// Theirs.
+        theirs: ClusterId,
+    },
+    /// The peer protects records differently.
+    #[error("the peer uses protection {theirs}, this node {ours}; set the same on every node")]
+    ProtectionMismatch {
+        /// Ours.
+        ours: Protection,
+        /// Theirs.
+        theirs: Protection,
+    },
+    /// The connecting peer's key is not in the member list.
+    #[error("the peer's key {0} is not in the member list")]
+    UnknownKey(PublicKey),
+    /// The dialled address answered with another key than the dialled
+    /// node's: a wrong address book, or someone impersonating it.
+    #[error("dialled node {expected} but the peer proved {}", .got.map_or("a key not in the member list".to_string(), |n| format!("node {n}'s key")))]
+    WrongKey {
+        /// The node dialled.
+        expected: NodeId,
+        /// The member whose key the peer proved, if any.
+        got: Option<NodeId>,
+    },
+    /// Dialling a node the member list has no key for.
+    #[error("no public key for node {0} in the member list")]
+    NoKeyFor(NodeId),
+    /// A handshake message failed to decrypt or verify: altered in flight,
+    /// or the peer does not hold the key it claims.
+    #[error("handshake message failed authentication")]
+    Failed,
+    /// A handshake message is not well formed.
+    #[error("malformed handshake: {0}")]
+    Malformed(&'static str),
+    /// The Noise library refused (cannot happen with valid keys).
+    #[error("noise: {0}")]
+    Noise(String),
+}
