@@ -30,11 +30,12 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use surelink_proto::detector::datagram::{self, Datagram, MAX_DATAGRAM};
+use surelink_proto::detector::datagram::{self, Datagram, Freshness, HeartbeatKey, MAX_DATAGRAM};
 use surelink_proto::detector::{
     DetectorConfig, DetectorMode, Fence, FenceState, Monitor, MonitorAction, MonitorStats,
     PathReport, Watch,
 };
+use surelink_proto::secure::{Keypair, Members, PublicKey};
 use surelink_proto::{ClusterId, Epoch, NodeId, Time};
 use surelink_sys::{counters, cpu, HeartbeatSocket, TxTimestamp};
 
@@ -113,6 +114,9 @@ pub struct DetectorSnapshot {
     pub tx_timestamped: u64,
     /// Times this process fenced itself.
     pub fences: u64,
+    /// Datagrams refused: heartbeats with a bad tag, from a non-member or
+    /// replayed; barriers not from this process or with a stale token.
+    pub datagrams_refused: u64,
     /// Microseconds from now until `t_valid` (negative: the gate is shut).
     pub t_valid_in_us: i64,
     /// The monitor's counters.
@@ -121,6 +125,9 @@ pub struct DetectorSnapshot {
 
 struct RoundState {
     token: u64,
+    /// The random token the barriers carry (the monitor's counts from 1;
+    /// a guessable token would let anyone complete a round).
+    wire: u64,
     /// Barrier copies still to come back.
     missing: usize,
 }
@@ -130,6 +137,8 @@ struct CheckerState {
     round: Option<RoundState>,
     /// Latest `SO_RXQ_OVFL` count per socket.
     ovfl: Vec<u64>,
+    /// Replay protection for authenticated heartbeats.
+    fresh: Freshness,
 }
 
 /// The detector of one endpoint.
@@ -162,6 +171,28 @@ pub(crate) struct Detector {
     heartbeats_received: AtomicU64,
     tx_timestamped: AtomicU64,
     fences: AtomicU64,
+    /// Heartbeat keys per member (`None`: insecure, heartbeats untagged).
+    hb_keys: Option<Mutex<BTreeMap<NodeId, HeartbeatKey>>>,
+    /// This node's key pair and cluster, to derive keys of members added later.
+    identity: Option<Keypair>,
+    /// Datagrams refused: bad tag, unknown sender, replay, foreign barrier.
+    refused: AtomicU64,
+}
+
+/// A random u64 (barrier tokens).
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b).is_err() {
+        // No randomness: fall back to the clock (still not a count from 1).
+        return u64::try_from(
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos(),
+        )
+        .unwrap_or(u64::MAX);
+    }
+    u64::from_ne_bytes(b)
 }
 
 impl std::fmt::Debug for Detector {
@@ -175,12 +206,15 @@ impl std::fmt::Debug for Detector {
 impl Detector {
     /// Opens the sockets (one per local address) and starts the threads.
     /// `None` when the detector is off.
+    /// `auth`: this node's key pair and the members (heartbeats tagged and
+    /// checked per pair); `None` when insecure.
     pub(crate) fn start(
         cfg: &DetectorConfig,
         cluster: ClusterId,
         node: NodeId,
         epoch: Epoch,
         local: &[SocketAddr],
+        auth: Option<(&Keypair, &Members)>,
     ) -> std::io::Result<Option<(Arc<Detector>, mpsc::UnboundedReceiver<Signal>)>> {
         if cfg.mode == DetectorMode::Off {
             return Ok(None);
@@ -224,6 +258,7 @@ impl Detector {
                 monitor: Monitor::new(cfg, now),
                 round: None,
                 ovfl: vec![0; n],
+                fresh: Freshness::default(),
             }),
             fence: Mutex::new(fence),
             fence_generation: AtomicU64::new(0),
@@ -238,7 +273,15 @@ impl Detector {
             heartbeats_received: AtomicU64::new(0),
             tx_timestamped: AtomicU64::new(0),
             fences: AtomicU64::new(0),
+            hb_keys: auth.map(|_| Mutex::new(BTreeMap::new())),
+            identity: auth.map(|(k, _)| k.clone()),
+            refused: AtomicU64::new(0),
         });
+        if let Some((_, members)) = auth {
+            for (peer, key) in members.iter() {
+                det.add_member(peer, &key);
+            }
+        }
         {
             let drops = det.drop_total(&lock(&det.checker).ovfl, true);
             lock(&det.checker).monitor.handle_drop_count(now, drops);
@@ -274,6 +317,30 @@ impl Detector {
             .iter()
             .filter_map(|s| s.local_addr().ok())
             .collect()
+    }
+
+    /// Derives the heartbeat key shared with `peer` (no-op when insecure).
+    pub(crate) fn add_member(&self, peer: NodeId, key: &PublicKey) {
+        let (Some(keys), Some(id)) = (&self.hb_keys, &self.identity) else {
+            return;
+        };
+        if peer == self.node {
+            return;
+        }
+        match id.pair_key(self.cluster, self.node, peer, key, HeartbeatKey::PURPOSE) {
+            Some(k) => {
+                lock(keys).insert(peer, HeartbeatKey::new(&k));
+            }
+            None => warn!(%peer, "member key is a low-order point; its heartbeats will be refused"),
+        }
+    }
+
+    /// Forgets where a peer that left was: no more heartbeats to it. (Its
+    /// replay window stays — bounded by the member list — so its old
+    /// heartbeats cannot be replayed to bring the address back.)
+    pub(crate) fn forget_peer(&self, peer: NodeId) {
+        lock(&self.dests).retain(|(p, _), _| *p != peer);
+        lock(&self.heard).retain(|(p, _), _| *p != peer);
     }
 
     /// Heartbeats for `peer` on `network` go to `addr` (its listener's
@@ -351,6 +418,7 @@ impl Detector {
             heartbeats_received: self.heartbeats_received.load(Ordering::Relaxed),
             tx_timestamped: self.tx_timestamped.load(Ordering::Relaxed),
             fences: self.fences.load(Ordering::Relaxed),
+            datagrams_refused: self.refused.load(Ordering::Relaxed),
             t_valid_in_us,
             monitor: lock(&self.checker).monitor.stats(),
         }
@@ -474,12 +542,8 @@ impl Detector {
     fn send_heartbeats(&self, seq: u64, stamps: &mut Vec<TxTimestamp>) -> Option<Time> {
         let dests: Vec<((NodeId, usize), SocketAddr)> =
             lock(&self.dests).iter().map(|(k, v)| (*k, *v)).collect();
-        let hb = datagram::encode_heartbeat(
-            self.cluster,
-            self.node,
-            Epoch(self.epoch.load(Ordering::Relaxed)),
-            seq,
-        );
+        let epoch = Epoch(self.epoch.load(Ordering::Relaxed));
+        let keys = self.hb_keys.as_ref().map(|k| lock(k).clone());
         // Heartbeats of a fenced process must not leave either.
         if !self.gate.may_send() && self.cfg.mode == DetectorMode::SafeTimer {
             return None;
@@ -507,6 +571,16 @@ impl Detector {
             let Some(sock) = sockets.get(network) else {
                 continue;
             };
+            // Tagged for this peer (a peer without a key gets nothing: it
+            // could not check it, and it is not a member).
+            let key = match &keys {
+                None => None,
+                Some(k) => match k.get(&peer) {
+                    Some(k) => Some(k),
+                    None => continue,
+                },
+            };
+            let hb = datagram::encode_heartbeat(self.cluster, self.node, epoch, seq, key);
             match sock.send_to(&hb, addr) {
                 Ok(id) => sent[network].push((peer, id)),
                 Err(e) => {
@@ -618,14 +692,32 @@ impl Detector {
             if let Some(d) = r.drops {
                 c.ovfl[network] = u64::from(d);
             }
-            match datagram::decode_datagram(&buf[..r.len.min(buf.len())]) {
+            let bytes = &buf[..r.len.min(buf.len())];
+            match datagram::decode_datagram(bytes) {
                 Ok(Datagram::Heartbeat {
                     cluster,
                     node,
                     epoch,
-                    ..
+                    seq,
                 }) if cluster == self.cluster && node != self.node => {
+                    let authentic = match &self.hb_keys {
+                        None => true,
+                        Some(keys) => lock(keys)
+                            .get(&node)
+                            .is_some_and(|k| datagram::verify_heartbeat(bytes, k)),
+                    };
+                    let net = u16::try_from(network).unwrap_or(u16::MAX);
+                    if !authentic
+                        || (self.hb_keys.is_some() && !c.fresh.accept(node, net, epoch, seq))
+                    {
+                        // Forged, from a stranger, or replayed: as if never sent.
+                        self.refused.fetch_add(1, Ordering::Relaxed);
+                        self.dispatch(&mut c);
+                        continue;
+                    }
                     self.heartbeats_received.fetch_add(1, Ordering::Relaxed);
+                    // Only an authenticated heartbeat's source becomes where
+                    // ours go (one address per member and network).
                     lock(&self.dests).insert((node, network), r.from);
                     if let Ok(n) = u16::try_from(network) {
                         c.monitor.handle_heartbeat(
@@ -638,15 +730,23 @@ impl Detector {
                         );
                     }
                 }
-                Ok(Datagram::Barrier { token, .. }) => {
+                Ok(Datagram::Barrier { token: wire, .. }) => {
+                    // Ours only: from one of our barrier sockets, with this
+                    // round's random token.
+                    let ours = lock(&self.barrier_from)
+                        .iter()
+                        .any(|s| s.local_addr().is_ok_and(|a| a == r.from));
                     let done = match &mut c.round {
-                        Some(round) if round.token == token => {
+                        Some(round) if ours && round.wire == wire => {
                             round.missing = round.missing.saturating_sub(1);
-                            round.missing == 0
+                            (round.missing == 0).then_some(round.token)
                         }
-                        _ => false,
+                        _ => {
+                            self.refused.fetch_add(1, Ordering::Relaxed);
+                            None
+                        }
                     };
-                    if done {
+                    if let Some(token) = done {
                         c.round = None;
                         let drops = self.drop_total(&c.ovfl, true);
                         c.monitor.handle_barrier(now, token, drops);
@@ -710,14 +810,16 @@ impl Detector {
                     }
                 }
                 c.monitor.handle_timeout(now);
-                let barrier = self.dispatch(&mut c);
-                if let Some(token) = barrier {
+                let barrier = self.dispatch(&mut c).map(|token| {
                     let copies = self.networks * cpus.len().max(1);
+                    let wire = random_u64();
                     c.round = Some(RoundState {
                         token,
+                        wire,
                         missing: copies,
                     });
-                }
+                    wire
+                });
                 (barrier, c.monitor.poll_timeout())
             };
             if let Some(token) = barrier {

@@ -150,12 +150,17 @@ impl Endpoint {
             })
             .collect();
         let base = std::time::Instant::now();
+        let auth = match (&config.identity, config.insecure) {
+            (Some(k), false) => Some((k, &config.members)),
+            _ => None,
+        };
         let detector = Detector::start(
             &config.detector,
             config.cluster,
             config.node,
             epoch,
             &hb_addrs,
+            auth,
         )
         .map_err(|source| BindError::Detector {
             addrs: hb_addrs.clone(),
@@ -250,7 +255,13 @@ impl Endpoint {
         key: surelink_proto::secure::PublicKey,
     ) -> Result<(), surelink_proto::secure::MemberError> {
         match &self.shared.secure {
-            Some(s) => s.add_member(node, key),
+            Some(s) => {
+                s.add_member(node, key)?;
+                if let Some(d) = &self.shared.detector {
+                    d.add_member(node, &key);
+                }
+                Ok(())
+            }
             None => Ok(()),
         }
     }

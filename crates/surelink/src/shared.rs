@@ -237,6 +237,15 @@ impl Shared {
             }
         }
         self.server.remove_session(h.key);
+        // A peer we do not dial (a client) that left: stop heartbeating
+        // the address it last used. Configured peers keep theirs.
+        if let Some(d) = &self.detector {
+            let configured = self.config.peers.iter().any(|p| p.node == h.node);
+            let current = self.sessions.read().contains_key(&h.node);
+            if !configured && !current {
+                d.forget_peer(h.node);
+            }
+        }
     }
 
     /// A dialled connection to `peer` is up: it joins the peer's session.

@@ -217,3 +217,43 @@ async fn a_dead_peer_stays_dead() {
     }
     assert_eq!((dead, revived), (1, 0), "reported once, never revived");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_and_replayed_heartbeats_do_not_keep_a_dead_peer_alive() {
+    use surelink::proto::detector::datagram::encode_heartbeat;
+    use surelink::proto::{ClusterId, Epoch};
+    let (server, client) = pair(DetectorMode::SafeTimer).await;
+    let hb = server.heartbeat_addrs();
+    let client_epoch = client.epoch();
+    let mut events = server.events();
+    let gone = Instant::now();
+    drop(client);
+    // An attacker keeps sending heartbeats in the client's name: untagged
+    // (no key), with epoch u64::MAX, and the client's own epoch with
+    // sequence numbers that would be fresh, from its own socket.
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let flood = tokio::spawn(async move {
+        for seq in 1_000_000..1_000_200u64 {
+            for epoch in [Epoch(u64::MAX), client_epoch] {
+                let d = encode_heartbeat(ClusterId(9), CLIENT, epoch, seq, None);
+                for a in &hb {
+                    let _ = sock.send_to(&d, a);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    let mut dead_after = None;
+    while let Ok(Ok(e)) = tokio::time::timeout_at(deadline, events.recv()).await {
+        if matches!(e, NetEvent::PeerDead { peer } if peer == CLIENT) {
+            dead_after = Some(gone.elapsed());
+            break;
+        }
+    }
+    flood.abort();
+    let after = dead_after.expect("the vanished client is reported dead despite forged heartbeats");
+    assert!(after < Duration::from_millis(800), "took {after:?}");
+    let d = server.stats().detector.unwrap();
+    assert!(d.datagrams_refused >= 20, "forgeries counted: {d:?}");
+}

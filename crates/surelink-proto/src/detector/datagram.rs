@@ -5,16 +5,27 @@
 //!
 //! | kind | body |
 //! |---|---|
-//! | HEARTBEAT (0x10) | cluster u64, node u64, epoch u64, seq u64 |
+//! | HEARTBEAT (0x10) | cluster u64, node u64, epoch u64, seq u64, tag 16 B |
 //! | BARRIER (0x11) | token u64, copy u16 |
 //!
-//! A barrier only ever travels from a process to itself.
+//! The tag is HMAC-SHA256 (first 16 bytes) over header and the first 32
+//! body bytes, keyed per pair of nodes ([`HeartbeatKey`], from the
+//! members' static keys), so a heartbeat proves its sender without a
+//! handshake; all zeros when the endpoints run insecure. [`Freshness`]
+//! refuses replays: per peer and network, (epoch, seq) must grow.
+//!
+//! A barrier only ever travels from a process to itself (its token is
+//! random, its source checked by the shell).
 
 use crate::ids::{ClusterId, Epoch, NodeId};
 use crate::wire::{FrameKind, HEADER_LEN, PROTOCOL_VERSION};
 
-/// Body length of a heartbeat.
-const HEARTBEAT_BODY: usize = 32;
+/// Body length of a heartbeat: four u64 and the tag.
+const HEARTBEAT_BODY: usize = 32 + TAG_LEN;
+/// Bytes of a heartbeat's tag.
+const TAG_LEN: usize = 16;
+/// What the tag covers: header and the four u64.
+const SIGNED: usize = HEADER_LEN + 32;
 /// Body length of a barrier.
 const BARRIER_BODY: usize = 10;
 /// Bytes of the largest datagram (what a receive buffer needs).
@@ -68,19 +79,98 @@ fn header(kind: FrameKind, body: usize, out: &mut [u8]) {
     out[4..8].copy_from_slice(&u32::try_from(body).unwrap_or(u32::MAX).to_be_bytes());
 }
 
-/// Encodes a heartbeat.
+/// The key that authenticates heartbeats between two nodes (both derive
+/// it: see `secure::Keypair::pair_key`).
+#[derive(Clone)]
+pub struct HeartbeatKey(ring::hmac::Key);
+
+impl HeartbeatKey {
+    /// Purpose string for `Keypair::pair_key`.
+    pub const PURPOSE: &'static [u8] = b"surelink heartbeat v1";
+
+    /// A key from 32 bytes of pair key.
+    pub fn new(bytes: &[u8; 32]) -> HeartbeatKey {
+        HeartbeatKey(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, bytes))
+    }
+
+    fn tag(&self, signed: &[u8]) -> [u8; TAG_LEN] {
+        let t = ring::hmac::sign(&self.0, signed);
+        let mut out = [0u8; TAG_LEN];
+        out.copy_from_slice(&t.as_ref()[..TAG_LEN]);
+        out
+    }
+}
+
+impl std::fmt::Debug for HeartbeatKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HeartbeatKey(..)")
+    }
+}
+
+/// Encodes a heartbeat, tagged with `key` (zeros without one: insecure).
 pub fn encode_heartbeat(
     cluster: ClusterId,
     node: NodeId,
     epoch: Epoch,
     seq: u64,
+    key: Option<&HeartbeatKey>,
 ) -> [u8; HEADER_LEN + HEARTBEAT_BODY] {
     let mut out = [0u8; HEADER_LEN + HEARTBEAT_BODY];
     header(FrameKind::Heartbeat, HEARTBEAT_BODY, &mut out);
     for (i, v) in [cluster.0, node.0, epoch.0, seq].into_iter().enumerate() {
         out[HEADER_LEN + 8 * i..HEADER_LEN + 8 * i + 8].copy_from_slice(&v.to_be_bytes());
     }
+    if let Some(k) = key {
+        let tag = k.tag(&out[..SIGNED]);
+        out[SIGNED..].copy_from_slice(&tag);
+    }
     out
+}
+
+/// Whether heartbeat datagram `b` carries a valid tag under `key`
+/// (compared in constant time).
+pub fn verify_heartbeat(b: &[u8], key: &HeartbeatKey) -> bool {
+    if b.len() < SIGNED + TAG_LEN {
+        return false;
+    }
+    let want = key.tag(&b[..SIGNED]);
+    let diff = want
+        .iter()
+        .zip(&b[SIGNED..SIGNED + TAG_LEN])
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    diff == 0
+}
+
+/// Replay protection for heartbeats: per (peer, network) the newest
+/// (epoch, seq) accepted; anything not newer is refused. Heartbeats
+/// reordered in flight are dropped too, which costs nothing (the next one
+/// is 10 ms away). Bounded by the members × networks it is fed.
+#[derive(Debug, Default)]
+pub struct Freshness {
+    newest: rustc_hash::FxHashMap<(NodeId, u16), (Epoch, u64)>,
+}
+
+impl Freshness {
+    /// Accepts (and records) `(epoch, seq)` from `node` on `network` if it
+    /// is newer than anything accepted before.
+    pub fn accept(&mut self, node: NodeId, network: u16, epoch: Epoch, seq: u64) -> bool {
+        match self.newest.get_mut(&(node, network)) {
+            Some(n) if *n >= (epoch, seq) => false,
+            Some(n) => {
+                *n = (epoch, seq);
+                true
+            }
+            None => {
+                self.newest.insert((node, network), (epoch, seq));
+                true
+            }
+        }
+    }
+
+    /// Forgets a node (it left the cluster).
+    pub fn forget(&mut self, node: NodeId) {
+        self.newest.retain(|(n, _), _| *n != node);
+    }
 }
 
 /// Encodes a barrier.
@@ -129,8 +219,37 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tags_verify_only_under_the_pair_key_and_replays_are_refused() {
+        let k = HeartbeatKey::new(&[1; 32]);
+        let other = HeartbeatKey::new(&[2; 32]);
+        let hb = encode_heartbeat(ClusterId(1), NodeId(2), Epoch(3), 4, Some(&k));
+        assert!(verify_heartbeat(&hb, &k));
+        assert!(!verify_heartbeat(&hb, &other));
+        let plain = encode_heartbeat(ClusterId(1), NodeId(2), Epoch(3), 4, None);
+        assert!(!verify_heartbeat(&plain, &k));
+        for i in 0..hb.len() {
+            let mut bad = hb;
+            bad[i] ^= 1;
+            assert!(
+                !verify_heartbeat(&bad, &k),
+                "byte {i} altered still verifies"
+            );
+        }
+        assert!(!verify_heartbeat(&hb[..hb.len() - 1], &k));
+        let mut f = Freshness::default();
+        assert!(f.accept(NodeId(2), 0, Epoch(3), 4));
+        assert!(!f.accept(NodeId(2), 0, Epoch(3), 4), "replay");
+        assert!(!f.accept(NodeId(2), 0, Epoch(3), 3), "older");
+        assert!(f.accept(NodeId(2), 1, Epoch(3), 4), "other network");
+        assert!(f.accept(NodeId(2), 0, Epoch(4), 0), "new incarnation");
+        assert!(!f.accept(NodeId(2), 0, Epoch(3), 99), "old incarnation");
+        f.forget(NodeId(2));
+        assert!(f.accept(NodeId(2), 0, Epoch(3), 4));
+    }
+
+    #[test]
     fn round_trip() {
-        let hb = encode_heartbeat(ClusterId(1), NodeId(2), Epoch(3), 4);
+        let hb = encode_heartbeat(ClusterId(1), NodeId(2), Epoch(3), 4, None);
         assert_eq!(
             decode_datagram(&hb),
             Ok(Datagram::Heartbeat {
@@ -149,7 +268,7 @@ mod tests {
 
     #[test]
     fn garbage_is_a_typed_error_never_a_panic() {
-        let hb = encode_heartbeat(ClusterId(1), NodeId(2), Epoch(3), 4);
+        let hb = encode_heartbeat(ClusterId(1), NodeId(2), Epoch(3), 4, None);
         for cut in 0..hb.len() {
             assert!(decode_datagram(&hb[..cut]).is_err());
         }
