@@ -64,53 +64,25 @@ pub(crate) struct ConnIo {
     pub(crate) authenticated: Option<NodeId>,
     /// This connection's place under the accept limits (accepted ones only).
     _slot: Option<ConnSlot>,
+    /// The record layer's sealer (`None` when insecure); used only by
+    /// whoever holds `flushing`, so uncontended.
+    sealer: Option<Mutex<Sealer>>,
 }
 
-/// The write queue and, unless insecure, the sealer.
+/// The write queue. Insecure: `q` only. Otherwise callers append
+/// plaintext to `plain` (under the session's lock, so in the core's order)
+/// and the one flushing seals it into records on `q` outside that lock —
+/// encryption never holds a session back.
 #[derive(Debug, Default)]
 struct Pending {
+    /// Bytes ready for the socket, in order.
     q: VecDeque<Bytes>,
-    sealer: Option<Sealer>,
+    /// Plaintext not sealed yet (always after everything in `q`).
+    plain: VecDeque<Bytes>,
 }
 
-impl Pending {
-    fn push(&mut self, b: Bytes) -> bool {
-        match &mut self.sealer {
-            None => {
-                self.q.push_back(b);
-                true
-            }
-            Some(s) => match s.seal_to_bytes([&b[..]]) {
-                Ok(r) => {
-                    self.q.push_back(r);
-                    true
-                }
-                Err(_) => false,
-            },
-        }
-    }
-
-    fn push_all(&mut self, pieces: impl Iterator<Item = Bytes>) -> bool {
-        match &mut self.sealer {
-            None => {
-                self.q.extend(pieces);
-                true
-            }
-            Some(s) => {
-                // One record (or a few, when large) for the whole write:
-                // one copy, one tag, one iovec.
-                let pieces: Vec<Bytes> = pieces.collect();
-                match s.seal_to_bytes(pieces.iter().map(|b| &b[..])) {
-                    Ok(r) => {
-                        self.q.push_back(r);
-                        true
-                    }
-                    Err(_) => false,
-                }
-            }
-        }
-    }
-}
+/// Plaintext sealed per round of a flush (a few records).
+const SEAL_BATCH: usize = 4 * surelink_proto::secure::MAX_RECORD;
 
 /// How a flush ended.
 enum Flushed {
@@ -132,23 +104,50 @@ impl ConnIo {
     /// Queues `b` behind everything queued before (call with the session's
     /// lock held, so the queue order is the core's order); `flush` writes it.
     pub(crate) fn enqueue(&self, b: Bytes) {
-        if !self.pending.lock().push(b) {
-            self.seal_failed();
+        let mut p = self.pending.lock();
+        if self.sealer.is_some() {
+            p.plain.push_back(b);
+        } else {
+            p.q.push_back(b);
         }
     }
 
     /// Queues pieces in order, under one lock.
     pub(crate) fn enqueue_all(&self, pieces: impl Iterator<Item = Bytes>) {
-        if !self.pending.lock().push_all(pieces) {
-            self.seal_failed();
+        let mut p = self.pending.lock();
+        if self.sealer.is_some() {
+            p.plain.extend(pieces);
+        } else {
+            p.q.extend(pieces);
         }
     }
 
-    /// The record counter ran out (2^64 records): the connection cannot
-    /// carry more; the core fails the path over when it ends.
-    fn seal_failed(&self) {
-        warn!(path = %self.path, "record layer exhausted; closing the connection");
-        self.kill();
+    /// Seals the front of `plain` into records on `q`, when `q` is empty
+    /// (only the holder of `flushing` calls this, so order is kept).
+    fn seal_some(&self) -> Result<(), surelink_proto::secure::RecordError> {
+        let Some(sealer) = &self.sealer else {
+            return Ok(());
+        };
+        let pieces: Vec<Bytes> = {
+            let mut p = self.pending.lock();
+            if !p.q.is_empty() {
+                return Ok(());
+            }
+            let mut bytes = 0;
+            let mut v = Vec::new();
+            while bytes < SEAL_BATCH {
+                let Some(b) = p.plain.pop_front() else { break };
+                bytes += b.len();
+                v.push(b);
+            }
+            v
+        };
+        if pieces.is_empty() {
+            return Ok(());
+        }
+        let rec = sealer.lock().seal_to_bytes(pieces.iter().map(|b| &b[..]))?;
+        self.pending.lock().q.push_back(rec);
+        Ok(())
     }
 
     /// Writes what is queued, outside the session's lock. If another thread is
@@ -188,6 +187,14 @@ impl ConnIo {
         // should not allocate.
         let mut batch: [Bytes; MAX_IOV] = std::array::from_fn(|_| Bytes::new());
         loop {
+            if let Err(e) = self.seal_some() {
+                // 2^64 records on one connection: it cannot carry more.
+                warn!(path = %self.path, error = %e, "record layer exhausted; closing the connection");
+                let mut p = self.pending.lock();
+                p.q.clear();
+                p.plain.clear();
+                return Flushed::Failed;
+            }
             let n = {
                 let q = self.pending.lock();
                 let mut n = 0;
@@ -231,7 +238,9 @@ impl ConnIo {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Flushed::Blocked,
                 Err(e) => {
                     debug!(path = %self.path, error = %e, "write failed");
-                    self.pending.lock().q.clear();
+                    let mut p = self.pending.lock();
+                    p.q.clear();
+                    p.plain.clear();
                     return Flushed::Failed;
                 }
             }
@@ -254,7 +263,8 @@ impl ConnIo {
     }
 
     fn has_pending(&self) -> bool {
-        !self.pending.lock().q.is_empty()
+        let p = self.pending.lock();
+        !p.q.is_empty() || !p.plain.is_empty()
     }
 
     /// Shuts the socket down both ways, as `ss -K` would: both ends see the
@@ -331,50 +341,34 @@ async fn read_loop(
                 }
             }
         }
-        if let Some((o, raw)) = &mut opener {
-            if let Err(e) = o.open(raw, &mut buf) {
-                shared.stats.refused_input();
-                if let Some(n) = shared
-                    .log_refused
-                    .allow(shared.now().since_origin().as_secs())
-                {
-                    warn!(path = %io.path, remote = %io.remote, error = %e, suppressed = n, "refused a record; closing the connection");
-                }
+        let Some((o, raw)) = &mut opener else {
+            if feed(&shared, &io, &mut bound, &mut buf).is_err() {
                 break 'read;
             }
-            if buf.is_empty() {
-                continue;
-            }
-        }
-        // Anything (authentic) from the peer counts as a heartbeat for this path.
-        if let (Some(cell), Some(gate)) = (io.heard.get(), &io.gate) {
-            cell.store(gate.now().as_nanos(), Ordering::Relaxed);
-        }
-        // A HELLO may move the path to another session mid-buffer: feed the
-        // rest to wherever it belongs now.
+            continue;
+        };
+        // One record at a time: each opened in place and handed over
+        // without a copy whenever nothing is left over from the last.
         loop {
-            let r = match &bound {
-                Some(h) => match h.input(&shared, io.path, &mut buf) {
-                    Ok(Input::Done) => break,
-                    Ok(Input::Hello(hello)) => shared.route_hello(&io, Some(h), &hello).map(Some),
-                    Err(e) => Err(e),
-                },
-                None => match shared.unbound_input(&io, &mut buf) {
-                    Ok(None) => break,
-                    r => r,
-                },
-            };
-            match r {
-                Ok(Some(h)) => bound = Some(h),
+            match o.open_record(raw) {
                 Ok(None) => break,
-                Err(surelink_proto::PathError::UnknownPath(_)) => break 'read,
+                Ok(Some(rec)) => {
+                    if buf.is_empty() {
+                        buf = rec;
+                    } else {
+                        buf.extend_from_slice(&rec);
+                    }
+                    if feed(&shared, &io, &mut bound, &mut buf).is_err() {
+                        break 'read;
+                    }
+                }
                 Err(e) => {
                     shared.stats.refused_input();
                     if let Some(n) = shared
                         .log_refused
                         .allow(shared.now().since_origin().as_secs())
                     {
-                        warn!(path = %io.path, remote = %io.remote, error = %e, suppressed = n, "refused input from peer; closing the connection");
+                        warn!(path = %io.path, remote = %io.remote, error = %e, suppressed = n, "refused a record; closing the connection");
                     }
                     break 'read;
                 }
@@ -384,6 +378,52 @@ async fn read_loop(
     match bound {
         Some(h) => h.path_down(&shared, io.path),
         None => shared.unbound_down(io.path),
+    }
+}
+
+/// The connection must close (the reason is logged and counted).
+struct Close;
+
+/// Feeds plaintext to the connection's session (or, until its HELLO binds
+/// it, the router). A HELLO may move the path to another session
+/// mid-buffer: the rest goes to wherever it belongs now.
+fn feed(
+    shared: &Arc<Shared>,
+    io: &Arc<ConnIo>,
+    bound: &mut Option<Arc<SessionHandle>>,
+    buf: &mut BytesMut,
+) -> Result<(), Close> {
+    // Anything (authentic) from the peer counts as a heartbeat for this path.
+    if let (Some(cell), Some(gate)) = (io.heard.get(), &io.gate) {
+        cell.store(gate.now().as_nanos(), Ordering::Relaxed);
+    }
+    loop {
+        let r = match &*bound {
+            Some(h) => match h.input(shared, io.path, buf) {
+                Ok(Input::Done) => return Ok(()),
+                Ok(Input::Hello(hello)) => shared.route_hello(io, Some(h), &hello).map(Some),
+                Err(e) => Err(e),
+            },
+            None => match shared.unbound_input(io, buf) {
+                Ok(None) => return Ok(()),
+                r => r,
+            },
+        };
+        match r {
+            Ok(Some(h)) => *bound = Some(h),
+            Ok(None) => return Ok(()),
+            Err(surelink_proto::PathError::UnknownPath(_)) => return Err(Close),
+            Err(e) => {
+                shared.stats.refused_input();
+                if let Some(n) = shared
+                    .log_refused
+                    .allow(shared.now().since_origin().as_secs())
+                {
+                    warn!(path = %io.path, remote = %io.remote, error = %e, suppressed = n, "refused input from peer; closing the connection");
+                }
+                return Err(Close);
+            }
+        }
     }
 }
 
@@ -418,10 +458,8 @@ pub(crate) fn start(
         local,
         remote,
         stream,
-        pending: Mutex::new(Pending {
-            q: VecDeque::new(),
-            sealer,
-        }),
+        pending: Mutex::new(Pending::default()),
+        sealer: sealer.map(Mutex::new),
         flushing: AtomicBool::new(false),
         wake: Notify::new(),
         failed: AtomicBool::new(false),
@@ -584,7 +622,18 @@ pub(crate) async fn dial_loop(
     let mut backoff = cfg.reconnect_initial;
     loop {
         let device = cfg.devices.get(network).and_then(|d| d.as_deref());
-        match dial(local, remote, device, cfg.connect_timeout).await {
+        // A connect whose SYN was lost in an outage waits for the kernel's
+        // SYN retransmission (1 s, then 3 s): when the path is heard again
+        // meanwhile, drop it and send a fresh SYN at once.
+        let attempt = tokio::select! {
+            r = dial(local, remote, device, cfg.connect_timeout) => r,
+            _ = shared.redial.notified() => {
+                debug!(%peer, network, "path heard again during a connect: dialling afresh");
+                backoff = cfg.reconnect_initial;
+                continue;
+            }
+        };
+        match attempt {
             Ok(mut stream) => {
                 configure(&stream, &shared);
                 let secured = match &shared.secure {

@@ -428,7 +428,9 @@ impl Detector {
     pub(crate) fn restart_fence(&self, epoch: Epoch) {
         self.epoch.store(epoch.0, Ordering::Relaxed);
         let mut f = lock(&self.fence);
-        *f = Fence::new(&self.cfg, self.gate.now());
+        // Unarmed until a heartbeat of the new incarnation gets out: one
+        // fence per isolation, not one per slack while it lasts.
+        *f = Fence::unarmed(&self.cfg, self.gate.now());
         self.gate
             .t_valid
             .store(f.t_valid().as_nanos(), Ordering::Release);

@@ -66,14 +66,14 @@ fn side(rounds: &[Round]) -> Side {
 
 /// Measures both pairs; returns the cases and prints the table.
 pub(super) async fn run(plan: &Plan, payloads: &[usize]) -> Result<Vec<DetectorCase>> {
-    let on = SurelinkPair::setup(DetectorConfig::default())
+    let on = SurelinkPair::setup(DetectorConfig::default(), false)
         .await
         .context("the pair with the detector")?;
     let off_cfg = DetectorConfig {
         mode: DetectorMode::Off,
         ..DetectorConfig::default()
     };
-    let off = SurelinkPair::setup(off_cfg)
+    let off = SurelinkPair::setup(off_cfg, false)
         .await
         .context("the pair without the detector")?;
     let total = payloads.len() * plan.rounds * 2;

@@ -36,6 +36,8 @@ pub(super) enum Setup<T> {
 /// All contenders, set up once for the whole run.
 pub(super) struct Fixture {
     pub(super) surelink: SurelinkPair,
+    /// The same with `insecure = true`: what authentication costs.
+    pub(super) surelink_insecure: SurelinkPair,
     tcp: TcpBaseline,
     zeromq: Option<ZmqContender>,
     nats: Option<NatsContender>,
@@ -48,7 +50,8 @@ impl Fixture {
     /// ones this machine or build cannot run. On an error, whatever was set
     /// up already is stopped again.
     pub(super) async fn setup() -> Result<Fixture> {
-        let surelink = SurelinkPair::setup(DetectorConfig::default()).await?;
+        let surelink = SurelinkPair::setup(DetectorConfig::default(), false).await?;
+        let surelink_insecure = SurelinkPair::setup(DetectorConfig::default(), true).await?;
         let mut skipped = BTreeMap::new();
         let others = async {
             let tcp = TcpBaseline::setup()
@@ -70,6 +73,7 @@ impl Fixture {
         match others.await {
             Ok((tcp, zeromq, nats)) => Ok(Fixture {
                 surelink,
+                surelink_insecure,
                 tcp,
                 zeromq,
                 nats,
@@ -87,7 +91,7 @@ impl Fixture {
         Contender::ALL
             .into_iter()
             .filter(|&who| match who {
-                Contender::Surelink | Contender::Tcp => true,
+                Contender::Surelink | Contender::SurelinkInsecure | Contender::Tcp => true,
                 Contender::Zeromq => self.zeromq.is_some(),
                 Contender::Nats => self.nats.is_some(),
             })
@@ -98,6 +102,12 @@ impl Fixture {
     pub(super) fn describe(&self, who: Contender) -> String {
         match who {
             Contender::Surelink => surelink_pair::DESCRIPTION.to_owned(),
+            Contender::SurelinkInsecure => {
+                format!(
+                    "{} — insecure = true (no handshake, no AEAD)",
+                    surelink_pair::DESCRIPTION
+                )
+            }
             Contender::Tcp => tcp::DESCRIPTION.to_owned(),
             Contender::Zeromq => self
                 .zeromq
@@ -120,6 +130,7 @@ impl Fixture {
     ) -> Result<(LatencyRound, Histogram<u64>)> {
         let caller = match who {
             Contender::Surelink => Caller::Surelink(self.surelink.client.clone()),
+            Contender::SurelinkInsecure => Caller::Surelink(self.surelink_insecure.client.clone()),
             Contender::Tcp => Caller::Tcp(self.tcp.rpc.clone()),
             Contender::Nats => Caller::Nats(present(&self.nats, who)?.caller()),
             // Blocking sockets: callers on threads of their own.
@@ -141,6 +152,9 @@ impl Fixture {
     ) -> Result<ThroughputRound> {
         match who {
             Contender::Surelink => self.surelink.throughput_round(payload, plan).await,
+            Contender::SurelinkInsecure => {
+                self.surelink_insecure.throughput_round(payload, plan).await
+            }
             Contender::Tcp => self.tcp.throughput_round(payload, plan).await,
             Contender::Zeromq => {
                 present_mut(&mut self.zeromq, who)?
@@ -169,6 +183,7 @@ impl Fixture {
             notes.extend(n.shutdown().await);
         }
         self.surelink.shutdown().await;
+        self.surelink_insecure.shutdown().await;
         notes
     }
 }

@@ -226,9 +226,11 @@ impl Plan {
 /// The contenders, in the report's order (surelink first: the ratios are
 /// surelink / each of the others).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 enum Contender {
     Surelink,
+    /// surelink with `insecure = true`: the baseline of authentication's cost.
+    SurelinkInsecure,
     Tcp,
     Zeromq,
     Nats,
@@ -236,8 +238,9 @@ enum Contender {
 
 impl Contender {
     /// Every contender this bench knows.
-    const ALL: [Contender; 4] = [
+    const ALL: [Contender; 5] = [
         Contender::Surelink,
+        Contender::SurelinkInsecure,
         Contender::Tcp,
         Contender::Zeromq,
         Contender::Nats,
@@ -247,6 +250,7 @@ impl Contender {
     fn name(self) -> &'static str {
         match self {
             Contender::Surelink => "surelink",
+            Contender::SurelinkInsecure => "surelink_insecure",
             Contender::Tcp => "tcp",
             Contender::Zeromq => "zeromq",
             Contender::Nats => "nats",
@@ -257,6 +261,7 @@ impl Contender {
     fn label(self) -> &'static str {
         match self {
             Contender::Surelink => "surelink",
+            Contender::SurelinkInsecure => "surelink insecure",
             Contender::Tcp => "plain TCP",
             Contender::Zeromq => "ZeroMQ",
             Contender::Nats => "NATS",

@@ -68,6 +68,7 @@ fn cdf(h: &Histogram<u64>, top: f64) -> Vec<(f64, f64)> {
 fn color(who: Contender) -> RGBColor {
     match who {
         Contender::Surelink => BLUE,
+        Contender::SurelinkInsecure => RGBColor(120, 120, 220),
         Contender::Tcp => RED,
         Contender::Zeromq => RGBColor(0, 150, 0),
         Contender::Nats => RGBColor(230, 140, 0),

@@ -23,7 +23,7 @@ use super::Plan;
 
 /// How the contender is set up, for `bench.json`.
 pub(super) const DESCRIPTION: &str =
-    "Config::new defaults; 2 networks, 1 connection per network; echo handler; recv_many receiver";
+    "Config::new defaults (authenticated, encrypted); 2 networks, 1 connection per network; echo handler; recv_many receiver";
 
 /// The fixture's server node.
 pub(super) const SERVER: NodeId = NodeId(1);
@@ -42,8 +42,12 @@ impl SurelinkPair {
     /// The shared two-network fixture (`surelink::testing::Loopback`) with
     /// `detector` on both ends: an echo server and its client, both paths
     /// up.
-    pub(super) async fn setup(detector: DetectorConfig) -> Result<SurelinkPair> {
+    /// `insecure`: both ends without authentication (the baseline that
+    /// shows what it costs).
+    pub(super) async fn setup(detector: DetectorConfig, insecure: bool) -> Result<SurelinkPair> {
         let mut lb = Loopback::new();
+        lb.server.insecure = insecure;
+        lb.client.insecure = insecure;
         lb.server.detector = detector.clone();
         lb.client.detector = detector;
         lb.paths_timeout = PATHS_TIMEOUT;

@@ -58,21 +58,23 @@ pub(crate) struct NodeArgs {
     /// Detector mode.
     #[arg(long, value_enum, default_value = "safetimer")]
     pub(crate) mode: Mode,
-    /// Heartbeat interval, ms.
-    #[arg(long, default_value_t = 100)]
-    pub(crate) interval_ms: u64,
+    /// Heartbeat interval, ms. Without it (and the four below) the node
+    /// runs the product's default detector; with it, the compact profile
+    /// `DetectorConfig::with_interval` — a labelled tuning.
+    #[arg(long)]
+    pub(crate) interval_ms: Option<u64>,
     /// Peer window (the timeout), ms.
-    #[arg(long, default_value_t = 1000)]
-    pub(crate) timeout_ms: u64,
-    /// Path window, ms (defaults to the timeout).
+    #[arg(long)]
+    pub(crate) timeout_ms: Option<u64>,
+    /// Path window, ms.
     #[arg(long)]
     pub(crate) path_timeout_ms: Option<u64>,
     /// Sender slack, ms.
-    #[arg(long, default_value_t = 500)]
-    pub(crate) slack_ms: u64,
+    #[arg(long)]
+    pub(crate) slack_ms: Option<u64>,
     /// Assumed network delay bound, ms.
-    #[arg(long, default_value_t = 100)]
-    pub(crate) network_delay_ms: u64,
+    #[arg(long)]
+    pub(crate) network_delay_ms: Option<u64>,
     /// Local addresses, one per network (port 0: any).
     #[arg(long, value_delimiter = ',', required = true)]
     pub(crate) local: Vec<SocketAddr>,
@@ -142,19 +144,35 @@ pub(crate) fn request_size((lo, hi): (usize, usize), id: u64) -> usize {
 }
 
 impl NodeArgs {
+    /// The product's default detector, unless settings are given.
     pub(crate) fn detector(&self) -> DetectorConfig {
         let ms = Duration::from_millis;
-        let mut d = DetectorConfig::with_interval(ms(self.interval_ms));
+        let mut d = match self.interval_ms {
+            None => DetectorConfig::default(),
+            Some(i) => {
+                let mut d = DetectorConfig::with_interval(ms(i));
+                d.check_every = (ms(i) / 2).max(Duration::from_millis(1));
+                d.barrier_timeout = ms(i).max(Duration::from_millis(5));
+                d
+            }
+        };
         d.mode = match self.mode {
             Mode::Safetimer => DetectorMode::SafeTimer,
             Mode::Plain => DetectorMode::Plain,
         };
-        d.timeout = ms(self.timeout_ms);
-        d.path_timeout = ms(self.path_timeout_ms.unwrap_or(self.timeout_ms));
-        d.send_slack = ms(self.slack_ms);
-        d.max_network_delay = ms(self.network_delay_ms);
-        d.check_every = (ms(self.interval_ms) / 2).max(Duration::from_millis(1));
-        d.barrier_timeout = ms(self.interval_ms).max(Duration::from_millis(5));
+        if let Some(t) = self.timeout_ms {
+            d.timeout = ms(t);
+            d.path_timeout = ms(t);
+        }
+        if let Some(t) = self.path_timeout_ms {
+            d.path_timeout = ms(t);
+        }
+        if let Some(t) = self.slack_ms {
+            d.send_slack = ms(t);
+        }
+        if let Some(t) = self.network_delay_ms {
+            d.max_network_delay = ms(t);
+        }
         d
     }
 }

@@ -78,20 +78,9 @@ fn undo_all() {
     }
 }
 
+/// The nodes run the product's default detector (no settings given).
 fn detector_args() -> Vec<String> {
-    strs(&[
-        "--interval-ms",
-        "10",
-        "--timeout-ms",
-        "3100",
-        "--path-timeout-ms",
-        "50",
-        "--slack-ms",
-        "3000",
-        "--network-delay-ms",
-        "10",
-        "--quiet",
-    ])
+    strs(&["--quiet"])
 }
 
 fn last(p: &NodeProc, ev: &str) -> Value {

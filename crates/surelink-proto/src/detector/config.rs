@@ -19,8 +19,22 @@ pub enum DetectorMode {
     Off,
 }
 
-/// Heartbeat timing. The defaults fail a silent path over in about 55 ms
-/// and report a dead peer in about 155 ms.
+/// Heartbeat timing.
+///
+/// The defaults keep two promises at once. Path failover stays fast: a
+/// path silent for 50 ms (5 heartbeats) is failed over, which costs
+/// nothing when it was a false alarm (the path is used again when heard).
+/// Ending things stays slow: a peer is reported dead only after 2 s of
+/// silence on every path, and a process fences itself only when a
+/// heartbeat could not leave for 1.5 s — so an outage of every link, or a
+/// pause of the process, shorter than ~1.5 s ends no session and fails no
+/// call whose deadline is longer. The anchors: memberlist's LAN profile
+/// (probe every 1 s, 500 ms probe timeout, then a suspicion period of
+/// several seconds before "dead") and Lifeguard's longer suspicion under
+/// load; a false "dead" (a session ended, calls failed, a replica
+/// re-synced) costs far more than a second of detection. Tighter windows
+/// ([`DetectorConfig::with_interval`]) are a tuning for dedicated
+/// networks and are labelled as such wherever they are used.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DetectorConfig {
     /// Which detector runs.
@@ -52,15 +66,20 @@ pub struct DetectorConfig {
 
 impl Default for DetectorConfig {
     fn default() -> Self {
-        DetectorConfig::with_interval(Duration::from_millis(10))
+        let interval = Duration::from_millis(10);
+        DetectorConfig {
+            send_slack: Duration::from_millis(1500),
+            timeout: Duration::from_secs(2),
+            ..DetectorConfig::with_interval(interval)
+        }
     }
 }
 
 impl DetectorConfig {
-    /// Settings scaled to one heartbeat `interval`: path window 5
-    /// intervals, peer window 15, send slack 10 (a process may stall that
-    /// long before it fences itself), network delay 1, checks twice per
-    /// interval.
+    /// Compact settings scaled to one heartbeat `interval` (a tuning, not
+    /// the default): path window 5 intervals, peer window 15, send slack
+    /// 10 (a process may stall that long before it fences itself), network
+    /// delay 1, checks twice per interval.
     pub fn with_interval(interval: Duration) -> Self {
         DetectorConfig {
             mode: DetectorMode::SafeTimer,

@@ -15,6 +15,13 @@
 //! (both interfaces down for a moment) does not fence the process when a
 //! later one gets out within the slack — without it, a 10 ms outage of
 //! every link would end every session a slack later.
+//!
+//! A second: a fence made for the incarnation that follows a fence
+//! ([`Fence::unarmed`]) has no deadline until one of its heartbeats has
+//! left the host. Nobody can have heard that incarnation before, so nobody
+//! can count a gap in it; without this, a process cut off from every link
+//! would fence again every slack for as long as the outage lasts (a new
+//! epoch each time), instead of once.
 
 use std::time::Duration;
 
@@ -60,6 +67,8 @@ pub struct Fence {
     /// its deadline.
     confirmed: u64,
     fenced: Option<(Time, u64)>,
+    /// Deadlines apply (see the module docs on [`Fence::unarmed`]).
+    armed: bool,
 }
 
 impl Fence {
@@ -72,7 +81,24 @@ impl Fence {
             next_seq: 0,
             confirmed: 0,
             fenced: None,
+            armed: true,
         }
+    }
+
+    /// A fence with no deadline until a heartbeat has left the host: for
+    /// the incarnation after a fence. Heartbeats are handed out on
+    /// schedule from `now`; the first confirmed one arms the fence, its
+    /// schedule re-based so that heartbeat counts as on time.
+    pub fn unarmed(config: &DetectorConfig, now: Time) -> Self {
+        Fence {
+            armed: false,
+            ..Fence::new(config, now)
+        }
+    }
+
+    /// Whether deadlines apply yet.
+    pub fn is_armed(&self) -> bool {
+        self.armed
     }
 
     /// When heartbeat `seq` is scheduled.
@@ -104,6 +130,7 @@ impl Fence {
     pub fn t_valid(&self) -> Time {
         match self.fenced {
             Some((at, _)) => at,
+            None if !self.armed => Time::from_nanos(u64::MAX),
             None => self.deadline(self.confirmed),
         }
     }
@@ -125,10 +152,23 @@ impl Fence {
     /// running) fences instead.
     pub fn poll_heartbeat(&mut self, now: Time) -> Option<HeartbeatDue> {
         self.check(now);
+        if !self.armed {
+            // Not heard by anyone yet: skip the slots a pause or an outage
+            // missed rather than hand them all out at once.
+            let slot = self.slot_at(now);
+            self.next_seq = self.next_seq.max(slot);
+        }
         if self.fenced.is_some() || now < self.scheduled(self.next_seq) {
             return None;
         }
         let seq = self.next_seq;
+        if !self.armed {
+            self.next_seq += 1;
+            return Some(HeartbeatDue {
+                seq,
+                deadline: self.deadline(seq),
+            });
+        }
         if now > self.deadline(seq) {
             self.fence(seq);
             return None;
@@ -153,6 +193,17 @@ impl Fence {
         if self.fenced.is_some() || seq < self.confirmed || seq >= self.next_seq {
             return;
         }
+        if !self.armed {
+            // The first heartbeat out: deadlines start, counted from it
+            // (sequence numbers keep growing: receivers refuse old ones).
+            let nanos = u64::try_from(self.interval.as_nanos())
+                .unwrap_or(u64::MAX)
+                .saturating_mul(seq);
+            self.origin = Time::from_nanos(sent_at.as_nanos().saturating_sub(nanos));
+            self.confirmed = seq + 1;
+            self.armed = true;
+            return;
+        }
         if sent_at > self.deadline(seq) {
             self.fence(seq);
             return;
@@ -166,8 +217,16 @@ impl Fence {
         }
     }
 
+    /// The schedule slot `now` falls in.
+    fn slot_at(&self, now: Time) -> u64 {
+        let i = u64::try_from(self.interval.as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        now.as_nanos().saturating_sub(self.origin.as_nanos()) / i
+    }
+
     fn check(&mut self, now: Time) {
-        if self.fenced.is_none() && now > self.deadline(self.confirmed) {
+        if self.armed && self.fenced.is_none() && now > self.deadline(self.confirmed) {
             // The deadline of the first unconfirmed heartbeat has passed.
             // Called only where confirmations have been read first (the
             // heartbeat task), so this is a miss, not a slow read.
@@ -298,6 +357,40 @@ mod tests {
         f.handle_sent(7, ms(11));
         assert_eq!(f.t_valid(), ms(40));
         assert!(matches!(f.state(ms(35)), FenceState::Valid { .. }));
+    }
+
+    #[test]
+    fn after_a_fence_an_isolated_process_does_not_fence_again_until_heard() {
+        let mut f = Fence::unarmed(&cfg(), ms(0));
+        assert!(!f.is_armed());
+        // Every send fails for two seconds: heartbeats are handed out on
+        // schedule, no deadline passes, frames may leave (none can).
+        let mut handed = 0;
+        for t in (0..2000).step_by(5) {
+            if f.poll_heartbeat(ms(t)).is_some() {
+                handed += 1;
+            }
+            assert!(matches!(f.state(ms(t)), FenceState::Valid { .. }));
+        }
+        assert_eq!(handed, 200, "one per slot, none bunched");
+        // A pause: slots missed are skipped, not handed out at once.
+        let due = f.poll_heartbeat(ms(5000)).unwrap();
+        assert_eq!(due.seq, 500);
+        assert_eq!(f.poll_heartbeat(ms(5000)), None);
+        // It leaves: the fence arms, counted from that heartbeat.
+        f.handle_sent(500, ms(5001));
+        assert!(f.is_armed());
+        assert_eq!(f.t_valid(), ms(5001 + 10 + 20));
+        // From now on deadlines apply as usual.
+        let due = f.poll_heartbeat(ms(5011)).unwrap();
+        assert_eq!(due.seq, 501);
+        assert!(matches!(
+            f.state(ms(5032)),
+            FenceState::Fenced {
+                missed_seq: 501,
+                ..
+            }
+        ));
     }
 
     #[test]
