@@ -73,3 +73,29 @@ pub fn boottime() -> std::time::Duration {
         u32::try_from(ts.tv_nsec).unwrap_or(0),
     )
 }
+
+/// Raises this process's soft limit on open files to its hard limit (what
+/// an unprivileged process may do) and returns the soft limit now in
+/// force. Each connection is a file descriptor: an endpoint sizes its
+/// connection limits below this.
+pub fn raise_fd_limit() -> std::io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid rlimit for the call to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let want = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: plain system call with a valid rlimit.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) } == 0 {
+            lim.rlim_cur = lim.rlim_max;
+        }
+    }
+    Ok(lim.rlim_cur)
+}

@@ -113,8 +113,24 @@ impl std::fmt::Debug for Endpoint {
 impl Endpoint {
     /// Validates `config`, opens the listeners, and starts dialling the
     /// configured peers. Must be called within a tokio runtime.
-    pub async fn bind(config: Config) -> Result<Endpoint, BindError> {
+    pub async fn bind(mut config: Config) -> Result<Endpoint, BindError> {
         config.validate()?;
+        // Each connection is a file descriptor: raise the soft limit where
+        // allowed, and keep the accept limit well below what is left
+        // (listeners, heartbeat sockets, dialled connections, the
+        // application's own files).
+        if let Ok(fds) = surelink_sys::raise_fd_limit() {
+            let budget = usize::try_from(fds.saturating_sub(64) / 2).unwrap_or(usize::MAX);
+            if config.max_connections > budget {
+                warn!(
+                    max_connections = config.max_connections,
+                    fd_limit = fds,
+                    now = budget,
+                    "max_connections lowered below the open-file limit"
+                );
+                config.max_connections = budget.max(1);
+            }
+        }
         let epoch = config.epoch.unwrap_or_else(|| {
             let us = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

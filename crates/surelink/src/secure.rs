@@ -193,7 +193,6 @@ impl ConnLimits {
     }
 
     /// Accepted connections open now.
-    #[cfg(test)]
     pub(crate) fn open(&self) -> usize {
         self.total.load(Ordering::Relaxed)
     }

@@ -472,6 +472,7 @@ impl Shared {
         snap.requests_queued = queued as u64;
         snap.requests_running = running as u64;
         snap.detector = self.detector.as_ref().map(|d| d.snapshot());
+        snap.connections_open = self.limits.open() as u64;
         snap
     }
 

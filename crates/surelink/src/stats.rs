@@ -150,6 +150,7 @@ impl Stats {
             refused_inputs: self.refused_inputs.load(Relaxed),
             handshakes_failed: self.handshakes_failed.load(Relaxed),
             connections_refused: self.connections_refused.load(Relaxed),
+            connections_open: 0,
             handler_errors: self.handler_errors.load(Relaxed),
             handler_panics: self.handler_panics.load(Relaxed),
             requests_queued: 0,
@@ -196,6 +197,8 @@ pub struct StatsSnapshot {
     pub handshakes_failed: u64,
     /// Connections closed at once because a connection limit was reached.
     pub connections_refused: u64,
+    /// Accepted connections open now (authenticated or in their handshake).
+    pub connections_open: u64,
     /// Requests whose handler returned an error or panicked.
     pub handler_errors: u64,
     /// Requests whose handler panicked (caught; the caller got an error).
@@ -270,6 +273,11 @@ impl StatsSnapshot {
             "surelink_connections_refused_total",
             "Connections refused at a connection limit",
             self.connections_refused,
+        );
+        let _ = writeln!(
+            s,
+            "# HELP surelink_connections_open Accepted connections open now\n# TYPE surelink_connections_open gauge\nsurelink_connections_open {}",
+            self.connections_open
         );
         let _ = writeln!(s, "# HELP surelink_call_rtt_microseconds Call round trip\n# TYPE surelink_call_rtt_microseconds summary");
         for (q, v) in [

@@ -316,6 +316,7 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
                         Some((id, sent, r)) = pending.next() => match r {
                             Ok(r) => {
                                 counts.replies.fetch_add(1, Relaxed);
+                                counts.record_rtt(wall_us().saturating_sub(sent));
                                 let echoed = r
                                     .get(..8)
                                     .map(|b| u64::from_be_bytes(b.try_into().unwrap_or_default()));
@@ -458,6 +459,34 @@ struct Counts {
     call_errors: AtomicU64,
     /// Replies that echo another request's id.
     wrong: AtomicU64,
+    /// Call latency from the request's scheduled time to its reply, µs.
+    rtt_us: Mutex<Option<hdrhistogram::Histogram<u64>>>,
+}
+
+impl Counts {
+    fn record_rtt(&self, us: u64) {
+        let mut h = self.rtt_us.lock().unwrap_or_else(|e| e.into_inner());
+        let h = h.get_or_insert_with(|| {
+            hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap_or_else(|_| {
+                hdrhistogram::Histogram::new(3).unwrap_or_else(|_| unreachable!())
+            })
+        });
+        let _ = h.record(us.max(1));
+    }
+
+    /// p50, p99, p99.9 and max call latency, µs (zeros before any reply).
+    fn rtt(&self) -> [u64; 4] {
+        let h = self.rtt_us.lock().unwrap_or_else(|e| e.into_inner());
+        match &*h {
+            Some(h) if !h.is_empty() => [
+                h.value_at_quantile(0.5),
+                h.value_at_quantile(0.99),
+                h.value_at_quantile(0.999),
+                h.max(),
+            ],
+            _ => [0; 4],
+        }
+    }
 }
 
 /// The receiver's check of the stream: each epoch's messages must come
@@ -500,10 +529,14 @@ fn summary(
     ev: &str,
 ) -> serde_json::Value {
     match role {
-        Role::Sender => json!({"t": wall_us(), "ev": ev,
-            "sent": c.sent.load(Relaxed), "calls": c.calls.load(Relaxed),
-            "replies": c.replies.load(Relaxed), "call_errors": c.call_errors.load(Relaxed),
-            "wrong": c.wrong.load(Relaxed)}),
+        Role::Sender => {
+            let [p50, p99, p999, max] = c.rtt();
+            json!({"t": wall_us(), "ev": ev,
+                "sent": c.sent.load(Relaxed), "calls": c.calls.load(Relaxed),
+                "replies": c.replies.load(Relaxed), "call_errors": c.call_errors.load(Relaxed),
+                "wrong": c.wrong.load(Relaxed),
+                "call_p50_us": p50, "call_p99_us": p99, "call_p999_us": p999, "call_max_us": max})
+        }
         Role::Receiver => {
             let s = check.lock().unwrap_or_else(|e| e.into_inner());
             let o = order.lock().unwrap_or_else(|e| e.into_inner());
