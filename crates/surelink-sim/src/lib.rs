@@ -35,6 +35,7 @@
 mod checker;
 pub mod detector;
 mod faults;
+pub mod fuzz;
 pub mod pair;
 pub mod rpc;
 mod sim;

@@ -134,6 +134,11 @@ impl fmt::Debug for Keypair {
 }
 
 impl SecretKey {
+    /// A secret key from raw bytes (any 32 bytes are a valid X25519 key).
+    pub fn from_bytes(bytes: [u8; KEY_LEN]) -> SecretKey {
+        SecretKey(bytes)
+    }
+
     /// The raw bytes (for writing a key file).
     pub fn to_bytes(&self) -> [u8; KEY_LEN] {
         self.0

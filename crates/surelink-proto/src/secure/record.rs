@@ -139,7 +139,10 @@ pub struct Sealer(Cipher);
 pub struct Opener(Cipher);
 
 impl Sealer {
-    pub(crate) fn new(key: &[u8; 32], protection: Protection) -> Sealer {
+    /// A sealer for one direction of a connection. Keys come from a
+    /// finished [`super::Handshake`]; this constructor is public for tests
+    /// and fuzzing.
+    pub fn new(key: &[u8; 32], protection: Protection) -> Sealer {
         Sealer(Cipher::new(key, protection))
     }
 
@@ -201,7 +204,8 @@ impl Sealer {
 }
 
 impl Opener {
-    pub(crate) fn new(key: &[u8; 32], protection: Protection) -> Opener {
+    /// An opener for one direction of a connection (see [`Sealer::new`]).
+    pub fn new(key: &[u8; 32], protection: Protection) -> Opener {
         Opener(Cipher::new(key, protection))
     }
 
