@@ -124,6 +124,9 @@ pub struct Config {
     /// One-way messages per peer waiting for [`crate::Endpoint::recv`];
     /// beyond it, that peer's messages wait in its session likewise.
     pub incoming_per_peer: usize,
+    /// The same bound in bytes of message bodies (memory is what a peer
+    /// could exhaust; a message larger than it still passes alone).
+    pub incoming_bytes_per_peer: usize,
     /// The server's request scheduling. See [`SchedulerConfig`].
     pub scheduler: SchedulerConfig,
     /// The protocol core's settings ([`default_core`] unless changed).
@@ -190,6 +193,7 @@ impl Config {
             tcp_user_timeout: Some(Duration::from_secs(5)),
             max_concurrent_requests: 4096,
             incoming_per_peer: 65_536,
+            incoming_bytes_per_peer: 64 << 20,
             scheduler: SchedulerConfig::default(),
             core: default_core(),
             detector: DetectorConfig::default(),
@@ -269,7 +273,7 @@ impl Config {
                     "max_connections, max_connections_per_ip and max_handshaking must be non-zero",
             });
         }
-        if self.incoming_per_peer == 0 {
+        if self.incoming_per_peer == 0 || self.incoming_bytes_per_peer == 0 {
             return Err(ConfigError::Invalid {
                 field: "incoming_per_peer",
                 reason: "must be non-zero",

@@ -518,6 +518,7 @@ impl Endpoint {
             buf,
             limit,
             self.shared.config.incoming_per_peer,
+            self.shared.config.incoming_bytes_per_peer,
         );
         // Sessions that stopped taking one-way messages for lack of room
         // take the ones that waited in them now.

@@ -4,7 +4,8 @@
 //! read released), each run tagged with its session, so taking messages
 //! costs one lock per batch and one counter update per run. Admission is
 //! per peer: a session stops taking one-way messages from its core while
-//! `incoming_per_peer` of them wait here, which leaves them unacknowledged
+//! `incoming_per_peer` of them, or `incoming_bytes_per_peer` bytes of them,
+//! wait here, which leaves them unacknowledged
 //! and holds that sender back — and only that sender, and only its one-way
 //! traffic. High-priority messages go first, but a normal run that has
 //! waited longer than the aging bound goes before them (hr-net's queues).
@@ -115,6 +116,7 @@ impl IncomingQueue {
         buf: &mut Vec<Incoming>,
         limit: usize,
         bound: usize,
+        byte_bound: usize,
     ) -> (usize, Vec<Arc<SessionHandle>>) {
         let mut taken = 0;
         let mut reopened = Vec::new();
@@ -130,10 +132,18 @@ impl IncomingQueue {
             };
             let Some(run) = list.front_mut() else { break };
             let n = run.msgs.len().min(limit - taken);
+            let from = buf.len();
             buf.extend(run.msgs.drain(..n));
+            let bytes: usize = buf[from..].iter().map(|m| m.body.len()).sum();
             taken += n;
             let before = run.session.incoming.fetch_sub(n, Ordering::AcqRel);
-            if before >= bound && before - n < bound {
+            let before_bytes = run
+                .session
+                .incoming_bytes
+                .fetch_sub(bytes, Ordering::AcqRel);
+            if (before >= bound && before - n < bound)
+                || (before_bytes >= byte_bound && before_bytes - bytes < byte_bound)
+            {
                 reopened.push(run.session.clone());
             }
             if run.msgs.is_empty() {

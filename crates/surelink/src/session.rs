@@ -94,6 +94,8 @@ pub(crate) struct SessionHandle {
     last_tx: AtomicU64,
     /// One-way messages handed to the incoming queue and not yet taken.
     pub(crate) incoming: AtomicUsize,
+    /// Bytes of those messages.
+    pub(crate) incoming_bytes: AtomicUsize,
     /// Bytes queued since the last write (changed under the lock; read
     /// without it by the flush).
     unflushed: AtomicUsize,
@@ -134,6 +136,7 @@ impl SessionHandle {
             flush_scheduled: AtomicBool::new(false),
             last_tx: AtomicU64::new(0),
             incoming: AtomicUsize::new(0),
+            incoming_bytes: AtomicUsize::new(0),
             unflushed: AtomicUsize::new(0),
             ended: AtomicBool::new(false),
             start_order: StartOrder::default(),
@@ -188,11 +191,17 @@ impl SessionHandle {
         }
         // One-way messages: up to this peer's share of the incoming queue.
         let bound = shared.config.incoming_per_peer;
+        let byte_bound = shared.config.incoming_bytes_per_peer;
         let mut room = bound.saturating_sub(self.incoming.load(Ordering::Acquire));
-        while room > 0 {
+        let held = self.incoming_bytes.load(Ordering::Acquire);
+        let mut added = 0usize;
+        // In bytes too (memory, not message count, is what a peer could
+        // exhaust); one message is always let through an empty queue.
+        while room > 0 && (held + added < byte_bound || held + added == 0) {
             let Some(m) = g.core.poll_message() else {
                 break;
             };
+            added += m.payload.len();
             w.messages.push(Incoming {
                 peer: m.peer,
                 channel: m.channel,
@@ -203,6 +212,7 @@ impl SessionHandle {
         }
         if !w.messages.is_empty() {
             self.incoming.fetch_add(w.messages.len(), Ordering::AcqRel);
+            self.incoming_bytes.fetch_add(added, Ordering::AcqRel);
             shared.stats.messages_received(w.messages.len());
         }
         let t = g.core.poll_timeout();

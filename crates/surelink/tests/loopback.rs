@@ -470,3 +470,44 @@ async fn a_late_subscriber_sees_the_paths_already_up() {
         .any(|e| matches!(e, NetEvent::PeerUp { peer, .. } if *peer == SERVER)));
     drop(server);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_incoming_queue_is_bounded_in_bytes() {
+    // A peer sending big one-way messages to an application that does not
+    // read: what waits for `recv` stays under the byte bound (the rest
+    // waits unacknowledged in the sender's session, holding it back).
+    let mut lb = Loopback::new();
+    lb.server.incoming_bytes_per_peer = 1 << 20;
+    let LoopbackPair { server, client } = lb.start().await.unwrap();
+    let msg = Bytes::from(vec![7u8; 64 * 1024]);
+    let mut accepted = 0usize;
+    for _ in 0..400 {
+        match client.try_send(SERVER, 0, msg.clone()) {
+            Ok(()) => accepted += 1,
+            Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut buf = Vec::new();
+    let waiting = tokio::time::timeout(
+        Duration::from_millis(200),
+        server.recv_many(&mut buf, 10_000),
+    )
+    .await
+    .unwrap_or(0);
+    assert!(accepted > 32, "the sender got going: {accepted}");
+    // 1 MiB of 64 KiB messages: 16, plus the one that crossed the bound.
+    assert!(
+        waiting <= 17,
+        "{waiting} messages of 64 KiB waited for recv"
+    );
+    // Reading reopens the queue: everything accepted arrives.
+    let mut got = waiting;
+    while got < accepted {
+        buf.clear();
+        got += tokio::time::timeout(Duration::from_secs(5), server.recv_many(&mut buf, 10_000))
+            .await
+            .expect("the rest arrives once the application reads");
+    }
+    assert_eq!(got, accepted);
+}
