@@ -522,24 +522,41 @@ pub(crate) fn listen(addr: SocketAddr, device: Option<&str>) -> io::Result<TcpLi
 }
 
 /// Dials `remote` from the IP of `local`.
+///
+/// A SYN lost in an outage would wait for the kernel's SYN retransmission
+/// (1 s, then 3 s) even after the path is back. So an attempt unanswered
+/// for 50 ms is dropped and a fresh one (a new SYN) sent, the wait
+/// doubling each time (a WAN peer with a longer round trip still
+/// connects), until `timeout` in all.
 pub(crate) async fn dial(
     local: SocketAddr,
     remote: SocketAddr,
     device: Option<&str>,
     timeout: Duration,
 ) -> io::Result<TcpStream> {
-    let socket = if remote.is_ipv4() {
-        TcpSocket::new_v4()?
-    } else {
-        TcpSocket::new_v6()?
-    };
-    bind_device(&socket, device)?;
-    socket.bind(SocketAddr::new(local.ip(), 0))?;
-    match tokio::time::timeout(timeout, socket.connect(remote)).await {
-        Ok(r) => r,
-        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")),
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut attempt = FIRST_SYN_WAIT;
+    loop {
+        let socket = if remote.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        bind_device(&socket, device)?;
+        socket.bind(SocketAddr::new(local.ip(), 0))?;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out"));
+        }
+        match tokio::time::timeout(attempt.min(left), socket.connect(remote)).await {
+            Ok(r) => return r,
+            Err(_) => attempt *= 2,
+        }
     }
 }
+
+/// How long the first connect attempt waits for the SYN-ACK.
+const FIRST_SYN_WAIT: Duration = Duration::from_millis(50);
 
 /// Accepts connections on network `network` for ever; each one's
 /// handshake runs in its own task, under the accept limits.

@@ -217,8 +217,11 @@ impl Server {
 
     /// Queues admitted requests and promotes re-sent ones, then starts what
     /// workers are free for.
-    pub(crate) fn submit(
-        shared: &Arc<Shared>,
+    /// Hands admitted requests (and promotions) to the scheduler. Called
+    /// under the session's lock, so one session's requests enter in the
+    /// order its core admitted them; [`Server::dispatch`] then starts them.
+    pub(crate) fn enqueue(
+        shared: &Shared,
         session: &Arc<SessionHandle>,
         tickets: Vec<Ticket>,
         promotes: Vec<CallId>,
@@ -252,7 +255,6 @@ impl Server {
                 });
             }
         }
-        Self::dispatch(shared);
     }
 
     /// Starts queued requests while workers are free.

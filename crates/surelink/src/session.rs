@@ -115,6 +115,8 @@ pub(crate) struct Work {
     messages: Vec<Incoming>,
     ended: bool,
     space: bool,
+    /// Requests were handed to the scheduler: start what can start.
+    dispatch: bool,
     rearm: bool,
 }
 
@@ -159,7 +161,12 @@ impl SessionHandle {
     /// Writes what the core wants written, hands out what it delivered,
     /// and re-arms the timer. Call with the lock held after every input.
     /// `now`: a clock read of the caller's, taken under the lock.
-    pub(crate) fn drive(&self, g: &mut SessionInner, shared: &Shared, now: Time) -> Work {
+    pub(crate) fn drive(
+        self: &Arc<Self>,
+        g: &mut SessionInner,
+        shared: &Shared,
+        now: Time,
+    ) -> Work {
         let mut w = Work::default();
         let SessionInner {
             core, conns, out, ..
@@ -214,7 +221,23 @@ impl SessionHandle {
             self.incoming.fetch_add(w.messages.len(), Ordering::AcqRel);
             self.incoming_bytes.fetch_add(added, Ordering::AcqRel);
             shared.stats.messages_received(w.messages.len());
+            // Queued here, under the session's lock: two drives of one
+            // session (a reader and the session task, say) must hand over
+            // their runs in the order they took them from the core, or a
+            // stream's messages reach `recv` out of order.
+            shared
+                .incoming
+                .push(self, shared.now_cached(), std::mem::take(&mut w.messages));
         }
+        // Requests likewise reach the scheduler in the order the core
+        // admitted them (starting them waits for `run`).
+        w.dispatch = !w.tickets.is_empty() || !w.promotes.is_empty();
+        Server::enqueue(
+            shared,
+            self,
+            std::mem::take(&mut w.tickets),
+            std::mem::take(&mut w.promotes),
+        );
         let t = g.core.poll_timeout();
         if t.is_some() && (g.armed.is_none() || t < g.armed) {
             g.armed = t;
@@ -326,10 +349,9 @@ impl SessionHandle {
         for e in w.events {
             shared.events.publish(e);
         }
-        if !w.messages.is_empty() {
-            shared.incoming.push(self, shared.now_cached(), w.messages);
+        if w.dispatch {
+            Server::dispatch(shared);
         }
-        Server::submit(shared, self, w.tickets, w.promotes);
         if w.rearm {
             self.wake.notify_one();
         }

@@ -76,6 +76,34 @@ impl RangeSet {
         self.map.iter().map(|(&s, &e)| (s, e))
     }
 
+    /// The parts of `[start, end)` not in the set, in order. O(log n + the
+    /// ranges it overlaps).
+    pub(crate) fn gaps(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut at = start;
+        if let Some((_, &e)) = self.map.range(..=start).next_back() {
+            at = at.max(e);
+        }
+        for (&s, &e) in self.map.range(start..end) {
+            if at >= end {
+                break;
+            }
+            if s > at {
+                out.push((at, s.min(end)));
+            }
+            at = at.max(e);
+        }
+        if at < end {
+            out.push((at, end));
+        }
+        out
+    }
+
+    /// Removes everything.
+    pub(crate) fn clear(&mut self) {
+        self.map.clear();
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.map.is_empty()
     }
@@ -383,6 +411,20 @@ impl RecvSide {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn gaps_are_what_the_set_lacks() {
+        let mut r = super::RangeSet::default();
+        assert_eq!(r.gaps(5, 10), vec![(5, 10)]);
+        r.insert(10, 20);
+        r.insert(30, 40);
+        assert_eq!(r.gaps(0, 50), vec![(0, 10), (20, 30), (40, 50)]);
+        assert_eq!(r.gaps(12, 18), vec![]);
+        assert_eq!(r.gaps(15, 35), vec![(20, 30)]);
+        assert_eq!(r.gaps(20, 30), vec![(20, 30)]);
+        assert_eq!(r.gaps(5, 12), vec![(5, 10)]);
+        assert_eq!(r.gaps(38, 45), vec![(40, 45)]);
+    }
+
     use super::*;
 
     #[test]

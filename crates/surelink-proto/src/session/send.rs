@@ -132,6 +132,10 @@ pub(crate) struct SendStream {
     pub(crate) sacked_to: u64,
     /// The last ACK frame that named this stream (see `apply_ack`).
     pub(crate) ack_stamp: u64,
+    /// Selective ranges already reported above `sacked_to`: a range is
+    /// walked only where it says something new, so a peer repeating its
+    /// ranges costs O(ranges · log n) per ACK, not a walk of the cache.
+    pub(crate) reported: super::recv::RangeSet,
 }
 
 /// Why an ACK entry was refused.
@@ -200,6 +204,9 @@ pub(crate) struct BatchLimits {
 #[derive(Debug, Default)]
 pub(crate) struct SendSide {
     pub(crate) streams: Vec<SendStream>,
+    /// Entries visited while applying selective ACK ranges (to show that
+    /// repeated ranges are not walked again).
+    pub(crate) ack_walked: u64,
     /// Entries never sent, in `send` order across streams.
     pub(crate) new_queue: VecDeque<(StreamId, u64)>,
     /// Entries to re-send before any new one (SQR). May hold stale
@@ -372,28 +379,44 @@ impl SendSide {
             if from >= end {
                 continue;
             }
-            let Some(mut i) = st.index(from) else {
-                continue;
-            };
             // Only entries the range covers whole (a well-behaved peer never
-            // reports part of a frame).
+            // reports part of a frame), and only where it is news: the parts
+            // of it no earlier ACK reported. (An entry a misbehaving peer
+            // covered piecewise, never whole, stays unmarked: re-sent later,
+            // dropped as a duplicate.)
             let mut covered_to = from;
-            while let Some(e) = st.entries.get_mut(i) {
-                if e.seq >= end {
-                    break;
-                }
-                if e.seq >= start && e.end() <= end {
-                    mark_sacked(e, out, &mut on_inflight_freed, note_sample);
-                    if e.seq <= covered_to {
-                        covered_to = e.end();
+            let gaps = if contiguous {
+                vec![(from, end)]
+            } else {
+                st.reported.gaps(from, end)
+            };
+            for (gs, ge) in gaps {
+                let Some(mut i) = st.index(gs) else {
+                    continue;
+                };
+                while let Some(e) = st.entries.get_mut(i) {
+                    if e.seq >= ge {
+                        break;
                     }
+                    self.ack_walked += 1;
+                    if e.seq >= start && e.end() <= end {
+                        mark_sacked(e, out, &mut on_inflight_freed, note_sample);
+                        if e.seq <= covered_to {
+                            covered_to = e.end();
+                        }
+                    }
+                    i += 1;
                 }
-                i += 1;
             }
             if contiguous {
                 st.sacked_to = st.sacked_to.max(covered_to);
+            } else {
+                st.reported.insert(from, end);
             }
         }
+        // What lies below the marked prefix needs no memory.
+        let floor = st.sacked_to.max(st.base);
+        st.reported.trim_below(floor);
         Ok(())
     }
 
@@ -411,6 +434,7 @@ impl SendSide {
                 st.base = st.next;
                 st.sent_end = st.base;
                 st.entries.clear();
+                st.reported.clear();
             }
         }
         self.new_queue.clear();
@@ -576,5 +600,45 @@ mod tests {
             s.apply_ack(S, 4, std::iter::empty(), 3, &mut out, |_, _| {}),
             Err(AckError::RepeatedStream)
         );
+    }
+
+    #[test]
+    fn repeated_selective_ranges_are_not_walked_again() {
+        // 10 000 singles in flight; the peer holds all but the first and
+        // says so in every ACK (as an attacker or a stuck head would).
+        let mut s = SendSide::default();
+        let n = 10_000u64;
+        for _ in 0..n {
+            s.push(S, Prefix::default(), msg(10), None);
+        }
+        {
+            let st = s.stream_mut(S);
+            st.sent_end = n;
+            for e in &mut st.entries {
+                e.state = EntryState::InFlight;
+                e.path = PathId(1);
+                e.transmissions = 1;
+            }
+        }
+        s.outstanding_bytes = s.cache_bytes;
+        let mut out = AckOutcome::default();
+        for stamp in 1..=1_000u64 {
+            s.apply_ack(S, 0, [(1, n)].into_iter(), stamp, &mut out, |_, _| {})
+                .unwrap();
+        }
+        let st = &s.streams[S.index()];
+        assert!(st
+            .entries
+            .iter()
+            .skip(1)
+            .all(|e| e.state == EntryState::Sacked));
+        assert_eq!(st.entries[0].state, EntryState::InFlight);
+        // Each entry walked once, not once per ACK (10 million).
+        assert!(s.ack_walked <= n + 1_000, "walked {} entries", s.ack_walked);
+        // The head arrives: everything frees, nothing is left to remember.
+        s.apply_ack(S, n, std::iter::empty(), 1_001, &mut out, |_, _| {})
+            .unwrap();
+        assert_eq!(s.cache_len, 0);
+        assert!(s.streams[S.index()].reported.is_empty());
     }
 }
