@@ -316,7 +316,12 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
                         Some((id, sent, r)) = pending.next() => match r {
                             Ok(r) => {
                                 counts.replies.fetch_add(1, Relaxed);
-                                counts.record_rtt(wall_us().saturating_sub(sent));
+                                let took = wall_us().saturating_sub(sent);
+                                counts.record_rtt(took);
+                                if quiet && took > 200_000 {
+                                    // Slow calls are worth a line even when quiet.
+                                    emit(json!({"t": wall_us(), "ev": "slow_call", "id": id, "sent": sent, "us": took}));
+                                }
                                 let echoed = r
                                     .get(..8)
                                     .map(|b| u64::from_be_bytes(b.try_into().unwrap_or_default()));

@@ -337,6 +337,22 @@ pub(crate) async fn run(args: &SoakArgs) -> Result<()> {
         n(&t, "call_p999_us") as f64 / 1e3,
         n(&t, "call_max_us") as f64 / 1e3,
     );
+    // The slowest calls, and what the schedule was doing when they were made.
+    let mut slow: Vec<&Value> = t_end.iter().filter(|v| v["ev"] == "slow_call").collect();
+    slow.sort_by_key(|v| std::cmp::Reverse(n(v, "us")));
+    for v in slow.iter().take(5) {
+        let at = (n(v, "sent") as f64 - start_wall as f64) / 1e6;
+        let step = schedule
+            .iter()
+            .rev()
+            .find(|s| s["t_s"].as_f64().is_some_and(|t| t <= at));
+        println!(
+            "soak: slow call {} sent at {at:.2} s took {:.0} ms; last step before it: {}",
+            n(v, "id"),
+            n(v, "us") as f64 / 1e3,
+            step.map_or("none".to_string(), ToString::to_string)
+        );
+    }
     if args.blips {
         let (p999, max) = (n(&t, "call_p999_us"), n(&t, "call_max_us"));
         let bound = longest_outage.as_micros() as u64 + 100_000;
