@@ -111,7 +111,10 @@ impl BatchFrame {
             }
             let (len, n) = get_varint(rest).ok_or_else(|| malformed("bad message length"))?;
             let len = usize::try_from(len).map_err(|_| malformed("bad message length"))?;
-            let total = 1 + n + len;
+            // Checked: a varint length near 2^64 must not wrap around.
+            let total = len
+                .checked_add(1 + n)
+                .ok_or_else(|| malformed("message longer than the body"))?;
             if total > body.len() - at {
                 return Err(malformed("message longer than the body"));
             }
@@ -282,4 +285,30 @@ pub fn encode_batch(
     buf.reserve(h.len() + messages.len());
     buf.extend_from_slice(&h);
     buf.extend_from_slice(messages);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::BufMut;
+
+    /// Found by `cargo fuzz run frame_decoder` (issue 12): a message
+    /// length near 2^64 wrapped `1 + n + len` around and panicked in a
+    /// debug build (a wrong length in release).
+    #[test]
+    fn a_message_length_near_u64_max_is_malformed_not_a_panic() {
+        for len in [u64::MAX, u64::MAX - 1, u64::MAX - 10, 1 << 63] {
+            let mut body = BytesMut::new();
+            body.put_u16(3);
+            body.put_u64(0);
+            body.put_u16(1);
+            body.put_u8(0);
+            crate::wire::put_varint(&mut body, len);
+            body.put_slice(b"tail");
+            assert!(matches!(
+                BatchFrame::parse(body.freeze(), 0),
+                Err(DecodeError::Malformed { .. })
+            ));
+        }
+    }
 }
