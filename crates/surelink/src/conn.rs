@@ -363,13 +363,7 @@ async fn read_loop(
                     }
                 }
                 Err(e) => {
-                    shared.stats.refused_input();
-                    if let Some(n) = shared
-                        .log_refused
-                        .allow(shared.now().since_origin().as_secs())
-                    {
-                        warn!(path = %io.path, remote = %io.remote, error = %e, suppressed = n, "refused a record; closing the connection");
-                    }
+                    refused(&shared, &io, &e, "refused a record; closing the connection");
                     break 'read;
                 }
             }
@@ -383,6 +377,17 @@ async fn read_loop(
 
 /// The connection must close (the reason is logged and counted).
 struct Close;
+
+/// Counts bad input from the peer and logs it, rate-limited.
+fn refused(shared: &Shared, io: &ConnIo, e: &dyn std::fmt::Display, what: &str) {
+    shared.stats.refused_input();
+    if let Some(n) = shared
+        .log_refused
+        .allow(shared.now().since_origin().as_secs())
+    {
+        warn!(path = %io.path, remote = %io.remote, error = %e, suppressed = n, "{what}");
+    }
+}
 
 /// Feeds plaintext to the connection's session (or, until its HELLO binds
 /// it, the router). A HELLO may move the path to another session
@@ -414,13 +419,12 @@ fn feed(
             Ok(None) => return Ok(()),
             Err(surelink_proto::PathError::UnknownPath(_)) => return Err(Close),
             Err(e) => {
-                shared.stats.refused_input();
-                if let Some(n) = shared
-                    .log_refused
-                    .allow(shared.now().since_origin().as_secs())
-                {
-                    warn!(path = %io.path, remote = %io.remote, error = %e, suppressed = n, "refused input from peer; closing the connection");
-                }
+                refused(
+                    shared,
+                    io,
+                    &e,
+                    "refused input from peer; closing the connection",
+                );
                 return Err(Close);
             }
         }

@@ -545,7 +545,8 @@ impl Detector {
         let dests: Vec<((NodeId, usize), SocketAddr)> =
             lock(&self.dests).iter().map(|(k, v)| (*k, *v)).collect();
         let epoch = Epoch(self.epoch.load(Ordering::Relaxed));
-        let keys = self.hb_keys.as_ref().map(|k| lock(k).clone());
+        // Held for the sends only (no copy of the key map per heartbeat).
+        let keys = self.hb_keys.as_ref().map(|k| lock(k));
         // Heartbeats of a fenced process must not leave either.
         if !self.gate.may_send() && self.cfg.mode == DetectorMode::SafeTimer {
             return None;
@@ -591,6 +592,9 @@ impl Detector {
                 }
             }
         }
+        // The reader checks tags under this lock: not held while waiting
+        // for TX timestamps.
+        drop(keys);
         let t_after = self.gate.now();
         let n_sent: usize = sent.iter().map(Vec::len).sum();
         self.heartbeats_sent

@@ -44,9 +44,7 @@ impl SecureSetup {
             protection: c.protection,
         })
     }
-}
 
-impl SecureSetup {
     /// Adds a member (or confirms one already listed with the same key).
     pub(crate) fn add_member(&self, node: NodeId, key: PublicKey) -> Result<(), MemberError> {
         let mut g = self.members.write();

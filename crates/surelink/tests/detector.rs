@@ -47,6 +47,18 @@ async fn pair(mode: DetectorMode) -> (Endpoint, Endpoint) {
     (server, client)
 }
 
+/// How long after `gone` the client was reported dead (`None`: not
+/// within 2 s).
+async fn dead_after(events: &mut Events, gone: Instant) -> Option<Duration> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while let Ok(Ok(e)) = tokio::time::timeout_at(deadline, events.recv()).await {
+        if matches!(e, NetEvent::PeerDead { peer } if peer == CLIENT) {
+            return Some(gone.elapsed());
+        }
+    }
+    None
+}
+
 /// Detector reports seen on `events` within `window`.
 async fn reports(events: &mut Events, window: Duration) -> Vec<NetEvent> {
     let mut out = Vec::new();
@@ -178,14 +190,7 @@ async fn vanished_peer_is_reported_dead_quickly() {
     let mut events = server.events();
     let gone = Instant::now();
     drop(client);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-    let mut dead_after = None;
-    while let Ok(Ok(e)) = tokio::time::timeout_at(deadline, events.recv()).await {
-        if matches!(e, NetEvent::PeerDead { peer } if peer == CLIENT) {
-            dead_after = Some(gone.elapsed());
-            break;
-        }
-    }
+    let dead_after = dead_after(&mut events, gone).await;
     let after = dead_after.expect("the vanished client is reported dead");
     // Window 50 ms + a check period + the barrier; generous for loaded CI.
     assert!(after < Duration::from_millis(500), "took {after:?}");
@@ -243,14 +248,7 @@ async fn forged_and_replayed_heartbeats_do_not_keep_a_dead_peer_alive() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-    let mut dead_after = None;
-    while let Ok(Ok(e)) = tokio::time::timeout_at(deadline, events.recv()).await {
-        if matches!(e, NetEvent::PeerDead { peer } if peer == CLIENT) {
-            dead_after = Some(gone.elapsed());
-            break;
-        }
-    }
+    let dead_after = dead_after(&mut events, gone).await;
     flood.abort();
     let after = dead_after.expect("the vanished client is reported dead despite forged heartbeats");
     assert!(after < Duration::from_millis(800), "took {after:?}");
