@@ -25,6 +25,8 @@
 //! linger_ms = 30000
 //! min_rto_ms = 20                                   # the shell default (core: 200)
 //! send_buffer = 16777216
+//! path_keepalive_ms = 15000                         # PING on a path quiet this long
+//! path_idle_timeout_ms = 60000                      # close a path silent this long
 //!
 //! [detector]                                        # all optional
 //! mode = "safetimer"                                # or "plain", "off"
@@ -118,6 +120,8 @@ struct Core {
     max_rto_ms: Option<u64>,
     max_ack_delay_us: Option<u64>,
     handshake_timeout_ms: Option<u64>,
+    path_keepalive_ms: Option<u64>,
+    path_idle_timeout_ms: Option<u64>,
 }
 
 /// A parsed configuration plus the CLI-only settings.
@@ -240,6 +244,12 @@ pub(crate) fn parse(text: &str, base: &Path) -> Result<Loaded> {
     }
     if let Some(v) = core.handshake_timeout_ms {
         k.handshake_timeout = ms(v);
+    }
+    if let Some(v) = core.path_keepalive_ms {
+        k.path_keepalive = ms(v);
+    }
+    if let Some(v) = core.path_idle_timeout_ms {
+        k.path_idle_timeout = ms(v);
     }
     let d = f.detector;
     if let Some(h) = d.interval_ms {

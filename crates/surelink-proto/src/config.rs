@@ -55,6 +55,14 @@ pub struct EndpointConfig {
     pub handshake_retry: Duration,
     /// A path that has not finished its handshake after this long is closed.
     pub handshake_timeout: Duration,
+    /// An active path on which nothing arrived for this long is probed with
+    /// a PING (answered by a PONG), so a quiet but healthy path keeps
+    /// proving itself and a dead one is found.
+    pub path_keepalive: Duration,
+    /// An active path on which nothing valid arrived for this long is
+    /// closed: a peer that completed its handshake cannot hold a connection
+    /// open without answering, and a half-open one is not kept forever.
+    pub path_idle_timeout: Duration,
     /// How long a session outlives the loss of all its paths. Messages sent
     /// meanwhile wait in the cache; when it expires they are reported abandoned.
     pub linger: Duration,
@@ -96,6 +104,8 @@ impl Default for EndpointConfig {
             max_rto: Duration::from_secs(4),
             handshake_retry: Duration::from_millis(250),
             handshake_timeout: Duration::from_secs(10),
+            path_keepalive: Duration::from_secs(15),
+            path_idle_timeout: Duration::from_secs(60),
             linger: Duration::from_secs(30),
             path_inflight_limit: 2 << 20,
             balance_slack: 1 << 20,
@@ -195,6 +205,16 @@ impl EndpointConfig {
         nonzero("handshake_retry", self.handshake_retry)?;
         nonzero("handshake_timeout", self.handshake_timeout)?;
         nonzero("linger", self.linger)?;
+        nonzero("path_keepalive", self.path_keepalive)?;
+        if self.path_idle_timeout <= self.path_keepalive {
+            return Err(ConfigError::Inconsistent {
+                field: "path_idle_timeout",
+                value: millis(self.path_idle_timeout),
+                other: "path_keepalive",
+                other_value: millis(self.path_keepalive),
+                why: "a quiet path must get a keepalive before it counts as idle",
+            });
+        }
         if self.path_inflight_limit == 0 {
             return Err(ConfigError::Zero {
                 field: "path_inflight_limit",
@@ -219,9 +239,9 @@ impl EndpointConfig {
         if self.max_rto < self.min_rto {
             return Err(ConfigError::Inconsistent {
                 field: "max_rto",
-                value: u64::try_from(self.max_rto.as_millis()).unwrap_or(u64::MAX),
+                value: millis(self.max_rto),
                 other: "min_rto",
-                other_value: u64::try_from(self.min_rto.as_millis()).unwrap_or(u64::MAX),
+                other_value: millis(self.min_rto),
                 why: "backoff grows from the minimum towards the maximum",
             });
         }
@@ -237,6 +257,11 @@ impl EndpointConfig {
         let ack = AckWriter::EMPTY_LEN + AckWriter::entry_len(MAX_ACK_RANGES) * 64;
         u32::try_from(data.max(ack).max(batch)).unwrap_or(u32::MAX)
     }
+}
+
+/// A duration in whole milliseconds, for error messages.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -290,5 +315,17 @@ mod tests {
             })
         ));
         assert!(c.validate().unwrap_err().to_string().contains("min_rto"));
+        let c = EndpointConfig {
+            path_keepalive: Duration::from_secs(60),
+            path_idle_timeout: Duration::from_secs(60),
+            ..Default::default()
+        };
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::Inconsistent {
+                field: "path_idle_timeout",
+                ..
+            })
+        ));
     }
 }

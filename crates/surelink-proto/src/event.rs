@@ -196,4 +196,6 @@ pub enum PathCloseReason {
     SessionEnded,
     /// This side closed it.
     ClosedLocally,
+    /// Nothing arrived on it for `path_idle_timeout`, keepalives included.
+    Idle,
 }

@@ -383,3 +383,74 @@ fn a_late_hello_of_a_dead_session_cannot_bind_a_fresh_one() {
         .collect();
     assert_eq!(got, vec![Bytes::from_static(b"fresh")]);
 }
+
+/// A quiet path keeps proving itself with keepalive PINGs and stays up; a
+/// path whose peer stops answering (half-open, or a member holding the
+/// connection without talking) is closed after `path_idle_timeout`.
+#[test]
+fn quiet_paths_are_kept_alive_and_silent_ones_closed() {
+    let mut p = Pair::new(cfg());
+    p.connect(1);
+    p.settle();
+    assert!(p.events_a.iter().any(|e| matches!(e, Event::PathUp { .. })));
+    // Ten idle minutes, everything delivered: pings flow, nothing closes.
+    let mut pings = 0;
+    for _ in 0..600 {
+        p.advance(Duration::from_secs(1));
+        p.flush();
+        pings += p
+            .peek_frames(1, Side::A)
+            .iter()
+            .chain(p.peek_frames(1, Side::B).iter())
+            .filter(|f| matches!(f, Frame::Ping(_)))
+            .count();
+        p.settle();
+    }
+    assert!(pings >= 600 / 15, "keepalives sent: {pings}");
+    assert!(
+        pings <= 2 * 600 / 15 + 2,
+        "keepalives are not chatty: {pings}"
+    );
+    let closed = |evs: &[Event]| {
+        evs.iter()
+            .filter(|e| matches!(e, Event::PathClosed { .. }))
+            .count()
+    };
+    assert_eq!(closed(&p.events_a) + closed(&p.events_b), 0);
+    // Now B goes silent: A's path must close as idle, after the timeout
+    // and not before.
+    let silent_since = p.now;
+    let mut closed_at = None;
+    // 75 s: past the idle timeout, before the session's linger ends it.
+    for _ in 0..75 {
+        p.advance(Duration::from_secs(1));
+        p.flush();
+        p.drop_queued(1, Side::B);
+        p.deliver(1, Side::A);
+        if closed_at.is_none()
+            && p.events_a.iter().any(|e| {
+                matches!(
+                    e,
+                    Event::PathClosed {
+                        reason: PathCloseReason::Idle,
+                        ..
+                    }
+                )
+            })
+        {
+            closed_at = Some(p.now);
+        }
+    }
+    let after = closed_at
+        .expect("the silent path was closed")
+        .saturating_since(silent_since);
+    let timeout = cfg().path_idle_timeout;
+    assert!(
+        after >= timeout - Duration::from_secs(15) && after <= timeout + Duration::from_secs(2),
+        "closed {after:?} after the peer went silent (timeout {timeout:?})"
+    );
+    assert_eq!(
+        p.a.session_stats(NodeId(2)).map(|s| s.idle_paths_closed),
+        Some(1)
+    );
+}

@@ -295,6 +295,14 @@ impl StatsSnapshot {
                 st.resent
             );
         }
+        let _ = writeln!(s, "# HELP surelink_session_idle_paths_closed_total Paths closed after path_idle_timeout without valid input, per peer\n# TYPE surelink_session_idle_paths_closed_total counter");
+        for (peer, st) in &self.sessions {
+            let _ = writeln!(
+                s,
+                "surelink_session_idle_paths_closed_total{{peer=\"{peer}\"}} {}",
+                st.idle_paths_closed
+            );
+        }
         let _ = writeln!(s, "# HELP surelink_path_srtt_microseconds Smoothed RTT per path\n# TYPE surelink_path_srtt_microseconds gauge");
         for (peer, st) in &self.sessions {
             for p in &st.paths {

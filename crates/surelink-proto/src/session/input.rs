@@ -77,6 +77,7 @@ impl Session {
 
     /// Handles one frame (not HELLO) that arrived on path index `pi`.
     fn handle_frame(&mut self, now: Time, pi: usize, frame: Frame) -> Result<(), PathError> {
+        self.paths[pi].last_recv = now;
         if !self.paths[pi].peer_hello_seen {
             // Possible only over a lossy or reordering transport; the sender
             // re-sends whatever this was.

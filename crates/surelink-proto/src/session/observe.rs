@@ -33,6 +33,8 @@ pub struct SessionStats {
     pub timeouts: u64,
     /// Window probes: re-sends that ask a silent peer for its acknowledgement.
     pub probes: u64,
+    /// Paths closed because nothing arrived on them for `path_idle_timeout`.
+    pub idle_paths_closed: u64,
     /// Calls made.
     pub calls: u64,
     /// Call requests re-sent (same id).

@@ -58,6 +58,8 @@ pub(crate) struct PathState {
     pub(crate) id: PathId,
     pub(crate) phase: Phase,
     pub(crate) created: Time,
+    /// When a valid frame last arrived on it (keepalive and idle timeout).
+    pub(crate) last_recv: Time,
     /// HELLO to (re)send on this path.
     pub(crate) hello_due: bool,
     /// RESUME to (re)send (only once the peer's HELLO bound the path).
@@ -107,6 +109,7 @@ impl PathState {
             id,
             phase: Phase::Handshaking,
             created: now,
+            last_recv: now,
             hello_due: true,
             resume_due: false,
             peer_hello_seen: false,
@@ -129,6 +132,13 @@ impl PathState {
         let base = self.rtt.rto(cfg);
         base.saturating_mul(1u32 << self.backoff.min(16))
             .min(cfg.max_rto)
+    }
+
+    /// When a keepalive PING is due: the path has been quiet for
+    /// `path_keepalive` and no probe is queued or waiting for its PONG.
+    pub(crate) fn keepalive_due(&self, cfg: &EndpointConfig) -> Option<Time> {
+        (!self.ping_due && self.ping_outstanding.is_none())
+            .then(|| self.last_recv + cfg.path_keepalive)
     }
 
     pub(crate) fn has_control(&self) -> bool {

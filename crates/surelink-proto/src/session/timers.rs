@@ -61,6 +61,19 @@ impl Session {
                     }
                 }
                 Phase::Active => {
+                    if now >= p.last_recv + self.cfg.path_idle_timeout {
+                        let close = Close {
+                            scope: CloseScope::Path,
+                            code: CloseCode::NORMAL,
+                            reason: "idle".into(),
+                        };
+                        self.stats.idle_paths_closed += 1;
+                        self.path_failed(now, i, PathCloseReason::Idle, Some(close));
+                        continue;
+                    }
+                    if p.keepalive_due(&self.cfg).is_some_and(|t| now >= t) {
+                        p.ping_due = true;
+                    }
                     if let Some((_, sent)) = p.ping_outstanding {
                         if now >= sent + p.rto(&self.cfg) {
                             p.ping_due = true;
@@ -117,6 +130,10 @@ impl Session {
                 }
                 Phase::Active => {
                     can_ack = true;
+                    t = t.min(p.last_recv + self.cfg.path_idle_timeout);
+                    if let Some(k) = p.keepalive_due(&self.cfg) {
+                        t = t.min(k);
+                    }
                     let rto = p.rto(&self.cfg);
                     if let Some(&(_, _, sent)) = p.inflight.front() {
                         t = t.min(sent + rto);
