@@ -26,10 +26,12 @@ pub(crate) fn run(args: &DemoArgs) -> Result<()> {
     cfg.workload.interval = Duration::from_millis(interval_ms);
     cfg.workload.until = Duration::from_secs(args.seconds);
     cfg.workload.channels = 4;
+    // The product's default: every connection authenticated and encrypted.
+    cfg.secure = Some(surelink::proto::secure::Protection::Encrypt);
     let fail_at = Duration::from_secs_f64(args.fail_at);
     let down_for = Duration::from_secs_f64(args.down_for);
     let detect = cfg.detect_after.unwrap_or_default();
-    println!("surelink demo: two endpoints, two paths, simulated network on a virtual clock");
+    println!("surelink demo: two endpoints, two paths, simulated network on a virtual clock (Noise handshake and encrypted records on every connection, as by default)");
     println!(
         "  links: {:?} one way + up to {:?} jitter; each side sends one message every {} ms on 4 channels, {}..{} bytes",
         cfg.link.latency, cfg.link.jitter, interval_ms, 8, cfg.workload.max_len

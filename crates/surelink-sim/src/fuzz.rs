@@ -8,7 +8,7 @@
 //! handshake on both sides, the record layer, and the detector's
 //! datagrams. Keys are fixed so a crash reproduces from its input.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::BytesMut;
 use surelink_proto::detector::datagram::{
@@ -108,15 +108,25 @@ pub fn session_input(data: &[u8]) {
     }
 }
 
+/// Node `n`'s key pair (1 or 2), derived once: a fuzz input should pay for
+/// the handshake it drives, not for deriving the same public keys again.
 fn keys(n: u8) -> Keypair {
-    Keypair::from_secret(SecretKey::from_bytes([n; 32]))
+    static KEYS: OnceLock<[Keypair; 2]> = OnceLock::new();
+    let k =
+        KEYS.get_or_init(|| [1u8, 2].map(|i| Keypair::from_secret(SecretKey::from_bytes([i; 32]))));
+    k[usize::from(n - 1)].clone()
 }
 
 fn members() -> Arc<Members> {
-    let mut m = Members::new();
-    let _ = m.insert(NodeId(1), keys(1).public());
-    let _ = m.insert(NodeId(2), keys(2).public());
-    Arc::new(m)
+    static MEMBERS: OnceLock<Arc<Members>> = OnceLock::new();
+    MEMBERS
+        .get_or_init(|| {
+            let mut m = Members::new();
+            let _ = m.insert(NodeId(1), keys(1).public());
+            let _ = m.insert(NodeId(2), keys(2).public());
+            Arc::new(m)
+        })
+        .clone()
 }
 
 /// The handshake: a responder and an initiator fed the fuzz bytes.

@@ -26,6 +26,12 @@
 //! [`pair::Pair`] is the hand-driven counterpart for targeted tests: two
 //! endpoints whose bytes cross only when the test says so.
 //!
+//! With [`SimConfig::secure`] set, every connection first runs the
+//! product's Noise handshake and then carries AEAD records (the shell's
+//! secure layer, sans-IO in `surelink_proto::secure`); a transmission lost
+//! inside a connection then breaks its record stream and the connection
+//! closes, as a deleted byte would on TCP.
+//!
 //! What it does not model: congestion, bandwidth, kernel buffers, or byte-level
 //! stream splitting (each transmission arrives whole or not at all).
 
@@ -38,6 +44,7 @@ mod faults;
 pub mod fuzz;
 pub mod pair;
 pub mod rpc;
+mod secure;
 mod sim;
 
 pub use checker::{answer, make_payload, CallOutcome, CallTally, Checker, Outcome, Tally};

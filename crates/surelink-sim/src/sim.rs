@@ -14,8 +14,11 @@ use surelink_proto::{
 
 use surelink_proto::rpc::{CallOptions, PriorityScheduler, Scheduler, Ticket, TicketKey};
 
+use surelink_proto::secure::Protection;
+
 use crate::checker::{make_payload, Checker, Tally};
 use crate::faults::Fault;
+use crate::secure::{ConnSec, Keys};
 
 /// Link behaviour in the absence of faults.
 #[derive(Clone, Debug)]
@@ -76,6 +79,10 @@ pub struct SimConfig {
     pub transmit_budget: usize,
     /// The offered load.
     pub workload: Workload,
+    /// Run every connection through the secure layer (handshake, then
+    /// records) with this protection; `None`: plaintext, as `insecure = true`.
+    /// Needs FIFO links (records must arrive in order, as on TCP).
+    pub secure: Option<Protection>,
 }
 
 impl SimConfig {
@@ -119,6 +126,7 @@ impl SimConfig {
                 service: Duration::from_micros(300),
                 call_timeout: Duration::from_secs(2),
             },
+            secure: None,
         }
     }
 }
@@ -150,6 +158,13 @@ pub struct SimReport {
     pub calls: crate::checker::CallTally,
     /// Events processed.
     pub steps: u64,
+    /// Secure layer: handshakes completed (both ends), failed, and
+    /// connections closed for a refused record.
+    pub handshakes: u64,
+    /// Handshakes that failed or timed out.
+    pub handshakes_failed: u64,
+    /// Connections closed because a record failed its tag.
+    pub records_refused: u64,
 }
 
 impl SimReport {
@@ -186,6 +201,8 @@ struct Conn {
     a_path: PathId,
     b_path: PathId,
     last_arrival: [Time; 2],
+    /// The secure layer, when on.
+    sec: Option<ConnSec>,
 }
 
 #[derive(Debug)]
@@ -245,6 +262,11 @@ enum Job {
         link: usize,
         gen: u64,
     },
+    /// A secure connection still handshaking now is closed.
+    HandshakeDeadline {
+        link: usize,
+        gen: u64,
+    },
 }
 
 /// The deterministic simulator.
@@ -269,6 +291,11 @@ pub struct Sim {
     steps: u64,
     buf: BytesMut,
     batches: u64,
+    /// Every node's keys, when the secure layer is on.
+    keys: Option<Keys>,
+    handshakes: u64,
+    handshakes_failed: u64,
+    records_refused: u64,
 }
 
 fn node_id(i: usize) -> NodeId {
@@ -326,7 +353,15 @@ impl Sim {
                 }
             }
         }
+        let keys = cfg.secure.map(|p| {
+            let ids: Vec<NodeId> = (0..cfg.nodes).map(node_id).collect();
+            Keys::new(&ids, cfg.seed, ClusterId(42), p)
+        });
         let mut sim = Sim {
+            keys,
+            handshakes: 0,
+            handshakes_failed: 0,
+            records_refused: 0,
             rng: ChaCha8Rng::seed_from_u64(cfg.seed),
             cfg,
             now: Time::ZERO,
@@ -421,6 +456,18 @@ impl Sim {
             Job::FaultEnd(f) => self.fault_end(f),
             Job::Reconnect(l) => self.reconnect(l),
             Job::Detect { link, gen } => self.detect(link, gen),
+            Job::HandshakeDeadline { link, gen } => {
+                let unfinished = self.links[link].conn.as_ref().is_some_and(|c| {
+                    c.gen == gen
+                        && c.sec
+                            .as_ref()
+                            .is_some_and(|s| !(s.established(0) && s.established(1)))
+                });
+                if unfinished {
+                    self.handshakes_failed += 1;
+                    self.drop_conn(link, gen);
+                }
+            }
             Job::Retire { link, gen } => {
                 let l = &mut self.links[link];
                 if l.conn.as_ref().is_some_and(|c| c.gen == gen) {
@@ -484,23 +531,57 @@ impl Sim {
                 link,
                 gen,
                 dir,
-                mut bytes,
+                bytes,
             } => {
-                let path = match &self.links[link].conn {
-                    Some(c) if c.gen == gen => {
-                        if dir == 0 {
-                            c.b_path
-                        } else {
-                            c.a_path
+                let Some(c) = self.links[link].conn.as_mut().filter(|c| c.gen == gen) else {
+                    return; // connection gone
+                };
+                let path = if dir == 0 { c.b_path } else { c.a_path };
+                let mut buf = match &mut c.sec {
+                    None => BytesMut::from(&bytes[..]),
+                    Some(sec) => {
+                        // The receiving side is the one the bytes travel to.
+                        let side = 1 - dir;
+                        match sec.receive(side, &bytes) {
+                            Ok(r) => {
+                                if let Some(reply) = r.reply {
+                                    self.send_on(link, gen, side, reply);
+                                }
+                                if r.established {
+                                    self.handshakes += 1;
+                                    let l = &self.links[link];
+                                    let dial = (side == 0).then(|| node_id(l.b));
+                                    self.apply(
+                                        n,
+                                        Action::AddPath {
+                                            link,
+                                            gen,
+                                            path,
+                                            dial,
+                                        },
+                                    );
+                                }
+                                r.plaintext
+                            }
+                            Err(e) => {
+                                if std::env::var_os("SIM_TRACE").is_some() {
+                                    eprintln!("t={:.3}ms node {n}: link {link}: {e}", ms(now));
+                                }
+                                match e {
+                                    crate::secure::Broken::Handshake(_) => {
+                                        self.handshakes_failed += 1;
+                                    }
+                                    crate::secure::Broken::Record(_) => self.records_refused += 1,
+                                }
+                                self.drop_conn(link, gen);
+                                return;
+                            }
                         }
                     }
-                    _ => return, // connection gone
                 };
-                if !self.nodes[n].paths.contains_key(&path) {
-                    return; // this end already closed it
+                if buf.is_empty() || !self.nodes[n].paths.contains_key(&path) {
+                    return; // nothing for the core, or this end already closed it
                 }
-                let mut buf = BytesMut::from(&bytes[..]);
-                bytes.clear();
                 // On error the core queues a CLOSE and reports PathClosed, after
                 // which `service` closes the transport.
                 let _ = self.nodes[n].ep.handle_input(now, path, &mut buf);
@@ -726,16 +807,36 @@ impl Sim {
         }
     }
 
-    fn transmit(&mut self, n: usize, path: PathId, bytes: Bytes) {
+    fn transmit(&mut self, n: usize, path: PathId, mut bytes: Bytes) {
         let Some(&(link, gen)) = self.nodes[n].paths.get(&path) else {
             return;
         };
+        let l = &mut self.links[link];
+        let dir = if n == l.a { 0 } else { 1 };
+        let Some(conn) = l.conn.as_mut().filter(|c| c.gen == gen) else {
+            return;
+        };
+        if let Some(sec) = &mut conn.sec {
+            // Sealed before the network may lose it: a lost record breaks
+            // the stream, as a deleted byte would.
+            match sec.seal(dir, &bytes) {
+                Ok(sealed) => bytes = sealed,
+                Err(_) => {
+                    self.drop_conn(link, gen);
+                    return;
+                }
+            }
+        }
+        self.send_on(link, gen, dir, bytes);
+    }
+
+    /// Puts `bytes` on connection `gen` of `link` in direction `dir`
+    /// (0: a to b), subject to the link's state, loss and latency.
+    fn send_on(&mut self, link: usize, gen: u64, dir: usize, bytes: Bytes) {
         let l = &self.links[link];
-        let Some(conn) = &l.conn else { return };
-        if conn.gen != gen {
+        if l.conn.as_ref().is_none_or(|c| c.gen != gen) {
             return;
         }
-        let dir = if n == l.a { 0 } else { 1 };
         if !l.up[dir] || (l.loss[dir] > 0.0 && self.rng.random_bool(l.loss[dir])) {
             return;
         }
@@ -788,13 +889,30 @@ impl Sim {
         self.nodes[a].next_path += 1;
         let b_path = PathId(self.nodes[b].next_path);
         self.nodes[b].next_path += 1;
+        let now = self.now;
+        if let Some(keys) = &self.keys {
+            // Secure: the handshake first; each end adds its path when its
+            // side of the handshake finishes (see `apply`'s `Deliver`).
+            let (sec, first) = ConnSec::dial(keys, a, b, node_id(b));
+            self.links[link].conn = Some(Conn {
+                gen,
+                a_path,
+                b_path,
+                last_arrival: [Time::ZERO; 2],
+                sec: Some(sec),
+            });
+            self.send_on(link, gen, 0, first);
+            let deadline = now + self.cfg.endpoint.handshake_timeout;
+            self.schedule(deadline, Job::HandshakeDeadline { link, gen });
+            return;
+        }
         self.links[link].conn = Some(Conn {
             gen,
             a_path,
             b_path,
             last_arrival: [Time::ZERO; 2],
+            sec: None,
         });
-        let now = self.now;
         // The lower-numbered node dials; the other accepts.
         self.schedule(
             now,
@@ -1065,6 +1183,9 @@ impl Sim {
             peak_recv: self.peak_recv,
             latencies: self.checker.latencies.take().unwrap_or_default(),
             steps: self.steps,
+            handshakes: self.handshakes,
+            handshakes_failed: self.handshakes_failed,
+            records_refused: self.records_refused,
         }
     }
 

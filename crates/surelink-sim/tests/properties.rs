@@ -17,6 +17,7 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
+use surelink_proto::secure::Protection;
 use surelink_sim::{random_schedule, ScheduleSpec, Sim, SimConfig, SimReport};
 
 #[derive(Clone, Debug)]
@@ -34,12 +35,15 @@ struct Case {
     burst: usize,
     /// Nodes also call each other (requests, re-sends, at most once).
     calls: bool,
+    /// Connections run the secure layer (Noise handshake, AEAD records),
+    /// as the product does by default; only with FIFO links.
+    secure: bool,
 }
 
 impl Case {
     fn encode(&self) -> String {
         format!(
-            "seed={},nodes={},paths={},detect={},fifo={},restarts={},faults={},pressure={},burst={},calls={}",
+            "seed={},nodes={},paths={},detect={},fifo={},restarts={},faults={},pressure={},burst={},calls={},secure={}",
             self.seed,
             self.nodes,
             self.paths,
@@ -49,7 +53,8 @@ impl Case {
             self.faults,
             self.pressure,
             self.burst,
-            self.calls
+            self.calls,
+            self.secure
         )
     }
 
@@ -65,6 +70,7 @@ impl Case {
             pressure: false,
             burst: 1,
             calls: false,
+            secure: false,
         };
         for kv in s.split(',') {
             let (k, v) = kv.split_once('=')?;
@@ -79,6 +85,7 @@ impl Case {
                 "pressure" => c.pressure = v.parse().ok()?,
                 "burst" => c.burst = v.parse().ok()?,
                 "calls" => c.calls = v.parse().ok()?,
+                "secure" => c.secure = v.parse().ok()?,
                 _ => return None,
             }
         }
@@ -88,9 +95,16 @@ impl Case {
 
 /// Bound on the time from "faults and load stopped" to "everything delivered
 /// or reported": reconnect + handshake + two backed-off retransmission
-/// timeouts, with room for the jitter of a few round trips.
+/// timeouts, with room for the jitter of a few round trips; with the secure
+/// layer, plus a handshake that lost a message and waits for its timeout.
 fn drain_bound(cfg: &SimConfig) -> Duration {
-    cfg.reconnect_after
+    let secure = if cfg.secure.is_some() {
+        cfg.endpoint.handshake_timeout
+    } else {
+        Duration::ZERO
+    };
+    secure
+        + cfg.reconnect_after
         + cfg.endpoint.handshake_retry
         + cfg.endpoint.max_rto * 2
         + cfg.detect_after.unwrap_or_default()
@@ -117,6 +131,13 @@ fn run_case(c: &Case) -> (SimReport, SimConfig) {
     cfg.nodes = c.nodes;
     cfg.paths = c.paths;
     cfg.link.fifo = c.fifo;
+    if c.secure && c.fifo {
+        cfg.secure = Some(if c.seed % 2 == 0 {
+            Protection::Encrypt
+        } else {
+            Protection::IntegrityOnly
+        });
+    }
     if !c.detect {
         cfg.detect_after = None;
     }
@@ -187,8 +208,9 @@ proptest! {
         pressure in prop::bool::weighted(0.25),
         burst in prop_oneof![3 => Just(1usize), 1 => 2usize..=12],
         calls in prop::bool::weighted(0.5),
+        secure in prop::bool::weighted(0.5),
     ) {
-        let c = Case { seed, nodes, paths, detect, fifo, restarts, faults, pressure, burst, calls };
+        let c = Case { seed, nodes, paths, detect, fifo, restarts, faults, pressure, burst, calls, secure };
         if let Err(e) = check(&c) {
             prop_assert!(false, "{}", e);
         }
@@ -225,11 +247,13 @@ fn replay() {
     assert!(check(&c).is_ok());
 }
 
-/// The random cases above must really exercise batches and calls under
-/// faults: a run of fixed seeds counts them (and keeps every promise).
+/// The random cases above must really exercise batches, calls and the
+/// secure layer under faults: a run of fixed seeds counts them (and keeps
+/// every promise).
 #[test]
-fn batches_and_calls_are_exercised_under_faults() {
+fn batches_calls_and_the_secure_layer_are_exercised_under_faults() {
     let (mut batches, mut answered, mut executed, mut calls) = (0, 0, 0, 0);
+    let (mut handshakes, mut broken) = (0, 0);
     for seed in 0..12u64 {
         let c = Case {
             seed,
@@ -242,8 +266,14 @@ fn batches_and_calls_are_exercised_under_faults() {
             pressure: seed % 4 == 0,
             burst: 8,
             calls: true,
+            secure: seed % 2 == 0,
         };
         let r = check(&c).unwrap_or_else(|e| panic!("{e}"));
+        if !c.secure {
+            assert_eq!(r.handshakes, 0, "plaintext runs have no handshake");
+        }
+        handshakes += r.handshakes;
+        broken += r.records_refused;
         batches += r.batches;
         answered += r.calls.answered;
         executed += r.calls.executed;
@@ -255,4 +285,7 @@ fn batches_and_calls_are_exercised_under_faults() {
         "{answered} of {calls}"
     );
     assert!(executed >= answered, "{executed} ran, {answered} answered");
+    // Six secure runs, at least two links each, both ends per handshake.
+    assert!(handshakes >= 24, "{handshakes} handshake ends completed");
+    assert!(broken > 0, "no record stream was ever broken by a fault");
 }
