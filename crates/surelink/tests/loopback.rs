@@ -511,3 +511,52 @@ async fn the_incoming_queue_is_bounded_in_bytes() {
     }
     assert_eq!(got, accepted);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_departed_peers_memory_is_returned() {
+    // A client leaves with big replies cached and calls in flight: once its
+    // session ends, the server holds nothing for it (no session, no cached
+    // replies, no retransmit cache).
+    let mut lb = Loopback::new();
+    lb.server.core.linger = Duration::from_millis(500);
+    let LoopbackPair { server, client } = lb.start().await.unwrap();
+    server.serve(|_r: Request| async move { Bytes::from(vec![9u8; 256 * 1024]) });
+    let mut calls = Vec::new();
+    for _ in 0..32 {
+        let c = client.clone();
+        calls.push(tokio::spawn(async move {
+            c.call(
+                SERVER,
+                0,
+                Bytes::from_static(b"big"),
+                Duration::from_secs(5),
+            )
+            .await
+        }));
+    }
+    for c in calls.drain(..16) {
+        assert_eq!(c.await.unwrap().unwrap().len(), 256 * 1024);
+    }
+    let st = server.stats();
+    assert_eq!(st.sessions.len(), 1, "the client's session exists");
+    client.shutdown().await;
+    let gone = async {
+        loop {
+            if server.stats().sessions.is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(3), gone)
+        .await
+        .expect("the departed client's session (and its caches) is dropped");
+    assert_eq!(
+        server.stats().connections_open,
+        0,
+        "its connections are closed"
+    );
+    for c in calls {
+        c.abort();
+    }
+}
