@@ -12,7 +12,7 @@
 //!
 //! Run: `cargo bench -p surelink-proto --bench records`
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::cast_possible_truncation)]
 
 use std::hint::black_box;
 
