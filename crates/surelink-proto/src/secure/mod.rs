@@ -12,17 +12,27 @@
 //! Pair keys ([`Keypair::pair_key`]) authenticate what does not run over a
 //! path: the detector's heartbeat datagrams.
 //!
+//! For sites with a certificate authority, [`TlsHandshake`] proves the ends
+//! with mutual TLS 1.3 instead (certificates naming
+//! [`node_name`]`(cluster, node)`); the record layer after it is the same,
+//! keyed from TLS's traffic secrets. (Not yet selectable in the shell: the
+//! detector's heartbeat keys still come from member keys; see `tls`.)
+//!
 //! Not here: connection limits, handshake timeouts and the choice to run
 //! without any of this (`insecure`) belong to the shell, which owns
 //! sockets and clocks.
 
 mod keys;
 mod noise;
+mod preamble;
 mod record;
+mod tls;
 
 pub use keys::{KeyError, Keypair, MemberError, Members, PublicKey, SecretKey, KEY_LEN};
-pub use noise::{Established, Handshake, NOISE_PARAMS, PREAMBLE_LEN};
+pub use noise::{Established, Handshake, NOISE_PARAMS};
+pub use preamble::{Auth, PREAMBLE_LEN};
 pub use record::{Opener, RecordError, Sealer, MAX_RECORD, RECORD_HEADER, RECORD_TAG};
+pub use tls::{node_name, TlsHandshake, TlsSetup, TlsSetupError};
 
 use crate::ids::{ClusterId, NodeId};
 
@@ -84,6 +94,19 @@ pub enum SecureError {
         /// Theirs.
         theirs: ClusterId,
     },
+    /// The peer authenticates differently (member keys against
+    /// certificates).
+    #[error("the peer authenticates with {theirs}, this node with {ours}; configure the same on every node")]
+    AuthMismatch {
+        /// Ours.
+        ours: Auth,
+        /// Theirs.
+        theirs: Auth,
+    },
+    /// Mutual TLS refused the peer (bad or untrusted certificate, wrong
+    /// name, protocol error), in rustls's words.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The peer protects records differently.
     #[error("the peer uses protection {theirs}, this node {ours}; set the same on every node")]
     ProtectionMismatch {

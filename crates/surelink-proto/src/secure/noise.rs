@@ -1,7 +1,7 @@
 //! The path handshake: Noise XX over one transport, before any frame.
 //!
 //! ```text
-//! both  -> preamble: "SLNK" | version | protection | 0,0 | cluster (u64 BE)
+//! both  -> preamble (see `preamble`, auth = Noise)
 //! I -> R: [len u16] e
 //! R -> I: [len u16] e, ee, s, es      I checks: s is the dialled node's key
 //! I -> R: [len u16] s, se             R checks: s is some member's key
@@ -18,9 +18,10 @@
 //! prologue, so both have agreed on cluster and protection before a key
 //! is trusted.
 
-use bytes::{Buf, BufMut, BytesMut};
+use bytes::{BufMut, BytesMut};
 
 use super::keys::{Keypair, Members, PublicKey, KEY_LEN};
+use super::preamble::{self, Auth, PREAMBLE_LEN};
 use super::record::{Opener, Sealer};
 use super::{Protection, SecureError};
 use crate::ids::{ClusterId, NodeId};
@@ -28,10 +29,6 @@ use crate::ids::{ClusterId, NodeId};
 /// The Noise protocol name. AES-GCM: the record layer uses AES-256-GCM,
 /// which has hardware support where clusters run.
 pub const NOISE_PARAMS: &str = "Noise_XX_25519_AESGCM_SHA256";
-const MAGIC: &[u8; 4] = b"SLNK";
-const VERSION: u8 = 1;
-/// Preamble bytes.
-pub const PREAMBLE_LEN: usize = 16;
 /// Longest handshake message we accept (XX's are 32, 96 and 64 bytes).
 const MAX_MESSAGE: usize = 256;
 
@@ -45,6 +42,11 @@ pub struct Established {
     pub sealer: Sealer,
     /// Opens what we receive.
     pub opener: Opener,
+    /// Mutual TLS: 32 bytes of keying material exported from this
+    /// connection (label `EXPORTER-surelink-heartbeat`), the same at both
+    /// ends; `None` with Noise, whose heartbeat keys come from the members'
+    /// static keys.
+    pub exporter: Option<[u8; 32]>,
 }
 
 enum Step {
@@ -77,15 +79,6 @@ impl std::fmt::Debug for Handshake {
             .field("expected", &self.expected)
             .finish_non_exhaustive()
     }
-}
-
-fn preamble(cluster: ClusterId, protection: Protection) -> [u8; PREAMBLE_LEN] {
-    let mut p = [0u8; PREAMBLE_LEN];
-    p[..4].copy_from_slice(MAGIC);
-    p[4] = VERSION;
-    p[5] = protection.code();
-    p[8..].copy_from_slice(&cluster.0.to_be_bytes());
-    p
 }
 
 impl Handshake {
@@ -124,7 +117,7 @@ impl Handshake {
         initiator: bool,
         expected: Option<NodeId>,
     ) -> Result<Handshake, SecureError> {
-        let pre = preamble(cluster, protection);
+        let pre = preamble::encode(cluster, protection, Auth::Noise);
         let params = NOISE_PARAMS
             .parse()
             .map_err(|e| SecureError::Noise(format!("{e}")))?;
@@ -179,35 +172,6 @@ impl Handshake {
         Ok(())
     }
 
-    fn check_preamble(&self, p: &[u8]) -> Result<(), SecureError> {
-        if &p[..4] != MAGIC {
-            return Err(SecureError::NotSecure);
-        }
-        if p[4] != VERSION {
-            return Err(SecureError::Version(p[4]));
-        }
-        if p[6..8] != [0, 0] {
-            return Err(SecureError::Malformed("preamble"));
-        }
-        let mut c = [0u8; 8];
-        c.copy_from_slice(&p[8..16]);
-        let theirs = ClusterId(u64::from_be_bytes(c));
-        if theirs != self.cluster {
-            return Err(SecureError::WrongCluster {
-                ours: self.cluster,
-                theirs,
-            });
-        }
-        let theirs = Protection::from_code(p[5]).ok_or(SecureError::Malformed("protection"))?;
-        if theirs != self.protection {
-            return Err(SecureError::ProtectionMismatch {
-                ours: self.protection,
-                theirs,
-            });
-        }
-        Ok(())
-    }
-
     fn remote_static(&self) -> Result<PublicKey, SecureError> {
         let k = self
             .noise
@@ -231,6 +195,7 @@ impl Handshake {
             peer,
             sealer: Sealer::new(&send, self.protection),
             opener: Opener::new(&recv, self.protection),
+            exporter: None,
         }
     }
 
@@ -243,22 +208,9 @@ impl Handshake {
                 return Err(SecureError::Malformed("handshake already finished"));
             }
             if !self.got_preamble {
-                if buf.len() < 4 {
-                    // Refuse a non-surelink or insecure peer as soon as the
-                    // magic is wrong, even if it sends fewer bytes.
-                    if !MAGIC.starts_with(&buf[..]) {
-                        return Err(SecureError::NotSecure);
-                    }
+                if !preamble::read(buf, self.cluster, self.protection, Auth::Noise)? {
                     return Ok(None);
                 }
-                if &buf[..4] != MAGIC {
-                    return Err(SecureError::NotSecure);
-                }
-                if buf.len() < PREAMBLE_LEN {
-                    return Ok(None);
-                }
-                self.check_preamble(&buf[..PREAMBLE_LEN])?;
-                buf.advance(PREAMBLE_LEN);
                 self.got_preamble = true;
             }
             if buf.len() < 2 {
