@@ -11,6 +11,11 @@
 //! connections_per_network = 1
 //! metrics = "127.0.0.1:9100"                        # optional Prometheus port
 //!
+//! # [tls]                         # instead of key_file and [[members]]: mutual TLS
+//! # cert = "node-1.crt"           # naming node-1.cluster-7.surelink (surelink certs)
+//! # key = "node-1.key.pem"
+//! # ca = "ca.crt"
+//!
 //! [[members]]                     # every node that may connect, and its public key
 //! node = 2
 //! public_key = "…"                # from `surelink keygen`
@@ -79,6 +84,19 @@ struct File {
     core: Core,
     #[serde(default)]
     detector: Detector,
+    tls: Option<Tls>,
+}
+
+/// Mutual TLS instead of member keys (paths relative to the file).
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct Tls {
+    /// This node's certificate chain, PEM, leaf first.
+    cert: std::path::PathBuf,
+    /// Its private key, PEM.
+    key: std::path::PathBuf,
+    /// The CA certificates to trust, PEM.
+    ca: std::path::PathBuf,
 }
 
 #[derive(Deserialize, Debug, Default)]
@@ -150,12 +168,29 @@ pub(crate) fn parse(text: &str, base: &Path) -> Result<Loaded> {
             other => anyhow::bail!("protection {other:?}: use encrypt or integrity_only"),
         };
     }
+    if let (Some(t), false) = (&f.tls, f.insecure) {
+        let read = |p: &std::path::Path, what: &str| {
+            std::fs::read(base.join(p))
+                .with_context(|| format!("reading the TLS {what} {}", base.join(p).display()))
+        };
+        c.tls = Some(
+            surelink::proto::secure::TlsSetup::from_pem(
+                c.cluster,
+                c.node,
+                &read(&t.cert, "certificate")?,
+                &read(&t.key, "key")?,
+                &read(&t.ca, "CA bundle")?,
+            )
+            .context("[tls]")?,
+        );
+    }
     match (&f.key_file, f.insecure) {
         (Some(k), _) => {
             c.identity = Some(crate::keys::read_secret(&base.join(k))?);
         }
+        (None, false) if f.tls.is_some() => {}
         (None, false) => anyhow::bail!(
-            "key_file is required (make one with `surelink keygen --out node{}.key`), or set insecure = true for a benchmark on a trusted host",
+            "key_file is required (make one with `surelink keygen --out node{}.key`), or a [tls] section with certificates, or insecure = true for a benchmark on a trusted host",
             f.node
         ),
         (None, true) => {}

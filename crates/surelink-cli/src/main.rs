@@ -19,6 +19,7 @@
 #![allow(clippy::cast_possible_truncation)]
 
 mod bench;
+mod certs;
 mod config_file;
 mod demo;
 mod demo_sim;
@@ -52,6 +53,9 @@ enum Command {
     /// Generate a node key pair (the secret to a file, the public key to
     /// paste into every node's `[[members]]`).
     Keygen(keys::KeygenArgs),
+    /// Generate a throwaway CA and a certificate per node, for trying
+    /// mutual TLS (`[tls]`) instead of member keys.
+    Certs(certs::CertsArgs),
     /// Print a running endpoint's counters from its metrics port.
     Stats(stats::StatsArgs),
     /// Benchmark against plain TCP, ZeroMQ and NATS: round-trip latency and
@@ -91,6 +95,7 @@ fn main() -> anyhow::Result<()> {
             Command::Serve(a) => serve::serve(&a).await,
             Command::Call(a) => serve::call(&a).await,
             Command::Keygen(a) => keys::keygen(&a),
+            Command::Certs(a) => certs::certs(&a),
             Command::Stats(a) => stats::run(&a).await,
             Command::Bench(a) => bench::run(&a).await,
             Command::Testbed(a) => testbed::main(&a),

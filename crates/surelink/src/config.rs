@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use surelink_proto::detector::DetectorConfig;
 use surelink_proto::rpc::{FifoScheduler, PriorityScheduler, Scheduler};
-use surelink_proto::secure::{Keypair, Members, Protection};
+use surelink_proto::secure::{Keypair, Members, Protection, TlsSetup};
 use surelink_proto::{ClusterId, EndpointConfig, Epoch, NodeId};
 
 use crate::server::Job;
@@ -142,6 +142,13 @@ pub struct Config {
     /// needs an entry; a connection proving a key not listed here is
     /// closed before anything is allocated for it.
     pub members: Members,
+    /// Mutual TLS instead of member keys, for sites with a certificate
+    /// authority: this node's certificate (naming
+    /// [`surelink_proto::secure::node_name`]), key and trusted CA, built
+    /// with [`TlsSetup::from_pem`]. When set, `identity` and `members` are
+    /// not used: any node with a certificate from the CA naming it may
+    /// connect, as that node.
+    pub tls: Option<TlsSetup>,
     /// Encrypt frames (the default) or only authenticate them.
     pub protection: Protection,
     /// No handshake, no authentication, no encryption: anyone who reaches
@@ -199,6 +206,7 @@ impl Config {
             detector: DetectorConfig::default(),
             identity: None,
             members: Members::new(),
+            tls: None,
             protection: Protection::Encrypt,
             insecure: false,
             max_connections: 1024,
@@ -279,7 +287,15 @@ impl Config {
                 reason: "must be non-zero",
             });
         }
-        if !self.insecure {
+        if let (false, Some(t)) = (self.insecure, &self.tls) {
+            if (t.cluster(), t.node()) != (self.cluster, self.node) {
+                return Err(ConfigError::Invalid {
+                    field: "tls",
+                    reason: "the certificate setup was built for another node or cluster",
+                });
+            }
+        }
+        if !self.insecure && self.tls.is_none() {
             let Some(keys) = &self.identity else {
                 return Err(ConfigError::Invalid {
                     field: "identity",
@@ -299,7 +315,7 @@ impl Config {
         }
         let mut seen = std::collections::HashSet::new();
         for p in &self.peers {
-            if !self.insecure && self.members.key_of(p.node).is_none() {
+            if !self.insecure && self.tls.is_none() && self.members.key_of(p.node).is_none() {
                 return Err(ConfigError::Peer {
                     node: p.node,
                     reason: "has no public key in `members`",

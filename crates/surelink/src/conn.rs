@@ -443,6 +443,12 @@ pub(crate) fn start(
     let remote = stream.peer_addr()?;
     let path = shared.next_path_id();
     let (reader, stream) = stream.into_split();
+    if let (Some(s), Some(d)) = (&secured, &shared.detector) {
+        if let Some(x) = &s.exporter {
+            // Mutual TLS: this connection keys heartbeats to its peer.
+            d.add_connection_key(s.peer, x);
+        }
+    }
     let (authenticated, sealer, opener) = match secured {
         Some(s) => (Some(s.peer), Some(s.sealer), Some((s.opener, s.leftover))),
         None => (None, None, None),

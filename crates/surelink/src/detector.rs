@@ -171,12 +171,31 @@ pub(crate) struct Detector {
     heartbeats_received: AtomicU64,
     tx_timestamped: AtomicU64,
     fences: AtomicU64,
-    /// Heartbeat keys per member (`None`: insecure, heartbeats untagged).
-    hb_keys: Option<Mutex<BTreeMap<NodeId, HeartbeatKey>>>,
+    /// Heartbeat keys per peer, newest first (`None`: insecure, heartbeats
+    /// untagged). With member keys one per member; with mutual TLS one per
+    /// recent connection ([`CONNECTION_KEYS`]).
+    hb_keys: Option<Mutex<BTreeMap<NodeId, Vec<HeartbeatKey>>>>,
     /// This node's key pair and cluster, to derive keys of members added later.
     identity: Option<Keypair>,
     /// Datagrams refused: bad tag, unknown sender, replay, foreign barrier.
     refused: AtomicU64,
+}
+
+/// Heartbeat keys with mutual TLS: one per connection, this many kept per
+/// peer (a connection per network, plus re-dials in flight).
+const CONNECTION_KEYS: usize = 4;
+
+/// How heartbeats are authenticated.
+#[derive(Clone, Copy)]
+pub(crate) enum HeartbeatAuth<'a> {
+    /// Insecure: untagged.
+    None,
+    /// Per-pair keys from this node's key pair and the members' keys.
+    Members(&'a Keypair, &'a Members),
+    /// Mutual TLS: keys from each connection's exported keying material
+    /// ([`Detector::add_connection_key`]); none for a peer until a
+    /// connection to it finished its handshake.
+    PerConnection,
 }
 
 /// A random u64 (barrier tokens).
@@ -206,15 +225,14 @@ impl std::fmt::Debug for Detector {
 impl Detector {
     /// Opens the sockets (one per local address) and starts the threads.
     /// `None` when the detector is off.
-    /// `auth`: this node's key pair and the members (heartbeats tagged and
-    /// checked per pair); `None` when insecure.
+    /// `auth`: how heartbeats are tagged and checked (see [`HeartbeatAuth`]).
     pub(crate) fn start(
         cfg: &DetectorConfig,
         cluster: ClusterId,
         node: NodeId,
         epoch: Epoch,
         local: &[SocketAddr],
-        auth: Option<(&Keypair, &Members)>,
+        auth: HeartbeatAuth<'_>,
     ) -> std::io::Result<Option<(Arc<Detector>, mpsc::UnboundedReceiver<Signal>)>> {
         if cfg.mode == DetectorMode::Off {
             return Ok(None);
@@ -273,11 +291,14 @@ impl Detector {
             heartbeats_received: AtomicU64::new(0),
             tx_timestamped: AtomicU64::new(0),
             fences: AtomicU64::new(0),
-            hb_keys: auth.map(|_| Mutex::new(BTreeMap::new())),
-            identity: auth.map(|(k, _)| k.clone()),
+            hb_keys: (!matches!(auth, HeartbeatAuth::None)).then(|| Mutex::new(BTreeMap::new())),
+            identity: match auth {
+                HeartbeatAuth::Members(k, _) => Some(k.clone()),
+                _ => None,
+            },
             refused: AtomicU64::new(0),
         });
-        if let Some((_, members)) = auth {
+        if let HeartbeatAuth::Members(_, members) = auth {
             for (peer, key) in members.iter() {
                 det.add_member(peer, &key);
             }
@@ -329,10 +350,22 @@ impl Detector {
         }
         match id.pair_key(self.cluster, self.node, peer, key, HeartbeatKey::PURPOSE) {
             Some(k) => {
-                lock(keys).insert(peer, HeartbeatKey::new(&k));
+                lock(keys).insert(peer, vec![HeartbeatKey::new(&k)]);
             }
             None => warn!(%peer, "member key is a low-order point; its heartbeats will be refused"),
         }
+    }
+
+    /// Mutual TLS: a connection to `peer` finished its handshake; its
+    /// exported keying material keys our heartbeats to `peer` from now on
+    /// (the peer derives the same). The last few stay valid for what
+    /// arrives, so heartbeats cross a re-dial without a gap.
+    pub(crate) fn add_connection_key(&self, peer: NodeId, exported: &[u8; 32]) {
+        let Some(keys) = &self.hb_keys else { return };
+        let mut g = lock(keys);
+        let v = g.entry(peer).or_default();
+        v.insert(0, HeartbeatKey::new(exported));
+        v.truncate(CONNECTION_KEYS);
     }
 
     /// Forgets where a peer that left was: no more heartbeats to it. (Its
@@ -578,7 +611,7 @@ impl Detector {
             // could not check it, and it is not a member).
             let key = match &keys {
                 None => None,
-                Some(k) => match k.get(&peer) {
+                Some(k) => match k.get(&peer).and_then(|v| v.first()) {
                     Some(k) => Some(k),
                     None => continue,
                 },
@@ -708,9 +741,9 @@ impl Detector {
                 }) if cluster == self.cluster && node != self.node => {
                     let authentic = match &self.hb_keys {
                         None => true,
-                        Some(keys) => lock(keys)
-                            .get(&node)
-                            .is_some_and(|k| datagram::verify_heartbeat(bytes, k)),
+                        Some(keys) => lock(keys).get(&node).is_some_and(|v| {
+                            v.iter().any(|k| datagram::verify_heartbeat(bytes, k))
+                        }),
                     };
                     let net = u16::try_from(network).unwrap_or(u16::MAX);
                     if !authentic

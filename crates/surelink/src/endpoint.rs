@@ -14,7 +14,7 @@ use surelink_proto::{Epoch, LocalIdentity, NodeId, PathId, Router};
 use crate::call::{self, Flush};
 use crate::config::{Config, PeerConfig};
 use crate::conn;
-use crate::detector::Detector;
+use crate::detector::{Detector, HeartbeatAuth};
 use crate::error::{BindError, CallError, SendError, TrySendError};
 use crate::events::Events;
 use crate::incoming::Incoming;
@@ -166,9 +166,11 @@ impl Endpoint {
             })
             .collect();
         let base = std::time::Instant::now();
-        let auth = match (&config.identity, config.insecure) {
-            (Some(k), false) => Some((k, &config.members)),
-            _ => None,
+        let auth = match (&config.identity, config.insecure, &config.tls) {
+            (_, true, _) => HeartbeatAuth::None,
+            (_, false, Some(_)) => HeartbeatAuth::PerConnection,
+            (Some(k), false, None) => HeartbeatAuth::Members(k, &config.members),
+            (None, false, None) => HeartbeatAuth::None,
         };
         let detector = Detector::start(
             &config.detector,

@@ -1,5 +1,6 @@
 //! The shell's side of member authentication: running the core's Noise
-//! handshake on a fresh TCP connection under a deadline, and the limits
+//! (or mutual TLS) handshake on a fresh TCP connection under a deadline,
+//! and the limits
 //! that keep connections nobody has authenticated from using up the
 //! process (file descriptors, memory, CPU for key exchanges).
 
@@ -15,7 +16,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use surelink_proto::secure::{
-    Handshake, Keypair, MemberError, Members, Opener, Protection, PublicKey, Sealer, SecureError,
+    Established, Handshake, Keypair, MemberError, Members, Opener, Protection, PublicKey, Sealer,
+    SecureError, TlsHandshake, TlsSetup,
 };
 use surelink_proto::{ClusterId, NodeId};
 
@@ -23,12 +25,44 @@ use crate::config::Config;
 
 /// What every handshake of this endpoint needs.
 pub(crate) struct SecureSetup {
-    keys: Keypair,
-    /// Replaced whole when a member is added (handshakes in flight keep
-    /// the list they started with).
-    members: parking_lot::RwLock<Arc<Members>>,
+    method: Method,
     cluster: ClusterId,
     protection: Protection,
+}
+
+/// How the ends prove who they are.
+enum Method {
+    /// Noise XX with member keys.
+    Noise {
+        keys: Keypair,
+        /// Replaced whole when a member is added (handshakes in flight
+        /// keep the list they started with).
+        members: parking_lot::RwLock<Arc<Members>>,
+    },
+    /// Mutual TLS with certificates from the site's CA.
+    Tls(TlsSetup),
+}
+
+/// A handshake of either kind.
+enum AnyHandshake {
+    Noise(Box<Handshake>),
+    Tls(Box<TlsHandshake>),
+}
+
+impl AnyHandshake {
+    fn poll_transmit(&mut self, out: &mut BytesMut) -> bool {
+        match self {
+            AnyHandshake::Noise(h) => h.poll_transmit(out),
+            AnyHandshake::Tls(h) => h.poll_transmit(out),
+        }
+    }
+
+    fn handle_input(&mut self, buf: &mut BytesMut) -> Result<Option<Established>, SecureError> {
+        match self {
+            AnyHandshake::Noise(h) => h.handle_input(buf),
+            AnyHandshake::Tls(h) => h.handle_input(buf),
+        }
+    }
 }
 
 impl SecureSetup {
@@ -37,17 +71,27 @@ impl SecureSetup {
         if c.insecure {
             return None;
         }
+        let method = match &c.tls {
+            Some(t) => Method::Tls(t.clone()),
+            None => Method::Noise {
+                keys: c.identity.clone()?,
+                members: parking_lot::RwLock::new(Arc::new(c.members.clone())),
+            },
+        };
         Some(SecureSetup {
-            keys: c.identity.clone()?,
-            members: parking_lot::RwLock::new(Arc::new(c.members.clone())),
+            method,
             cluster: c.cluster,
             protection: c.protection,
         })
     }
 
     /// Adds a member (or confirms one already listed with the same key).
+    /// With mutual TLS there is no member list: a no-op.
     pub(crate) fn add_member(&self, node: NodeId, key: PublicKey) -> Result<(), MemberError> {
-        let mut g = self.members.write();
+        let Method::Noise { members, .. } = &self.method else {
+            return Ok(());
+        };
+        let mut g = members.write();
         let mut m = Members::clone(&g);
         m.insert(node, key)?;
         *g = Arc::new(m);
@@ -62,6 +106,8 @@ pub(crate) struct Secured {
     pub(crate) sealer: Sealer,
     pub(crate) opener: Opener,
     pub(crate) leftover: BytesMut,
+    /// Mutual TLS: keying material for this peer's heartbeat key.
+    pub(crate) exporter: Option<[u8; 32]>,
 }
 
 /// Why a connection's handshake failed.
@@ -85,12 +131,20 @@ pub(crate) async fn handshake(
     dialled: Option<NodeId>,
     timeout: Duration,
 ) -> Result<Secured, HandshakeFailure> {
-    let members = setup.members.read().clone();
-    let hs = match dialled {
-        Some(peer) => {
-            Handshake::initiator(&setup.keys, members, setup.cluster, setup.protection, peer)?
+    let (cluster, protection) = (setup.cluster, setup.protection);
+    let hs = match (&setup.method, dialled) {
+        (Method::Noise { keys, members }, Some(peer)) => AnyHandshake::Noise(Box::new(
+            Handshake::initiator(keys, members.read().clone(), cluster, protection, peer)?,
+        )),
+        (Method::Noise { keys, members }, None) => AnyHandshake::Noise(Box::new(
+            Handshake::responder(keys, members.read().clone(), cluster, protection)?,
+        )),
+        (Method::Tls(t), Some(peer)) => {
+            AnyHandshake::Tls(Box::new(TlsHandshake::initiator(t, protection, peer)?))
         }
-        None => Handshake::responder(&setup.keys, members, setup.cluster, setup.protection)?,
+        (Method::Tls(t), None) => {
+            AnyHandshake::Tls(Box::new(TlsHandshake::responder(t, protection)?))
+        }
     };
     match tokio::time::timeout(timeout, run(hs, stream)).await {
         Ok(r) => r,
@@ -98,7 +152,7 @@ pub(crate) async fn handshake(
     }
 }
 
-async fn run(mut hs: Handshake, stream: &mut TcpStream) -> Result<Secured, HandshakeFailure> {
+async fn run(mut hs: AnyHandshake, stream: &mut TcpStream) -> Result<Secured, HandshakeFailure> {
     let mut out = BytesMut::with_capacity(256);
     let mut buf = BytesMut::with_capacity(512);
     loop {
@@ -118,6 +172,7 @@ async fn run(mut hs: Handshake, stream: &mut TcpStream) -> Result<Secured, Hands
                 sealer: est.sealer,
                 opener: est.opener,
                 leftover: buf,
+                exporter: est.exporter,
             });
         }
     }

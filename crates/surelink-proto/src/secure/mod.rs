@@ -15,8 +15,8 @@
 //! For sites with a certificate authority, [`TlsHandshake`] proves the ends
 //! with mutual TLS 1.3 instead (certificates naming
 //! [`node_name`]`(cluster, node)`); the record layer after it is the same,
-//! keyed from TLS's traffic secrets. (Not yet selectable in the shell: the
-//! detector's heartbeat keys still come from member keys; see `tls`.)
+//! keyed from TLS's traffic secrets, and heartbeat keys come from each
+//! connection's exported keying material.
 //!
 //! Not here: connection limits, handshake timeouts and the choice to run
 //! without any of this (`insecure`) belong to the shell, which owns

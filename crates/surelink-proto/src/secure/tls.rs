@@ -27,11 +27,11 @@
 //! [`Opener`] (fresh per connection, unused by TLS itself), and 32 bytes
 //! exported from the connection are handed over for the detector.
 //!
-//! Not done yet: the shell does not offer this mode. Heartbeat datagrams
-//! are authenticated with per-pair keys derived from members' static
-//! keys, which a certificate-only site does not have; the plan is
-//! per-connection keys from the exporter, named by a key id in each
-//! heartbeat, the newest live connection's key used to send.
+//! Heartbeats: a certificate-only site has no members' static keys to
+//! derive per-pair heartbeat keys from, so each connection exports 32
+//! bytes (the same at both ends) and the detector keys heartbeats to that
+//! peer with the newest, accepting any of the last few (see the shell's
+//! detector).
 
 use std::sync::Arc;
 
@@ -179,7 +179,26 @@ impl TlsSetup {
             node,
         })
     }
+
+    /// The cluster the certificate was checked for.
+    pub fn cluster(&self) -> ClusterId {
+        self.cluster
+    }
+
+    /// The node the certificate names.
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
 }
+
+/// Two setups are the same if they are the same built configuration.
+impl PartialEq for TlsSetup {
+    fn eq(&self, other: &TlsSetup) -> bool {
+        Arc::ptr_eq(&self.client, &other.client) && Arc::ptr_eq(&self.server, &other.server)
+    }
+}
+
+impl Eq for TlsSetup {}
 
 /// Whether certificate `cert` is valid for DNS name `name` (its chain is
 /// checked by rustls).
