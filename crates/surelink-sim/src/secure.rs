@@ -14,17 +14,65 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use surelink_proto::secure::{
-    Handshake, Keypair, Members, Opener, Protection, Sealer, SecretKey, SecureError,
+    node_name, Established, Handshake, Keypair, Members, Opener, Protection, Sealer, SecretKey,
+    SecureError, TlsHandshake, TlsSetup,
 };
 use surelink_proto::{ClusterId, NodeId};
 
-/// Every node's key pair and the member list they share.
+/// Every node's key pair and the member list they share, or (mutual TLS)
+/// every node's certificate setup from one simulated CA.
 #[derive(Debug)]
 pub(crate) struct Keys {
     pairs: Vec<Keypair>,
     members: Arc<Members>,
+    tls: Option<Vec<TlsSetup>>,
     cluster: ClusterId,
     protection: Protection,
+}
+
+/// Certificates for `ids` from a fresh CA (rcgen draws its own keys: the
+/// certificates differ per run, the handshakes' outcomes do not).
+fn tls_setups(ids: &[NodeId], cluster: ClusterId) -> Vec<TlsSetup> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+        KeyUsagePurpose,
+    };
+    // Test support: certificate generation with valid inputs cannot fail.
+    #[allow(clippy::expect_used)]
+    let ca_key = KeyPair::generate().expect("CA key");
+    #[allow(clippy::expect_used)]
+    let ca = {
+        let mut p = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        p.self_signed(&ca_key).expect("CA certificate")
+    };
+    ids.iter()
+        .map(|&id| {
+            #[allow(clippy::expect_used)]
+            let key = KeyPair::generate().expect("node key");
+            #[allow(clippy::expect_used)]
+            let mut p = CertificateParams::new(vec![node_name(cluster, id)]).expect("params");
+            p.extended_key_usages = vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ];
+            #[allow(clippy::expect_used)]
+            let cert = p.signed_by(&key, &ca, &ca_key).expect("node certificate");
+            #[allow(clippy::expect_used)]
+            TlsSetup::from_pem(
+                cluster,
+                id,
+                cert.pem().as_bytes(),
+                key.serialize_pem().as_bytes(),
+                ca.pem().as_bytes(),
+            )
+            .expect("simulated TLS setup")
+        })
+        .collect()
 }
 
 impl Keys {
@@ -35,6 +83,7 @@ impl Keys {
         seed: u64,
         cluster: ClusterId,
         protection: Protection,
+        tls: bool,
     ) -> Keys {
         let mut members = Members::new();
         let pairs: Vec<Keypair> = ids
@@ -58,6 +107,7 @@ impl Keys {
         Keys {
             pairs,
             members: Arc::new(members),
+            tls: tls.then(|| tls_setups(ids, cluster)),
             cluster,
             protection,
         }
@@ -74,8 +124,31 @@ fn splitmix(mut z: u64) -> u64 {
 /// One end of a connection: handshaking, then sealing and opening.
 #[derive(Debug)]
 enum End {
-    Handshaking(Box<Handshake>),
+    Handshaking(AnyHandshake),
     Open(Box<Records>),
+}
+
+/// Either handshake the product has.
+#[derive(Debug)]
+enum AnyHandshake {
+    Noise(Box<Handshake>),
+    Tls(Box<TlsHandshake>),
+}
+
+impl AnyHandshake {
+    fn poll_transmit(&mut self, out: &mut BytesMut) -> bool {
+        match self {
+            AnyHandshake::Noise(h) => h.poll_transmit(out),
+            AnyHandshake::Tls(h) => h.poll_transmit(out),
+        }
+    }
+
+    fn handle_input(&mut self, buf: &mut BytesMut) -> Result<Option<Established>, SecureError> {
+        match self {
+            AnyHandshake::Noise(h) => h.handle_input(buf),
+            AnyHandshake::Tls(h) => h.handle_input(buf),
+        }
+    }
 }
 
 /// An established end's record layer.
@@ -120,23 +193,41 @@ impl ConnSec {
     /// A connection from node index `a` to node index `b`; returns it and
     /// the dialler's first handshake message.
     pub(crate) fn dial(keys: &Keys, a: usize, b: usize, b_id: NodeId) -> (ConnSec, Bytes) {
-        let hs = |h: Result<Handshake, SecureError>| {
-            // Members include every simulated node: construction cannot fail.
-            Box::new(h.expect("simulated handshake setup"))
+        // Every simulated node is a member (or has a certificate):
+        // construction cannot fail.
+        #[allow(clippy::expect_used)]
+        let (mut init, resp) = match &keys.tls {
+            None => (
+                AnyHandshake::Noise(Box::new(
+                    Handshake::initiator(
+                        &keys.pairs[a],
+                        keys.members.clone(),
+                        keys.cluster,
+                        keys.protection,
+                        b_id,
+                    )
+                    .expect("simulated handshake"),
+                )),
+                AnyHandshake::Noise(Box::new(
+                    Handshake::responder(
+                        &keys.pairs[b],
+                        keys.members.clone(),
+                        keys.cluster,
+                        keys.protection,
+                    )
+                    .expect("simulated handshake"),
+                )),
+            ),
+            Some(t) => (
+                AnyHandshake::Tls(Box::new(
+                    TlsHandshake::initiator(&t[a], keys.protection, b_id)
+                        .expect("simulated handshake"),
+                )),
+                AnyHandshake::Tls(Box::new(
+                    TlsHandshake::responder(&t[b], keys.protection).expect("simulated handshake"),
+                )),
+            ),
         };
-        let mut init = hs(Handshake::initiator(
-            &keys.pairs[a],
-            keys.members.clone(),
-            keys.cluster,
-            keys.protection,
-            b_id,
-        ));
-        let resp = hs(Handshake::responder(
-            &keys.pairs[b],
-            keys.members.clone(),
-            keys.cluster,
-            keys.protection,
-        ));
         let mut first = BytesMut::new();
         init.poll_transmit(&mut first);
         (

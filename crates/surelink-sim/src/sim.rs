@@ -83,6 +83,9 @@ pub struct SimConfig {
     /// records) with this protection; `None`: plaintext, as `insecure = true`.
     /// Needs FIFO links (records must arrive in order, as on TCP).
     pub secure: Option<Protection>,
+    /// With `secure`: mutual TLS with certificates from one simulated CA
+    /// instead of Noise with member keys.
+    pub tls: bool,
 }
 
 impl SimConfig {
@@ -127,6 +130,7 @@ impl SimConfig {
                 call_timeout: Duration::from_secs(2),
             },
             secure: None,
+            tls: false,
         }
     }
 }
@@ -355,7 +359,7 @@ impl Sim {
         }
         let keys = cfg.secure.map(|p| {
             let ids: Vec<NodeId> = (0..cfg.nodes).map(node_id).collect();
-            Keys::new(&ids, cfg.seed, ClusterId(42), p)
+            Keys::new(&ids, cfg.seed, ClusterId(42), p, cfg.tls)
         });
         let mut sim = Sim {
             keys,

@@ -132,11 +132,14 @@ fn run_case(c: &Case) -> (SimReport, SimConfig) {
     cfg.paths = c.paths;
     cfg.link.fifo = c.fifo;
     if c.secure && c.fifo {
+        // The seed picks the protection mode and the authentication
+        // (Noise with member keys, or mutual TLS with certificates).
         cfg.secure = Some(if c.seed % 2 == 0 {
             Protection::Encrypt
         } else {
             Protection::IntegrityOnly
         });
+        cfg.tls = (c.seed >> 1) % 2 == 1;
     }
     if !c.detect {
         cfg.detect_after = None;

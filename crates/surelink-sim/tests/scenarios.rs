@@ -316,3 +316,26 @@ fn a_handshake_cut_short_is_timed_out_and_redialled() {
     assert_eq!(r.tally.delivered, r.tally.sent);
     assert!(r.handshakes_failed >= 1, "{}", r.handshakes_failed);
 }
+
+#[test]
+fn mutual_tls_connections_ride_out_deleted_bytes_too() {
+    let mut cfg = secure(15);
+    cfg.tls = true;
+    let r = run(
+        cfg,
+        &[Fault::Loss {
+            link: 0,
+            percent: 20,
+            one_way: None,
+            at: d(200),
+            dur: d(600),
+        }],
+    );
+    assert_eq!(r.tally.delivered, r.tally.sent);
+    assert!(
+        r.records_refused > 0,
+        "{} streams broken",
+        r.records_refused
+    );
+    assert!(r.handshakes > 4, "{} handshake ends", r.handshakes);
+}
