@@ -8,11 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
-use surelink::proto::secure::node_name;
+use surelink::proto::secure::{node_name, TestCa};
 use surelink::proto::{ClusterId, NodeId};
 
 /// `surelink certs`.
@@ -34,41 +30,17 @@ pub(crate) fn certs(a: &CertsArgs) -> Result<()> {
         bail!("node id 0 is reserved");
     }
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    let ca_key = KeyPair::generate().context("generating the CA key")?;
-    let mut p = CertificateParams::new(Vec::<String>::new())?;
-    let mut dn = DistinguishedName::new();
-    dn.push(
-        DnType::CommonName,
-        format!("surelink cluster {} CA", a.cluster),
-    );
-    p.distinguished_name = dn;
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca = p.self_signed(&ca_key)?;
-    write_new(&a.out.join("ca.crt"), &ca.pem(), false)?;
-    write_new(&a.out.join("ca.key"), &ca_key.serialize_pem(), true)?;
+    let cluster = ClusterId(a.cluster);
+    let ca = TestCa::new(cluster).context("generating the CA")?;
+    write_new(&a.out.join("ca.crt"), &ca.cert_pem(), false)?;
+    write_new(&a.out.join("ca.key"), &ca.key_pem(), true)?;
     for &n in &a.nodes {
-        let name = node_name(ClusterId(a.cluster), NodeId(n));
-        let key = KeyPair::generate().context("generating a node key")?;
-        let mut p = CertificateParams::new(vec![name.clone()])?;
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, name.clone());
-        p.distinguished_name = dn;
-        p.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let cert = p.signed_by(&key, &ca, &ca_key)?;
-        write_new(&a.out.join(format!("node-{n}.crt")), &cert.pem(), false)?;
-        write_new(
-            &a.out.join(format!("node-{n}.key.pem")),
-            &key.serialize_pem(),
-            true,
-        )?;
-        println!("node {n}: {name}");
+        let i = ca
+            .issue(cluster, NodeId(n))
+            .context("issuing a node certificate")?;
+        write_new(&a.out.join(format!("node-{n}.crt")), &i.cert_pem, false)?;
+        write_new(&a.out.join(format!("node-{n}.key.pem")), &i.key_pem, true)?;
+        println!("node {n}: {}", node_name(cluster, NodeId(n)));
     }
     println!(
         "wrote ca.crt, ca.key and node-<id>.crt / node-<id>.key.pem to {} — in each node's TOML:\n[tls]\ncert = \"node-<id>.crt\"\nkey = \"node-<id>.key.pem\"\nca = \"ca.crt\"",

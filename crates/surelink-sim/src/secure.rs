@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use surelink_proto::secure::{
-    node_name, Established, Handshake, Keypair, Members, Opener, Protection, Sealer, SecretKey,
-    SecureError, TlsHandshake, TlsSetup,
+    Handshake, Keypair, Members, Opener, PathHandshake, Protection, Sealer, SecretKey, SecureError,
+    TestCa, TlsHandshake, TlsSetup,
 };
 use surelink_proto::{ClusterId, NodeId};
 
@@ -30,48 +30,15 @@ pub(crate) struct Keys {
     protection: Protection,
 }
 
-/// Certificates for `ids` from a fresh CA (rcgen draws its own keys: the
+/// Certificates for `ids` from a fresh CA (its keys are random: the
 /// certificates differ per run, the handshakes' outcomes do not).
 fn tls_setups(ids: &[NodeId], cluster: ClusterId) -> Vec<TlsSetup> {
-    use rcgen::{
-        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-        KeyUsagePurpose,
-    };
-    // Test support: certificate generation with valid inputs cannot fail.
+    // Test support: generating certificates from valid inputs cannot fail.
     #[allow(clippy::expect_used)]
-    let ca_key = KeyPair::generate().expect("CA key");
+    let ca = TestCa::new(cluster).expect("simulated CA");
     #[allow(clippy::expect_used)]
-    let ca = {
-        let mut p = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        p.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        p.self_signed(&ca_key).expect("CA certificate")
-    };
     ids.iter()
-        .map(|&id| {
-            #[allow(clippy::expect_used)]
-            let key = KeyPair::generate().expect("node key");
-            #[allow(clippy::expect_used)]
-            let mut p = CertificateParams::new(vec![node_name(cluster, id)]).expect("params");
-            p.extended_key_usages = vec![
-                ExtendedKeyUsagePurpose::ServerAuth,
-                ExtendedKeyUsagePurpose::ClientAuth,
-            ];
-            #[allow(clippy::expect_used)]
-            let cert = p.signed_by(&key, &ca, &ca_key).expect("node certificate");
-            #[allow(clippy::expect_used)]
-            TlsSetup::from_pem(
-                cluster,
-                id,
-                cert.pem().as_bytes(),
-                key.serialize_pem().as_bytes(),
-                ca.pem().as_bytes(),
-            )
-            .expect("simulated TLS setup")
-        })
+        .map(|&id| ca.setup(cluster, id).expect("simulated TLS setup"))
         .collect()
 }
 
@@ -124,31 +91,8 @@ fn splitmix(mut z: u64) -> u64 {
 /// One end of a connection: handshaking, then sealing and opening.
 #[derive(Debug)]
 enum End {
-    Handshaking(AnyHandshake),
+    Handshaking(PathHandshake),
     Open(Box<Records>),
-}
-
-/// Either handshake the product has.
-#[derive(Debug)]
-enum AnyHandshake {
-    Noise(Box<Handshake>),
-    Tls(Box<TlsHandshake>),
-}
-
-impl AnyHandshake {
-    fn poll_transmit(&mut self, out: &mut BytesMut) -> bool {
-        match self {
-            AnyHandshake::Noise(h) => h.poll_transmit(out),
-            AnyHandshake::Tls(h) => h.poll_transmit(out),
-        }
-    }
-
-    fn handle_input(&mut self, buf: &mut BytesMut) -> Result<Option<Established>, SecureError> {
-        match self {
-            AnyHandshake::Noise(h) => h.handle_input(buf),
-            AnyHandshake::Tls(h) => h.handle_input(buf),
-        }
-    }
 }
 
 /// An established end's record layer.
@@ -198,7 +142,7 @@ impl ConnSec {
         #[allow(clippy::expect_used)]
         let (mut init, resp) = match &keys.tls {
             None => (
-                AnyHandshake::Noise(Box::new(
+                PathHandshake::Noise(Box::new(
                     Handshake::initiator(
                         &keys.pairs[a],
                         keys.members.clone(),
@@ -208,7 +152,7 @@ impl ConnSec {
                     )
                     .expect("simulated handshake"),
                 )),
-                AnyHandshake::Noise(Box::new(
+                PathHandshake::Noise(Box::new(
                     Handshake::responder(
                         &keys.pairs[b],
                         keys.members.clone(),
@@ -219,11 +163,11 @@ impl ConnSec {
                 )),
             ),
             Some(t) => (
-                AnyHandshake::Tls(Box::new(
+                PathHandshake::Tls(Box::new(
                     TlsHandshake::initiator(&t[a], keys.protection, b_id)
                         .expect("simulated handshake"),
                 )),
-                AnyHandshake::Tls(Box::new(
+                PathHandshake::Tls(Box::new(
                     TlsHandshake::responder(&t[b], keys.protection).expect("simulated handshake"),
                 )),
             ),

@@ -16,7 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use surelink_proto::secure::{
-    Established, Handshake, Keypair, MemberError, Members, Opener, Protection, PublicKey, Sealer,
+    Handshake, Keypair, MemberError, Members, Opener, PathHandshake, Protection, PublicKey, Sealer,
     SecureError, TlsHandshake, TlsSetup,
 };
 use surelink_proto::{ClusterId, NodeId};
@@ -41,28 +41,6 @@ enum Method {
     },
     /// Mutual TLS with certificates from the site's CA.
     Tls(TlsSetup),
-}
-
-/// A handshake of either kind.
-enum AnyHandshake {
-    Noise(Box<Handshake>),
-    Tls(Box<TlsHandshake>),
-}
-
-impl AnyHandshake {
-    fn poll_transmit(&mut self, out: &mut BytesMut) -> bool {
-        match self {
-            AnyHandshake::Noise(h) => h.poll_transmit(out),
-            AnyHandshake::Tls(h) => h.poll_transmit(out),
-        }
-    }
-
-    fn handle_input(&mut self, buf: &mut BytesMut) -> Result<Option<Established>, SecureError> {
-        match self {
-            AnyHandshake::Noise(h) => h.handle_input(buf),
-            AnyHandshake::Tls(h) => h.handle_input(buf),
-        }
-    }
 }
 
 impl SecureSetup {
@@ -133,17 +111,17 @@ pub(crate) async fn handshake(
 ) -> Result<Secured, HandshakeFailure> {
     let (cluster, protection) = (setup.cluster, setup.protection);
     let hs = match (&setup.method, dialled) {
-        (Method::Noise { keys, members }, Some(peer)) => AnyHandshake::Noise(Box::new(
+        (Method::Noise { keys, members }, Some(peer)) => PathHandshake::Noise(Box::new(
             Handshake::initiator(keys, members.read().clone(), cluster, protection, peer)?,
         )),
-        (Method::Noise { keys, members }, None) => AnyHandshake::Noise(Box::new(
+        (Method::Noise { keys, members }, None) => PathHandshake::Noise(Box::new(
             Handshake::responder(keys, members.read().clone(), cluster, protection)?,
         )),
         (Method::Tls(t), Some(peer)) => {
-            AnyHandshake::Tls(Box::new(TlsHandshake::initiator(t, protection, peer)?))
+            PathHandshake::Tls(Box::new(TlsHandshake::initiator(t, protection, peer)?))
         }
         (Method::Tls(t), None) => {
-            AnyHandshake::Tls(Box::new(TlsHandshake::responder(t, protection)?))
+            PathHandshake::Tls(Box::new(TlsHandshake::responder(t, protection)?))
         }
     };
     match tokio::time::timeout(timeout, run(hs, stream)).await {
@@ -152,7 +130,7 @@ pub(crate) async fn handshake(
     }
 }
 
-async fn run(mut hs: AnyHandshake, stream: &mut TcpStream) -> Result<Secured, HandshakeFailure> {
+async fn run(mut hs: PathHandshake, stream: &mut TcpStream) -> Result<Secured, HandshakeFailure> {
     let mut out = BytesMut::with_capacity(256);
     let mut buf = BytesMut::with_capacity(512);
     loop {

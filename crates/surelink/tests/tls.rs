@@ -8,10 +8,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use rcgen::{
-    BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
-};
-use surelink::proto::secure::{node_name, TlsSetup};
+use surelink::proto::secure::{TestCa, TlsSetup};
 use surelink::proto::{ClusterId, NodeId};
 use surelink::testing::{Loopback, LoopbackPair};
 use surelink::Request;
@@ -19,43 +16,14 @@ use surelink::Request;
 const SERVER: NodeId = NodeId(1);
 const CLIENT: NodeId = NodeId(2);
 
-struct Ca {
-    cert: rcgen::Certificate,
-    key: KeyPair,
-}
-
-fn new_ca() -> Ca {
-    let key = KeyPair::generate().unwrap();
-    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    Ca {
-        cert: p.self_signed(&key).unwrap(),
-        key,
-    }
+fn new_ca() -> TestCa {
+    TestCa::new(ClusterId(9)).unwrap()
 }
 
 /// Node `node` of cluster 9 (the loopback fixture's), certificate from
 /// `issuer`, trusting `trust`.
-fn setup(node: NodeId, issuer: &Ca, trust: &Ca) -> TlsSetup {
-    let key = KeyPair::generate().unwrap();
-    let mut p = CertificateParams::new(vec![node_name(ClusterId(9), node)]).unwrap();
-    p.extended_key_usages = vec![
-        ExtendedKeyUsagePurpose::ServerAuth,
-        ExtendedKeyUsagePurpose::ClientAuth,
-    ];
-    let cert = p.signed_by(&key, &issuer.cert, &issuer.key).unwrap();
-    TlsSetup::from_pem(
-        ClusterId(9),
-        node,
-        cert.pem().as_bytes(),
-        key.serialize_pem().as_bytes(),
-        trust.cert.pem().as_bytes(),
-    )
-    .unwrap()
+fn setup(node: NodeId, issuer: &TestCa, trust: &TestCa) -> TlsSetup {
+    issuer.setup_trusting(ClusterId(9), node, trust).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,13 +26,48 @@ mod keys;
 mod noise;
 mod preamble;
 mod record;
+#[cfg(any(test, feature = "test-ca"))]
+mod test_ca;
 mod tls;
 
 pub use keys::{KeyError, Keypair, MemberError, Members, PublicKey, SecretKey, KEY_LEN};
 pub use noise::{Established, Handshake, NOISE_PARAMS};
 pub use preamble::{Auth, PREAMBLE_LEN};
 pub use record::{Opener, RecordError, Sealer, MAX_RECORD, RECORD_HEADER, RECORD_TAG};
+#[cfg(any(test, feature = "test-ca"))]
+pub use test_ca::{Issued, TestCa};
 pub use tls::{node_name, TlsHandshake, TlsSetup, TlsSetupError};
+
+/// A path handshake of either kind, for callers that run whichever the
+/// configuration chose.
+#[derive(Debug)]
+pub enum PathHandshake {
+    /// Noise XX with member keys.
+    Noise(Box<Handshake>),
+    /// Mutual TLS with certificates.
+    Tls(Box<TlsHandshake>),
+}
+
+impl PathHandshake {
+    /// See [`Handshake::poll_transmit`].
+    pub fn poll_transmit(&mut self, out: &mut bytes::BytesMut) -> bool {
+        match self {
+            PathHandshake::Noise(h) => h.poll_transmit(out),
+            PathHandshake::Tls(h) => h.poll_transmit(out),
+        }
+    }
+
+    /// See [`Handshake::handle_input`].
+    pub fn handle_input(
+        &mut self,
+        buf: &mut bytes::BytesMut,
+    ) -> Result<Option<Established>, SecureError> {
+        match self {
+            PathHandshake::Noise(h) => h.handle_input(buf),
+            PathHandshake::Tls(h) => h.handle_input(buf),
+        }
+    }
+}
 
 use crate::ids::{ClusterId, NodeId};
 

@@ -405,29 +405,11 @@ impl TlsHandshake {
 
 #[cfg(test)]
 mod tests {
+    use super::super::TestCa;
     use super::*;
-    use rcgen::{
-        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-        KeyUsagePurpose,
-    };
 
-    struct Ca {
-        cert: rcgen::Certificate,
-        key: KeyPair,
-    }
-
-    fn new_ca() -> Ca {
-        let key = KeyPair::generate().unwrap();
-        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        p.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        Ca {
-            cert: p.self_signed(&key).unwrap(),
-            key,
-        }
+    fn new_ca() -> TestCa {
+        TestCa::new(ClusterId(7)).unwrap()
     }
 
     /// A setup for `node` of `cluster` whose certificate names `named`
@@ -436,28 +418,21 @@ mod tests {
         cluster: u64,
         node: u64,
         named: (u64, u64),
-        issuer: &Ca,
-        trust: &Ca,
+        issuer: &TestCa,
+        trust: &TestCa,
     ) -> Result<TlsSetup, TlsSetupError> {
-        let key = KeyPair::generate().unwrap();
-        let name = node_name(ClusterId(named.0), NodeId(named.1));
-        let mut p = CertificateParams::new(vec![name]).unwrap();
-        p.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let cert = p.signed_by(&key, &issuer.cert, &issuer.key).unwrap();
+        let i = issuer.issue(ClusterId(named.0), NodeId(named.1)).unwrap();
         TlsSetup::from_pem(
             ClusterId(cluster),
             NodeId(node),
-            cert.pem().as_bytes(),
-            key.serialize_pem().as_bytes(),
-            trust.cert.pem().as_bytes(),
+            i.cert_pem.as_bytes(),
+            i.key_pem.as_bytes(),
+            trust.cert_pem().as_bytes(),
         )
     }
 
-    fn setup(node: u64, ca: &Ca) -> TlsSetup {
-        setup_named(7, node, (7, node), ca, ca).unwrap()
+    fn setup(node: u64, ca: &TestCa) -> TlsSetup {
+        ca.setup(ClusterId(7), NodeId(node)).unwrap()
     }
 
     /// Runs both sides to completion (or the first error of either); also
