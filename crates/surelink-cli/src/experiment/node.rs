@@ -306,18 +306,22 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
                             next_id += 1;
                             counts.calls.fetch_add(1, Relaxed);
                             let ep = ep.clone();
+                            let outages = counts.outages.load(Relaxed);
                             pending.push(async move {
                                 let mut body = vec![0u8; request_size(sizes, id)];
                                 body[..8].copy_from_slice(&id.to_be_bytes());
                                 let r = ep.call(peer, 0, Bytes::from(body), Duration::from_secs(30)).await;
-                                (id, sent, r)
+                                (id, sent, outages, r)
                             });
                         }
-                        Some((id, sent, r)) = pending.next() => match r {
+                        Some((id, sent, outages, r)) = pending.next() => match r {
                             Ok(r) => {
                                 counts.replies.fetch_add(1, Relaxed);
                                 let took = wall_us().saturating_sub(sent);
-                                counts.record_rtt(took);
+                                // Made and answered with no outage of every
+                                // link in between (the controller says when).
+                                let pathful = outages % 2 == 0 && counts.outages.load(Relaxed) == outages;
+                                counts.record_rtt(took, pathful);
                                 if quiet && took > 200_000 {
                                     // Slow calls are worth a line even when quiet.
                                     emit(json!({"t": wall_us(), "ev": "slow_call", "id": id, "sent": sent, "us": took}));
@@ -434,6 +438,11 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
                         ep.testing().inject_delay(point, Duration::from_millis(ms.parse()?));
                     }
                     ["rcvbuf", bytes] => ep.testing().set_heartbeat_recv_buffer(bytes.parse()?)?,
+                    // The controller cut (or restored) every link: calls
+                    // overlapping that are counted apart.
+                    ["outage", "on" | "off"] => {
+                        counts.outages.fetch_add(1, Relaxed);
+                    }
                     _ => bail!("unknown command {line:?}"),
                 }
                 emit(json!({"t": wall_us(), "ev": "ack", "cmd": line}));
@@ -466,22 +475,36 @@ struct Counts {
     wrong: AtomicU64,
     /// Call latency from the request's scheduled time to its reply, µs.
     rtt_us: Mutex<Option<hdrhistogram::Histogram<u64>>>,
+    /// The same, only calls made and answered while some path existed.
+    pathful_us: Mutex<Option<hdrhistogram::Histogram<u64>>>,
+    /// Outage boundaries announced by the controller (odd: in an outage
+    /// of every link).
+    outages: AtomicU64,
 }
 
 impl Counts {
-    fn record_rtt(&self, us: u64) {
-        let mut h = self.rtt_us.lock().unwrap_or_else(|e| e.into_inner());
-        let h = h.get_or_insert_with(|| {
-            hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap_or_else(|_| {
-                hdrhistogram::Histogram::new(3).unwrap_or_else(|_| unreachable!())
-            })
-        });
-        let _ = h.record(us.max(1));
+    fn record_rtt(&self, us: u64, pathful: bool) {
+        let hists = if pathful {
+            &[&self.rtt_us, &self.pathful_us][..]
+        } else {
+            &[&self.rtt_us][..]
+        };
+        for m in hists {
+            let mut h = m.lock().unwrap_or_else(|e| e.into_inner());
+            let h = h.get_or_insert_with(|| {
+                hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap_or_else(|_| {
+                    hdrhistogram::Histogram::new(3).unwrap_or_else(|_| unreachable!())
+                })
+            });
+            let _ = h.record(us.max(1));
+        }
     }
 
-    /// p50, p99, p99.9 and max call latency, µs (zeros before any reply).
-    fn rtt(&self) -> [u64; 4] {
-        let h = self.rtt_us.lock().unwrap_or_else(|e| e.into_inner());
+    /// p50, p99, p99.9 and max call latency, µs (zeros before any reply);
+    /// `pathful`: only calls that met no outage of every link.
+    fn rtt(&self, pathful: bool) -> [u64; 4] {
+        let m = if pathful { &self.pathful_us } else { &self.rtt_us };
+        let h = m.lock().unwrap_or_else(|e| e.into_inner());
         match &*h {
             Some(h) if !h.is_empty() => [
                 h.value_at_quantile(0.5),
@@ -535,12 +558,15 @@ fn summary(
 ) -> serde_json::Value {
     match role {
         Role::Sender => {
-            let [p50, p99, p999, max] = c.rtt();
+            let [p50, p99, p999, max] = c.rtt(false);
+            let [q50, q99, q999, qmax] = c.rtt(true);
             json!({"t": wall_us(), "ev": ev,
                 "sent": c.sent.load(Relaxed), "calls": c.calls.load(Relaxed),
                 "replies": c.replies.load(Relaxed), "call_errors": c.call_errors.load(Relaxed),
                 "wrong": c.wrong.load(Relaxed),
-                "call_p50_us": p50, "call_p99_us": p99, "call_p999_us": p999, "call_max_us": max})
+                "call_p50_us": p50, "call_p99_us": p99, "call_p999_us": p999, "call_max_us": max,
+                "pathful_p50_us": q50, "pathful_p99_us": q99, "pathful_p999_us": q999,
+                "pathful_max_us": qmax})
         }
         Role::Receiver => {
             let s = check.lock().unwrap_or_else(|e| e.into_inner());
