@@ -503,7 +503,11 @@ impl Counts {
     /// p50, p99, p99.9 and max call latency, µs (zeros before any reply);
     /// `pathful`: only calls that met no outage of every link.
     fn rtt(&self, pathful: bool) -> [u64; 4] {
-        let m = if pathful { &self.pathful_us } else { &self.rtt_us };
+        let m = if pathful {
+            &self.pathful_us
+        } else {
+            &self.rtt_us
+        };
         let h = m.lock().unwrap_or_else(|e| e.into_inner());
         match &*h {
             Some(h) if !h.is_empty() => [
