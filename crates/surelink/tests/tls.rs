@@ -16,6 +16,15 @@ use surelink::Request;
 const SERVER: NodeId = NodeId(1);
 const CLIENT: NodeId = NodeId(2);
 
+/// One echo call from `client` to the server, checked.
+async fn echo(client: &surelink::Endpoint, body: &'static [u8]) {
+    let reply = client
+        .call(SERVER, 0, Bytes::from_static(body), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(&reply[..], body);
+}
+
 fn new_ca() -> TestCa {
     TestCa::new(ClusterId(9)).unwrap()
 }
@@ -37,16 +46,7 @@ async fn nodes_with_certificates_talk_and_their_heartbeats_are_authenticated() {
     lb.client.identity = None;
     let LoopbackPair { server, client } = lb.start().await.unwrap();
     server.serve(|r: Request| async move { r.body });
-    let reply = client
-        .call(
-            SERVER,
-            0,
-            Bytes::from_static(b"over tls"),
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
-    assert_eq!(&reply[..], b"over tls");
+    echo(&client, b"over tls").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let heard = |ep: &surelink::Endpoint| {
         let d = ep.stats().detector.unwrap();
@@ -79,16 +79,7 @@ async fn nodes_with_certificates_talk_and_their_heartbeats_are_authenticated() {
         s_refused + c_refused <= 4,
         "refused {s_refused} + {c_refused}"
     );
-    let reply = client
-        .call(
-            SERVER,
-            0,
-            Bytes::from_static(b"again"),
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
-    assert_eq!(&reply[..], b"again");
+    echo(&client, b"again").await;
     let st = server.stats();
     assert_eq!(st.sessions.len(), 1);
     assert_eq!(st.handshakes_failed, 0);

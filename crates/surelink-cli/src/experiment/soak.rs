@@ -346,19 +346,23 @@ pub(crate) async fn run(args: &SoakArgs) -> Result<()> {
         n(&t, "replies"),
         path.display()
     );
+    let ms = |key: &str| n(&t, key) as f64 / 1e3;
+    let latency = |prefix: &str| {
+        format!(
+            "p50 {:.1} ms, p99 {:.1} ms, p99.9 {:.1} ms, max {:.1} ms",
+            ms(&format!("{prefix}_p50_us")),
+            ms(&format!("{prefix}_p99_us")),
+            ms(&format!("{prefix}_p999_us")),
+            ms(&format!("{prefix}_max_us")),
+        )
+    };
     println!(
-        "soak: call latency (from its scheduled time) p50 {:.1} ms, p99 {:.1} ms, p99.9 {:.1} ms, max {:.1} ms; fences {fenced}",
-        n(&t, "call_p50_us") as f64 / 1e3,
-        n(&t, "call_p99_us") as f64 / 1e3,
-        n(&t, "call_p999_us") as f64 / 1e3,
-        n(&t, "call_max_us") as f64 / 1e3,
+        "soak: call latency (from its scheduled time) {}; fences {fenced}",
+        latency("call")
     );
     println!(
-        "soak: calls that met no outage of every link: p50 {:.1} ms, p99 {:.1} ms, p99.9 {:.1} ms, max {:.1} ms",
-        n(&t, "pathful_p50_us") as f64 / 1e3,
-        n(&t, "pathful_p99_us") as f64 / 1e3,
-        n(&t, "pathful_p999_us") as f64 / 1e3,
-        n(&t, "pathful_max_us") as f64 / 1e3,
+        "soak: calls that met no outage of every link: {}",
+        latency("pathful")
     );
     // The slowest calls, and what the schedule was doing when they were made.
     let mut slow: Vec<&Value> = t_end.iter().filter(|v| v["ev"] == "slow_call").collect();
