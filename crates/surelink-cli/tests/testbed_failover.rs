@@ -2,7 +2,10 @@
 //! (`surelink testbed up`), a receiver and a streaming sender as separate
 //! processes, and every fault of the failover experiment hitting network 1
 //! in turn (link down, one-way drop, both-way drop, 10 % loss, connection
-//! kill, blackhole route). Nothing may be lost, duplicated or reordered.
+//! kill, blackhole route), then the sender's routes out cut on both
+//! networks at once. Nothing may be lost, duplicated or reordered, and the
+//! sender reconnects within 150 ms of its routes coming back. Default
+//! configuration.
 //!
 //! Needs root, `ip`, `ss` and `nft`; without them the test prints a
 //! SKIPPED notice and does nothing (`.ci/run` runs as root and installs
@@ -115,25 +118,12 @@ fn no_loss_duplicate_or_reorder_under_every_fault_on_a_real_network() {
     let keys = std::env::temp_dir().join(format!("surelink-testbed-keys-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&keys);
     let keys_arg = keys.display().to_string();
-    let detector = [
-        "--interval-ms",
-        "10",
-        "--timeout-ms",
-        "150",
-        "--path-timeout-ms",
-        "50",
-        "--slack-ms",
-        "100",
-        "--network-delay-ms",
-        "10",
-    ];
     let mut args = vec![
         "--role",
         "receiver",
         "--local",
         "10.77.1.2:7400,10.77.2.2:7400",
     ];
-    args.extend(detector);
     args.extend(["--key-dir", &keys_arg]);
     let rx = Node::start("sl-b", &args);
     assert!(
@@ -150,7 +140,6 @@ fn no_loss_duplicate_or_reorder_under_every_fault_on_a_real_network() {
         "--stream-ms",
         "1",
     ];
-    args.extend(detector);
     args.extend(["--key-dir", &keys_arg]);
     let tx = Node::start("sl-a", &args);
     assert!(
@@ -171,6 +160,19 @@ fn no_loss_duplicate_or_reorder_under_every_fault_on_a_real_network() {
         surelink(&["testbed", "undo", fault]).unwrap();
         std::thread::sleep(Duration::from_millis(800));
     }
+    // Both ways out of the sender cut (a blackhole route on each network)
+    // while the receiver still reaches it: the sender keeps hearing the
+    // peer, so no "heard again" comes when the routes return; its dial
+    // loops must keep trying rather than back off.
+    let cut = Instant::now();
+    for net in ["1", "2"] {
+        surelink(&["testbed", "fault", "blackhole", "--network", net]).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(400));
+    for net in ["1", "2"] {
+        surelink(&["testbed", "undo", "blackhole", "--network", net]).unwrap();
+    }
+    let healed = Instant::now();
     std::thread::sleep(Duration::from_millis(1000));
     let tx_lines = tx.stop();
     let rx_lines = rx.stop();
@@ -198,9 +200,39 @@ fn no_loss_duplicate_or_reorder_under_every_fault_on_a_real_network() {
             "message {i}: lost, duplicated or out of order"
         );
     }
+    // The longest gap between arrivals around the cut: the cut's own
+    // length, plus at most 150 ms to reconnect once the routes are back.
+    let wall = |i: Instant| {
+        let ago = Instant::now().duration_since(i);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        u64::try_from(now.saturating_sub(ago).as_micros()).unwrap()
+    };
+    let (from, to) = (wall(cut) - 100_000, wall(healed) + 900_000);
+    let times: Vec<u64> = rx_lines
+        .iter()
+        .filter(|v| v["ev"] == "msg")
+        .filter_map(|v| v["t"].as_u64())
+        .filter(|t| (from..to).contains(t))
+        .collect();
+    let gap = times
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or(u64::MAX);
+    let cut_us = u64::try_from(healed.duration_since(cut).as_micros()).unwrap();
+    assert!(
+        gap <= cut_us + 150_000,
+        "messages stopped for {} ms around a {} ms cut of the sender's routes: it was slow to re-dial",
+        gap / 1000,
+        cut_us / 1000
+    );
     let silent = rx_lines.iter().filter(|v| v["ev"] == "path_silent").count();
     eprintln!(
-        "testbed_failover: {} messages in order, none lost or doubled; {silent} path failovers by the detector",
-        seqs.len()
+        "testbed_failover: {} messages in order, none lost or doubled; {silent} path failovers by the detector; {} ms without messages around a {} ms cut of every route out",
+        seqs.len(),
+        gap / 1000,
+        cut_us / 1000
     );
 }

@@ -422,7 +422,7 @@ fn feed(
     }
 }
 
-fn configure(stream: &TcpStream, shared: &Shared) {
+pub(crate) fn configure(stream: &TcpStream, shared: &Shared) {
     let _ = stream.set_nodelay(true);
     if let Some(t) = shared.config.tcp_user_timeout {
         let _ = SockRef::from(stream).set_tcp_user_timeout(Some(t));
@@ -502,7 +502,7 @@ pub(crate) fn start(
 
 /// Binds `socket` to a network interface (`SO_BINDTODEVICE`), so its
 /// traffic cannot leave by another network's interface.
-fn bind_device(socket: &TcpSocket, device: Option<&str>) -> io::Result<()> {
+pub(crate) fn bind_device(socket: &TcpSocket, device: Option<&str>) -> io::Result<()> {
     match device {
         Some(d) => SockRef::from(socket).bind_device(Some(d.as_bytes())),
         None => Ok(()),
@@ -521,43 +521,6 @@ pub(crate) fn listen(addr: SocketAddr, device: Option<&str>) -> io::Result<TcpLi
     socket.bind(addr)?;
     socket.listen(1024)
 }
-
-/// Dials `remote` from the IP of `local`.
-///
-/// A SYN lost in an outage would wait for the kernel's SYN retransmission
-/// (1 s, then 3 s) even after the path is back. So an attempt unanswered
-/// for 50 ms is dropped and a fresh one (a new SYN) sent, the wait
-/// doubling each time (a WAN peer with a longer round trip still
-/// connects), until `timeout` in all.
-pub(crate) async fn dial(
-    local: SocketAddr,
-    remote: SocketAddr,
-    device: Option<&str>,
-    timeout: Duration,
-) -> io::Result<TcpStream> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut attempt = FIRST_SYN_WAIT;
-    loop {
-        let socket = if remote.is_ipv4() {
-            TcpSocket::new_v4()?
-        } else {
-            TcpSocket::new_v6()?
-        };
-        bind_device(&socket, device)?;
-        socket.bind(SocketAddr::new(local.ip(), 0))?;
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        if left.is_zero() {
-            return Err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out"));
-        }
-        match tokio::time::timeout(attempt.min(left), socket.connect(remote)).await {
-            Ok(r) => return r,
-            Err(_) => attempt *= 2,
-        }
-    }
-}
-
-/// How long the first connect attempt waits for the SYN-ACK.
-const FIRST_SYN_WAIT: Duration = Duration::from_millis(50);
 
 /// Accepts connections on network `network` for ever; each one's
 /// handshake runs in its own task, under the accept limits.
@@ -624,71 +587,5 @@ async fn accepted(
     }
     if let Err(e) = start(&shared, stream, network, None, secured, Some(slot)) {
         debug!(%from, error = %e, "accepted connection vanished");
-    }
-}
-
-/// Keeps `connections` connections to `peer` on one network, re-dialling with
-/// capped exponential backoff.
-pub(crate) async fn dial_loop(
-    shared: Arc<Shared>,
-    peer: NodeId,
-    network: usize,
-    local: SocketAddr,
-    remote: SocketAddr,
-) {
-    let cfg = &shared.config;
-    let mut backoff = cfg.reconnect_initial;
-    loop {
-        let device = cfg.devices.get(network).and_then(|d| d.as_deref());
-        // A connect whose SYN was lost in an outage waits for the kernel's
-        // SYN retransmission (1 s, then 3 s): when the path is heard again
-        // meanwhile, drop it and send a fresh SYN at once.
-        let attempt = tokio::select! {
-            r = dial(local, remote, device, cfg.connect_timeout) => r,
-            _ = shared.redial.notified() => {
-                debug!(%peer, network, "path heard again during a connect: dialling afresh");
-                backoff = cfg.reconnect_initial;
-                continue;
-            }
-        };
-        match attempt {
-            Ok(mut stream) => {
-                configure(&stream, &shared);
-                let secured = match &shared.secure {
-                    None => Ok(None),
-                    Some(setup) => {
-                        let t = cfg.core.handshake_timeout;
-                        crate::secure::handshake(setup, &mut stream, Some(peer), t)
-                            .await
-                            .map(Some)
-                    }
-                };
-                match secured {
-                    Ok(secured) => match start(&shared, stream, network, Some(peer), secured, None)
-                    {
-                        Ok(done) => {
-                            backoff = cfg.reconnect_initial;
-                            let _ = done.await;
-                        }
-                        Err(e) => debug!(%peer, network, error = %e, "connection vanished"),
-                    },
-                    Err(e) => {
-                        shared.stats.handshake_failed();
-                        if let Some(n) = shared
-                            .log_handshake
-                            .allow(shared.now().since_origin().as_secs())
-                        {
-                            warn!(%peer, network, %remote, error = %e, suppressed = n, "handshake with the dialled peer failed");
-                        }
-                    }
-                }
-            }
-            Err(e) => debug!(%peer, network, %remote, error = %e, "dial failed"),
-        }
-        // A silent path heard again is worth trying at once.
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => backoff = (backoff * 2).min(cfg.reconnect_max),
-            _ = shared.redial.notified() => backoff = cfg.reconnect_initial,
-        }
     }
 }

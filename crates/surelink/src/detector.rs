@@ -382,6 +382,18 @@ impl Detector {
         lock(&self.dests).insert((peer, network), addr);
     }
 
+    /// Whether `peer` is heard on `network` now: its heartbeats (or
+    /// traffic) arrive and the path is not reported silent. A dial loop
+    /// retries at once while this holds: the peer is alive on that network,
+    /// so a failed connect means our way there is cut for now (a one-way
+    /// fault or a route gone), and no "heard again" will come to wake it.
+    pub(crate) fn hears(&self, peer: NodeId, network: usize) -> bool {
+        let Ok(network) = u16::try_from(network) else {
+            return false;
+        };
+        lock(&self.checker).monitor.is_down(Watch { peer, network }) == Some(false)
+    }
+
     /// The cell a connection to `peer` on `network` stamps on every read
     /// (traffic counts as a heartbeat). An atomic store per read instead of
     /// a lock; the checker folds the stamps in before every check.

@@ -222,7 +222,7 @@ impl Endpoint {
                 d.add_destination(p.node, network, *remote);
             }
             for _ in 0..cfg.connections_per_network {
-                self.shared.spawn(conn::dial_loop(
+                self.shared.spawn(crate::dial::dial_loop(
                     self.shared.clone(),
                     p.node,
                     network,

@@ -47,6 +47,7 @@ mod call;
 mod config;
 mod conn;
 mod detector;
+mod dial;
 mod endpoint;
 mod error;
 mod events;

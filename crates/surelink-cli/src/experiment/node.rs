@@ -320,8 +320,15 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
                                 let took = wall_us().saturating_sub(sent);
                                 // Made and answered with no outage of every
                                 // link in between (the controller says when).
-                                let pathful = outages % 2 == 0 && counts.outages.load(Relaxed) == outages;
+                                let now_outages = counts.outages.load(Relaxed);
+                                let pathful = outages % 2 == 0 && now_outages == outages;
                                 counts.record_rtt(took, pathful);
+                                if !pathful && now_outages % 2 == 0 {
+                                    // How long it still took once every
+                                    // link was back: the recovery's share.
+                                    let off = counts.outage_off_us.load(Relaxed);
+                                    counts.record_after_outage(wall_us().saturating_sub(off.max(sent)));
+                                }
                                 if quiet && took > 200_000 {
                                     // Slow calls are worth a line even when quiet.
                                     emit(json!({"t": wall_us(), "ev": "slow_call", "id": id, "sent": sent, "us": took}));
@@ -440,7 +447,10 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
                     ["rcvbuf", bytes] => ep.testing().set_heartbeat_recv_buffer(bytes.parse()?)?,
                     // The controller cut (or restored) every link: calls
                     // overlapping that are counted apart.
-                    ["outage", "on" | "off"] => {
+                    ["outage", on_off @ ("on" | "off")] => {
+                        if *on_off == "off" {
+                            counts.outage_off_us.store(wall_us(), Relaxed);
+                        }
                         counts.outages.fetch_add(1, Relaxed);
                     }
                     _ => bail!("unknown command {line:?}"),
@@ -477,47 +487,50 @@ struct Counts {
     rtt_us: Mutex<Option<hdrhistogram::Histogram<u64>>>,
     /// The same, only calls made and answered while some path existed.
     pathful_us: Mutex<Option<hdrhistogram::Histogram<u64>>>,
+    /// For calls that met an outage of every link: how long after the
+    /// outage ended their reply came, µs.
+    after_outage_us: Mutex<Option<hdrhistogram::Histogram<u64>>>,
     /// Outage boundaries announced by the controller (odd: in an outage
     /// of every link).
     outages: AtomicU64,
+    /// Wall time of the last outage's end, µs.
+    outage_off_us: AtomicU64,
+}
+
+fn record(m: &Mutex<Option<hdrhistogram::Histogram<u64>>>, us: u64) {
+    let mut h = m.lock().unwrap_or_else(|e| e.into_inner());
+    let h = h.get_or_insert_with(|| {
+        hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
+            .unwrap_or_else(|_| hdrhistogram::Histogram::new(3).unwrap_or_else(|_| unreachable!()))
+    });
+    let _ = h.record(us.max(1));
+}
+
+/// p50, p99, p99.9, max and count (zeros when empty).
+fn quantiles(m: &Mutex<Option<hdrhistogram::Histogram<u64>>>) -> [u64; 5] {
+    let h = m.lock().unwrap_or_else(|e| e.into_inner());
+    match &*h {
+        Some(h) if !h.is_empty() => [
+            h.value_at_quantile(0.5),
+            h.value_at_quantile(0.99),
+            h.value_at_quantile(0.999),
+            h.max(),
+            h.len(),
+        ],
+        _ => [0; 5],
+    }
 }
 
 impl Counts {
     fn record_rtt(&self, us: u64, pathful: bool) {
-        let hists = if pathful {
-            &[&self.rtt_us, &self.pathful_us][..]
-        } else {
-            &[&self.rtt_us][..]
-        };
-        for m in hists {
-            let mut h = m.lock().unwrap_or_else(|e| e.into_inner());
-            let h = h.get_or_insert_with(|| {
-                hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap_or_else(|_| {
-                    hdrhistogram::Histogram::new(3).unwrap_or_else(|_| unreachable!())
-                })
-            });
-            let _ = h.record(us.max(1));
+        record(&self.rtt_us, us);
+        if pathful {
+            record(&self.pathful_us, us);
         }
     }
 
-    /// p50, p99, p99.9 and max call latency, µs (zeros before any reply);
-    /// `pathful`: only calls that met no outage of every link.
-    fn rtt(&self, pathful: bool) -> [u64; 4] {
-        let m = if pathful {
-            &self.pathful_us
-        } else {
-            &self.rtt_us
-        };
-        let h = m.lock().unwrap_or_else(|e| e.into_inner());
-        match &*h {
-            Some(h) if !h.is_empty() => [
-                h.value_at_quantile(0.5),
-                h.value_at_quantile(0.99),
-                h.value_at_quantile(0.999),
-                h.max(),
-            ],
-            _ => [0; 4],
-        }
+    fn record_after_outage(&self, us: u64) {
+        record(&self.after_outage_us, us);
     }
 }
 
@@ -562,15 +575,17 @@ fn summary(
 ) -> serde_json::Value {
     match role {
         Role::Sender => {
-            let [p50, p99, p999, max] = c.rtt(false);
-            let [q50, q99, q999, qmax] = c.rtt(true);
+            let [p50, p99, p999, max, _] = quantiles(&c.rtt_us);
+            let [q50, q99, q999, qmax, _] = quantiles(&c.pathful_us);
+            let [_, a99, a999, amax, an] = quantiles(&c.after_outage_us);
             json!({"t": wall_us(), "ev": ev,
                 "sent": c.sent.load(Relaxed), "calls": c.calls.load(Relaxed),
                 "replies": c.replies.load(Relaxed), "call_errors": c.call_errors.load(Relaxed),
                 "wrong": c.wrong.load(Relaxed),
                 "call_p50_us": p50, "call_p99_us": p99, "call_p999_us": p999, "call_max_us": max,
                 "pathful_p50_us": q50, "pathful_p99_us": q99, "pathful_p999_us": q999,
-                "pathful_max_us": qmax})
+                "pathful_max_us": qmax, "outage_calls": an, "after_outage_p99_us": a99,
+                "after_outage_p999_us": a999, "after_outage_max_us": amax})
         }
         Role::Receiver => {
             let s = check.lock().unwrap_or_else(|e| e.into_inner());

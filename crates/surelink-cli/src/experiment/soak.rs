@@ -329,6 +329,9 @@ pub(crate) async fn run(args: &SoakArgs) -> Result<()> {
             "p999": n(&t, "call_p999_us"), "max": n(&t, "call_max_us")},
         "call_latency_with_a_path_us": {"p50": n(&t, "pathful_p50_us"), "p99": n(&t, "pathful_p99_us"),
             "p999": n(&t, "pathful_p999_us"), "max": n(&t, "pathful_max_us")},
+        "calls_that_met_a_full_outage": n(&t, "outage_calls"),
+        "their_wait_after_it_ended_us": {"p99": n(&t, "after_outage_p99_us"),
+            "p999": n(&t, "after_outage_p999_us"), "max": n(&t, "after_outage_max_us")},
         "fences": fenced,
         "blips": args.blips,
         "longest_full_outage_ms": longest_outage.as_millis() as u64,
@@ -364,6 +367,16 @@ pub(crate) async fn run(args: &SoakArgs) -> Result<()> {
         "soak: calls that met no outage of every link: {}",
         latency("pathful")
     );
+    if n(&t, "outage_calls") > 0 {
+        println!(
+            "soak: {} calls ({:.2} %) met an outage of every link; their replies came p99 {:.1} ms, p99.9 {:.1} ms, max {:.1} ms after it ended",
+            n(&t, "outage_calls"),
+            100.0 * n(&t, "outage_calls") as f64 / n(&t, "calls").max(1) as f64,
+            ms("after_outage_p99_us"),
+            ms("after_outage_p999_us"),
+            ms("after_outage_max_us"),
+        );
+    }
     // The slowest calls, and what the schedule was doing when they were made.
     let mut slow: Vec<&Value> = t_end.iter().filter(|v| v["ev"] == "slow_call").collect();
     slow.sort_by_key(|v| std::cmp::Reverse(n(v, "us")));

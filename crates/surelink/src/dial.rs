@@ -1,0 +1,181 @@
+//! Dialling configured peers and keeping a connection to each on every
+//! network: connect attempts that do not wait for the kernel's SYN
+//! retransmission, and a re-dial policy led by the failure detector (try
+//! at once while the peer is heard, back off while it is silent).
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use surelink_proto::NodeId;
+
+use crate::conn::{bind_device, configure, start};
+use crate::shared::Shared;
+
+/// How long the first connect attempt waits for the SYN-ACK before a
+/// fresh one joins it.
+const FIRST_SYN_WAIT: Duration = Duration::from_millis(50);
+
+/// Connect attempts in flight at once; the oldest is dropped for a new
+/// one. With the 50 ms gap while the peer is heard, an attempt lives
+/// 400 ms: longer than any round trip a cluster fabric sees.
+const MAX_ATTEMPTS: usize = 8;
+
+type Attempt = Pin<Box<dyn Future<Output = io::Result<TcpStream>> + Send>>;
+
+/// One connect: a fresh socket (a new source port, so a new SYN).
+fn attempt(local: SocketAddr, remote: SocketAddr, device: Option<&str>) -> io::Result<Attempt> {
+    let socket = if remote.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    bind_device(&socket, device)?;
+    socket.bind(SocketAddr::new(local.ip(), 0))?;
+    Ok(Box::pin(socket.connect(remote)))
+}
+
+/// Dials `remote` from the IP of `local`.
+///
+/// A SYN lost in an outage would wait for the kernel's SYN retransmission
+/// (1 s, then 3 s) even after the path is back. So while no attempt has
+/// completed, a fresh one (a new SYN) starts every gap, the earlier ones
+/// kept (a peer whose round trip is longer than the gap still connects;
+/// at most [`MAX_ATTEMPTS`]), and the first to complete wins. The gap
+/// starts at 50 ms and doubles — unless `heard()` says the peer is alive on
+/// this network, so only our way there is cut: then it stays at 50 ms, and
+/// the connection is back within that of the cut healing. An attempt that
+/// fails (refused, unreachable) ends the dial with its error; `timeout`
+/// bounds it in all.
+pub(crate) async fn dial(
+    local: SocketAddr,
+    remote: SocketAddr,
+    device: Option<&str>,
+    timeout: Duration,
+    heard: impl Fn() -> bool,
+) -> io::Result<TcpStream> {
+    let deadline = Instant::now() + timeout;
+    let mut gap = FIRST_SYN_WAIT;
+    let mut attempts: VecDeque<Attempt> = VecDeque::with_capacity(MAX_ATTEMPTS);
+    loop {
+        if attempts.len() == MAX_ATTEMPTS {
+            attempts.pop_front();
+        }
+        attempts.push_back(attempt(local, remote, device)?);
+        let next = tokio::time::sleep_until((Instant::now() + gap).min(deadline));
+        tokio::pin!(next);
+        let done = std::future::poll_fn(|cx| {
+            for a in attempts.iter_mut() {
+                if let Poll::Ready(r) = a.as_mut().poll(cx) {
+                    return Poll::Ready(Some(r));
+                }
+            }
+            next.as_mut().poll(cx).map(|()| None)
+        })
+        .await;
+        if let Some(r) = done {
+            return r;
+        }
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out"));
+        }
+        gap = if heard() {
+            FIRST_SYN_WAIT
+        } else {
+            gap.saturating_mul(2)
+        };
+    }
+}
+
+/// Keeps a connection to `peer` on one network, re-dialling when it is
+/// lost: at once while the detector hears the peer there, with capped
+/// exponential backoff while it is silent (and at once when it is heard
+/// again).
+pub(crate) async fn dial_loop(
+    shared: Arc<Shared>,
+    peer: NodeId,
+    network: usize,
+    local: SocketAddr,
+    remote: SocketAddr,
+) {
+    let cfg = &shared.config;
+    // Heard on this network: alive there, so a failed connect means our way
+    // to it is cut for now (a one-way fault, a route gone) and no "heard
+    // again" will come to wake us.
+    let heard = || {
+        shared
+            .detector
+            .as_ref()
+            .is_some_and(|d| d.hears(peer, network))
+    };
+    let mut backoff = cfg.reconnect_initial;
+    loop {
+        // A refused handshake is a configuration problem, not a cut path:
+        // it always backs off.
+        let mut handshake_refused = false;
+        let device = cfg.devices.get(network).and_then(|d| d.as_deref());
+        // A path heard again during a connect: drop it and dial afresh.
+        let attempt = tokio::select! {
+            r = dial(local, remote, device, cfg.connect_timeout, &heard) => r,
+            _ = shared.redial.notified() => {
+                debug!(%peer, network, "path heard again during a connect: dialling afresh");
+                backoff = cfg.reconnect_initial;
+                continue;
+            }
+        };
+        match attempt {
+            Ok(mut stream) => {
+                configure(&stream, &shared);
+                let secured = match &shared.secure {
+                    None => Ok(None),
+                    Some(setup) => {
+                        let t = cfg.core.handshake_timeout;
+                        crate::secure::handshake(setup, &mut stream, Some(peer), t)
+                            .await
+                            .map(Some)
+                    }
+                };
+                match secured {
+                    Ok(secured) => match start(&shared, stream, network, Some(peer), secured, None)
+                    {
+                        Ok(done) => {
+                            backoff = cfg.reconnect_initial;
+                            let _ = done.await;
+                        }
+                        Err(e) => debug!(%peer, network, error = %e, "connection vanished"),
+                    },
+                    Err(e) => {
+                        handshake_refused = true;
+                        shared.stats.handshake_failed();
+                        if let Some(n) = shared
+                            .log_handshake
+                            .allow(shared.now().since_origin().as_secs())
+                        {
+                            warn!(%peer, network, %remote, error = %e, suppressed = n, "handshake with the dialled peer failed");
+                        }
+                    }
+                }
+            }
+            Err(e) => debug!(%peer, network, %remote, error = %e, "dial failed"),
+        }
+        // Cut, not silent: retry after the first delay (a connect costs a
+        // SYN). Silent: back off until it is heard again.
+        let fast = !handshake_refused && heard();
+        let wait = if fast { cfg.reconnect_initial } else { backoff };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => if !fast {
+                backoff = (backoff * 2).min(cfg.reconnect_max);
+            },
+            _ = shared.redial.notified() => backoff = cfg.reconnect_initial,
+        }
+    }
+}
