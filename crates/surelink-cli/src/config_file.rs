@@ -40,6 +40,15 @@
 //! timeout_ms = 150
 //! send_slack_ms = 100
 //! max_network_delay_ms = 10
+//!
+//! [cache]                                           # `surelink cache node`
+//! memory_mb = 64                                    # item memory (memcached -m)
+//! max_item = 1048576                                # memcached -I
+//!
+//! [proxy]                                           # `surelink cache proxy`
+//! listen = "127.0.0.1:11311"                        # memcached clients connect here
+//! nodes = [1, 2, 3]                                 # default: every [[peers]] node
+//! # max_clients = 10000; max_pipeline = 128; call_timeout_ms = 5000
 //! ```
 
 use std::net::SocketAddr;
@@ -85,6 +94,35 @@ struct File {
     #[serde(default)]
     detector: Detector,
     tls: Option<Tls>,
+    /// `surelink cache node`: the node's store.
+    cache: Option<CacheSection>,
+    /// `surelink cache proxy`: where clients connect and which nodes serve.
+    proxy: Option<ProxySection>,
+}
+
+/// `[cache]`: a cache node's store.
+#[derive(Deserialize, Debug, Clone, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CacheSection {
+    /// Memory for items, MiB (memcached's `-m`, default 64).
+    pub(crate) memory_mb: Option<u64>,
+    /// Largest item, bytes (memcached's `-I`, default 1 MiB).
+    pub(crate) max_item: Option<usize>,
+}
+
+/// `[proxy]`: the memcached-protocol listener of a proxy.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ProxySection {
+    /// Where memcached clients connect.
+    pub(crate) listen: SocketAddr,
+    /// The cache nodes (default: every `[[peers]]` entry).
+    #[serde(default)]
+    pub(crate) nodes: Vec<u64>,
+    pub(crate) max_item: Option<usize>,
+    pub(crate) max_clients: Option<usize>,
+    pub(crate) max_pipeline: Option<usize>,
+    pub(crate) call_timeout_ms: Option<u64>,
 }
 
 /// Mutual TLS instead of member keys (paths relative to the file).
@@ -147,6 +185,8 @@ struct Core {
 pub(crate) struct Loaded {
     pub(crate) config: Config,
     pub(crate) metrics: Option<SocketAddr>,
+    pub(crate) cache: Option<CacheSection>,
+    pub(crate) proxy: Option<ProxySection>,
 }
 
 pub(crate) fn load(path: &Path) -> Result<Loaded> {
@@ -317,6 +357,8 @@ pub(crate) fn parse(text: &str, base: &Path) -> Result<Loaded> {
     Ok(Loaded {
         config: c,
         metrics: f.metrics,
+        cache: f.cache,
+        proxy: f.proxy,
     })
 }
 

@@ -19,6 +19,7 @@
 #![allow(clippy::cast_possible_truncation)]
 
 mod bench;
+mod cache;
 mod certs;
 mod config_file;
 mod demo;
@@ -48,6 +49,9 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Run an echo server from a TOML configuration.
     Serve(serve::ServeArgs),
+    /// The memcached-compatible cache cluster: `node` and `proxy`.
+    #[command(subcommand)]
+    Cache(cache::CacheCommand),
     /// Call a peer (ping/echo) from a TOML configuration.
     Call(serve::CallArgs),
     /// Generate a node key pair (the secret to a file, the public key to
@@ -99,6 +103,7 @@ fn main() -> anyhow::Result<()> {
             Command::Stats(a) => stats::run(&a).await,
             Command::Bench(a) => bench::run(&a).await,
             Command::Testbed(a) => testbed::main(&a),
+            Command::Cache(c) => cache::main(&c).await,
             Command::Experiment(e) => experiment::run(&e).await,
             Command::ExperimentNode(a) => experiment::node::run(&a).await,
             Command::ExperimentTcpNode(a) => experiment::tcpnode::run(&a).await,

@@ -5,8 +5,10 @@
 //!
 //! The targets: the frame decoder, a session's input after a valid HELLO
 //! (DATA, BATCH, ACK, RESUME, CLOSE ... with any values), the Noise
-//! handshake on both sides, the record layer, and the detector's
-//! datagrams. Keys are fixed so a crash reproduces from its input.
+//! handshake on both sides, the mutual-TLS handshake on both sides (our
+//! preamble and framing around rustls), the record layer, and the
+//! detector's datagrams. Keys and certificates are fixed per process so a
+//! crash reproduces from its input.
 
 use std::sync::{Arc, OnceLock};
 
@@ -14,7 +16,10 @@ use bytes::BytesMut;
 use surelink_proto::detector::datagram::{
     decode_datagram, encode_barrier, encode_heartbeat, verify_heartbeat, Freshness, HeartbeatKey,
 };
-use surelink_proto::secure::{Handshake, Keypair, Members, Opener, Protection, Sealer, SecretKey};
+use surelink_proto::secure::{
+    Handshake, Keypair, Members, Opener, Protection, Sealer, SecretKey, TestCa, TlsHandshake,
+    TlsSetup,
+};
 use surelink_proto::{
     ClusterId, Endpoint, EndpointConfig, Epoch, LocalIdentity, NodeId, PathId, Time,
 };
@@ -23,10 +28,11 @@ use surelink_proto::{
 pub type Target = fn(&[u8]);
 
 /// Every target, by name (the names of `fuzz/fuzz_targets/*.rs`).
-pub const TARGETS: [(&str, Target); 5] = [
+pub const TARGETS: [(&str, Target); 6] = [
     ("frame_decoder", frame_decoder),
     ("session_input", session_input),
     ("handshake", handshake),
+    ("tls_handshake", tls_handshake),
     ("records", records),
     ("datagrams", datagrams),
 ];
@@ -155,6 +161,53 @@ pub fn handshake(data: &[u8]) {
     }
 }
 
+/// Nodes 1 and 2's TLS setups from one throwaway CA, made once per
+/// process (`None` if the CA cannot be made, which no input causes).
+fn tls_setups() -> Option<&'static [TlsSetup; 2]> {
+    static SETUPS: OnceLock<Option<[TlsSetup; 2]>> = OnceLock::new();
+    SETUPS
+        .get_or_init(|| {
+            let ca = TestCa::new(ClusterId(9)).ok()?;
+            Some([
+                ca.setup(ClusterId(9), NodeId(1)).ok()?,
+                ca.setup(ClusterId(9), NodeId(2)).ok()?,
+            ])
+        })
+        .as_ref()
+}
+
+/// The mutual-TLS handshake: a responder fed the fuzz bytes in chunks, and
+/// an initiator (after sending its first flight) fed them whole.
+pub fn tls_handshake(data: &[u8]) {
+    let Some([one, two]) = tls_setups() else {
+        return;
+    };
+    let p = if data.first().is_some_and(|b| b & 1 == 1) {
+        Protection::IntegrityOnly
+    } else {
+        Protection::Encrypt
+    };
+    if let Ok(mut r) = TlsHandshake::responder(one, p) {
+        let mut buf = BytesMut::new();
+        let mut out = BytesMut::new();
+        for c in chunks(data) {
+            buf.extend_from_slice(c);
+            let done = r.handle_input(&mut buf);
+            r.poll_transmit(&mut out);
+            if !matches!(done, Ok(None)) {
+                break;
+            }
+        }
+    }
+    if let Ok(mut i) = TlsHandshake::initiator(two, p, NodeId(1)) {
+        let mut out = BytesMut::new();
+        i.poll_transmit(&mut out);
+        let mut buf = BytesMut::from(data);
+        let _ = i.handle_input(&mut buf);
+        i.poll_transmit(&mut out);
+    }
+}
+
 /// The record layer: the fuzz bytes as a received stream, both modes.
 pub fn records(data: &[u8]) {
     for p in [Protection::Encrypt, Protection::IntegrityOnly] {
@@ -245,6 +298,24 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
                 let mut first = BytesMut::new();
                 i.poll_transmit(&mut first);
                 v.push(first.to_vec());
+            }
+        }
+        "tls_handshake" => {
+            // The client's first flight, and the server's answer to it.
+            if let Some([one, two]) = tls_setups() {
+                if let (Ok(mut i), Ok(mut r)) = (
+                    TlsHandshake::initiator(two, Protection::Encrypt, NodeId(1)),
+                    TlsHandshake::responder(one, Protection::Encrypt),
+                ) {
+                    let mut first = BytesMut::new();
+                    i.poll_transmit(&mut first);
+                    v.push(first.to_vec());
+                    let mut copy = first.clone();
+                    let _ = r.handle_input(&mut copy);
+                    let mut answer = BytesMut::new();
+                    r.poll_transmit(&mut answer);
+                    v.push(answer.to_vec());
+                }
             }
         }
         "records" => {

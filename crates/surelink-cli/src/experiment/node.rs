@@ -329,7 +329,7 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
                                     let off = counts.outage_off_us.load(Relaxed);
                                     counts.record_after_outage(wall_us().saturating_sub(off.max(sent)));
                                 }
-                                if quiet && took > 200_000 {
+                                if quiet && took > 100_000 {
                                     // Slow calls are worth a line even when quiet.
                                     emit(json!({"t": wall_us(), "ev": "slow_call", "id": id, "sent": sent, "us": took}));
                                 }

@@ -393,6 +393,42 @@ pub(crate) async fn run(args: &SoakArgs) -> Result<()> {
             step.map_or("none".to_string(), ToString::to_string)
         );
     }
+    // The slowest calls that met no outage of every link: failover's own
+    // tail, with the steps around them.
+    let full: Vec<(f64, f64)> = schedule
+        .iter()
+        .filter(|s| {
+            let f = |v: &Value| {
+                FAULTS
+                    .iter()
+                    .any(|&x| blocks_everything(x) && json!(x) == *v)
+            };
+            f(&s["fault"]) && s["other"]["fault"].as_str().is_some() && f(&s["other"]["fault"])
+        })
+        .filter_map(|s| {
+            let t = s["t_s"].as_f64()?;
+            Some((t, t + s["other"]["hold_ms"].as_f64()? / 1e3))
+        })
+        .collect();
+    let mut shown = 0;
+    for v in &slow {
+        let at = (n(v, "sent") as f64 - start_wall as f64) / 1e6;
+        let done = at + n(v, "us") as f64 / 1e6;
+        if full.iter().any(|&(a, b)| a <= done && at <= b) || shown >= 3 {
+            continue;
+        }
+        shown += 1;
+        let near: Vec<&Value> = schedule
+            .iter()
+            .filter(|s| s["t_s"].as_f64().is_some_and(|t| t > at - 1.5 && t <= done))
+            .collect();
+        println!(
+            "soak: slow call with a path {} sent at {at:.2} s took {:.0} ms; steps around it: {}",
+            n(v, "id"),
+            n(v, "us") as f64 / 1e3,
+            serde_json::to_string(&near).unwrap_or_default()
+        );
+    }
     if args.blips {
         let (p999, max) = (n(&t, "call_p999_us"), n(&t, "call_max_us"));
         let q999 = n(&t, "pathful_p999_us");

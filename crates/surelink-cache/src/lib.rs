@@ -1,0 +1,28 @@
+//! A memcached-compatible cache cluster on surelink: unmodified memcached
+//! clients talk to a [`Proxy`] on a local port; the proxy routes each key
+//! by consistent hashing ([`Ring`]) to a cache node over surelink sessions
+//! on every network, so a connection killed, a link down or silent one
+//! way costs a failover of milliseconds instead of an error; a node the
+//! detector reports dead leaves the ring until it is heard again.
+//!
+//! - [`text`]: memcached's text protocol (parser with memcached 1.6's
+//!   answers to bad input; command encoding for nodes);
+//! - [`Store`]: a node's embedded store, bounded in bytes (`quick_cache`);
+//! - [`StoreHandler`]: the node's surelink request handler;
+//! - [`Ring`], [`Proxy`].
+//!
+//! What it does not do: replicate items (a dead node's keys are lost, as
+//! with memcached), the binary or meta protocols, `gat`/`gats`, `stats`
+//! subcommands, `flush_all` with a delay.
+
+pub mod local;
+pub mod node;
+pub mod proxy;
+pub mod ring;
+pub mod store;
+pub mod text;
+
+pub use node::{StoreHandler, CACHE_CHANNEL};
+pub use proxy::{Proxy, ProxyConfig, ProxyConfigError, ProxyError};
+pub use ring::Ring;
+pub use store::{Store, StoreStats};

@@ -1,0 +1,191 @@
+//! A whole cache cluster in one process on loopback, over two networks:
+//! `n` cache nodes with the embedded store and one proxy endpoint dialling
+//! each on both — what the demo, the tests and `bench cache` start.
+//! Every endpoint has a fresh key pair and the others' public keys, and
+//! the product's default configuration.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use surelink::proto::{ClusterId, NodeId};
+use surelink::{BindError, Config, Endpoint, Keypair, Members, PeerConfig};
+
+use crate::proxy::{Proxy, ProxyConfig, ProxyError};
+use crate::store::Store;
+use crate::text::Limits;
+use crate::StoreHandler;
+
+/// The proxy endpoint's node id (cache nodes are 1..=n).
+pub const PROXY_NODE: NodeId = NodeId(100);
+
+/// Starting a local cluster failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    /// An endpoint did not bind.
+    #[error("binding node {node}: {source}")]
+    Bind {
+        /// The node.
+        node: NodeId,
+        /// Why.
+        source: BindError,
+    },
+    /// The OS random source failed making a key pair.
+    #[error("generating a key pair: {0}")]
+    Keys(String),
+    /// The proxy's paths to a node did not come up.
+    #[error("no paths to node {0} within 10 s")]
+    NoPaths(NodeId),
+    /// The proxy did not start.
+    #[error(transparent)]
+    Proxy(#[from] ProxyError),
+}
+
+/// A running cluster.
+pub struct LocalCluster {
+    /// Node ids, keys and listen addresses, to restart a node.
+    nodes: Vec<NodeSlot>,
+    members: Members,
+    /// The proxy's surelink endpoint.
+    pub proxy_ep: Arc<Endpoint>,
+    /// The proxy.
+    pub proxy: Proxy,
+    memory: u64,
+}
+
+struct NodeSlot {
+    id: NodeId,
+    keys: Keypair,
+    listen: Vec<SocketAddr>,
+    ep: Option<Endpoint>,
+}
+
+fn addr(net: u8, host: u8, port: u16) -> SocketAddr {
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, net, host)), port)
+}
+
+fn keypair() -> Result<Keypair, LocalError> {
+    Keypair::generate().map_err(|e| LocalError::Keys(e.to_string()))
+}
+
+/// Binds a cache node with a fresh embedded store (on its previous
+/// addresses after a restart).
+async fn bind_node(s: &mut NodeSlot, members: &Members, memory: u64) -> Result<(), LocalError> {
+    let mut cfg = Config::new(s.id, ClusterId(9));
+    cfg.identity = Some(s.keys.clone());
+    cfg.members = members.clone();
+    let host = 10u8.wrapping_add(s.id.0.to_le_bytes()[0]);
+    cfg.listen = if s.listen.is_empty() {
+        vec![addr(1, host, 0), addr(2, host, 0)]
+    } else {
+        s.listen.clone()
+    };
+    let ep = Endpoint::bind(cfg)
+        .await
+        .map_err(|source| LocalError::Bind { node: s.id, source })?;
+    ep.serve(StoreHandler::new(
+        Arc::new(Store::new(memory)),
+        Limits::default(),
+    ));
+    s.listen = ep.local_addrs();
+    s.ep = Some(ep);
+    Ok(())
+}
+
+impl LocalCluster {
+    /// `n` nodes with `memory` bytes each, and a proxy listening on
+    /// `listen` (port 0: any).
+    pub async fn start(
+        n: u64,
+        memory: u64,
+        listen: SocketAddr,
+    ) -> Result<LocalCluster, LocalError> {
+        let proxy_keys = keypair()?;
+        let mut members = Members::new();
+        let _ = members.insert(PROXY_NODE, proxy_keys.public());
+        let mut nodes = Vec::new();
+        for i in 1..=n {
+            let keys = keypair()?;
+            let _ = members.insert(NodeId(i), keys.public());
+            nodes.push(NodeSlot {
+                id: NodeId(i),
+                keys,
+                listen: Vec::new(),
+                ep: None,
+            });
+        }
+        for s in &mut nodes {
+            bind_node(s, &members, memory).await?;
+        }
+        let mut pc = Config::new(PROXY_NODE, ClusterId(9));
+        pc.identity = Some(proxy_keys);
+        pc.members = members.clone();
+        pc.dial_from = vec![addr(1, 2, 0), addr(2, 2, 0)];
+        pc.peers = nodes
+            .iter()
+            .map(|s| PeerConfig::new(s.id, s.listen.iter().copied().map(Some).collect()))
+            .collect();
+        let proxy_ep = Arc::new(
+            Endpoint::bind(pc)
+                .await
+                .map_err(|source| LocalError::Bind {
+                    node: PROXY_NODE,
+                    source,
+                })?,
+        );
+        for s in &nodes {
+            if !proxy_ep
+                .wait_for_paths(s.id, 2, Duration::from_secs(10))
+                .await
+            {
+                return Err(LocalError::NoPaths(s.id));
+            }
+        }
+        let ids = nodes.iter().map(|s| s.id).collect();
+        let proxy = Proxy::start(proxy_ep.clone(), ProxyConfig::new(listen, ids)).await?;
+        Ok(LocalCluster {
+            nodes,
+            members,
+            proxy_ep,
+            proxy,
+            memory,
+        })
+    }
+
+    /// The cache nodes' ids.
+    pub fn node_ids(&self) -> Vec<NodeId> {
+        self.nodes.iter().map(|s| s.id).collect()
+    }
+
+    /// A node's endpoint (`None` while it is stopped).
+    pub fn node(&self, id: NodeId) -> Option<&Endpoint> {
+        self.nodes.iter().find(|s| s.id == id)?.ep.as_ref()
+    }
+
+    /// Stops node `id` as a crash would: its tasks and sockets go at
+    /// once, without closing its sessions; its items are lost.
+    pub fn kill_node(&mut self, id: NodeId) {
+        if let Some(s) = self.nodes.iter_mut().find(|s| s.id == id) {
+            drop(s.ep.take());
+        }
+    }
+
+    /// Starts node `id` again, empty, on its old addresses.
+    pub async fn restart_node(&mut self, id: NodeId) -> Result<(), LocalError> {
+        let (members, memory) = (self.members.clone(), self.memory);
+        match self.nodes.iter_mut().find(|s| s.id == id) {
+            Some(s) if s.ep.is_none() => bind_node(s, &members, memory).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// Stops everything.
+    pub async fn shutdown(mut self) {
+        self.proxy.stop();
+        for s in &mut self.nodes {
+            if let Some(ep) = s.ep.take() {
+                ep.shutdown().await;
+            }
+        }
+    }
+}

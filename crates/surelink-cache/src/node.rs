@@ -1,0 +1,83 @@
+//! A cache node: a surelink server whose requests are memcached text
+//! commands (one per request, as the proxy forwards them) and whose
+//! replies are memcached's answers. The embedded [`Store`] serves them by
+//! default.
+//!
+//! Each command runs when the server starts the request, and the server
+//! starts one peer's requests in the order they were sent — so a proxy's
+//! pipelined `set k` then `get k` are applied in that order.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::{Bytes, BytesMut};
+use surelink::{Handler, HandlerError, HandlerFuture, Request};
+
+use crate::store::Store;
+use crate::text::{Command, Limits, Parser};
+
+/// The channel proxies send commands on.
+pub const CACHE_CHANNEL: u16 = 0;
+
+/// What a node refuses before running anything.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NodeError {
+    /// The request was not one whole memcached command.
+    #[error("request is not one memcached command")]
+    NotACommand,
+}
+
+impl From<NodeError> for HandlerError {
+    fn from(e: NodeError) -> HandlerError {
+        HandlerError::new(400, e.to_string())
+    }
+}
+
+/// Unix time in seconds (memcached's exptime clock).
+pub fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// Parses one request body into its command.
+pub fn decode(body: &Bytes, limits: Limits) -> Result<Command, NodeError> {
+    let mut buf = BytesMut::from(&body[..]);
+    let mut p = Parser::new(limits);
+    match p.next(&mut buf) {
+        Ok(Some(c)) if buf.is_empty() => Ok(c),
+        _ => Err(NodeError::NotACommand),
+    }
+}
+
+/// The handler of a node with the embedded store.
+#[derive(Clone, Debug)]
+pub struct StoreHandler {
+    store: Arc<Store>,
+    limits: Limits,
+}
+
+impl StoreHandler {
+    /// Serves `store`; values beyond `limits` are refused as memcached
+    /// would.
+    pub fn new(store: Arc<Store>, limits: Limits) -> StoreHandler {
+        StoreHandler { store, limits }
+    }
+
+    /// Runs one request body now; the reply bytes.
+    pub fn run(&self, body: &Bytes) -> Result<Bytes, NodeError> {
+        let cmd = decode(body, self.limits)?;
+        let mut out = BytesMut::new();
+        self.store.apply(&cmd, unix_now(), &mut out);
+        Ok(out.freeze())
+    }
+}
+
+impl Handler for StoreHandler {
+    fn handle(&self, request: Request) -> HandlerFuture {
+        // Run now, while the server starts requests in order; the future
+        // only hands the answer over.
+        let r = self.run(&request.body).map_err(HandlerError::from);
+        Box::pin(std::future::ready(r))
+    }
+}

@@ -1,0 +1,318 @@
+//! The embedded store of a cache node: items bounded in bytes with
+//! eviction by `quick_cache` (CLOCK-Pro-like, scan resistant), and
+//! memcached's semantics for every command on top — exptime, CAS uniques,
+//! append/prepend, incr/decr (with memcached's in-place padding), touch.
+//!
+//! Reads take no lock. Writes to one key are serialized by a striped lock,
+//! so `cas`, `incr` and `append` read and write atomically; two keys do
+//! not contend unless they share a stripe.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use parking_lot::Mutex;
+
+use crate::text::{strtoull, Command, StoreOp};
+
+/// memcached: an exptime up to 30 days is relative, beyond it absolute.
+const RELATIVE_MAX: i64 = 60 * 60 * 24 * 30;
+
+/// Accounting cost of an item beyond its key and value.
+const ITEM_COST: u64 = 64;
+
+/// Write stripes (a power of two).
+const STRIPES: usize = 256;
+
+/// One stored item.
+#[derive(Clone, Debug)]
+struct Item {
+    flags: u32,
+    /// Unix seconds after which it is gone; 0 never.
+    expires: i64,
+    cas: u64,
+    data: Bytes,
+}
+
+impl Item {
+    fn live(&self, now: i64) -> bool {
+        self.expires == 0 || self.expires > now
+    }
+}
+
+#[derive(Clone)]
+struct Weight;
+
+impl quick_cache::Weighter<Bytes, Item> for Weight {
+    fn weight(&self, key: &Bytes, item: &Item) -> u64 {
+        key.len() as u64 + item.data.len() as u64 + ITEM_COST
+    }
+}
+
+/// Counters of a store (memcached's names where there is one).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Items held (expired ones included until touched or evicted).
+    pub curr_items: u64,
+    /// Bytes held, as counted against the limit.
+    pub bytes: u64,
+    /// `get` keys found.
+    pub get_hits: u64,
+    /// `get` keys not found.
+    pub get_misses: u64,
+    /// Storage commands run.
+    pub cmd_set: u64,
+}
+
+/// Items in memory, bounded in bytes.
+pub struct Store {
+    items: quick_cache::sync::Cache<Bytes, Item, Weight>,
+    stripes: Box<[Mutex<()>]>,
+    next_cas: AtomicU64,
+    get_hits: AtomicU64,
+    get_misses: AtomicU64,
+    cmd_set: AtomicU64,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+/// FNV-1a: a stable 64-bit hash of a key (the same in every process, so
+/// proxies agree on the ring).
+pub fn key_hash(key: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in key {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// memcached's exptime as an absolute Unix time (0: never; in the past:
+/// already expired).
+fn expiry(exptime: i32, now: i64) -> i64 {
+    let e = i64::from(exptime);
+    if e < 0 {
+        1
+    } else if e == 0 {
+        0
+    } else if e <= RELATIVE_MAX {
+        now + e
+    } else {
+        e
+    }
+}
+
+impl Store {
+    /// A store holding at most `bytes` (keys, values and 64 bytes per item).
+    pub fn new(bytes: u64) -> Store {
+        let estimated = usize::try_from(bytes / 256).unwrap_or(usize::MAX).max(16);
+        Store {
+            items: quick_cache::sync::Cache::with_weighter(estimated, bytes.max(1), Weight),
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            next_cas: AtomicU64::new(1),
+            get_hits: AtomicU64::new(0),
+            get_misses: AtomicU64::new(0),
+            cmd_set: AtomicU64::new(0),
+        }
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> StoreStats {
+        StoreStats {
+            curr_items: self.items.len() as u64,
+            bytes: self.items.weight(),
+            get_hits: self.get_hits.load(Ordering::Relaxed),
+            get_misses: self.get_misses.load(Ordering::Relaxed),
+            cmd_set: self.cmd_set.load(Ordering::Relaxed),
+        }
+    }
+
+    fn cas_id(&self) -> u64 {
+        self.next_cas.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn live(&self, key: &Bytes, now: i64) -> Option<Item> {
+        self.items.get(key).filter(|i| i.live(now))
+    }
+
+    /// Runs `cmd` at Unix time `now` and appends memcached's answer to
+    /// `out` (also for `noreply`: the caller drops it). Commands the store
+    /// does not run (`version`, `stats`, `quit`, replies) answer `ERROR`.
+    pub fn apply(&self, cmd: &Command, now: i64, out: &mut BytesMut) {
+        match cmd {
+            Command::Get { keys, cas } => {
+                for k in keys {
+                    match self.live(k, now) {
+                        Some(i) => {
+                            self.get_hits.fetch_add(1, Ordering::Relaxed);
+                            out.put_slice(b"VALUE ");
+                            out.put_slice(k);
+                            let head = if *cas {
+                                format!(" {} {} {}\r\n", i.flags, i.data.len(), i.cas)
+                            } else {
+                                format!(" {} {}\r\n", i.flags, i.data.len())
+                            };
+                            out.put_slice(head.as_bytes());
+                            out.put_slice(&i.data);
+                            out.put_slice(b"\r\n");
+                        }
+                        None => {
+                            self.get_misses.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                out.put_slice(b"END\r\n");
+            }
+            Command::Store {
+                op,
+                key,
+                flags,
+                exptime,
+                data,
+                cas,
+                ..
+            } => {
+                self.cmd_set.fetch_add(1, Ordering::Relaxed);
+                let answer = self.store(*op, key, *flags, *exptime, data, *cas, now);
+                line(out, answer);
+            }
+            Command::Delete { key, .. } => {
+                let _g = self.lock(key);
+                let found = self.live(key, now).is_some();
+                self.items.remove(key);
+                line(out, if found { "DELETED" } else { "NOT_FOUND" });
+            }
+            Command::TooLarge { key, .. } => {
+                let _g = self.lock(key);
+                self.items.remove(key);
+                line(out, "SERVER_ERROR object too large for cache");
+            }
+            Command::Arith {
+                incr, key, delta, ..
+            } => self.arith(*incr, key, *delta, now, out),
+            Command::Touch { key, exptime, .. } => {
+                let _g = self.lock(key);
+                match self.live(key, now) {
+                    Some(mut i) => {
+                        i.expires = expiry(*exptime, now);
+                        self.items.insert(key.clone(), i);
+                        line(out, "TOUCHED");
+                    }
+                    None => line(out, "NOT_FOUND"),
+                }
+            }
+            Command::FlushAll { .. } => {
+                self.items.clear();
+                line(out, "OK");
+            }
+            Command::Reply { text, .. } => line(out, text),
+            Command::Version | Command::Stats | Command::Quit => line(out, "ERROR"),
+        }
+    }
+
+    fn lock(&self, key: &[u8]) -> parking_lot::MutexGuard<'_, ()> {
+        // The hash's high bits: the ring uses the low ones.
+        let i = (key_hash(key) >> 40) as usize & (STRIPES - 1);
+        self.stripes[i].lock()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn store(
+        &self,
+        op: StoreOp,
+        key: &Bytes,
+        flags: u32,
+        exptime: i32,
+        data: &Bytes,
+        cas: u64,
+        now: i64,
+    ) -> &'static str {
+        let _g = self.lock(key);
+        let old = self.live(key, now);
+        let fresh = |data: Bytes| Item {
+            flags,
+            expires: expiry(exptime, now),
+            cas: self.cas_id(),
+            data,
+        };
+        let item = match (op, old) {
+            (StoreOp::Set, _) => fresh(data.clone()),
+            (StoreOp::Add, Some(_)) => return "NOT_STORED",
+            (StoreOp::Add, None) => fresh(data.clone()),
+            (StoreOp::Replace, None) => return "NOT_STORED",
+            (StoreOp::Replace, Some(_)) => fresh(data.clone()),
+            (StoreOp::Append | StoreOp::Prepend, None) => return "NOT_STORED",
+            (StoreOp::Append | StoreOp::Prepend, Some(o)) => {
+                let mut joined = BytesMut::with_capacity(o.data.len() + data.len());
+                if op == StoreOp::Append {
+                    joined.put_slice(&o.data);
+                    joined.put_slice(data);
+                } else {
+                    joined.put_slice(data);
+                    joined.put_slice(&o.data);
+                }
+                Item {
+                    flags: o.flags,
+                    expires: o.expires,
+                    cas: self.cas_id(),
+                    data: joined.freeze(),
+                }
+            }
+            (StoreOp::Cas, None) => return "NOT_FOUND",
+            (StoreOp::Cas, Some(o)) if o.cas != cas => return "EXISTS",
+            (StoreOp::Cas, Some(_)) => fresh(data.clone()),
+        };
+        self.items.insert(key.clone(), item);
+        "STORED"
+    }
+
+    fn arith(&self, incr: bool, key: &Bytes, delta: u64, now: i64, out: &mut BytesMut) {
+        let _g = self.lock(key);
+        let Some(mut i) = self.live(key, now) else {
+            return line(out, "NOT_FOUND");
+        };
+        // memcached reads the value with its "\r\n" (trailing whitespace
+        // allowed), and refuses an empty one.
+        let mut with_crlf = i.data.to_vec();
+        with_crlf.extend_from_slice(b"\r\n");
+        let value = match strtoull(&with_crlf) {
+            Some(v) if !i.data.is_empty() => v,
+            _ => {
+                return line(
+                    out,
+                    "CLIENT_ERROR cannot increment or decrement non-numeric value",
+                )
+            }
+        };
+        let v = if incr {
+            value.wrapping_add(delta)
+        } else {
+            value.saturating_sub(delta)
+        };
+        let text = v.to_string();
+        // In place when it fits: memcached pads a shorter number with
+        // spaces to the old length.
+        let mut data = text.clone().into_bytes();
+        if data.len() < i.data.len() {
+            data.resize(i.data.len(), b' ');
+        }
+        i.data = Bytes::from(data);
+        i.cas = self.cas_id();
+        self.items.insert(key.clone(), i);
+        line(out, &text);
+    }
+}
+
+fn line(out: &mut BytesMut, text: &str) {
+    out.put_slice(text.as_bytes());
+    out.put_slice(b"\r\n");
+}
+
+#[cfg(test)]
+#[path = "store_tests.rs"]
+mod tests;

@@ -1,0 +1,154 @@
+//! The proxy end to end on loopback: three cache nodes over two networks,
+//! a raw memcached-protocol client, answers checked byte for byte
+//! (memcached's own answers are checked by `tests/conformance.py`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use surelink_cache::local::LocalCluster;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+async fn cluster() -> LocalCluster {
+    LocalCluster::start(3, 16 << 20, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap()
+}
+
+/// Sends `req`, reads until the answer ends with `end` (or 5 s pass).
+async fn ask(s: &mut TcpStream, req: &[u8], end: &[u8]) -> Vec<u8> {
+    s.write_all(req).await.unwrap();
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !got.ends_with(end) {
+        let mut b = [0u8; 65536];
+        let n = tokio::time::timeout_at(deadline, s.read(&mut b))
+            .await
+            .expect("answer in time")
+            .unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&b[..n]);
+    }
+    got
+}
+
+async fn connect(addr: SocketAddr) -> TcpStream {
+    TcpStream::connect(addr).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_across_nodes_answer_like_memcached() {
+    let c = cluster().await;
+    let mut s = connect(c.proxy.local_addr()).await;
+    // Keys spread over the three nodes; a multi-get joins them in order,
+    // repeats included, misses skipped.
+    let mut req = Vec::new();
+    for i in 0..30 {
+        req.extend_from_slice(
+            format!(
+                "set key{i} {i} 0 {}\r\nvalue{i}\r\n",
+                5 + i.to_string().len()
+            )
+            .as_bytes(),
+        );
+    }
+    let got = ask(&mut s, &req, b"STORED\r\n".repeat(30).as_slice()).await;
+    assert_eq!(got, b"STORED\r\n".repeat(30));
+    let got = ask(&mut s, b"get key3 nope key17 key3 key29\r\n", b"END\r\n").await;
+    assert_eq!(
+        String::from_utf8(got).unwrap(),
+        "VALUE key3 3 6\r\nvalue3\r\nVALUE key17 17 7\r\nvalue17\r\nVALUE key3 3 6\r\nvalue3\r\nVALUE key29 29 7\r\nvalue29\r\nEND\r\n"
+    );
+    let got = ask(
+        &mut s,
+        b"set n 0 0 2\r\n10\r\nincr n 5\r\ndecr n 20\r\nappend n 0 0 1\r\nx\r\nget n\r\ndelete n\r\ndelete n\r\n",
+        b"NOT_FOUND\r\n",
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8(got).unwrap(),
+        "STORED\r\n15\r\n0\r\nSTORED\r\nVALUE n 0 3\r\n0 x\r\nEND\r\nDELETED\r\nNOT_FOUND\r\n"
+    );
+    // noreply: no answer, but applied before what follows.
+    let got = ask(&mut s, b"set q 0 0 1 noreply\r\nz\r\nget q\r\n", b"END\r\n").await;
+    assert_eq!(got, b"VALUE q 0 1\r\nz\r\nEND\r\n");
+    // Bad input gets memcached's answers and the connection goes on.
+    let got = ask(
+        &mut s,
+        b"bogus\r\nset a 0 0 2\r\nxyz\r\nversion\r\n",
+        b"surelink\r\n",
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8(got).unwrap(),
+        "ERROR\r\nCLIENT_ERROR bad data chunk\r\nERROR\r\nVERSION 1.6.18-surelink\r\n"
+    );
+    // A too-large set is refused and removes the old value.
+    let mut big = b"set key1 0 0 2000000\r\n".to_vec();
+    big.extend(std::iter::repeat_n(b'x', 2_000_000));
+    big.extend_from_slice(b"\r\nget key1\r\n");
+    let got = ask(&mut s, &big, b"END\r\n").await;
+    assert_eq!(got, b"SERVER_ERROR object too large for cache\r\nEND\r\n");
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connections_fail_over_without_an_error() {
+    let c = cluster().await;
+    let mut s = connect(c.proxy.local_addr()).await;
+    for round in 0..40 {
+        if round % 10 == 5 {
+            // Every connection of one network, on the proxy's side.
+            let killed = c.proxy_ep.testing().kill_network(round / 10 % 2);
+            assert!(killed > 0);
+        }
+        let v = format!("v{round}");
+        let req = format!("set k{round} 0 0 {}\r\n{v}\r\nget k{round}\r\n", v.len());
+        let got = ask(&mut s, req.as_bytes(), b"END\r\n").await;
+        assert_eq!(
+            String::from_utf8(got).unwrap(),
+            format!("STORED\r\nVALUE k{round} 0 {}\r\n{v}\r\nEND\r\n", v.len())
+        );
+    }
+    assert_eq!(
+        c.proxy
+            .stats()
+            .node_errors
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_and_idle_clients_harm_no_one() {
+    let c = cluster().await;
+    let addr = c.proxy.local_addr();
+    // A line of garbage over 2 KiB: the connection is closed.
+    let mut g = connect(addr).await;
+    g.write_all(&[b'x'; 5000]).await.unwrap();
+    let mut b = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(5), g.read(&mut b))
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    assert_eq!(n, 0, "closed without an answer");
+    // A huge declared length holds at most one item's buffer: refused.
+    let mut h = connect(addr).await;
+    let got = ask(&mut h, b"set a 0 0 2147483647\r\n", b"\r\n").await;
+    assert_eq!(got, b"SERVER_ERROR object too large for cache\r\n");
+    // Many idle clients; a working one is still served.
+    let mut idle = Vec::new();
+    for _ in 0..500 {
+        idle.push(connect(addr).await);
+    }
+    let mut s = connect(addr).await;
+    let got = ask(&mut s, b"set z 0 0 1\r\n1\r\nget z\r\n", b"END\r\n").await;
+    assert_eq!(got, b"STORED\r\nVALUE z 0 1\r\n1\r\nEND\r\n");
+    drop(idle);
+    c.shutdown().await;
+}

@@ -1,0 +1,101 @@
+//! `surelink cache node` and `surelink cache proxy`: the memcached-
+//! compatible cache cluster from TOML configurations (the endpoint's
+//! settings plus a `[cache]` or `[proxy]` section; see `config_file`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use surelink::proto::NodeId;
+use surelink::Endpoint;
+use surelink_cache::text::Limits;
+use surelink_cache::{Proxy, ProxyConfig, Store, StoreHandler};
+
+use crate::config_file;
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum CacheCommand {
+    /// A cache node: holds items in memory and serves proxies over surelink.
+    Node(ConfigArg),
+    /// A proxy: memcached's text protocol on a local port, keys routed to
+    /// the nodes by consistent hashing.
+    Proxy(ConfigArg),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ConfigArg {
+    /// TOML configuration.
+    #[arg(long)]
+    config: PathBuf,
+}
+
+pub(crate) async fn main(cmd: &CacheCommand) -> Result<()> {
+    match cmd {
+        CacheCommand::Node(a) => node(a).await,
+        CacheCommand::Proxy(a) => proxy(a).await,
+    }
+}
+
+async fn node(a: &ConfigArg) -> Result<()> {
+    let loaded = config_file::load(&a.config)?;
+    let cache = loaded.cache.clone().unwrap_or_default();
+    let memory = cache.memory_mb.unwrap_or(64);
+    if memory == 0 {
+        bail!("[cache] memory_mb must be above zero");
+    }
+    let limits = Limits {
+        max_item: cache.max_item.unwrap_or(Limits::default().max_item),
+        ..Limits::default()
+    };
+    let ep = Endpoint::bind(loaded.config).await?;
+    let store = Arc::new(Store::new(memory << 20));
+    ep.serve(StoreHandler::new(store, limits));
+    println!(
+        "cache node {} (epoch {}) on {:?}: {memory} MiB; Ctrl-C stops",
+        ep.node(),
+        ep.epoch(),
+        ep.local_addrs()
+    );
+    tokio::signal::ctrl_c().await?;
+    ep.shutdown().await;
+    Ok(())
+}
+
+async fn proxy(a: &ConfigArg) -> Result<()> {
+    let loaded = config_file::load(&a.config)?;
+    let Some(p) = loaded.proxy.clone() else {
+        bail!("{}: no [proxy] section", a.config.display());
+    };
+    let nodes: Vec<NodeId> = if p.nodes.is_empty() {
+        loaded.config.peers.iter().map(|x| x.node).collect()
+    } else {
+        p.nodes.iter().map(|&n| NodeId(n)).collect()
+    };
+    let mut cfg = ProxyConfig::new(p.listen, nodes);
+    if let Some(m) = p.max_item {
+        cfg.limits.max_item = m;
+    }
+    if let Some(m) = p.max_clients {
+        cfg.max_clients = m;
+    }
+    if let Some(m) = p.max_pipeline {
+        cfg.max_pipeline = m;
+    }
+    if let Some(ms) = p.call_timeout_ms {
+        cfg.call_timeout = Duration::from_millis(ms);
+    }
+    let ep = Arc::new(Endpoint::bind(loaded.config).await?);
+    let proxy = Proxy::start(ep.clone(), cfg)
+        .await
+        .context("starting the proxy")?;
+    println!(
+        "memcached proxy on {} (surelink node {}); Ctrl-C stops",
+        proxy.local_addr(),
+        ep.node()
+    );
+    tokio::signal::ctrl_c().await?;
+    proxy.stop();
+    Ok(())
+}
