@@ -72,6 +72,7 @@ fn keypair() -> Result<Keypair, LocalError> {
 /// addresses after a restart).
 async fn bind_node(s: &mut NodeSlot, members: &Members, memory: u64) -> Result<(), LocalError> {
     let mut cfg = Config::new(s.id, ClusterId(9));
+    crate::proxy::tune_endpoint(&mut cfg);
     cfg.identity = Some(s.keys.clone());
     cfg.members = members.clone();
     let host = 10u8.wrapping_add(s.id.0.to_le_bytes()[0]);
@@ -118,6 +119,7 @@ impl LocalCluster {
             bind_node(s, &members, memory).await?;
         }
         let mut pc = Config::new(PROXY_NODE, ClusterId(9));
+        crate::proxy::tune_endpoint(&mut pc);
         pc.identity = Some(proxy_keys);
         pc.members = members.clone();
         pc.dial_from = vec![addr(1, 2, 0), addr(2, 2, 0)];

@@ -43,6 +43,11 @@ pub fn unix_now() -> i64 {
 /// Parses one request body into its command.
 pub fn decode(body: &Bytes, limits: Limits) -> Result<Command, NodeError> {
     let mut buf = BytesMut::from(&body[..]);
+    // The proxy bounded the client's line; a node takes what it forwards.
+    let limits = Limits {
+        max_get_line: usize::MAX,
+        ..limits
+    };
     let mut p = Parser::new(limits);
     match p.next(&mut buf) {
         Ok(Some(c)) if buf.is_empty() => Ok(c),

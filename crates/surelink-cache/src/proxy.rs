@@ -28,6 +28,27 @@ use crate::node::CACHE_CHANNEL;
 use crate::ring::Ring;
 use crate::text::{split_values, Command, Limits, ParseError, Parser};
 
+/// Keys per `get` a node is sent at once (a multi-get is split further).
+pub const GET_BATCH: usize = 16;
+
+/// The largest message cache endpoints need: a reply of [`GET_BATCH`]
+/// items of memcached's largest size, and their framing.
+pub const MAX_MESSAGE: u32 = 17 << 20;
+
+/// Sets what cache endpoints (nodes and proxies) need beyond surelink's
+/// defaults: messages up to [`MAX_MESSAGE`], and send and receive bounds
+/// (and a path's in-flight bound) that hold two of them. `LocalCluster` and `surelink cache` apply it.
+pub fn tune_endpoint(c: &mut surelink::Config) {
+    c.core.max_message_size = c.core.max_message_size.max(MAX_MESSAGE);
+    let two = u64::from(c.core.max_message_size) * 2 + 4096;
+    c.core.send_buffer = c.core.send_buffer.max(two);
+    c.core.recv_window = c
+        .core
+        .recv_window
+        .max(u32::try_from(two).unwrap_or(u32::MAX));
+    c.core.path_inflight_limit = c.core.path_inflight_limit.max(two);
+}
+
 /// The version the proxy reports (memcached's, which it speaks).
 pub const VERSION: &str = "1.6.18-surelink";
 
@@ -350,6 +371,7 @@ fn ready(r: Option<Bytes>) -> ReplyFuture {
 
 fn node_error(shared: &Shared, e: &CallError) -> Bytes {
     shared.stats.node_errors.fetch_add(1, Relaxed);
+    debug!(error = %e, "a node did not answer a command");
     line(&format!("SERVER_ERROR surelink: {e}"))
 }
 
@@ -371,9 +393,11 @@ fn dispatch(shared: &Arc<Shared>, cmd: Command) -> ReplyFuture {
             let nodes: Vec<NodeId> = shared.ring.read().nodes().into_iter().collect();
             let calls: Vec<_> = nodes.iter().map(|&n| call(shared, n, &cmd)).collect();
             let s = shared.clone();
+            // All queued at the first poll, before the commands behind it.
+            let all = futures_util::future::join_all(calls);
             Box::pin(async move {
-                for c in calls {
-                    if let Err(e) = c.await {
+                for r in all.await {
+                    if let Err(e) = r {
                         return answer(node_error(&s, &e));
                     }
                 }
@@ -446,7 +470,12 @@ fn get(shared: &Arc<Shared>, cmd: Command) -> ReplyFuture {
             let Some(n) = ring.node_for(k) else {
                 return ready(Some(line("SERVER_ERROR no cache node available")));
             };
-            match per_node.iter_mut().find(|(m, _)| *m == n) {
+            // At most GET_BATCH keys per call: a reply of that many
+            // largest items stays under the message limit.
+            match per_node
+                .iter_mut()
+                .find(|(m, ks)| *m == n && ks.len() < GET_BATCH)
+            {
                 Some((_, ks)) => ks.push(k.clone()),
                 None => per_node.push((n, vec![k.clone()])),
             }

@@ -39,7 +39,8 @@ pub(crate) async fn main(cmd: &CacheCommand) -> Result<()> {
 }
 
 async fn node(a: &ConfigArg) -> Result<()> {
-    let loaded = config_file::load(&a.config)?;
+    let mut loaded = config_file::load(&a.config)?;
+    surelink_cache::proxy::tune_endpoint(&mut loaded.config);
     let cache = loaded.cache.clone().unwrap_or_default();
     let memory = cache.memory_mb.unwrap_or(64);
     if memory == 0 {
@@ -64,7 +65,8 @@ async fn node(a: &ConfigArg) -> Result<()> {
 }
 
 async fn proxy(a: &ConfigArg) -> Result<()> {
-    let loaded = config_file::load(&a.config)?;
+    let mut loaded = config_file::load(&a.config)?;
+    surelink_cache::proxy::tune_endpoint(&mut loaded.config);
     let Some(p) = loaded.proxy.clone() else {
         bail!("{}: no [proxy] section", a.config.display());
     };

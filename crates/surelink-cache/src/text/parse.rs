@@ -35,7 +35,8 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_item: 1 << 20,
-            max_get_line: 64 << 10,
+            // memcached has no bound; memcslap's mget sends 80 KB lines.
+            max_get_line: 1 << 20,
         }
     }
 }
@@ -246,9 +247,10 @@ impl Parser {
                     noreply,
                 })
             }
-            b"version" if n == 1 => Some(Command::Version),
+            // memcached ignores anything after these two.
+            b"version" => Some(Command::Version),
             b"stats" if n == 1 => Some(Command::Stats),
-            b"quit" if n == 1 => Some(Command::Quit),
+            b"quit" => Some(Command::Quit),
             b"verbosity" if n == 2 || n == 3 => Some(Command::Reply {
                 text: "OK",
                 noreply,
@@ -261,7 +263,10 @@ impl Parser {
                         text: "SERVER_ERROR flush_all with a delay is not supported",
                         noreply,
                     }),
-                    Some(None) => Some(bad_format(noreply)),
+                    Some(None) => Some(Command::Reply {
+                        text: "CLIENT_ERROR invalid exptime argument",
+                        noreply,
+                    }),
                 }
             }
             _ => error,

@@ -1,0 +1,165 @@
+//! Clients nobody here wrote, against the proxy over a three-node cluster
+//! on loopback (two networks): libmemcached's `memcslap` (load) and
+//! `memccapable -a` (its ASCII protocol checks), and the Python suite
+//! `tests/conformance.py` (pymemcache and raw bytes) comparing every
+//! answer with a real `memcached`'s. Each prints SKIPPED and returns when
+//! its tool is missing (`.ci/run` installs them).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use surelink_cache::local::LocalCluster;
+
+fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+async fn cluster() -> LocalCluster {
+    LocalCluster::start(3, 64 << 20, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap()
+}
+
+/// Runs `args` off the runtime, stdout and stderr interleaved as written;
+/// its exit status and output.
+async fn run(args: Vec<String>) -> (bool, String) {
+    tokio::task::spawn_blocking(move || {
+        let line = args
+            .iter()
+            .map(|a| format!("'{a}'"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let out = Command::new("sh")
+            .args(["-c", &format!("{line} 2>&1")])
+            .stdout(Stdio::piped())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memcslap_runs_set_get_and_mget_through_the_proxy() {
+    if !have("memcslap") {
+        eprintln!("SKIPPED memcslap: not installed (apt-get install libmemcached-tools)");
+        return;
+    }
+    let c = cluster().await;
+    let server = c.proxy.local_addr().to_string();
+    for test in ["set", "get", "mget"] {
+        let (ok, out) = run(vec![
+            "memcslap".into(),
+            format!("--servers={server}"),
+            format!("--test={test}"),
+            "--concurrency=4".into(),
+            "--execute-number=2000".into(),
+        ])
+        .await;
+        eprintln!("memcslap --test={test}: {}", out.trim());
+        assert!(ok, "memcslap --test={test} failed: {out}");
+        assert!(
+            !out.to_lowercase().contains("error"),
+            "memcslap reported errors: {out}"
+        );
+    }
+    let s = c.proxy.stats();
+    let sets = s.cmd_set.load(std::sync::atomic::Ordering::Relaxed);
+    let hits = s.get_hits.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(sets >= 8000, "memcslap's sets reached the nodes: {sets}");
+    assert!(hits > 0, "memcslap's gets found what it set");
+    assert_eq!(s.node_errors.load(std::sync::atomic::Ordering::Relaxed), 0);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memccapable_ascii_checks_pass() {
+    if !have("memccapable") {
+        eprintln!("SKIPPED memccapable: not installed (apt-get install libmemcached-tools)");
+        return;
+    }
+    let c = cluster().await;
+    let a = c.proxy.local_addr();
+    let (ok, out) = run(vec![
+        "memccapable".into(),
+        "-a".into(),
+        "-h".into(),
+        a.ip().to_string(),
+        "-p".into(),
+        a.port().to_string(),
+    ])
+    .await;
+    eprintln!("memccapable -a:\n{}", out.trim());
+    assert!(ok, "memccapable -a failed:\n{out}");
+    c.shutdown().await;
+}
+
+/// A free loopback port for memcached.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_match_a_real_memcached() {
+    let python = "/usr/bin/python3";
+    let pymemcache = Command::new(python)
+        .args(["-c", "import pymemcache"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have("memcached") || !pymemcache {
+        eprintln!("SKIPPED conformance: needs memcached and python3-pymemcache (apt-get install memcached python3-pymemcache)");
+        return;
+    }
+    let port = free_port();
+    let mut mc = Command::new("memcached");
+    mc.args([
+        "-l",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "-U",
+        "0",
+        "-m",
+        "64",
+    ]);
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0"));
+    if root {
+        mc.args(["-u", "root"]);
+    }
+    let mut mc = mc.spawn().unwrap();
+    let mc_addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(mc_addr).is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let c = cluster().await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/conformance.py");
+    let (ok, out) = run(vec![
+        python.into(),
+        script.into(),
+        c.proxy.local_addr().to_string(),
+        mc_addr.to_string(),
+    ])
+    .await;
+    let _ = mc.kill();
+    let _ = mc.wait();
+    eprintln!("{}", out.trim());
+    assert!(ok, "the proxy's answers differ from memcached's:\n{out}");
+    c.shutdown().await;
+}
