@@ -2,6 +2,7 @@
 //! ([`Parser`]), re-encoded for a node ([`Command::encode`]), and the
 //! replies' shapes.
 
+pub mod fuzz;
 mod parse;
 
 use bytes::{BufMut, Bytes, BytesMut};

@@ -142,6 +142,24 @@ fn values_split_by_key() {
 
 proptest! {
     #[test]
+    fn the_fuzz_target_holds_on_random_and_mutated_commands(
+        data in proptest::collection::vec(any::<u8>(), 0..2048),
+        seed in prop::sample::select(vec![
+            &b"set a 0 0 1\r\nx\r\n"[..], &b"get a b\r\n"[..], &b"cas k 1 2 3 4 noreply\r\nabc\r\n"[..],
+            &b"incr n 5\r\n"[..], &b"touch k -1\r\n"[..], &b"flush_all noreply\r\n"[..], &b"delete a 0\r\n"[..],
+        ]),
+        at in 0usize..64,
+    ) {
+        let mut input = seed.to_vec();
+        let at = at.min(input.len());
+        input.splice(at..at, data.iter().copied().take(16));
+        // Chunk sizes come from the first byte: make it small.
+        input.insert(0, 7);
+        fuzz::parser(&input);
+        fuzz::parser(&data);
+    }
+
+    #[test]
     fn arbitrary_bytes_never_panic_and_always_progress(data in proptest::collection::vec(any::<u8>(), 0..4096), cut in 1usize..64) {
         let mut p = Parser::new(Limits::default());
         let mut buf = BytesMut::new();
