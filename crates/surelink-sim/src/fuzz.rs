@@ -17,8 +17,8 @@ use surelink_proto::detector::datagram::{
     decode_datagram, encode_barrier, encode_heartbeat, verify_heartbeat, Freshness, HeartbeatKey,
 };
 use surelink_proto::secure::{
-    Handshake, Keypair, Members, Opener, Protection, Sealer, SecretKey, TestCa, TlsHandshake,
-    TlsSetup,
+    Handshake, Keypair, Members, Opener, PathHandshake, Protection, Sealer, SecretKey, TestCa,
+    TlsHandshake, TlsSetup,
 };
 use surelink_proto::{
     ClusterId, Endpoint, EndpointConfig, Epoch, LocalIdentity, NodeId, PathId, Time,
@@ -135,29 +135,47 @@ fn members() -> Arc<Members> {
         .clone()
 }
 
-/// The handshake: a responder and an initiator fed the fuzz bytes.
-pub fn handshake(data: &[u8]) {
-    let m = members();
-    let p = if data.first().is_some_and(|b| b & 1 == 1) {
+/// The protection a handshake input asks for (its first byte's low bit).
+fn protection(data: &[u8]) -> Protection {
+    if data.first().is_some_and(|b| b & 1 == 1) {
         Protection::IntegrityOnly
     } else {
         Protection::Encrypt
-    };
-    if let Ok(mut r) = Handshake::responder(&keys(1), m.clone(), ClusterId(9), p) {
-        let mut buf = BytesMut::new();
-        let mut out = BytesMut::new();
-        for c in chunks(data) {
-            buf.extend_from_slice(c);
-            let done = r.handle_input(&mut buf);
-            r.poll_transmit(&mut out);
-            if !matches!(done, Ok(None)) {
-                break;
-            }
+    }
+}
+
+/// Feeds `data` to a responder in chunks (answering after each), until it
+/// finishes or fails.
+fn respond(mut r: PathHandshake, data: &[u8]) {
+    let mut buf = BytesMut::new();
+    let mut out = BytesMut::new();
+    for c in chunks(data) {
+        buf.extend_from_slice(c);
+        let done = r.handle_input(&mut buf);
+        r.poll_transmit(&mut out);
+        if !matches!(done, Ok(None)) {
+            break;
         }
     }
-    if let Ok(mut i) = Handshake::initiator(&keys(2), m, ClusterId(9), p, NodeId(1)) {
-        let mut buf = BytesMut::from(data);
-        let _ = i.handle_input(&mut buf);
+}
+
+/// Sends an initiator's first flight, then feeds it `data` whole.
+fn initiate(mut i: PathHandshake, data: &[u8]) {
+    let mut out = BytesMut::new();
+    i.poll_transmit(&mut out);
+    let mut buf = BytesMut::from(data);
+    let _ = i.handle_input(&mut buf);
+    i.poll_transmit(&mut out);
+}
+
+/// The handshake: a responder and an initiator fed the fuzz bytes.
+pub fn handshake(data: &[u8]) {
+    let (m, p) = (members(), protection(data));
+    if let Ok(r) = Handshake::responder(&keys(1), m.clone(), ClusterId(9), p) {
+        respond(PathHandshake::Noise(Box::new(r)), data);
+    }
+    if let Ok(i) = Handshake::initiator(&keys(2), m, ClusterId(9), p, NodeId(1)) {
+        initiate(PathHandshake::Noise(Box::new(i)), data);
     }
 }
 
@@ -182,29 +200,12 @@ pub fn tls_handshake(data: &[u8]) {
     let Some([one, two]) = tls_setups() else {
         return;
     };
-    let p = if data.first().is_some_and(|b| b & 1 == 1) {
-        Protection::IntegrityOnly
-    } else {
-        Protection::Encrypt
-    };
-    if let Ok(mut r) = TlsHandshake::responder(one, p) {
-        let mut buf = BytesMut::new();
-        let mut out = BytesMut::new();
-        for c in chunks(data) {
-            buf.extend_from_slice(c);
-            let done = r.handle_input(&mut buf);
-            r.poll_transmit(&mut out);
-            if !matches!(done, Ok(None)) {
-                break;
-            }
-        }
+    let p = protection(data);
+    if let Ok(r) = TlsHandshake::responder(one, p) {
+        respond(PathHandshake::Tls(Box::new(r)), data);
     }
-    if let Ok(mut i) = TlsHandshake::initiator(two, p, NodeId(1)) {
-        let mut out = BytesMut::new();
-        i.poll_transmit(&mut out);
-        let mut buf = BytesMut::from(data);
-        let _ = i.handle_input(&mut buf);
-        i.poll_transmit(&mut out);
+    if let Ok(i) = TlsHandshake::initiator(two, p, NodeId(1)) {
+        initiate(PathHandshake::Tls(Box::new(i)), data);
     }
 }
 
