@@ -125,6 +125,7 @@ RAW_CASES = [
     b"verbosity 1\r\n",
     b"verbosity\r\nverbosity 1 noreply\r\nverbosity 1 2 3 4\r\n",
     b"version foo bar\r\n",
+    b"set noreply 0 0 1\r\nx\r\ndelete noreply\r\ndelete noreply\r\nincr k noreply\r\n",
     b"flush_all x\r\nflush_all 10 noreply x\r\nflush_all noreply\r\nget a\r\n",
     b"set a 0 0 1\r\nx\r\nquit now\r\nget a\r\n",
 ]

@@ -187,7 +187,9 @@ impl Parser {
                 self.store(op, &tokens, noreply)
             }
             b"delete" => {
-                // memcached: `delete <key> [0] [noreply]`.
+                // memcached: `delete <key> [0] [noreply]` (`delete noreply`
+                // deletes the key "noreply", with an answer).
+                let noreply = n > 2 && noreply;
                 let zero = n > 2 && &tokens[2][..] == b"0";
                 let ok = n == 2 || (n == 3 && (zero || noreply)) || (n == 4 && zero && noreply);
                 if !(2..=4).contains(&n) {

@@ -75,6 +75,15 @@ fn bad_input_gets_memcacheds_answers() {
     assert_eq!(c.len(), 3);
     let (c, _) = all(b"GET a\r\nget\r\n\r\nset a 0 0\r\nincr\r\n");
     assert!(c.iter().all(|x| *x == reply("ERROR")), "{c:?}");
+    // Found by the fuzzer: a key named "noreply" is a key.
+    let (c, _) = all(b"delete noreply\r\n");
+    assert_eq!(
+        c,
+        vec![Command::Delete {
+            key: Bytes::from_static(b"noreply"),
+            noreply: false
+        }]
+    );
     let (c, _) = all(b"incr n -1\r\ntouch a x\r\ndelete a 1\r\n");
     assert_eq!(
         c,
