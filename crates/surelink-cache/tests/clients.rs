@@ -104,6 +104,16 @@ async fn memccapable_ascii_checks_pass() {
     c.shutdown().await;
 }
 
+/// Kills the child when dropped.
+struct Reap(std::process::Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A free loopback port for memcached.
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -140,7 +150,8 @@ async fn answers_match_a_real_memcached() {
     if root {
         mc.args(["-u", "root"]);
     }
-    let mut mc = mc.spawn().unwrap();
+    // Killed when the test ends, also when it fails.
+    let _mc = Reap(mc.spawn().unwrap());
     let mc_addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     for _ in 0..100 {
         if std::net::TcpStream::connect(mc_addr).is_ok() {
@@ -157,8 +168,6 @@ async fn answers_match_a_real_memcached() {
         mc_addr.to_string(),
     ])
     .await;
-    let _ = mc.kill();
-    let _ = mc.wait();
     eprintln!("{}", out.trim());
     assert!(ok, "the proxy's answers differ from memcached's:\n{out}");
     c.shutdown().await;
