@@ -487,11 +487,17 @@ fn get(shared: &Arc<Shared>, cmd: Command) -> ReplyFuture {
         .collect();
     let s = shared.clone();
     Box::pin(async move {
-        let mut values: Vec<(Bytes, Bytes)> = Vec::new();
+        // Per key, its VALUE blocks in the order the node sent them.
+        let mut values: std::collections::HashMap<Bytes, std::collections::VecDeque<Bytes>> =
+            std::collections::HashMap::new();
         for r in futures_util::future::join_all(calls).await {
             match r {
                 Ok(reply) => match split_values(&reply) {
-                    Some(v) => values.extend(v),
+                    Some(v) => {
+                        for (k, block) in v {
+                            values.entry(k).or_default().push_back(block);
+                        }
+                    }
                     // The node answered with an error line: pass it on.
                     None => return Some(reply),
                 },
@@ -502,8 +508,8 @@ fn get(shared: &Arc<Shared>, cmd: Command) -> ReplyFuture {
         let mut hits = 0u64;
         for k in &keys {
             // The node answered repeats in order: take the first unused.
-            if let Some(i) = values.iter().position(|(vk, _)| vk == k) {
-                out.extend_from_slice(&values.remove(i).1);
+            if let Some(block) = values.get_mut(k).and_then(|q| q.pop_front()) {
+                out.extend_from_slice(&block);
                 hits += 1;
             }
         }
