@@ -14,7 +14,6 @@ use surelink::{BindError, Config, Endpoint, Keypair, Members, PeerConfig};
 use crate::proxy::{Proxy, ProxyConfig, ProxyError};
 use crate::store::Store;
 use crate::text::Limits;
-use crate::StoreHandler;
 
 /// The proxy endpoint's node id (cache nodes are 1..=n).
 pub const PROXY_NODE: NodeId = NodeId(100);
@@ -84,10 +83,7 @@ async fn bind_node(s: &mut NodeSlot, members: &Members, memory: u64) -> Result<(
     let ep = Endpoint::bind(cfg)
         .await
         .map_err(|source| LocalError::Bind { node: s.id, source })?;
-    ep.serve(StoreHandler::new(
-        Arc::new(Store::new(memory)),
-        Limits::default(),
-    ));
+    crate::node::serve_store(&ep, Arc::new(Store::new(memory)), Limits::default());
     s.listen = ep.local_addrs();
     s.ep = Some(ep);
     Ok(())

@@ -6,12 +6,18 @@
 //! Each command runs when the server starts the request, and the server
 //! starts one peer's requests in the order they were sent — so a proxy's
 //! pipelined `set k` then `get k` are applied in that order.
+//!
+//! A node that fences itself (it missed its heartbeat deadline, so peers
+//! may have reported it dead and moved its keys) drops every item before
+//! it serves again ([`serve_store`]): keys written elsewhere meanwhile
+//! must not come back stale when the node returns to the ring.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
-use surelink::{Handler, HandlerError, HandlerFuture, Request};
+use surelink::{Endpoint, Handler, HandlerError, HandlerFuture, NetEvent, Request};
+use tracing::warn;
 
 use crate::store::Store;
 use crate::text::{Command, Limits, Parser};
@@ -85,4 +91,29 @@ impl Handler for StoreHandler {
         let r = self.run(&request.body).map_err(HandlerError::from);
         Box::pin(std::future::ready(r))
     }
+}
+
+/// Serves `store` on `ep`, and empties it whenever `ep` fences itself.
+pub fn serve_store(ep: &Endpoint, store: Arc<Store>, limits: Limits) {
+    // Subscribed before serving: no fence can pass unseen.
+    let mut events = ep.events();
+    ep.serve(StoreHandler::new(store.clone(), limits));
+    tokio::spawn(async move {
+        loop {
+            match events.recv().await {
+                Ok(NetEvent::Fenced { old_epoch, .. }) => {
+                    store.clear();
+                    warn!(%old_epoch, "this node fenced itself: its items are dropped (peers may have moved its keys)");
+                }
+                Ok(_) => {}
+                Err(surelink::RecvError::Lagged(_)) => {
+                    // A fence may be among the missed events: drop the
+                    // items rather than risk serving stale ones.
+                    store.clear();
+                    warn!("node missed endpoint events: items dropped to be safe");
+                }
+                Err(_) => return,
+            }
+        }
+    });
 }

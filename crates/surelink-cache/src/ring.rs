@@ -79,6 +79,11 @@ impl Ring {
         self.ejected.remove(&node)
     }
 
+    /// Whether `node` is out of the ring.
+    pub fn is_ejected(&self, node: NodeId) -> bool {
+        self.ejected.contains(&node)
+    }
+
     /// Nodes out of the ring.
     pub fn ejected(&self) -> impl Iterator<Item = NodeId> + '_ {
         self.ejected.iter().copied()

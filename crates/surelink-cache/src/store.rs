@@ -132,6 +132,11 @@ impl Store {
         }
     }
 
+    /// Drops every item (what `flush_all` does).
+    pub fn clear(&self) {
+        self.items.clear();
+    }
+
     fn cas_id(&self) -> u64 {
         self.next_cas.fetch_add(1, Ordering::Relaxed)
     }

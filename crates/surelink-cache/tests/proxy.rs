@@ -21,12 +21,14 @@ async fn cluster() -> LocalCluster {
 async fn ask(s: &mut TcpStream, req: &[u8], end: &[u8]) -> Vec<u8> {
     s.write_all(req).await.unwrap();
     let mut got = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(12);
     while !got.ends_with(end) {
         let mut b = [0u8; 65536];
         let n = tokio::time::timeout_at(deadline, s.read(&mut b))
             .await
-            .expect("answer in time")
+            .unwrap_or_else(|_| {
+                panic!("no answer in time; got {:?}", String::from_utf8_lossy(&got))
+            })
             .unwrap();
         if n == 0 {
             break;
@@ -121,6 +123,87 @@ async fn killed_connections_fail_over_without_an_error() {
             .load(std::sync::atomic::Ordering::Relaxed),
         0
     );
+    c.shutdown().await;
+}
+
+/// A key the ring puts on `node` (and one on another node).
+fn key_on(c: &LocalCluster, node: surelink::proto::NodeId, on: bool) -> String {
+    let ring = surelink_cache::Ring::new(&c.node_ids());
+    (0..)
+        .map(|i| format!("key{i}"))
+        .find(|k| (ring.node_for(k.as_bytes()) == Some(node)) == on)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_nodes_commands_go_to_the_next_node_in_order() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut c = cluster().await;
+    let dead = surelink::proto::NodeId(2);
+    let (k, other) = (key_on(&c, dead, true), key_on(&c, dead, false));
+    let mut s = connect(c.proxy.local_addr()).await;
+    let got = ask(
+        &mut s,
+        format!("set {other} 0 0 1\r\nx\r\n").as_bytes(),
+        b"\r\n",
+    )
+    .await;
+    assert_eq!(got, b"STORED\r\n");
+    c.kill_node(dead);
+    // Sent while the node is dead but still in the ring: they wait for the
+    // detector, then go to the key's next node in the order sent.
+    let t = std::time::Instant::now();
+    let req = format!(
+        "set {k} 0 0 1\r\na\r\nappend {k} 0 0 1\r\nb\r\nset {k} 0 0 2\r\ncd\r\nappend {k} 0 0 1\r\ne\r\nget {other} {k}\r\n"
+    );
+    let got = match tokio::time::timeout(
+        Duration::from_secs(8),
+        ask(&mut s, req.as_bytes(), b"END\r\n"),
+    )
+    .await
+    {
+        Ok(g) => g,
+        Err(_) => panic!(
+            "not re-routed in 8 s: ejected {:?}, rerouted {}, errors {}, {}",
+            c.proxy.ejected(),
+            c.proxy.stats().rerouted.load(Relaxed),
+            c.proxy.stats().node_errors.load(Relaxed),
+            c.proxy_ep.testing().debug_session(dead)
+        ),
+    };
+    assert_eq!(
+        String::from_utf8(got).unwrap(),
+        format!("STORED\r\nSTORED\r\nSTORED\r\nSTORED\r\nVALUE {other} 0 1\r\nx\r\nVALUE {k} 0 3\r\ncde\r\nEND\r\n")
+    );
+    let waited = t.elapsed();
+    let st = c.proxy.stats();
+    assert_eq!(st.node_errors.load(Relaxed), 0);
+    assert_eq!(st.ejections.load(Relaxed), 1);
+    assert!(
+        st.rerouted.load(Relaxed) >= 4,
+        "{}",
+        st.rerouted.load(Relaxed)
+    );
+    assert_eq!(c.proxy.ejected(), vec![dead]);
+    assert!(waited < Duration::from_secs(6), "{waited:?}");
+    // Back, empty: its keys return to it.
+    c.restart_node(dead).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !c.proxy.ejected().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "node not restored");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let got = ask(
+        &mut s,
+        format!("get {k}\r\nset {k} 0 0 1\r\nz\r\nget {k}\r\n").as_bytes(),
+        b"z\r\nEND\r\n",
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8(got).unwrap(),
+        format!("END\r\nSTORED\r\nVALUE {k} 0 1\r\nz\r\nEND\r\n")
+    );
+    assert_eq!(c.proxy.stats().node_errors.load(Relaxed), 0);
     c.shutdown().await;
 }
 

@@ -11,7 +11,7 @@ use clap::{Args, Subcommand};
 use surelink::proto::NodeId;
 use surelink::Endpoint;
 use surelink_cache::text::Limits;
-use surelink_cache::{Proxy, ProxyConfig, Store, StoreHandler};
+use surelink_cache::{Proxy, ProxyConfig, Store};
 
 use crate::config_file;
 
@@ -52,7 +52,7 @@ async fn node(a: &ConfigArg) -> Result<()> {
     };
     let ep = Endpoint::bind(loaded.config).await?;
     let store = Arc::new(Store::new(memory << 20));
-    ep.serve(StoreHandler::new(store, limits));
+    surelink_cache::node::serve_store(&ep, store, limits);
     println!(
         "cache node {} (epoch {}) on {:?}: {memory} MiB; Ctrl-C stops",
         ep.node(),

@@ -55,6 +55,9 @@ pub(crate) struct ConnIo {
     gated: AtomicBool,
     /// The peer, once the handshake named it (0: not yet).
     peer: AtomicU64,
+    /// Networks the endpoint is silent on (test hook).
+    #[cfg(feature = "test-util")]
+    muted: Arc<AtomicU64>,
     /// The send fence (SafeTimer); `None` when the detector is off.
     gate: Option<Arc<Gate>>,
     detector: Option<Arc<Detector>>,
@@ -207,7 +210,11 @@ impl ConnIo {
             if n == 0 {
                 return Flushed::Done;
             }
-            if self.gate.as_ref().is_some_and(|g| !g.may_send()) {
+            #[cfg(feature = "test-util")]
+            let muted = crate::testing::is_muted(&self.muted, self.network);
+            #[cfg(not(feature = "test-util"))]
+            let muted = false;
+            if muted || self.gate.as_ref().is_some_and(|g| !g.may_send()) {
                 for b in &mut batch[..n] {
                     *b = Bytes::new();
                 }
@@ -466,6 +473,8 @@ pub(crate) fn start(
         failed: AtomicBool::new(false),
         gated: AtomicBool::new(false),
         peer: AtomicU64::new(peer.map_or(0, |p| p.0)),
+        #[cfg(feature = "test-util")]
+        muted: shared.muted.clone(),
         gate: shared.detector.as_ref().map(|d| d.gate.clone()),
         detector: shared.detector.clone(),
         heard: std::sync::OnceLock::new(),

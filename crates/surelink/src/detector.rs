@@ -179,6 +179,10 @@ pub(crate) struct Detector {
     identity: Option<Keypair>,
     /// Datagrams refused: bad tag, unknown sender, replay, foreign barrier.
     refused: AtomicU64,
+    /// Networks this endpoint is silent on (test hook: see
+    /// `Testing::mute_network`); shared with the endpoint's connections.
+    #[cfg(feature = "test-util")]
+    pub(crate) muted: Arc<AtomicU64>,
 }
 
 /// Heartbeat keys with mutual TLS: one per connection, this many kept per
@@ -297,6 +301,8 @@ impl Detector {
                 _ => None,
             },
             refused: AtomicU64::new(0),
+            #[cfg(feature = "test-util")]
+            muted: Arc::new(AtomicU64::new(0)),
         });
         if let HeartbeatAuth::Members(_, members) = auth {
             for (peer, key) in members.iter() {
@@ -619,6 +625,10 @@ impl Detector {
             let Some(sock) = sockets.get(network) else {
                 continue;
             };
+            #[cfg(feature = "test-util")]
+            if crate::testing::is_muted(&self.muted, network) {
+                continue;
+            }
             // Tagged for this peer (a peer without a key gets nothing: it
             // could not check it, and it is not a member).
             let key = match &keys {

@@ -123,6 +123,11 @@ pub(crate) async fn dial_loop(
         // it always backs off.
         let mut handshake_refused = false;
         let device = cfg.devices.get(network).and_then(|d| d.as_deref());
+        // Silent on this network (test hook): SYNs would be lost.
+        #[cfg(feature = "test-util")]
+        while crate::testing::is_muted(&shared.muted, network) {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
         // A path heard again during a connect: drop it and dial afresh.
         let attempt = tokio::select! {
             r = dial(local, remote, device, cfg.connect_timeout, &heard) => r,

@@ -72,6 +72,9 @@ pub(crate) struct Shared {
     pub(crate) log_refused: LogLimit,
     pub(crate) log_handshake: LogLimit,
     pub(crate) log_limits: LogLimit,
+    /// Networks this endpoint is silent on (test hook).
+    #[cfg(feature = "test-util")]
+    pub(crate) muted: Arc<std::sync::atomic::AtomicU64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -88,6 +91,10 @@ impl Shared {
         let epoch = router.local().epoch;
         let server = Server::new(config.scheduler.build(), config.max_concurrent_requests);
         let incoming = IncomingQueue::new(config.scheduler.aging_bound);
+        #[cfg(feature = "test-util")]
+        let muted = detector
+            .as_ref()
+            .map_or_else(Default::default, |d| d.muted.clone());
         Shared {
             epoch: AtomicU64::new(epoch.0),
             base: tokio::time::Instant::from_std(base),
@@ -117,6 +124,8 @@ impl Shared {
             log_refused: LogLimit::default(),
             log_handshake: LogLimit::default(),
             log_limits: LogLimit::default(),
+            #[cfg(feature = "test-util")]
+            muted,
             config,
         }
     }

@@ -4,6 +4,7 @@
 //! Nothing here belongs in a service's normal code path.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,6 +46,28 @@ impl Testing<'_> {
         n
     }
 
+    /// Makes this endpoint silent on `network` (`true`) or not, as a
+    /// route that drops everything it sends there would: bytes for that
+    /// network's connections wait in their queues (TCP would keep
+    /// re-sending them) and go out when it speaks again, its heartbeats on
+    /// that network are not sent, and it dials no new connection there.
+    /// What the peers send still arrives. So peers stop hearing it on that
+    /// network, and its own messages there get no acknowledgement.
+    pub fn mute_network(&self, network: usize, muted: bool) {
+        let bit = 1u64 << network.min(63);
+        if muted {
+            self.shared.muted.fetch_or(bit, Ordering::Relaxed);
+        } else {
+            self.shared.muted.fetch_and(!bit, Ordering::Relaxed);
+            // Queued bytes go out now.
+            for (c, _) in self.shared.connections() {
+                if c.network == network {
+                    c.flush();
+                }
+            }
+        }
+    }
+
     /// Stalls one of the failure detector's threads for `d`, as a GC pause
     /// or a blocked disk would. Does nothing when the detector is off.
     pub fn inject_delay(&self, point: DelayPoint, d: Duration) {
@@ -68,6 +91,11 @@ impl Testing<'_> {
             .session(peer)
             .map_or_else(|| "none".into(), |h| h.lock().core.debug_dump())
     }
+}
+
+/// Whether `network` is muted in `mask` (see [`Testing::mute_network`]).
+pub(crate) fn is_muted(mask: &AtomicU64, network: usize) -> bool {
+    mask.load(Ordering::Relaxed) & (1u64 << network.min(63)) != 0
 }
 
 /// Two endpoints on loopback over two networks — a server listening on

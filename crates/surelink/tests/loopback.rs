@@ -560,3 +560,55 @@ async fn a_departed_peers_memory_is_returned() {
         c.abort();
     }
 }
+
+/// `Testing::mute_network`: the muted endpoint's peer stops hearing it on
+/// that network, calls carry on over the other one without an error, and
+/// the path is heard again once it speaks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_network_silent_one_way_costs_no_call() {
+    let LoopbackPair { server, client } = pair().await;
+    server.serve(|r: Request| async move { r.body });
+    let mut events = server.events();
+    while let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(50), events.recv()).await {}
+    client.testing().mute_network(0, true);
+    let started = tokio::time::Instant::now();
+    let mut silent = false;
+    for i in 0..100u32 {
+        let body = Bytes::from(i.to_be_bytes().to_vec());
+        let r = client
+            .call(SERVER, 0, body.clone(), Duration::from_secs(2))
+            .await
+            .unwrap();
+        assert_eq!(r, body);
+        while let Ok(e) = events.try_recv() {
+            if let NetEvent::PathSilent { network: 0, .. } = e {
+                silent = true;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    assert!(silent, "the server kept hearing a muted network");
+    // The muted network's bytes wait; they are not lost or doubled when it
+    // speaks again.
+    client.testing().mute_network(0, false);
+    let deadline = started + Duration::from_secs(10);
+    let mut heard = false;
+    while !heard && tokio::time::Instant::now() < deadline {
+        if let Ok(Ok(NetEvent::PathHeard { network: 0, .. })) =
+            tokio::time::timeout(Duration::from_millis(100), events.recv()).await
+        {
+            heard = true;
+        }
+    }
+    assert!(heard, "network 0 not heard again after the mute ended");
+    let r = client
+        .call(
+            SERVER,
+            0,
+            Bytes::from_static(b"after"),
+            Duration::from_secs(2),
+        )
+        .await
+        .unwrap();
+    assert_eq!(&r[..], b"after");
+}

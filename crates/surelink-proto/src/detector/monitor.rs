@@ -181,12 +181,21 @@ impl Monitor {
         }
     }
 
-    /// Traffic other than a heartbeat arrived on a watched path (data and
-    /// acks count as heartbeats). Ignored for a path not watched yet.
+    /// Traffic other than a heartbeat arrived on a path (data and acks
+    /// count as heartbeats; the shell reports only authenticated peers'
+    /// traffic). Starts watching a path not watched yet: a peer that dies
+    /// after its handshake but before its first heartbeat arrived must
+    /// still be reported dead (members all run the detector, so a live
+    /// one's heartbeats follow within an interval). The epoch is learnt
+    /// from the first heartbeat.
     pub fn handle_heard(&mut self, now: Time, watch: Watch) {
-        if self.paths.contains_key(&watch) {
-            self.heard(now, watch);
-        }
+        self.paths.entry(watch).or_insert(PathState {
+            last_heard: now,
+            epoch: Epoch(0),
+            down: false,
+            down_at: Time::ZERO,
+        });
+        self.heard(now, watch);
     }
 
     fn heard(&mut self, now: Time, watch: Watch) {

@@ -285,10 +285,12 @@ fn peer_is_down_only_when_every_path_is() {
 }
 
 #[test]
-fn traffic_on_an_unwatched_path_and_old_epochs_are_ignored() {
+fn traffic_starts_watching_a_path_and_old_epochs_are_ignored() {
     let mut m = watching(DetectorMode::Plain);
-    m.handle_heard(ms(1), w(3));
     assert_eq!(m.is_down(w(3)), None);
+    // A peer heard only through its handshake, then silent: still reported.
+    m.handle_heard(ms(1), w(3));
+    assert_eq!(m.is_down(w(3)), Some(false));
     m.handle_heartbeat(ms(2), w(0), Epoch(2));
     // A heartbeat of the earlier incarnation does not keep the path alive.
     for t in 3..=60u64 {
@@ -296,6 +298,7 @@ fn traffic_on_an_unwatched_path_and_old_epochs_are_ignored() {
         m.handle_timeout(ms(t));
     }
     assert_eq!(m.is_down(w(0)), Some(true));
+    assert_eq!(m.is_down(w(3)), Some(true));
 }
 
 #[test]

@@ -14,19 +14,19 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-use futures_util::stream::{FuturesOrdered, StreamExt};
+use bytes::Bytes;
 use parking_lot::RwLock;
 use surelink::proto::NodeId;
-use surelink::{CallError, Endpoint, NetEvent};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use surelink::{Endpoint, NetEvent};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
 use tracing::{debug, info, warn};
 
-use crate::node::CACHE_CHANNEL;
 use crate::ring::Ring;
-use crate::text::{split_values, Command, Limits, ParseError, Parser};
+use crate::text::Limits;
+
+mod client;
+mod route;
 
 /// Keys per `get` a node is sent at once (a multi-get is split further).
 pub const GET_BATCH: usize = 16;
@@ -153,12 +153,18 @@ pub struct ProxyStats {
     pub node_errors: AtomicU64,
     /// Times a node was taken out of the ring.
     pub ejections: AtomicU64,
+    /// Commands (or a multi-get's part) sent again to another node
+    /// because theirs left the ring or restarted.
+    pub rerouted: AtomicU64,
 }
 
 struct Shared {
     ep: Arc<Endpoint>,
     cfg: ProxyConfig,
     ring: RwLock<Ring>,
+    /// The ring's generation: bumped on every change (commands waiting on
+    /// a node watch it).
+    gen: watch::Receiver<u64>,
     stats: ProxyStats,
     started: Instant,
 }
@@ -192,14 +198,16 @@ impl Proxy {
             addr: cfg.listen,
             source,
         })?;
+        let (gen_tx, gen) = watch::channel(0);
         let shared = Arc::new(Shared {
             ring: RwLock::new(Ring::new(&cfg.nodes)),
             ep,
             cfg,
+            gen,
             stats: ProxyStats::default(),
             started: Instant::now(),
         });
-        let events = tokio::spawn(watch_nodes(shared.clone()));
+        let events = tokio::spawn(watch_nodes(shared.clone(), gen_tx));
         let accept = tokio::spawn(accept_loop(shared.clone(), listener));
         Ok(Proxy {
             shared,
@@ -239,18 +247,30 @@ impl Drop for Proxy {
 }
 
 /// Ejects nodes the detector reports dead; restores them when heard.
-async fn watch_nodes(shared: Arc<Shared>) {
+async fn watch_nodes(shared: Arc<Shared>, gen: watch::Sender<u64>) {
     let mut events = shared.ep.events();
     let ours = |p: &NodeId| shared.cfg.nodes.contains(p);
-    while let Ok(e) = events.recv().await {
+    loop {
+        let e = match events.recv().await {
+            Ok(e) => e,
+            Err(surelink::RecvError::Lagged(n)) => {
+                // Events were missed: a node's state may be stale until its
+                // next event. Rare (the hub keeps many), so say it.
+                warn!(missed = n, "proxy missed endpoint events");
+                continue;
+            }
+            Err(_) => return,
+        };
         match e {
             NetEvent::PeerDead { peer } if ours(&peer) && shared.ring.write().eject(peer) => {
                 shared.stats.ejections.fetch_add(1, Relaxed);
+                gen.send_modify(|g| *g += 1);
                 warn!(node = %peer, "cache node reported dead: out of the ring");
             }
             NetEvent::PeerAlive { peer } | NetEvent::PeerUp { peer, .. }
                 if ours(&peer) && shared.ring.write().restore(peer) =>
             {
+                gen.send_modify(|g| *g += 1);
                 info!(node = %peer, "cache node back in the ring");
             }
             _ => {}
@@ -280,246 +300,13 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
         let s = shared.clone();
         tokio::spawn(async move {
             let _ = stream.set_nodelay(true);
-            if let Err(e) = client(&s, stream).await {
+            if let Err(e) = client::client(&s, stream).await {
                 debug!(%from, error = %e, "client connection ended");
             }
             s.stats.curr_connections.fetch_sub(1, Relaxed);
             drop(permit);
         });
     }
-}
-
-type ReplyFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Bytes>> + Send>>;
-
-/// Serves one client until it leaves, sends `quit`, or breaks the protocol.
-async fn client(shared: &Arc<Shared>, mut stream: TcpStream) -> std::io::Result<()> {
-    let limits = shared.cfg.limits;
-    let mut parser = Parser::new(limits);
-    let mut buf = BytesMut::with_capacity(16 * 1024);
-    let mut inflight: FuturesOrdered<ReplyFuture> = FuturesOrdered::new();
-    let mut out = BytesMut::new();
-    let mut reading = true;
-    let mut quit = false;
-    loop {
-        // Parse and send what has arrived, up to the pipeline bound.
-        while !quit && inflight.len() < shared.cfg.max_pipeline {
-            match parser.next(&mut buf) {
-                Ok(Some(Command::Quit)) => quit = true,
-                Ok(Some(cmd)) => inflight.push_back(dispatch(shared, cmd)),
-                Ok(None) => break,
-                Err(ParseError::LineTooLong) => {
-                    quit = true;
-                    inflight.clear();
-                }
-            }
-        }
-        if quit && inflight.is_empty() {
-            stream.write_all(&out).await?;
-            return Ok(());
-        }
-        let can_read = reading && !quit && inflight.len() < shared.cfg.max_pipeline;
-        tokio::select! {
-            // Replies first: they free pipeline slots and memory.
-            biased;
-            Some(r) = inflight.next(), if !inflight.is_empty() => {
-                if let Some(r) = r {
-                    out.extend_from_slice(&r);
-                }
-                // Gather the replies already done, then write once.
-                while let Some(Some(r)) = futures_util::FutureExt::now_or_never(inflight.next()) {
-                    if let Some(r) = r {
-                        out.extend_from_slice(&r);
-                    }
-                }
-                if !out.is_empty() {
-                    stream.write_all(&out).await?;
-                    out.clear();
-                }
-            }
-            n = stream.read_buf(&mut buf), if can_read => {
-                if n? == 0 {
-                    reading = false;
-                    if inflight.is_empty() {
-                        return Ok(());
-                    }
-                }
-                // A client that sends more than one item and a line ahead
-                // of its commands being parsed is cut off.
-                if buf.len() > limits.max_item + limits.max_get_line + 4096 {
-                    return Ok(());
-                }
-            }
-            else => {
-                if !reading && inflight.is_empty() {
-                    return Ok(());
-                }
-            }
-        }
-    }
-}
-
-fn line(text: &str) -> Bytes {
-    let mut b = BytesMut::with_capacity(text.len() + 2);
-    b.extend_from_slice(text.as_bytes());
-    b.extend_from_slice(b"\r\n");
-    b.freeze()
-}
-
-fn ready(r: Option<Bytes>) -> ReplyFuture {
-    Box::pin(std::future::ready(r))
-}
-
-fn node_error(shared: &Shared, e: &CallError) -> Bytes {
-    shared.stats.node_errors.fetch_add(1, Relaxed);
-    debug!(error = %e, "a node did not answer a command");
-    line(&format!("SERVER_ERROR surelink: {e}"))
-}
-
-/// Sends `cmd` on its way; the future gives the client's answer (`None`:
-/// nothing to write).
-fn dispatch(shared: &Arc<Shared>, cmd: Command) -> ReplyFuture {
-    let noreply = cmd.noreply();
-    let answer = move |b: Bytes| (!noreply).then_some(b);
-    match &cmd {
-        Command::Reply { text, .. } => ready(answer(line(text))),
-        Command::Version => ready(Some(line(&format!("VERSION {VERSION}")))),
-        Command::Stats => ready(Some(stats(shared))),
-        Command::Quit => ready(None),
-        Command::Get { keys, .. } => {
-            shared.stats.cmd_get.fetch_add(keys.len() as u64, Relaxed);
-            get(shared, cmd)
-        }
-        Command::FlushAll { .. } => {
-            let nodes: Vec<NodeId> = shared.ring.read().nodes().into_iter().collect();
-            let calls: Vec<_> = nodes.iter().map(|&n| call(shared, n, &cmd)).collect();
-            let s = shared.clone();
-            // All queued at the first poll, before the commands behind it.
-            let all = futures_util::future::join_all(calls);
-            Box::pin(async move {
-                for r in all.await {
-                    if let Err(e) = r {
-                        return answer(node_error(&s, &e));
-                    }
-                }
-                answer(line("OK"))
-            })
-        }
-        Command::TooLarge { unlink, .. } => {
-            let refused = line("SERVER_ERROR object too large for cache");
-            let node = cmd.key().and_then(|k| shared.ring.read().node_for(k));
-            match node.filter(|_| *unlink) {
-                // A refused `set` removes the old value, as in memcached
-                // (before later commands run: it is in the pipeline).
-                Some(node) => {
-                    let c = call(shared, node, &cmd);
-                    Box::pin(async move {
-                        let _ = c.await;
-                        answer(refused)
-                    })
-                }
-                None => ready(answer(refused)),
-            }
-        }
-        Command::Store { .. }
-        | Command::Delete { .. }
-        | Command::Arith { .. }
-        | Command::Touch { .. } => {
-            if matches!(cmd, Command::Store { .. }) {
-                shared.stats.cmd_set.fetch_add(1, Relaxed);
-            }
-            let node = cmd.key().and_then(|k| shared.ring.read().node_for(k));
-            let Some(node) = node else {
-                return ready(answer(line("SERVER_ERROR no cache node available")));
-            };
-            let c = call(shared, node, &cmd);
-            let s = shared.clone();
-            Box::pin(async move {
-                match c.await {
-                    Ok(r) => answer(r),
-                    Err(e) => answer(node_error(&s, &e)),
-                }
-            })
-        }
-    }
-}
-
-/// The call carrying `cmd` to `node`. Queued into the session when first
-/// polled, which `FuturesOrdered` does in push order.
-fn call(
-    shared: &Arc<Shared>,
-    node: NodeId,
-    cmd: &Command,
-) -> impl std::future::Future<Output = Result<Bytes, CallError>> + Send + 'static {
-    let mut body = BytesMut::new();
-    let _ = cmd.encode(&mut body);
-    let ep = shared.ep.clone();
-    let timeout = shared.cfg.call_timeout;
-    async move { ep.call(node, CACHE_CHANNEL, body.freeze(), timeout).await }
-}
-
-/// A `get`/`gets`: keys split per node, one command to each, the values
-/// joined in the order the client asked (repeats answered each time).
-fn get(shared: &Arc<Shared>, cmd: Command) -> ReplyFuture {
-    let Command::Get { keys, cas } = cmd else {
-        return ready(None);
-    };
-    let mut per_node: Vec<(NodeId, Vec<Bytes>)> = Vec::new();
-    {
-        let ring = shared.ring.read();
-        for k in &keys {
-            let Some(n) = ring.node_for(k) else {
-                return ready(Some(line("SERVER_ERROR no cache node available")));
-            };
-            // At most GET_BATCH keys per call: a reply of that many
-            // largest items stays under the message limit.
-            match per_node
-                .iter_mut()
-                .find(|(m, ks)| *m == n && ks.len() < GET_BATCH)
-            {
-                Some((_, ks)) => ks.push(k.clone()),
-                None => per_node.push((n, vec![k.clone()])),
-            }
-        }
-    }
-    let calls: Vec<_> = per_node
-        .into_iter()
-        .map(|(n, ks)| call(shared, n, &Command::Get { keys: ks, cas }))
-        .collect();
-    let s = shared.clone();
-    Box::pin(async move {
-        // Per key, its VALUE blocks in the order the node sent them.
-        let mut values: std::collections::HashMap<Bytes, std::collections::VecDeque<Bytes>> =
-            std::collections::HashMap::new();
-        for r in futures_util::future::join_all(calls).await {
-            match r {
-                Ok(reply) => match split_values(&reply) {
-                    Some(v) => {
-                        for (k, block) in v {
-                            values.entry(k).or_default().push_back(block);
-                        }
-                    }
-                    // The node answered with an error line: pass it on.
-                    None => return Some(reply),
-                },
-                Err(e) => return Some(node_error(&s, &e)),
-            }
-        }
-        let mut out = BytesMut::new();
-        let mut hits = 0u64;
-        for k in &keys {
-            // The node answered repeats in order: take the first unused.
-            if let Some(block) = values.get_mut(k).and_then(|q| q.pop_front()) {
-                out.extend_from_slice(&block);
-                hits += 1;
-            }
-        }
-        s.stats.get_hits.fetch_add(hits, Relaxed);
-        s.stats
-            .get_misses
-            .fetch_add(keys.len() as u64 - hits, Relaxed);
-        out.extend_from_slice(b"END\r\n");
-        Some(out.freeze())
-    })
 }
 
 fn stats(shared: &Shared) -> Bytes {
@@ -540,6 +327,7 @@ fn stats(shared: &Shared) -> Bytes {
         ("get_misses", s.get_misses.load(Relaxed)),
         ("node_errors", s.node_errors.load(Relaxed)),
         ("ejections", s.ejections.load(Relaxed)),
+        ("rerouted", s.rerouted.load(Relaxed)),
     ];
     let mut out = String::new();
     for (k, v) in rows {

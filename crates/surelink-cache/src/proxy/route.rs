@@ -1,0 +1,395 @@
+//! Routing a client's commands to nodes, and re-routing them when a node
+//! leaves the ring.
+//!
+//! A command waiting on a node that the detector reports dead is not left
+//! to time out: it is sent again to the key's new node (a node that
+//! restarted gets it again too — its old incarnation, and what it held,
+//! are gone). Re-sent commands keep the client's order: [`Order`] numbers
+//! one client's commands, and after the ring changed a command is sent
+//! only once every earlier one of that client has replied or been sent on
+//! the new ring. So a pipelined `set k 1`, `set k 2` still leaves 2, even
+//! when both were waiting on the node that died.
+//!
+//! A command is only re-sent when its node is out of the ring or
+//! restarted, so it runs at most once on a node that stays in; a node
+//! wrongly reported dead (the detector never does that while the node
+//! keeps its heartbeat deadlines — SafeTimer) fences itself and drops its
+//! items ([`crate::node::serve_store`]) before anything is re-sent.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::task::Poll;
+
+use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
+use surelink::proto::NodeId;
+use surelink::CallError;
+use tokio::sync::Notify;
+
+use super::Shared;
+use crate::node::CACHE_CHANNEL;
+use crate::text::Command;
+
+/// Times one command may be re-routed before the client gets an error (a
+/// node restarting over and over).
+const MAX_REROUTES: u32 = 8;
+
+/// The order of one client's commands, for re-sending them in order.
+#[derive(Debug, Default)]
+pub(super) struct Order {
+    state: Mutex<OrderState>,
+    changed: Notify,
+}
+
+#[derive(Debug, Default)]
+struct OrderState {
+    next: u64,
+    /// Commands without a reply yet: the ring generation they were last
+    /// sent on ([`UNSENT`]: not sent yet).
+    open: BTreeMap<u64, u64>,
+    /// How many open commands were sent on each generation (unsent ones
+    /// not counted).
+    per_gen: BTreeMap<u64, usize>,
+    /// Commands waiting for their turn (no wake-ups needed when 0).
+    waiting: usize,
+}
+
+/// The generation of a command not sent yet. An earlier unsent command
+/// does not hold a later one back: it is either about to go on the same
+/// ring (commands are first polled in order, and send in that poll), or
+/// itself waits for something older that holds the later one back too.
+const UNSENT: u64 = u64::MAX;
+
+impl OrderState {
+    fn set_gen(&mut self, ticket: u64, gen: u64) {
+        if let Some(old) = self.open.insert(ticket, gen) {
+            self.uncount(old);
+        }
+        if gen != UNSENT {
+            *self.per_gen.entry(gen).or_default() += 1;
+        }
+    }
+
+    fn uncount(&mut self, gen: u64) {
+        if gen == UNSENT {
+            return;
+        }
+        if let Some(c) = self.per_gen.get_mut(&gen) {
+            *c -= 1;
+            if *c == 0 {
+                self.per_gen.remove(&gen);
+            }
+        }
+    }
+
+    /// Whether `ticket` may be sent on generation `gen`: every earlier
+    /// open command was sent on `gen` too.
+    fn may_send(&self, ticket: u64, gen: u64) -> bool {
+        // The common case: nothing open was sent on another ring.
+        let only_this = match self.per_gen.len() {
+            0 => true,
+            1 => self.per_gen.contains_key(&gen),
+            _ => false,
+        };
+        only_this
+            || self
+                .open
+                .range(..ticket)
+                .all(|(_, &g)| g == gen || g == UNSENT)
+    }
+}
+
+/// One command's place in its client's order; dropping it (the client
+/// left) frees the place.
+pub(super) struct Ticket {
+    order: Arc<Order>,
+    n: u64,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut s = self.order.state.lock();
+        if let Some(g) = s.open.remove(&self.n) {
+            s.uncount(g);
+        }
+        let wake = s.waiting > 0;
+        drop(s);
+        if wake {
+            self.order.changed.notify_waiters();
+        }
+    }
+}
+
+impl Order {
+    /// The next command's place.
+    pub(super) fn ticket(self: &Arc<Self>) -> Ticket {
+        let mut s = self.state.lock();
+        let n = s.next;
+        s.next += 1;
+        s.set_gen(n, UNSENT);
+        Ticket {
+            order: self.clone(),
+            n,
+        }
+    }
+}
+
+impl Ticket {
+    /// Waits until the command may be sent on the current ring, and
+    /// returns that ring's generation.
+    async fn turn(&self, shared: &Shared) -> u64 {
+        loop {
+            let waiting = self.order.changed.notified();
+            let mut waiting = pin!(waiting);
+            // Registered before looking, so a change in between wakes us.
+            waiting.as_mut().enable();
+            let gen = *shared.gen.borrow();
+            {
+                let mut s = self.order.state.lock();
+                if s.may_send(self.n, gen) {
+                    return gen;
+                }
+                s.waiting += 1;
+            }
+            let mut ring_changed = shared.gen.clone();
+            ring_changed.borrow_and_update();
+            tokio::select! {
+                () = waiting => {}
+                _ = ring_changed.changed() => {}
+            }
+            self.order.state.lock().waiting -= 1;
+        }
+    }
+
+    /// Records that the command went out on generation `gen`.
+    fn sent(&self, gen: u64) {
+        let mut s = self.order.state.lock();
+        s.set_gen(self.n, gen);
+        let wake = s.waiting > 0;
+        drop(s);
+        if wake {
+            self.order.changed.notify_waiters();
+        }
+    }
+}
+
+/// How one attempt at a node ended.
+enum Attempt {
+    Reply(Bytes),
+    /// The node left the ring (or restarted): send again.
+    Reroute,
+    Failed(CallError),
+}
+
+/// Resolves when `node` is out of the ring.
+async fn ejected(shared: &Shared, node: NodeId) {
+    let mut gen = shared.gen.clone();
+    loop {
+        gen.borrow_and_update();
+        if shared.ring.read().is_ejected(node) {
+            return;
+        }
+        if gen.changed().await.is_err() {
+            // The proxy is gone: nothing will change any more.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Sends `body` to `node` and waits for the reply, or for the node to
+/// leave the ring. `queued` runs once the request is in the session's
+/// queue (so later commands may follow it).
+async fn attempt(shared: &Shared, node: NodeId, body: Bytes, queued: impl FnOnce()) -> Attempt {
+    let mut call = pin!(shared
+        .ep
+        .call(node, CACHE_CHANNEL, body, shared.cfg.call_timeout));
+    // The first poll queues the request into the session.
+    let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+    queued();
+    let r = match first {
+        Poll::Ready(r) => r,
+        Poll::Pending => tokio::select! {
+            biased;
+            r = &mut call => r,
+            () = ejected(shared, node) => return Attempt::Reroute,
+        },
+    };
+    match r {
+        Ok(b) => Attempt::Reply(b),
+        // The node's old incarnation is gone with what it held: the new
+        // one takes the command as any other.
+        Err(CallError::PeerRestarted { .. }) => Attempt::Reroute,
+        Err(_) if shared.ring.read().is_ejected(node) => Attempt::Reroute,
+        Err(e) => Attempt::Failed(e),
+    }
+}
+
+/// Why a routed command got no node's answer.
+pub(super) enum RouteError {
+    /// Every node is out of the ring.
+    NoNode,
+    /// The node did not answer.
+    Call(CallError),
+}
+
+/// A command on one key (storage, delete, incr/decr, touch): to the key's
+/// node, again to its next node if that one leaves the ring.
+pub(super) async fn one_key(
+    shared: &Shared,
+    ticket: Ticket,
+    key: &[u8],
+    cmd: &Command,
+) -> Result<Bytes, RouteError> {
+    let mut body = BytesMut::new();
+    let _ = cmd.encode(&mut body);
+    let body = body.freeze();
+    for _ in 0..=MAX_REROUTES {
+        let gen = ticket.turn(shared).await;
+        let Some(node) = shared.ring.read().node_for(key) else {
+            return Err(RouteError::NoNode);
+        };
+        match attempt(shared, node, body.clone(), || ticket.sent(gen)).await {
+            Attempt::Reply(r) => return Ok(r),
+            Attempt::Failed(e) => return Err(RouteError::Call(e)),
+            Attempt::Reroute => shared.stats.rerouted.fetch_add(1, Relaxed),
+        };
+    }
+    Err(RouteError::Call(CallError::Timeout))
+}
+
+/// A `get`/`gets`: the keys split per node (at most `GET_BATCH` per
+/// request), the nodes' replies; keys whose node left the ring are split
+/// again over the new ring. Returns every node reply's `VALUE` blocks.
+pub(super) async fn get(
+    shared: &Shared,
+    ticket: Ticket,
+    keys: &[Bytes],
+    cas: bool,
+) -> Result<Vec<Bytes>, RouteError> {
+    let mut replies = Vec::new();
+    let mut todo: Vec<Bytes> = keys.to_vec();
+    for _ in 0..=MAX_REROUTES {
+        let gen = ticket.turn(shared).await;
+        let mut per_node: Vec<(NodeId, Vec<Bytes>)> = Vec::new();
+        {
+            let ring = shared.ring.read();
+            for k in todo.drain(..) {
+                let Some(n) = ring.node_for(&k) else {
+                    return Err(RouteError::NoNode);
+                };
+                match per_node
+                    .iter_mut()
+                    .find(|(m, ks)| *m == n && ks.len() < super::GET_BATCH)
+                {
+                    Some((_, ks)) => ks.push(k),
+                    None => per_node.push((n, vec![k])),
+                }
+            }
+        }
+        let parts = per_node.iter().map(|(n, ks)| {
+            let mut body = BytesMut::new();
+            let _ = Command::Get {
+                keys: ks.clone(),
+                cas,
+            }
+            .encode(&mut body);
+            attempt(shared, *n, body.freeze(), || {})
+        });
+        // join_all polls every part once, in order, on its first poll:
+        // all are queued before the command counts as sent.
+        let mut all = pin!(futures_util::future::join_all(parts));
+        let first = std::future::poll_fn(|cx| Poll::Ready(all.as_mut().poll(cx))).await;
+        ticket.sent(gen);
+        let done = match first {
+            Poll::Ready(d) => d,
+            Poll::Pending => all.await,
+        };
+        for (a, (_, ks)) in done.into_iter().zip(per_node) {
+            match a {
+                Attempt::Reply(r) => replies.push(r),
+                Attempt::Failed(e) => return Err(RouteError::Call(e)),
+                Attempt::Reroute => {
+                    shared.stats.rerouted.fetch_add(1, Relaxed);
+                    todo.extend(ks);
+                }
+            }
+        }
+        if todo.is_empty() {
+            return Ok(replies);
+        }
+    }
+    Err(RouteError::Call(CallError::Timeout))
+}
+
+/// `flush_all`: to every node in the ring, in the client's order.
+pub(super) async fn all_nodes(
+    shared: &Shared,
+    ticket: Ticket,
+    cmd: &Command,
+) -> Result<(), RouteError> {
+    let gen = ticket.turn(shared).await;
+    let nodes: Vec<NodeId> = {
+        let ring = shared.ring.read();
+        ring.nodes()
+            .into_iter()
+            .filter(|n| !ring.is_ejected(*n))
+            .collect()
+    };
+    let mut body = BytesMut::new();
+    let _ = cmd.encode(&mut body);
+    let body = body.freeze();
+    let calls = nodes
+        .iter()
+        .map(|&n| attempt(shared, n, body.clone(), || {}));
+    let mut all = pin!(futures_util::future::join_all(calls));
+    let first = std::future::poll_fn(|cx| Poll::Ready(all.as_mut().poll(cx))).await;
+    ticket.sent(gen);
+    let done = match first {
+        Poll::Ready(d) => d,
+        Poll::Pending => all.await,
+    };
+    for a in done {
+        // A node that left the ring meanwhile has nothing to flush (it
+        // comes back empty).
+        if let Attempt::Failed(e) = a {
+            return Err(RouteError::Call(e));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn later_commands_wait_only_for_earlier_ones_on_an_older_ring() {
+        let order = Arc::new(Order::default());
+        let a = order.ticket();
+        let b = order.ticket();
+        let c = order.ticket();
+        {
+            let s = order.state.lock();
+            assert!(s.per_gen.is_empty());
+            // Nothing sent yet: anyone may go on ring 0.
+            assert!(s.may_send(a.n, 0) && s.may_send(c.n, 0));
+        }
+        order.state.lock().set_gen(a.n, 0);
+        order.state.lock().set_gen(b.n, 0);
+        assert!(order.state.lock().may_send(c.n, 0));
+        // The ring changed: c may not overtake a and b, sent on ring 0.
+        assert!(!order.state.lock().may_send(c.n, 1));
+        // a is re-sent on ring 1, b replies: c may go.
+        order.state.lock().set_gen(a.n, 1);
+        assert!(!order.state.lock().may_send(c.n, 1));
+        drop(b);
+        assert!(order.state.lock().may_send(c.n, 1));
+        drop(a);
+        let s = order.state.lock();
+        assert_eq!(s.open.len(), 1);
+        assert!(s.per_gen.is_empty(), "c was never sent");
+    }
+}
