@@ -23,9 +23,9 @@ mod cache;
 mod certs;
 mod config_file;
 mod demo;
-mod demo_sim;
 mod experiment;
 mod keys;
+mod memload;
 mod serve;
 mod stats;
 mod testbed;
@@ -81,14 +81,20 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // The demo reports the faults it injects itself: the warnings they
+    // cause would bury its report (RUST_LOG still shows them).
+    let default_level = match cli.command {
+        Command::Demo(_) => "error",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

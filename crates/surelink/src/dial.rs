@@ -139,6 +139,7 @@ pub(crate) async fn dial_loop(
         };
         match attempt {
             Ok(mut stream) => {
+                shared.dial_connected(peer);
                 configure(&stream, &shared);
                 let secured = match &shared.secure {
                     None => Ok(None),
@@ -170,7 +171,12 @@ pub(crate) async fn dial_loop(
                     }
                 }
             }
-            Err(e) => debug!(%peer, network, %remote, error = %e, "dial failed"),
+            Err(e) => {
+                debug!(%peer, network, %remote, error = %e, "dial failed");
+                if e.kind() == std::io::ErrorKind::ConnectionRefused {
+                    shared.dial_refused(peer, network);
+                }
+            }
         }
         // Cut, not silent: retry after the first delay (a connect costs a
         // SYN). Silent: back off until it is heard again.

@@ -79,6 +79,17 @@ pub enum NetEvent {
         /// The peer.
         peer: NodeId,
     },
+    /// No process listens at the peer's addresses: since its last
+    /// connection ended, a connect was refused (answered with a reset) on
+    /// every network it is configured on, and no path is up. A crashed
+    /// process on a live host looks like this at once; a paused or
+    /// cut-off one does not (its kernel still accepts, or nothing
+    /// answers). Not a failure detector verdict: a firewall that rejects
+    /// looks the same. Reported once until a connection succeeds again.
+    PeerRefused {
+        /// The peer.
+        peer: NodeId,
+    },
     /// A peer considered dead is heard again.
     PeerAlive {
         /// The peer.

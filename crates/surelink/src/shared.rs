@@ -60,6 +60,9 @@ pub(crate) struct Shared {
     pub(crate) detector: Option<Arc<crate::detector::Detector>>,
     /// A silent path is heard again: dial loops retry at once.
     pub(crate) redial: Notify,
+    /// Per dialled peer: networks where a connect was refused since it
+    /// was last connected, and whether `PeerRefused` was reported.
+    refused: Mutex<FxHashMap<NodeId, (u64, bool)>>,
     next_path: AtomicU64,
     last_now: AtomicU64,
     pub(crate) closed: AtomicBool,
@@ -111,6 +114,7 @@ impl Shared {
             stats: Stats::default(),
             detector,
             redial: Notify::new(),
+            refused: Mutex::new(FxHashMap::default()),
             next_path: AtomicU64::new(1),
             last_now: AtomicU64::new(0),
             closed: AtomicBool::new(false),
@@ -128,6 +132,42 @@ impl Shared {
             muted,
             config,
         }
+    }
+
+    /// A connect to `peer` on `network` was refused. Reports
+    /// [`NetEvent::PeerRefused`] when every network of the peer refused
+    /// and no path to it is up.
+    pub(crate) fn dial_refused(&self, peer: NodeId, network: usize) {
+        let Some(p) = self.config.peers.iter().find(|p| p.node == peer) else {
+            return;
+        };
+        let want = p
+            .addrs
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.is_some())
+            .fold(0u64, |m, (i, _)| m | 1u64 << i.min(63));
+        let report = {
+            let mut r = lock(&self.refused);
+            let e = r.entry(peer).or_default();
+            e.0 |= 1u64 << network.min(63);
+            let all = e.0 & want == want;
+            if all && !e.1 && self.events.paths_up(peer) == 0 {
+                e.1 = true;
+                true
+            } else {
+                false
+            }
+        };
+        if report {
+            warn!(%peer, "every network refused our connections: no process listens at the peer's addresses");
+            self.events.publish(NetEvent::PeerRefused { peer });
+        }
+    }
+
+    /// A connect to `peer` succeeded: refusals start over.
+    pub(crate) fn dial_connected(&self, peer: NodeId) {
+        lock(&self.refused).remove(&peer);
     }
 
     /// The core's clock: time since the endpoint started.

@@ -50,7 +50,8 @@ impl Testing<'_> {
     /// route that drops everything it sends there would: bytes for that
     /// network's connections wait in their queues (TCP would keep
     /// re-sending them) and go out when it speaks again, its heartbeats on
-    /// that network are not sent, and it dials no new connection there.
+    /// that network are lost on the wire (sent in time as far as it knows,
+    /// so it does not fence itself), and it dials no new connection there.
     /// What the peers send still arrives. So peers stop hearing it on that
     /// network, and its own messages there get no acknowledgement.
     pub fn mute_network(&self, network: usize, muted: bool) {

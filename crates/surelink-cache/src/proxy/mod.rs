@@ -246,10 +246,21 @@ impl Drop for Proxy {
     }
 }
 
-/// Ejects nodes the detector reports dead; restores them when heard.
+/// Ejects nodes the detector reports dead or whose process is gone
+/// (connections refused on every network); puts them back when heard,
+/// after emptying them.
+///
+/// A node comes back into the ring empty: while it was out its keys were
+/// written elsewhere, so what it still holds may be stale (a node that
+/// restarted is empty anyway; one that was only cut off is not). Its
+/// `flush_all` is a proxy's call like any other, so it runs after every
+/// command this proxy sent it before.
 async fn watch_nodes(shared: Arc<Shared>, gen: watch::Sender<u64>) {
+    let gen = Arc::new(gen);
     let mut events = shared.ep.events();
     let ours = |p: &NodeId| shared.cfg.nodes.contains(p);
+    let mut restoring: std::collections::HashMap<NodeId, tokio::task::JoinHandle<()>> =
+        std::collections::HashMap::new();
     loop {
         let e = match events.recv().await {
             Ok(e) => e,
@@ -261,20 +272,62 @@ async fn watch_nodes(shared: Arc<Shared>, gen: watch::Sender<u64>) {
             }
             Err(_) => return,
         };
+        restoring.retain(|_, t| !t.is_finished());
         match e {
-            NetEvent::PeerDead { peer } if ours(&peer) && shared.ring.write().eject(peer) => {
-                shared.stats.ejections.fetch_add(1, Relaxed);
-                gen.send_modify(|g| *g += 1);
-                warn!(node = %peer, "cache node reported dead: out of the ring");
+            // Dead (the detector: silent for its whole window), or its
+            // process gone (every network refuses connections: a crash on
+            // a live host, known within a round trip — waiting for the
+            // detector would hold every client whose pipeline has one of
+            // its commands for the whole window).
+            NetEvent::PeerDead { peer } | NetEvent::PeerRefused { peer } if ours(&peer) => {
+                if let Some(t) = restoring.remove(&peer) {
+                    t.abort();
+                }
+                if shared.ring.write().eject(peer) {
+                    shared.stats.ejections.fetch_add(1, Relaxed);
+                    gen.send_modify(|g| *g += 1);
+                    warn!(node = %peer, why = ?e, "cache node out of the ring");
+                }
             }
             NetEvent::PeerAlive { peer } | NetEvent::PeerUp { peer, .. }
-                if ours(&peer) && shared.ring.write().restore(peer) =>
+                if ours(&peer)
+                    && shared.ring.read().is_ejected(peer)
+                    && !restoring.contains_key(&peer) =>
             {
-                gen.send_modify(|g| *g += 1);
-                info!(node = %peer, "cache node back in the ring");
+                let task = tokio::spawn(restore(shared.clone(), gen.clone(), peer));
+                restoring.insert(peer, task);
             }
             _ => {}
         }
+    }
+}
+
+/// Empties `node` and puts it back into the ring; retried until it
+/// answers (the task is aborted if the node is reported dead again).
+async fn restore(shared: Arc<Shared>, gen: Arc<watch::Sender<u64>>, node: NodeId) {
+    let flush = Bytes::from_static(b"flush_all\r\n");
+    loop {
+        match shared
+            .ep
+            .call(
+                node,
+                crate::node::CACHE_CHANNEL,
+                flush.clone(),
+                shared.cfg.call_timeout,
+            )
+            .await
+        {
+            Ok(r) if &r[..] == b"OK\r\n" => break,
+            Ok(r) => {
+                warn!(%node, reply = %String::from_utf8_lossy(&r), "node refused flush_all before rejoining")
+            }
+            Err(e) => debug!(%node, error = %e, "flush_all before rejoining failed; retrying"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if shared.ring.write().restore(node) {
+        gen.send_modify(|g| *g += 1);
+        info!(%node, "cache node back in the ring (emptied)");
     }
 }
 

@@ -1,4 +1,4 @@
-//! `surelink demo`: two endpoints on real loopback sockets over two networks
+//! `surelink demo --stream`: two endpoints on real loopback sockets over two networks
 //! (127.0.1.x and 127.0.2.x). A client streams one-way messages on four
 //! channels; mid-stream the connections of network 0 are shut down (as
 //! `ss -K` would), later those of network 1. The report says what arrived.
@@ -9,34 +9,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use clap::Args;
+
+use super::DemoArgs;
 use surelink::proto::NodeId;
 use surelink::testing::{Loopback, LoopbackPair};
 use surelink::NetEvent;
 use tokio::time::Instant;
-
-#[derive(Args, Debug)]
-pub(crate) struct DemoArgs {
-    /// Run on the deterministic simulator (virtual time) instead of sockets.
-    #[arg(long)]
-    pub(crate) simulated: bool,
-    /// Simulator seed (with --simulated).
-    #[arg(long, default_value_t = 7)]
-    pub(crate) seed: u64,
-    /// Microseconds between messages.
-    #[arg(long, default_value_t = 200)]
-    pub(crate) interval_us: u64,
-    /// Seconds of streaming.
-    #[arg(long, default_value_t = 3)]
-    pub(crate) seconds: u64,
-    /// When network 0's connections are killed (seconds into the stream).
-    #[arg(long, default_value_t = 1.0)]
-    pub(crate) fail_at: f64,
-    /// Loopback: seconds later network 1's connections are killed too.
-    /// Simulated: how long path 1 stays down.
-    #[arg(long, default_value_t = 1.0)]
-    pub(crate) down_for: f64,
-}
 
 const SERVER: NodeId = NodeId(1);
 const CHANNELS: u64 = 4;
@@ -53,14 +31,12 @@ struct Seen {
 }
 
 pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
-    if args.simulated {
-        return crate::demo_sim::run(args);
-    }
-    if args.interval_us == 0 || args.seconds == 0 {
+    let seconds = args.seconds.unwrap_or(3);
+    if args.interval_us == 0 || seconds == 0 {
         bail!("--interval-us and --seconds must be positive");
     }
     let second_kill = args.fail_at + args.down_for;
-    if !(args.fail_at >= 0.0 && args.down_for > 0.0 && second_kill < args.seconds as f64) {
+    if !(args.fail_at >= 0.0 && args.down_for > 0.0 && second_kill < seconds as f64) {
         bail!("both kills (--fail-at, --fail-at + --down-for) must fall inside the stream (--seconds)");
     }
     let LoopbackPair { server, client } = Loopback::new()
@@ -68,7 +44,7 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
         .await
         .context("starting two endpoints on 127.0.1.x and 127.0.2.x")?;
     let mut events = client.events();
-    let n = args.seconds * 1_000_000 / args.interval_us;
+    let n = seconds * 1_000_000 / args.interval_us;
     println!("surelink demo: two endpoints on loopback, two networks (127.0.1.x, 127.0.2.x)");
     for p in client.paths() {
         println!(
@@ -78,7 +54,7 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     }
     println!(
         "  streaming {n} one-way messages (64 B, one every {} µs, 4 channels) for {} s",
-        args.interval_us, args.seconds
+        args.interval_us, seconds
     );
     println!(
         "  t={:.3}s  kill every connection on network 0 (socket shutdown, as `ss -K`)",

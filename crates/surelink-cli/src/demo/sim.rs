@@ -7,16 +7,17 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use surelink_sim::{Fault, Sim, SimConfig};
 
-use crate::demo::DemoArgs;
+use super::DemoArgs;
 
 pub(crate) fn run(args: &DemoArgs) -> Result<()> {
     let interval_ms = (args.interval_us / 1000).max(1);
-    if args.seconds == 0 {
+    let seconds = args.seconds.unwrap_or(3);
+    if seconds == 0 {
         bail!("--seconds must be positive");
     }
     if !(args.fail_at >= 0.0
         && args.down_for > 0.0
-        && args.fail_at + args.down_for < args.seconds as f64)
+        && args.fail_at + args.down_for < seconds as f64)
     {
         bail!("the fault (--fail-at, --down-for) must lie inside the stream (--seconds)");
     }
@@ -24,7 +25,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<()> {
     // Spread messages over both paths so the failing one has messages in flight.
     cfg.endpoint.balance_slack = 0;
     cfg.workload.interval = Duration::from_millis(interval_ms);
-    cfg.workload.until = Duration::from_secs(args.seconds);
+    cfg.workload.until = Duration::from_secs(seconds);
     cfg.workload.channels = 4;
     // The product's default: every connection authenticated and encrypted.
     cfg.secure = Some(surelink::proto::secure::Protection::Encrypt);
