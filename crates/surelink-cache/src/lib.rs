@@ -9,12 +9,14 @@
 //!   answers to bad input; command encoding for nodes);
 //! - [`Store`]: a node's embedded store, bounded in bytes (`quick_cache`);
 //! - [`StoreHandler`]: the node's surelink request handler;
+//!   [`backend::MemcachedHandler`] instead fronts a local memcached;
 //! - [`Ring`], [`Proxy`].
 //!
 //! What it does not do: replicate items (a dead node's keys are lost, as
 //! with memcached), the binary or meta protocols, `gat`/`gats`, `stats`
 //! subcommands, `flush_all` with a delay.
 
+pub mod backend;
 pub mod local;
 pub mod node;
 pub mod proxy;

@@ -38,6 +38,18 @@ pub enum LocalError {
     /// The proxy did not start.
     #[error(transparent)]
     Proxy(#[from] ProxyError),
+    /// A node could not reach its memcached.
+    #[error(transparent)]
+    Backend(#[from] crate::backend::BackendError),
+}
+
+/// What a local cluster's nodes keep items in.
+#[derive(Clone, Debug)]
+pub enum Items {
+    /// The embedded store, this many bytes per node.
+    Embedded(u64),
+    /// Node `i` fronts the memcached at the `i`-th address.
+    Memcached(Vec<SocketAddr>),
 }
 
 /// A running cluster.
@@ -49,7 +61,7 @@ pub struct LocalCluster {
     pub proxy_ep: Arc<Endpoint>,
     /// The proxy.
     pub proxy: Proxy,
-    memory: u64,
+    items: Items,
 }
 
 struct NodeSlot {
@@ -67,9 +79,9 @@ fn keypair() -> Result<Keypair, LocalError> {
     Keypair::generate().map_err(|e| LocalError::Keys(e.to_string()))
 }
 
-/// Binds a cache node with a fresh embedded store (on its previous
-/// addresses after a restart).
-async fn bind_node(s: &mut NodeSlot, members: &Members, memory: u64) -> Result<(), LocalError> {
+/// Binds a cache node with a fresh embedded store, or fronting its
+/// memcached (on its previous addresses after a restart).
+async fn bind_node(s: &mut NodeSlot, members: &Members, items: &Items) -> Result<(), LocalError> {
     let mut cfg = Config::new(s.id, ClusterId(9));
     crate::proxy::tune_endpoint(&mut cfg);
     cfg.identity = Some(s.keys.clone());
@@ -83,7 +95,17 @@ async fn bind_node(s: &mut NodeSlot, members: &Members, memory: u64) -> Result<(
     let ep = Endpoint::bind(cfg)
         .await
         .map_err(|source| LocalError::Bind { node: s.id, source })?;
-    crate::node::serve_store(&ep, Arc::new(Store::new(memory)), Limits::default());
+    match items {
+        Items::Embedded(memory) => {
+            crate::node::serve_store(&ep, Arc::new(Store::new(*memory)), Limits::default());
+        }
+        Items::Memcached(addrs) => {
+            let i = usize::try_from(s.id.0 - 1).unwrap_or(0);
+            let addr = addrs[i % addrs.len().max(1)];
+            let h = crate::backend::MemcachedHandler::connect(addr, 1, Limits::default()).await?;
+            crate::backend::serve_backend(&ep, h);
+        }
+    }
     s.listen = ep.local_addrs();
     s.ep = Some(ep);
     Ok(())
@@ -97,6 +119,22 @@ impl LocalCluster {
         memory: u64,
         listen: SocketAddr,
     ) -> Result<LocalCluster, LocalError> {
+        Self::start_with(n, Items::Embedded(memory), listen).await
+    }
+
+    /// `n` nodes keeping items as `items` says, and a proxy on `listen`.
+    pub async fn start_with(
+        n: u64,
+        items: Items,
+        listen: SocketAddr,
+    ) -> Result<LocalCluster, LocalError> {
+        if let Items::Memcached(a) = &items {
+            if a.is_empty() {
+                return Err(
+                    crate::backend::BackendError::Url("no memcached address".into()).into(),
+                );
+            }
+        }
         let proxy_keys = keypair()?;
         let mut members = Members::new();
         let _ = members.insert(PROXY_NODE, proxy_keys.public());
@@ -112,7 +150,7 @@ impl LocalCluster {
             });
         }
         for s in &mut nodes {
-            bind_node(s, &members, memory).await?;
+            bind_node(s, &members, &items).await?;
         }
         let mut pc = Config::new(PROXY_NODE, ClusterId(9));
         crate::proxy::tune_endpoint(&mut pc);
@@ -146,7 +184,7 @@ impl LocalCluster {
             members,
             proxy_ep,
             proxy,
-            memory,
+            items,
         })
     }
 
@@ -170,9 +208,9 @@ impl LocalCluster {
 
     /// Starts node `id` again, empty, on its old addresses.
     pub async fn restart_node(&mut self, id: NodeId) -> Result<(), LocalError> {
-        let (members, memory) = (self.members.clone(), self.memory);
+        let (members, items) = (self.members.clone(), self.items.clone());
         match self.nodes.iter_mut().find(|s| s.id == id) {
-            Some(s) if s.ep.is_none() => bind_node(s, &members, memory).await,
+            Some(s) if s.ep.is_none() => bind_node(s, &members, &items).await,
             _ => Ok(()),
         }
     }

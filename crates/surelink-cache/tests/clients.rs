@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use surelink_cache::local::LocalCluster;
+use surelink_cache::local::{Items, LocalCluster};
 
 fn have(tool: &str) -> bool {
     Command::new("sh")
@@ -120,17 +120,8 @@ fn free_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn answers_match_a_real_memcached() {
-    let python = "/usr/bin/python3";
-    let pymemcache = Command::new(python)
-        .args(["-c", "import pymemcache"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !have("memcached") || !pymemcache {
-        eprintln!("SKIPPED conformance: needs memcached and python3-pymemcache (apt-get install memcached python3-pymemcache)");
-        return;
-    }
+/// Starts a memcached on a free loopback port (killed when dropped).
+async fn memcached() -> (Reap, SocketAddr) {
     let port = free_port();
     let mut mc = Command::new("memcached");
     mc.args([
@@ -150,25 +141,89 @@ async fn answers_match_a_real_memcached() {
     if root {
         mc.args(["-u", "root"]);
     }
-    // Killed when the test ends, also when it fails.
-    let _mc = Reap(mc.spawn().unwrap());
-    let mc_addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let child = Reap(mc.spawn().unwrap());
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     for _ in 0..100 {
-        if std::net::TcpStream::connect(mc_addr).is_ok() {
+        if std::net::TcpStream::connect(addr).is_ok() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let c = cluster().await;
+    (child, addr)
+}
+
+/// The Python suite against the proxy (nodes with the embedded store, then
+/// nodes fronting another memcached) and against a real memcached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_match_a_real_memcached() {
+    let python = "/usr/bin/python3";
+    let pymemcache = Command::new(python)
+        .args(["-c", "import pymemcache"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have("memcached") || !pymemcache {
+        eprintln!("SKIPPED conformance: needs memcached and python3-pymemcache (apt-get install memcached python3-pymemcache)");
+        return;
+    }
+    let (_reference, mc_addr) = memcached().await;
+    let (_backend, backend_addr) = memcached().await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/conformance.py");
-    let (ok, out) = run(vec![
-        python.into(),
-        script.into(),
-        c.proxy.local_addr().to_string(),
-        mc_addr.to_string(),
-    ])
-    .await;
-    eprintln!("{}", out.trim());
-    assert!(ok, "the proxy's answers differ from memcached's:\n{out}");
+    for items in [
+        Items::Embedded(64 << 20),
+        Items::Memcached(vec![backend_addr]),
+    ] {
+        let what = format!("{items:?}");
+        let c = LocalCluster::start_with(3, items, "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let (ok, out) = run(vec![
+            python.into(),
+            script.into(),
+            c.proxy.local_addr().to_string(),
+            mc_addr.to_string(),
+        ])
+        .await;
+        eprintln!("nodes with {what}:\n{}", out.trim());
+        assert!(
+            ok,
+            "the proxy's answers (nodes with {what}) differ from memcached's:\n{out}"
+        );
+        c.shutdown().await;
+    }
+}
+
+/// memcslap through nodes that front a memcached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memcslap_through_nodes_fronting_memcached() {
+    if !have("memcslap") || !have("memcached") {
+        eprintln!(
+            "SKIPPED memcslap with a memcached backend: needs memcached and libmemcached-tools"
+        );
+        return;
+    }
+    let (_mc, addr) = memcached().await;
+    let c = LocalCluster::start_with(
+        3,
+        Items::Memcached(vec![addr]),
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    let server = c.proxy.local_addr().to_string();
+    for test in ["set", "get", "mget"] {
+        let (ok, out) = run(vec![
+            "memcslap".into(),
+            format!("--servers={server}"),
+            format!("--test={test}"),
+            "--concurrency=4".into(),
+            "--execute-number=2000".into(),
+        ])
+        .await;
+        eprintln!("memcslap --test={test} (memcached backend): {}", out.trim());
+        assert!(ok && !out.to_lowercase().contains("error"), "{out}");
+    }
+    let s = c.proxy.stats();
+    assert!(s.get_hits.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    assert_eq!(s.node_errors.load(std::sync::atomic::Ordering::Relaxed), 0);
     c.shutdown().await;
 }

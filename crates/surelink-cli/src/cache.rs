@@ -51,10 +51,22 @@ async fn node(a: &ConfigArg) -> Result<()> {
         ..Limits::default()
     };
     let ep = Endpoint::bind(loaded.config).await?;
-    let store = Arc::new(Store::new(memory << 20));
-    surelink_cache::node::serve_store(&ep, store, limits);
+    let what = match &cache.backend {
+        None => {
+            let store = Arc::new(Store::new(memory << 20));
+            surelink_cache::node::serve_store(&ep, store, limits);
+            format!("embedded store of {memory} MiB")
+        }
+        Some(url) => {
+            let addr = surelink_cache::backend::parse_url(url)?;
+            let n = cache.backend_connections.unwrap_or(1);
+            let h = surelink_cache::backend::MemcachedHandler::connect(addr, n, limits).await?;
+            surelink_cache::backend::serve_backend(&ep, h);
+            format!("fronting memcached at {addr} ({n} connection(s))")
+        }
+    };
     println!(
-        "cache node {} (epoch {}) on {:?}: {memory} MiB; Ctrl-C stops",
+        "cache node {} (epoch {}) on {:?}: {what}; Ctrl-C stops",
         ep.node(),
         ep.epoch(),
         ep.local_addrs()

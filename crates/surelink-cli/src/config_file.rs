@@ -44,6 +44,8 @@
 //! [cache]                                           # `surelink cache node`
 //! memory_mb = 64                                    # item memory (memcached -m)
 //! max_item = 1048576                                # memcached -I
+//! # backend = "memcached://127.0.0.1:11211"         # front a local memcached instead
+//! # backend_connections = 1
 //!
 //! [proxy]                                           # `surelink cache proxy`
 //! listen = "127.0.0.1:11311"                        # memcached clients connect here
@@ -108,6 +110,11 @@ pub(crate) struct CacheSection {
     pub(crate) memory_mb: Option<u64>,
     /// Largest item, bytes (memcached's `-I`, default 1 MiB).
     pub(crate) max_item: Option<usize>,
+    /// `memcached://host:port`: front that memcached instead of holding
+    /// items (default: the embedded store).
+    pub(crate) backend: Option<String>,
+    /// Pipelined connections to the backend memcached (default 1).
+    pub(crate) backend_connections: Option<usize>,
 }
 
 /// `[proxy]`: the memcached-protocol listener of a proxy.

@@ -74,6 +74,9 @@ enum Command {
     /// `experiment`).
     #[command(hide = true)]
     ExperimentNode(experiment::node::NodeArgs),
+    /// The client of `bench cache --failure`, inside the testbed's host a.
+    #[command(hide = true)]
+    BenchCacheClient(bench::cache::failure::ClientArgs),
     /// A plain TCP / MPTCP baseline node of an experiment (used by
     /// `experiment failover`).
     #[command(hide = true)]
@@ -113,6 +116,7 @@ fn main() -> anyhow::Result<()> {
             Command::Experiment(e) => experiment::run(&e).await,
             Command::ExperimentNode(a) => experiment::node::run(&a).await,
             Command::ExperimentTcpNode(a) => experiment::tcpnode::run(&a).await,
+            Command::BenchCacheClient(a) => bench::cache::failure::client(&a).await,
         }
     })
 }

@@ -139,6 +139,21 @@ impl Command {
         }
     }
 
+    /// Asks for the answer after all (a node forwarding to memcached: the
+    /// proxy drops what its client did not want).
+    pub fn clear_noreply(&mut self) {
+        match self {
+            Command::Store { noreply, .. }
+            | Command::Delete { noreply, .. }
+            | Command::Arith { noreply, .. }
+            | Command::Touch { noreply, .. }
+            | Command::TooLarge { noreply, .. }
+            | Command::FlushAll { noreply }
+            | Command::Reply { noreply, .. } => *noreply = false,
+            _ => {}
+        }
+    }
+
     /// Whether the client wants no answer.
     pub fn noreply(&self) -> bool {
         match self {

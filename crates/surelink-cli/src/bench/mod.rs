@@ -88,6 +88,7 @@
 //!
 //! [`Config`]: surelink::Config
 
+pub(crate) mod cache;
 mod detector;
 mod fixture;
 mod latency;
@@ -144,6 +145,17 @@ pub(crate) struct BenchArgs {
     /// Run only one kind of measurement.
     #[arg(long, value_enum)]
     only: Option<Only>,
+    #[command(subcommand)]
+    sub: Option<BenchSub>,
+}
+
+/// `surelink bench cache`: the cache cluster's own benchmark.
+#[derive(clap::Subcommand, Debug)]
+enum BenchSub {
+    /// The cache cluster against memcached and nutcracker (twemproxy):
+    /// throughput, latency and CPU at fixed offered loads; `--failure`
+    /// adds a link failure on the netns testbed (root).
+    Cache(cache::CacheBenchArgs),
 }
 
 /// Which measurements `--only` keeps.
@@ -303,6 +315,9 @@ impl Progress {
 /// as at the end of a run (the `nats-server` child is killed and reaped);
 /// during the setup it drops what was set up, which kills the child too.
 pub(crate) async fn run(args: &BenchArgs) -> Result<()> {
+    if let Some(BenchSub::Cache(c)) = &args.sub {
+        return cache::run(c).await;
+    }
     let plan = Plan::new(args)?;
     // Fail on an unwritable output directory before measuring anything.
     std::fs::create_dir_all(&args.out)

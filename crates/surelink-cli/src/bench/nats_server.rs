@@ -40,7 +40,7 @@ pub(super) fn find_server() -> Option<PathBuf> {
 }
 
 /// An executable `name` on `PATH` or in one of `extra` directories.
-fn find_program(name: &str, extra: &[&str]) -> Option<PathBuf> {
+pub(super) fn find_program(name: &str, extra: &[&str]) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(extra.iter().map(PathBuf::from))

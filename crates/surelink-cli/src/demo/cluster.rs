@@ -249,6 +249,9 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     if node_errors > 0 {
         println!("  the proxy answered {node_errors} commands with SERVER_ERROR");
     }
+    if let Some(e) = progress.first_error() {
+        println!("  first error reply: {e}");
+    }
     let markers = vec![
         Marker::Line(ms(tl.kill_net0), "network 0 connections killed"),
         Marker::Span(ms(tl.mute.0), ms(tl.mute.1), "network 1 silent one way"),

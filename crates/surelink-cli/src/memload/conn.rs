@@ -105,6 +105,18 @@ pub(crate) struct Progress {
     pub(crate) answered: AtomicU64,
     /// Replies that were errors (or connections lost).
     pub(crate) errors: AtomicU64,
+    /// The first error reply's text.
+    pub(crate) first_error: Mutex<Option<String>>,
+}
+
+impl Progress {
+    /// The first error reply's text, if any.
+    pub(crate) fn first_error(&self) -> Option<String> {
+        self.first_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 /// One parsed reply.
@@ -192,7 +204,6 @@ pub(super) async fn reader(
 ) -> Vec<Sample> {
     let mut samples = Vec::new();
     let mut buf = BytesMut::with_capacity(64 * 1024);
-    let mut first_error: Option<String> = None;
     loop {
         {
             let s = conn.state();
@@ -222,7 +233,11 @@ pub(super) async fn reader(
             };
             let outcome = judge(&w, &reply);
             if let (Outcome::Error, Reply::Error(e)) = (&outcome, &reply) {
-                first_error.get_or_insert_with(|| e.clone());
+                progress
+                    .first_error
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert_with(|| e.clone());
             }
             if outcome.is_error() {
                 progress.errors.fetch_add(1, Ordering::Relaxed);
@@ -247,9 +262,6 @@ pub(super) async fn reader(
             done_ns: u64::MAX,
             outcome: Outcome::Unanswered,
         });
-    }
-    if let Some(e) = first_error {
-        eprintln!("  (first error reply on a connection: {e})");
     }
     samples
 }

@@ -1,0 +1,110 @@
+//! What the README tells a newcomer to do: start three cache nodes and a
+//! proxy from `examples/cache/*.toml`, each its own `surelink` process, and
+//! point a memcached client at 127.0.0.1:11311. `memcslap` is used when
+//! installed (SKIPPED otherwise); a raw set/get always runs.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Kills the processes when dropped (also when the test fails).
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn examples() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/cache")
+}
+
+fn start(kind: &str, file: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_surelink"))
+        .args(["cache", kind, "--config"])
+        .arg(examples().join(file))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap()
+}
+
+/// One request, one reply (up to `end`), or `None` on any failure.
+fn ask(req: &[u8], end: &[u8]) -> Option<Vec<u8>> {
+    let mut s = TcpStream::connect("127.0.0.1:11311").ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(req).ok()?;
+    let mut got = Vec::new();
+    let mut b = [0u8; 4096];
+    while !got.ends_with(end) {
+        let n = s.read(&mut b).ok()?;
+        if n == 0 {
+            return None;
+        }
+        got.extend_from_slice(&b[..n]);
+    }
+    Some(got)
+}
+
+#[test]
+fn the_example_cluster_serves_memcached_clients() {
+    let _procs = Procs(vec![
+        start("node", "node1.toml"),
+        start("node", "node2.toml"),
+        start("node", "node3.toml"),
+        start("proxy", "proxy.toml"),
+    ]);
+    // Up when a set through the proxy is stored on its node.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if ask(b"set hello 0 0 5\r\nworld\r\n", b"\r\n").as_deref() == Some(b"STORED\r\n") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the example cluster did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        ask(b"get hello\r\n", b"END\r\n").unwrap(),
+        b"VALUE hello 0 5\r\nworld\r\nEND\r\n"
+    );
+    let have = Command::new("sh")
+        .args(["-c", "command -v memcslap"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have {
+        eprintln!("SKIPPED memcslap against the example cluster: not installed (apt-get install libmemcached-tools)");
+        return;
+    }
+    for test in ["set", "get"] {
+        let out = Command::new("memcslap")
+            .args([
+                "--servers=127.0.0.1:11311",
+                &format!("--test={test}"),
+                "--concurrency=4",
+                "--execute-number=1000",
+            ])
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("memcslap --test={test}: {}", text.trim());
+        assert!(
+            out.status.success() && !text.to_lowercase().contains("error"),
+            "{text}"
+        );
+    }
+}
