@@ -99,3 +99,22 @@ pub fn raise_fd_limit() -> std::io::Result<u64> {
     }
     Ok(lim.rlim_cur)
 }
+
+/// Raises the limit on open files to at least `want` if this process may
+/// (root may raise the hard limit, up to the kernel's `nr_open`), else as
+/// far as the hard limit; returns the soft limit now in force.
+pub fn raise_fd_limit_to(want: u64) -> std::io::Result<u64> {
+    let now = raise_fd_limit()?;
+    if now >= want {
+        return Ok(now);
+    }
+    let lim = libc::rlimit {
+        rlim_cur: want,
+        rlim_max: want,
+    };
+    // SAFETY: plain system call with a valid rlimit.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } == 0 {
+        return Ok(want);
+    }
+    Ok(now)
+}

@@ -41,7 +41,8 @@ const ROUNDS: usize = 3;
 pub(crate) struct Seen {
     requests: u64,
     errors: u64,
-    /// The longest stretch without any answer, ms.
+    /// The longest stretch without a good answer (error replies do not
+    /// count), ms.
     longest_gap_ms: f64,
     /// The slowest answer (from its scheduled time), ms.
     max_latency_ms: f64,
@@ -94,9 +95,16 @@ pub(crate) async fn client(a: &ClientArgs) -> Result<()> {
     let progress = Arc::new(Progress::default());
     let samples = load.run(start, progress.clone()).await;
     let end = a.seconds * 1_000_000_000;
+    // Good answers only: an error reply is not service.
     let mut done: Vec<u64> = samples
         .iter()
-        .filter(|s| s.done_ns != u64::MAX)
+        .filter(|s| {
+            s.done_ns != u64::MAX
+                && matches!(
+                    s.outcome,
+                    Outcome::Stored | Outcome::Hit | Outcome::Miss { .. }
+                )
+        })
         .map(|s| s.done_ns)
         .collect();
     done.sort_unstable();

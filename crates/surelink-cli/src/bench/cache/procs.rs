@@ -218,11 +218,13 @@ pub(super) fn surelink_configs(
     std::fs::create_dir_all(dir)?;
     let key = |name: &str| -> Result<(PathBuf, String)> {
         let k = surelink::Keypair::generate().map_err(|e| anyhow::anyhow!("key pair: {e}"))?;
-        let path = dir.join(format!("{name}.key"));
+        let file = format!("{name}.key");
+        let path = dir.join(&file);
         std::fs::write(&path, format!("{}\n", k.secret()))?;
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-        Ok((path, k.public().to_string()))
+        // Relative to the TOML file, which sits next to it.
+        Ok((PathBuf::from(file), k.public().to_string()))
     };
     let (proxy_key, proxy_pub) = key("proxy")?;
     let mut files = Vec::new();
