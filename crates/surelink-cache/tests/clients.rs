@@ -49,14 +49,9 @@ async fn run(args: Vec<String>) -> (bool, String) {
     .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memcslap_runs_set_get_and_mget_through_the_proxy() {
-    if !have("memcslap") {
-        eprintln!("SKIPPED memcslap: not installed (apt-get install libmemcached-tools)");
-        return;
-    }
-    let c = cluster().await;
-    let server = c.proxy.local_addr().to_string();
+/// `memcslap` set, get and mget through `server`: each must pass without
+/// an error.
+async fn memcslap(server: SocketAddr, what: &str) {
     for test in ["set", "get", "mget"] {
         let (ok, out) = run(vec![
             "memcslap".into(),
@@ -66,13 +61,23 @@ async fn memcslap_runs_set_get_and_mget_through_the_proxy() {
             "--execute-number=2000".into(),
         ])
         .await;
-        eprintln!("memcslap --test={test}: {}", out.trim());
+        eprintln!("memcslap --test={test} ({what}): {}", out.trim());
         assert!(ok, "memcslap --test={test} failed: {out}");
         assert!(
             !out.to_lowercase().contains("error"),
             "memcslap reported errors: {out}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memcslap_runs_set_get_and_mget_through_the_proxy() {
+    if !have("memcslap") {
+        eprintln!("SKIPPED memcslap: not installed (apt-get install libmemcached-tools)");
+        return;
+    }
+    let c = cluster().await;
+    memcslap(c.proxy.local_addr(), "embedded store").await;
     let s = c.proxy.stats();
     let sets = s.cmd_set.load(std::sync::atomic::Ordering::Relaxed);
     let hits = s.get_hits.load(std::sync::atomic::Ordering::Relaxed);
@@ -209,19 +214,7 @@ async fn memcslap_through_nodes_fronting_memcached() {
     )
     .await
     .unwrap();
-    let server = c.proxy.local_addr().to_string();
-    for test in ["set", "get", "mget"] {
-        let (ok, out) = run(vec![
-            "memcslap".into(),
-            format!("--servers={server}"),
-            format!("--test={test}"),
-            "--concurrency=4".into(),
-            "--execute-number=2000".into(),
-        ])
-        .await;
-        eprintln!("memcslap --test={test} (memcached backend): {}", out.trim());
-        assert!(ok && !out.to_lowercase().contains("error"), "{out}");
-    }
+    memcslap(c.proxy.local_addr(), "memcached backend").await;
     let s = c.proxy.stats();
     assert!(s.get_hits.load(std::sync::atomic::Ordering::Relaxed) > 0);
     assert_eq!(s.node_errors.load(std::sync::atomic::Ordering::Relaxed), 0);

@@ -146,7 +146,10 @@ impl Ticket {
             let mut waiting = pin!(waiting);
             // Registered before looking, so a change in between wakes us.
             waiting.as_mut().enable();
-            let gen = *shared.gen.borrow();
+            // The generation is read from the receiver that then waits for
+            // the next change: none can fall in between.
+            let mut ring_changed = shared.gen.clone();
+            let gen = *ring_changed.borrow_and_update();
             {
                 let mut s = self.order.state.lock();
                 if s.may_send(self.n, gen) {
@@ -154,8 +157,6 @@ impl Ticket {
                 }
                 s.waiting += 1;
             }
-            let mut ring_changed = shared.gen.clone();
-            ring_changed.borrow_and_update();
             tokio::select! {
                 () = waiting => {}
                 _ = ring_changed.changed() => {}

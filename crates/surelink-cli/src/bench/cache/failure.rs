@@ -175,14 +175,13 @@ pub(super) async fn run(out: &Path) -> Result<serde_json::Value> {
     let mut rows: Vec<(&str, Vec<Seen>)> =
         vec![("nutcracker", Vec::new()), ("surelink", Vec::new())];
     for round in 0..ROUNDS {
-        for (i, (name, seen)) in rows.iter_mut().enumerate() {
-            let _ = i;
+        for (name, seen) in &mut rows {
             testbed::up().context("building the testbed")?;
             let _tb = Testbed;
             let (procs, addr) = if *name == "nutcracker" {
                 start_nutcracker(&mc, &nc, &dir)?
             } else {
-                start_surelink(&mc, &dir)?
+                start_surelink(&dir)?
             };
             let s = one(addr, procs)
                 .await
@@ -241,7 +240,7 @@ fn start_nutcracker(mc: &Path, nc: &Path, dir: &Path) -> Result<(Vec<Proc>, Sock
     Ok((procs, addr))
 }
 
-fn start_surelink(_mc: &Path, dir: &Path) -> Result<(Vec<Proc>, SocketAddr)> {
+fn start_surelink(dir: &Path) -> Result<(Vec<Proc>, SocketAddr)> {
     let nodes: Vec<NodeSpec> = (1..=3u16)
         .map(|id| {
             Ok(NodeSpec {
@@ -261,36 +260,7 @@ fn start_surelink(_mc: &Path, dir: &Path) -> Result<(Vec<Proc>, SocketAddr)> {
         addr,
         [ADDRS[0][0], ADDRS[0][1]],
     )?;
-    let me = std::env::current_exe()?;
-    let mut procs = Vec::new();
-    for (i, f) in files.iter().enumerate() {
-        let args = vec![
-            "cache".into(),
-            "node".into(),
-            "--config".into(),
-            f.display().to_string(),
-        ];
-        procs.push(Proc::spawn(
-            &format!("surelink node {}", i + 1),
-            &me,
-            &args,
-            Some(HOSTS[1]),
-            &dir.join(format!("node{}.log", i + 1)),
-        )?);
-    }
-    let args = vec![
-        "cache".into(),
-        "proxy".into(),
-        "--config".into(),
-        proxy.display().to_string(),
-    ];
-    procs.push(Proc::spawn(
-        "surelink proxy",
-        &me,
-        &args,
-        Some(HOSTS[0]),
-        &dir.join("proxy.log"),
-    )?);
+    let procs = procs::spawn_surelink(dir, &files, &proxy, Some(HOSTS[1]), Some(HOSTS[0]))?;
     Ok((procs, addr))
 }
 

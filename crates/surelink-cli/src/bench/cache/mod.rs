@@ -128,37 +128,33 @@ fn nutcracker_bin() -> Option<PathBuf> {
     find_program("nutcracker", &["/usr/sbin", "/usr/local/sbin"])
 }
 
+/// A memcached on a free port of 127.0.0.1, its log `name.log` in `dir`.
+fn local_memcached(dir: &Path, name: &str, procs: &mut Vec<Proc>) -> Result<SocketAddr> {
+    let bin = memcached_bin().context("memcached not installed (apt-get install memcached)")?;
+    let port = procs::free_port("127.0.0.1")?;
+    procs.push(procs::memcached(
+        &bin,
+        "127.0.0.1",
+        port,
+        None,
+        &dir.join(format!("{name}.log")),
+    )?);
+    Ok(SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
 async fn start(c: Contender, dir: &Path) -> Result<Running> {
     let dir = dir.join(format!("{c:?}").to_lowercase());
     std::fs::create_dir_all(&dir)?;
-    let mc = || memcached_bin().context("memcached not installed (apt-get install memcached)");
-    let surelink = std::env::current_exe().context("finding the surelink binary")?;
     let mut procs = Vec::new();
     let addr: SocketAddr;
     match c {
         Contender::Memcached => {
-            let port = procs::free_port("127.0.0.1")?;
-            procs.push(procs::memcached(
-                &mc()?,
-                "127.0.0.1",
-                port,
-                None,
-                &dir.join("memcached.log"),
-            )?);
-            addr = SocketAddr::from(([127, 0, 0, 1], port));
+            addr = local_memcached(&dir, "memcached", &mut procs)?;
         }
         Contender::Nutcracker => {
             let mut servers = Vec::new();
             for i in 0..3 {
-                let port = procs::free_port("127.0.0.1")?;
-                procs.push(procs::memcached(
-                    &mc()?,
-                    "127.0.0.1",
-                    port,
-                    None,
-                    &dir.join(format!("memcached{i}.log")),
-                )?);
-                servers.push(SocketAddr::from(([127, 0, 0, 1], port)));
+                servers.push(local_memcached(&dir, &format!("memcached{i}"), &mut procs)?);
             }
             let port = procs::free_port("127.0.0.1")?;
             addr = SocketAddr::from(([127, 0, 0, 1], port));
@@ -179,15 +175,11 @@ async fn start(c: Contender, dir: &Path) -> Result<Running> {
                     format!("{}:{port}", ips[1]).parse()?,
                 ];
                 let backend = if c == Contender::SurelinkMemcached {
-                    let port = procs::free_port("127.0.0.1")?;
-                    procs.push(procs::memcached(
-                        &mc()?,
-                        "127.0.0.1",
-                        port,
-                        None,
-                        &dir.join(format!("memcached{id}.log")),
-                    )?);
-                    Some(SocketAddr::from(([127, 0, 0, 1], port)))
+                    Some(local_memcached(
+                        &dir,
+                        &format!("memcached{id}"),
+                        &mut procs,
+                    )?)
                 } else {
                     None
                 };
@@ -203,33 +195,12 @@ async fn start(c: Contender, dir: &Path) -> Result<Running> {
                 procs::surelink_configs(&dir, &nodes, addr, ["127.0.1.20", "127.0.2.20"])?;
             // memcached listens before the nodes connect to it.
             tokio::time::sleep(Duration::from_millis(200)).await;
-            for (i, f) in node_files.iter().enumerate() {
-                let args = vec![
-                    "cache".into(),
-                    "node".into(),
-                    "--config".into(),
-                    f.display().to_string(),
-                ];
-                procs.push(Proc::spawn(
-                    &format!("surelink node {}", i + 1),
-                    &surelink,
-                    &args,
-                    None,
-                    &dir.join(format!("node{}.log", i + 1)),
-                )?);
-            }
-            let args = vec![
-                "cache".into(),
-                "proxy".into(),
-                "--config".into(),
-                proxy_file.display().to_string(),
-            ];
-            procs.push(Proc::spawn(
-                "surelink proxy",
-                &surelink,
-                &args,
+            procs.extend(procs::spawn_surelink(
+                &dir,
+                &node_files,
+                &proxy_file,
                 None,
-                &dir.join("proxy.log"),
+                None,
             )?);
         }
     }

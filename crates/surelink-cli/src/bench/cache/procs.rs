@@ -265,3 +265,38 @@ pub(super) fn surelink_configs(
     std::fs::write(&pf, proxy)?;
     Ok((files, pf))
 }
+
+/// Starts `surelink cache node` for each of `nodes` (in `node_ns`) and
+/// `surelink cache proxy` (in `proxy_ns`), logs in `dir`.
+pub(super) fn spawn_surelink(
+    dir: &Path,
+    nodes: &[PathBuf],
+    proxy: &Path,
+    node_ns: Option<&str>,
+    proxy_ns: Option<&str>,
+) -> Result<Vec<Proc>> {
+    let me = std::env::current_exe().context("finding the surelink binary")?;
+    let args = |kind: &str, f: &Path| {
+        vec![
+            "cache".to_string(),
+            kind.to_string(),
+            "--config".into(),
+            f.display().to_string(),
+        ]
+    };
+    let mut procs = Vec::new();
+    for (i, f) in nodes.iter().enumerate() {
+        let name = format!("surelink node {}", i + 1);
+        let log = dir.join(format!("node{}.log", i + 1));
+        procs.push(Proc::spawn(&name, &me, &args("node", f), node_ns, &log)?);
+    }
+    let log = dir.join("proxy.log");
+    procs.push(Proc::spawn(
+        "surelink proxy",
+        &me,
+        &args("proxy", proxy),
+        proxy_ns,
+        &log,
+    )?);
+    Ok(procs)
+}
