@@ -16,7 +16,7 @@
 //! keeps its heartbeat deadlines — SafeTimer) fences itself and drops its
 //! items ([`crate::node::serve_store`]) before anything is re-sent.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::Ordering::Relaxed;
@@ -53,28 +53,39 @@ struct OrderState {
     /// How many open commands were sent on each generation (unsent ones
     /// not counted).
     per_gen: BTreeMap<u64, usize>,
+    /// Open commands not sent yet.
+    unsent: BTreeSet<u64>,
     /// Commands waiting for their turn (no wake-ups needed when 0).
     waiting: usize,
 }
 
 /// The generation of a command not sent yet. An earlier unsent command
-/// does not hold a later one back: it is either about to go on the same
-/// ring (commands are first polled in order, and send in that poll), or
-/// itself waits for something older that holds the later one back too.
+/// holds a later one back: it may be waiting for its turn, and the two
+/// could be woken in either order. (Commands are first polled in the order
+/// made, so in the common case the earlier one has gone by then.)
 const UNSENT: u64 = u64::MAX;
 
 impl OrderState {
     fn set_gen(&mut self, ticket: u64, gen: u64) {
         if let Some(old) = self.open.insert(ticket, gen) {
-            self.uncount(old);
+            self.uncount(ticket, old);
         }
-        if gen != UNSENT {
+        if gen == UNSENT {
+            self.unsent.insert(ticket);
+        } else {
             *self.per_gen.entry(gen).or_default() += 1;
         }
     }
 
-    fn uncount(&mut self, gen: u64) {
+    fn remove(&mut self, ticket: u64) {
+        if let Some(g) = self.open.remove(&ticket) {
+            self.uncount(ticket, g);
+        }
+    }
+
+    fn uncount(&mut self, ticket: u64, gen: u64) {
         if gen == UNSENT {
+            self.unsent.remove(&ticket);
             return;
         }
         if let Some(c) = self.per_gen.get_mut(&gen) {
@@ -86,19 +97,18 @@ impl OrderState {
     }
 
     /// Whether `ticket` may be sent on generation `gen`: every earlier
-    /// open command was sent on `gen` too.
+    /// open command was sent, on `gen`.
     fn may_send(&self, ticket: u64, gen: u64) -> bool {
+        if self.unsent.range(..ticket).next().is_some() {
+            return false;
+        }
         // The common case: nothing open was sent on another ring.
         let only_this = match self.per_gen.len() {
             0 => true,
             1 => self.per_gen.contains_key(&gen),
             _ => false,
         };
-        only_this
-            || self
-                .open
-                .range(..ticket)
-                .all(|(_, &g)| g == gen || g == UNSENT)
+        only_this || self.open.range(..ticket).all(|(_, &g)| g == gen)
     }
 }
 
@@ -112,9 +122,7 @@ pub(super) struct Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         let mut s = self.order.state.lock();
-        if let Some(g) = s.open.remove(&self.n) {
-            s.uncount(g);
-        }
+        s.remove(self.n);
         let wake = s.waiting > 0;
         drop(s);
         if wake {
@@ -375,8 +383,8 @@ mod tests {
         {
             let s = order.state.lock();
             assert!(s.per_gen.is_empty());
-            // Nothing sent yet: anyone may go on ring 0.
-            assert!(s.may_send(a.n, 0) && s.may_send(c.n, 0));
+            // Nothing sent yet: the first may go; a later one waits for it.
+            assert!(s.may_send(a.n, 0) && !s.may_send(c.n, 0));
         }
         order.state.lock().set_gen(a.n, 0);
         order.state.lock().set_gen(b.n, 0);
@@ -392,5 +400,127 @@ mod tests {
         let s = order.state.lock();
         assert_eq!(s.open.len(), 1);
         assert!(s.per_gen.is_empty(), "c was never sent");
+    }
+
+    /// One step of the model's schedule.
+    #[derive(Clone, Debug)]
+    enum Step {
+        /// The client makes a command on key k.
+        Make(u8),
+        /// The i-th command waiting to be sent is polled.
+        Poll(usize),
+        /// The i-th command sent to a live node is answered.
+        Reply(usize),
+        /// Node n dies (its commands must be sent again) or comes back.
+        Flip(u8),
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            3 => (0u8..4).prop_map(Step::Make),
+            4 => (0usize..16).prop_map(Step::Poll),
+            3 => (0usize..16).prop_map(Step::Reply),
+            1 => (0u8..3).prop_map(Step::Flip),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Commands polled in any order, answered in any order, nodes
+        /// dying and returning (each a ring change): every command is sent
+        /// in the end (no deadlock), and the sends that count — the last
+        /// one of each command — reach the nodes in the order the client
+        /// made the commands, per key.
+        #[test]
+        fn resends_keep_each_keys_order_and_all_get_out(
+            steps in proptest::collection::vec(step(), 1..120),
+            drain_order in proptest::collection::vec(0usize..16, 64),
+        ) {
+            let order = Arc::new(Order::default());
+            let mut gen = 0u64;
+            let mut alive = [true; 3];
+            // (ticket, key); waiting to be sent / sent to node.
+            let mut waiting: Vec<(Ticket, u8)> = Vec::new();
+            let mut sent: Vec<(Ticket, u8, usize)> = Vec::new();
+            // Last send of each command: (ticket, key), in send order.
+            let mut log: Vec<(u64, u8)> = Vec::new();
+            // A node runs one client's commands in the order they reached
+            // it and answers in that order: the reply is its oldest one's.
+            let reply = |i: usize, sent: &mut Vec<(Ticket, u8, usize)>| {
+                if sent.is_empty() {
+                    return;
+                }
+                let node = sent[i % sent.len()].2;
+                if let Some(j) = sent.iter().position(|x| x.2 == node) {
+                    drop(sent.remove(j));
+                }
+            };
+            let node_of = |key: u8, alive: &[bool; 3]| {
+                (0..3).map(|i| (usize::from(key) + i) % 3).find(|n| alive[*n])
+            };
+            let poll = |i: usize, waiting: &mut Vec<(Ticket, u8)>, sent: &mut Vec<(Ticket, u8, usize)>, log: &mut Vec<(u64, u8)>, gen: u64, alive: &[bool; 3]| {
+                if waiting.is_empty() {
+                    return;
+                }
+                let i = i % waiting.len();
+                let ok = order.state.lock().may_send(waiting[i].0.n, gen);
+                if let (true, Some(node)) = (ok, node_of(waiting[i].1, alive)) {
+                    let (t, k) = waiting.remove(i);
+                    t.sent(gen);
+                    // An earlier send of the same command no longer counts.
+                    log.retain(|(n, _)| *n != t.n);
+                    log.push((t.n, k));
+                    sent.push((t, k, node));
+                }
+            };
+            for s in steps {
+                match s {
+                    Step::Make(k) => {
+                        let t = order.ticket();
+                        waiting.push((t, k));
+                    }
+                    Step::Poll(i) => poll(i, &mut waiting, &mut sent, &mut log, gen, &alive),
+                    Step::Reply(i) => reply(i, &mut sent),
+                    Step::Flip(n) => {
+                        let n = usize::from(n);
+                        alive[n] = !alive[n];
+                        gen += 1;
+                        if !alive[n] {
+                            // Its commands are sent again (the node is gone).
+                            let (gone, kept): (Vec<_>, Vec<_>) =
+                                sent.drain(..).partition(|(_, _, m)| *m == n);
+                            sent = kept;
+                            waiting.extend(gone.into_iter().map(|(t, k, _)| (t, k)));
+                        }
+                    }
+                }
+            }
+            // Drain: every node back, everything polled and answered.
+            if alive.iter().any(|a| !*a) {
+                alive = [true; 3];
+                gen += 1;
+            }
+            let mut rounds = 0;
+            while !waiting.is_empty() || !sent.is_empty() {
+                rounds += 1;
+                proptest::prop_assert!(rounds < 10_000, "stuck: {} waiting, {} sent", waiting.len(), sent.len());
+                let pick = drain_order[rounds % drain_order.len()];
+                // Every waiting command is polled (as every woken future
+                // is), starting from a different one each round.
+                for j in 0..waiting.len() {
+                    poll(pick + j, &mut waiting, &mut sent, &mut log, gen, &alive);
+                }
+                if rounds % 3 == 0 {
+                    reply(pick, &mut sent);
+                }
+            }
+            for key in 0..4u8 {
+                let seq: Vec<u64> = log.iter().filter(|(_, k)| *k == key).map(|(n, _)| *n).collect();
+                proptest::prop_assert!(
+                    seq.windows(2).all(|w| w[0] < w[1]),
+                    "key {key}: last sends out of order: {seq:?}"
+                );
+            }
+        }
     }
 }
