@@ -293,7 +293,9 @@ mod tests {
         }
     }
 
-    #[tokio::test]
+    // Two worker threads so the subscriber counts while the publisher runs
+    // (on one thread a short window can close before the counter is polled).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn echoes_counts_and_leaves_no_server_behind() {
         let nats = match NatsContender::setup().await.unwrap() {
             Setup::Ready(n) => n,
@@ -306,7 +308,9 @@ mod tests {
         let body = Bytes::from_static(b"ping");
         assert_eq!(nats.caller().call(&body).await.unwrap(), body);
         let round = nats.throughput_round(&body, &tiny_plan()).await.unwrap();
-        assert!(round.delivered > 0 && round.sent > 0, "{round:?}");
+        // NATS may drop for a slow consumer; what matters here is that the
+        // subscriber counted what arrived (in the window or in the drain).
+        assert!(round.sent > 0 && round.lost < round.sent, "{round:?}");
         assert!(nats.describe().contains("nats-server 2."));
         nats.shutdown().await;
         assert!(
