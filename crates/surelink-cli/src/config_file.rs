@@ -25,6 +25,10 @@
 //! addrs = ["127.0.1.2:7100", "127.0.2.2:7100"]     # "" where not attached
 //!
 //! # max_connections = 1024; max_connections_per_ip = 64; max_handshaking = 128
+//! # write_batching = "auto"       # or "idle", "turn": when queued messages are written
+//!
+//! # [runtime]                     # the process's tokio runtime
+//! # worker_threads = 1            # default: 1 for `cache node|proxy` (one event loop), 2 otherwise
 //!
 //! [core]                                            # all optional
 //! linger_ms = 30000
@@ -60,7 +64,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde::Deserialize;
 use surelink::proto::{ClusterId, Epoch, NodeId};
-use surelink::{Config, DetectorConfig, DetectorMode, PeerConfig, Protection};
+use surelink::{Config, DetectorConfig, DetectorMode, PeerConfig, Protection, WriteBatching};
 
 #[derive(Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
@@ -87,6 +91,10 @@ struct File {
     max_connections: Option<usize>,
     max_connections_per_ip: Option<usize>,
     max_handshaking: Option<usize>,
+    /// `auto`, `idle` or `turn` (see `surelink::WriteBatching`).
+    write_batching: Option<String>,
+    #[serde(default)]
+    runtime: RuntimeSection,
     #[serde(default)]
     members: Vec<Member>,
     #[serde(default)]
@@ -100,6 +108,30 @@ struct File {
     cache: Option<CacheSection>,
     /// `surelink cache proxy`: where clients connect and which nodes serve.
     proxy: Option<ProxySection>,
+}
+
+/// `[runtime]`: the process's tokio runtime.
+#[derive(Deserialize, Debug, Clone, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RuntimeSection {
+    /// Threads that run the endpoint's tasks (default: the command's).
+    pub(crate) worker_threads: Option<usize>,
+}
+
+impl RuntimeSection {
+    /// Most worker threads accepted (well beyond any machine's cores).
+    const MAX_WORKERS: usize = 1024;
+
+    fn check(&self) -> Result<()> {
+        if let Some(n) = self.worker_threads {
+            anyhow::ensure!(
+                (1..=Self::MAX_WORKERS).contains(&n),
+                "runtime.worker_threads = {n}: must be 1..={}",
+                Self::MAX_WORKERS
+            );
+        }
+        Ok(())
+    }
 }
 
 /// `[cache]`: a cache node's store.
@@ -196,6 +228,24 @@ pub(crate) struct Loaded {
     pub(crate) proxy: Option<ProxySection>,
 }
 
+/// Only the `[runtime]` section of a configuration file, read before the
+/// runtime it describes is built (the whole file is checked afterwards,
+/// by [`load`]).
+pub(crate) fn runtime(path: &Path) -> Result<RuntimeSection> {
+    #[derive(Deserialize)]
+    struct Only {
+        #[serde(default)]
+        runtime: RuntimeSection,
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let only: Only = toml::from_str(&text).with_context(|| format!("in {}", path.display()))?;
+    only.runtime
+        .check()
+        .with_context(|| format!("in {}", path.display()))?;
+    Ok(only.runtime)
+}
+
 pub(crate) fn load(path: &Path) -> Result<Loaded> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -262,6 +312,15 @@ pub(crate) fn parse(text: &str, base: &Path) -> Result<Loaded> {
     if let Some(v) = f.max_handshaking {
         c.max_handshaking = v;
     }
+    if let Some(w) = &f.write_batching {
+        c.write_batching = match w.as_str() {
+            "auto" => WriteBatching::Auto,
+            "idle" => WriteBatching::Idle,
+            "turn" => WriteBatching::Turn,
+            other => anyhow::bail!("write_batching {other:?}: use auto, idle or turn"),
+        };
+    }
+    f.runtime.check()?;
     c.epoch = f.epoch.map(Epoch);
     c.listen = f.listen;
     c.dial_from = f.dial_from;
@@ -446,5 +505,32 @@ mod tests {
         let err = parse("node = 1\ncluster = 7\n[detector]\ntimeout_ms = 20\n").unwrap_err();
         assert!(format!("{err:#}").contains("detector.timeout"), "{err:#}");
         assert!(parse("node = 1\ncluster = 7\n[detector]\nmode = \"fast\"\n").is_err());
+    }
+
+    #[test]
+    fn runtime_threads_and_write_batching_are_read_and_checked() {
+        let l = parse("node = 1\ncluster = 7\n").unwrap();
+        assert_eq!(l.config.write_batching, WriteBatching::Auto);
+        let text =
+            "node = 1\ncluster = 7\nwrite_batching = \"turn\"\n[runtime]\nworker_threads = 4\n";
+        let l = parse(text).unwrap();
+        assert_eq!(l.config.write_batching, WriteBatching::Turn);
+        // The runtime's size is read on its own, before the runtime exists.
+        let file =
+            std::env::temp_dir().join(format!("surelink-rt-test-{}.toml", std::process::id()));
+        std::fs::write(&file, text).unwrap();
+        assert_eq!(runtime(&file).unwrap().worker_threads, Some(4));
+        std::fs::write(&file, "[runtime]\nworker_threads = 0\n").unwrap();
+        let err = runtime(&file).unwrap_err();
+        assert!(format!("{err:#}").contains("must be 1..=1024"), "{err:#}");
+        std::fs::remove_file(&file).unwrap();
+        let err = parse("node = 1\ncluster = 7\n[runtime]\nworker_threads = 0\n").unwrap_err();
+        assert!(
+            format!("{err:#}").contains("runtime.worker_threads"),
+            "{err:#}"
+        );
+        let err = parse("node = 1\ncluster = 7\nwrite_batching = \"sometimes\"\n").unwrap_err();
+        assert!(format!("{err:#}").contains("auto, idle or turn"), "{err:#}");
+        assert!(parse("node = 1\ncluster = 7\n[runtime]\nthreads = 2\n").is_err());
     }
 }

@@ -98,8 +98,21 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    // Daemons read their runtime's size from their configuration file.
+    let (config, default_workers) = match &cli.command {
+        Command::Cache(c) => (Some(c.config()), cache::WORKER_THREADS),
+        Command::Serve(a) => (Some(a.config.as_path()), 2),
+        Command::Call(a) => (Some(a.config.as_path()), 2),
+        _ => (None, 2),
+    };
+    let workers = match config {
+        Some(path) => config_file::runtime(path)?
+            .worker_threads
+            .unwrap_or(default_workers),
+        None => default_workers,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .enable_all()
         .build()?;
     rt.block_on(async {

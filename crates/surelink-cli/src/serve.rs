@@ -16,14 +16,14 @@ use crate::config_file;
 pub(crate) struct ServeArgs {
     /// TOML configuration (see the `config_file` module docs or README).
     #[arg(long)]
-    config: PathBuf,
+    pub(crate) config: PathBuf,
 }
 
 #[derive(Args, Debug)]
 pub(crate) struct CallArgs {
     /// TOML configuration of this (client) endpoint.
     #[arg(long)]
-    config: PathBuf,
+    pub(crate) config: PathBuf,
     /// The node to call.
     #[arg(long)]
     peer: u64,

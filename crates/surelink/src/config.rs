@@ -80,6 +80,37 @@ impl SchedulerConfig {
     }
 }
 
+/// When the messages a task queues (requests, replies, one-way messages)
+/// are written to the socket.
+///
+/// A write on loopback or a LAN carries the peer's whole receive path and
+/// usually wakes it, so on a busy server the number of writes, not bytes,
+/// is the cost. The choice is between writing a lone message at once and
+/// writing everything one turn of the runtime queued in one system call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WriteBatching {
+    /// [`Turn`](WriteBatching::Turn) when the endpoint's runtime runs its
+    /// tasks on one thread (a current-thread runtime, or a multi-thread one
+    /// with one worker), else [`Idle`](WriteBatching::Idle). Decided when
+    /// the endpoint is bound. With several workers, a write left for later
+    /// is usually picked up by another worker — a cross-thread wake-up that
+    /// costs more than the write it saves.
+    #[default]
+    Auto,
+    /// A message queued on an idle session is written at once, inside the
+    /// call that queued it; one queued while the session is busy (it wrote
+    /// within the last few microseconds) joins the session's next write.
+    Idle,
+    /// Every message is left to the session's flush, which runs once the
+    /// tasks already runnable in this turn of the runtime have run — the
+    /// event-loop model of twemproxy or memcached: everything queued for a
+    /// peer in one turn (many clients' requests, a batch of replies) goes
+    /// out in one write. A lone message waits one task switch. High-priority
+    /// messages are written at once either way.
+    Turn,
+}
+
 /// How an endpoint runs. Build one with [`Config::new`] and adjust fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -165,6 +196,8 @@ pub struct Config {
     /// Accepted connections still in their handshake, at most: bounds the
     /// key exchanges strangers can make us compute.
     pub max_handshaking: usize,
+    /// When queued messages are written: see [`WriteBatching`].
+    pub write_batching: WriteBatching,
 }
 
 /// The core's defaults as the shell runs it: a LAN cluster whose paths are
@@ -212,6 +245,7 @@ impl Config {
             max_connections: 1024,
             max_connections_per_ip: 64,
             max_handshaking: 128,
+            write_batching: WriteBatching::Auto,
         }
     }
 

@@ -70,6 +70,8 @@ pub(crate) struct ConnIo {
     /// The record layer's sealer (`None` when insecure); used only by
     /// whoever holds `flushing`, so uncontended.
     sealer: Option<Mutex<Sealer>>,
+    /// The endpoint's count of socket writes.
+    writes: Arc<AtomicU64>,
 }
 
 /// The write queue. Insecure: `q` only. Otherwise callers append
@@ -224,6 +226,7 @@ impl ConnIo {
             let slices: [io::IoSlice<'_>; MAX_IOV] =
                 std::array::from_fn(|i| io::IoSlice::new(&batch[i]));
             let written = self.stream.try_write_vectored(&slices[..n]);
+            self.writes.fetch_add(1, Ordering::Relaxed);
             for b in &mut batch[..n] {
                 *b = Bytes::new();
             }
@@ -480,6 +483,7 @@ pub(crate) fn start(
         heard: std::sync::OnceLock::new(),
         authenticated,
         _slot: slot,
+        writes: shared.stats.write_counter(),
     });
     if let Some(p) = peer {
         io.set_peer(p);

@@ -63,7 +63,9 @@ mod stats;
 #[cfg(feature = "test-util")]
 pub mod testing;
 
-pub use config::{default_core, Config, ConfigError, PeerConfig, SchedulerConfig, SchedulerKind};
+pub use config::{
+    default_core, Config, ConfigError, PeerConfig, SchedulerConfig, SchedulerKind, WriteBatching,
+};
 pub use detector::{DelayPoint, DetectorSnapshot};
 pub use endpoint::{Endpoint, PathInfo};
 pub use error::{BindError, CallError, SendError, TrySendError};

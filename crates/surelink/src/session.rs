@@ -434,7 +434,8 @@ impl SessionHandle {
 
     /// Decides, after a message was queued under the lock, whether to write
     /// now (an idle session: a lone message leaves at once) or to leave it
-    /// for the session's flush (a busy one: it joins what queues behind it).
+    /// for the session's flush (a busy one: it joins what queues behind it;
+    /// with [`WriteBatching::Turn`](crate::WriteBatching::Turn), always).
     /// Returns when to drive (the clock read it made or was given), or
     /// `None` to leave it to the flush. `now`: a fresh clock read, if the
     /// caller has one (the cached clock is stale after a quiet spell, which
@@ -449,10 +450,11 @@ impl SessionHandle {
             return None;
         }
         let now = now.unwrap_or_else(|| shared.now());
-        if now
-            .as_nanos()
-            .saturating_sub(self.last_tx.load(Ordering::Relaxed))
-            > HOT
+        if !shared.turn_writes
+            && now
+                .as_nanos()
+                .saturating_sub(self.last_tx.load(Ordering::Relaxed))
+                > HOT
         {
             return Some(now);
         }

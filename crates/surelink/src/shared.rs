@@ -75,9 +75,22 @@ pub(crate) struct Shared {
     pub(crate) log_refused: LogLimit,
     pub(crate) log_handshake: LogLimit,
     pub(crate) log_limits: LogLimit,
+    /// Queued messages wait for the end of the runtime's turn
+    /// ([`WriteBatching`](crate::WriteBatching), resolved at bind).
+    pub(crate) turn_writes: bool,
     /// Networks this endpoint is silent on (test hook).
     #[cfg(feature = "test-util")]
     pub(crate) muted: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Resolves the write policy for the runtime the endpoint is bound on.
+fn turn_writes(policy: crate::WriteBatching) -> bool {
+    match policy {
+        crate::WriteBatching::Turn => true,
+        crate::WriteBatching::Idle => false,
+        // `bind` runs inside the runtime that will run the endpoint's tasks.
+        _ => tokio::runtime::Handle::try_current().is_ok_and(|h| h.metrics().num_workers() == 1),
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -128,6 +141,7 @@ impl Shared {
             log_refused: LogLimit::default(),
             log_handshake: LogLimit::default(),
             log_limits: LogLimit::default(),
+            turn_writes: turn_writes(config.write_batching),
             #[cfg(feature = "test-util")]
             muted,
             config,

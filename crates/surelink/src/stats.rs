@@ -17,6 +17,8 @@ pub(crate) struct Stats {
     messages_received: AtomicU64,
     bytes_sent: AtomicU64,
     bytes_received: AtomicU64,
+    /// Shared with every connection, which counts its own writes.
+    socket_writes: std::sync::Arc<AtomicU64>,
     paths_up: AtomicU64,
     paths_down: AtomicU64,
     failover_resends: AtomicU64,
@@ -38,6 +40,7 @@ impl Default for Stats {
             messages_received: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
             bytes_received: AtomicU64::new(0),
+            socket_writes: std::sync::Arc::default(),
             paths_up: AtomicU64::new(0),
             paths_down: AtomicU64::new(0),
             failover_resends: AtomicU64::new(0),
@@ -78,6 +81,10 @@ impl Stats {
     pub(crate) fn bytes_sent(&self, n: usize) {
         self.bytes_sent.fetch_add(n as u64, Relaxed);
         metrics::counter!("surelink_bytes_sent_total").increment(n as u64);
+    }
+    /// The counter a connection adds its socket writes to.
+    pub(crate) fn write_counter(&self) -> std::sync::Arc<AtomicU64> {
+        self.socket_writes.clone()
     }
     pub(crate) fn bytes_received(&self, n: usize) {
         self.bytes_received.fetch_add(n as u64, Relaxed);
@@ -142,6 +149,7 @@ impl Stats {
             calls_resent: sessions.iter().map(|(_, s)| s.calls_resent).sum(),
             bytes_sent: self.bytes_sent.load(Relaxed),
             bytes_received: self.bytes_received.load(Relaxed),
+            socket_writes: self.socket_writes.load(Relaxed),
             paths_up: self.paths_up.load(Relaxed),
             paths_down: self.paths_down.load(Relaxed),
             failover_resends: self.failover_resends.load(Relaxed),
@@ -180,6 +188,9 @@ pub struct StatsSnapshot {
     pub bytes_sent: u64,
     /// Bytes read from sockets.
     pub bytes_received: u64,
+    /// Write system calls on data connections (`bytes_sent` over this is
+    /// the average write; see [`WriteBatching`](crate::WriteBatching)).
+    pub socket_writes: u64,
     /// Paths that finished a handshake.
     pub paths_up: u64,
     /// Paths closed (failovers and shutdowns).
@@ -241,6 +252,11 @@ impl StatsSnapshot {
             "surelink_bytes_received_total",
             "Bytes read from sockets",
             self.bytes_received,
+        );
+        counter(
+            "surelink_socket_writes_total",
+            "Write system calls on data connections",
+            self.socket_writes,
         );
         counter(
             "surelink_paths_up_total",
