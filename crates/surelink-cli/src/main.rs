@@ -111,10 +111,19 @@ fn main() -> anyhow::Result<()> {
             .unwrap_or(default_workers),
         None => default_workers,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build()?;
+    // One worker: a current-thread runtime, whose run queue is plain FIFO
+    // (a multi-thread one with one worker still runs a just-woken task
+    // first, through its LIFO slot) and cheaper per wake-up.
+    let rt = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()?
+    };
     rt.block_on(async {
         match cli.command {
             Command::Demo(a) => demo::run(&a).await,

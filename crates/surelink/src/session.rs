@@ -498,28 +498,34 @@ pub(crate) async fn run_session(shared: Arc<Shared>, h: Arc<SessionHandle>) {
         .max(Duration::from_millis(1));
     let mut tick = tick_min;
     let mut seen_tx = h.last_tx.load(Ordering::Relaxed);
+    // One timer for the task's life, moved only to an earlier deadline: a
+    // timer registered ahead of the runtime's next wake-up makes tokio
+    // wake its driver (an eventfd write and an extra poll), and this loop
+    // turns at every flush. Firing early is harmless: the loop looks again.
+    let timer = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(timer);
+    let mut timer_at: Option<Time> = None;
     loop {
         let notified = h.wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let wake_at = {
+        {
             let mut g = h.lock();
             if h.is_ended() && g.core.is_drained() {
                 return;
             }
             let now = shared.now();
-            let w = g.core.poll_timeout().map(|t| t.min(now + tick));
-            g.armed = w;
-            w
-        };
-        let timer = async {
-            match wake_at {
-                Some(t) => tokio::time::sleep_until(shared.instant(t)).await,
-                None => std::future::pending().await,
+            let want = g.core.poll_timeout().map(|t| t.min(now + tick));
+            if let Some(t) = want.filter(|&t| timer_at.is_none_or(|a| t < a)) {
+                timer.as_mut().reset(shared.instant(t));
+                timer_at = Some(t);
             }
-        };
+            g.armed = timer_at;
+        }
+        let timer_armed = timer_at.is_some();
         tokio::select! {
-            () = timer => {
+            () = &mut timer, if timer_armed => {
+                timer_at = None;
                 let due = h.with(&shared, |g, now| {
                     let due = g.core.poll_timeout().is_some_and(|d| d <= now);
                     if due {
