@@ -88,8 +88,20 @@ pub(crate) async fn client(a: &ClientArgs) -> Result<()> {
         seed: 3,
         drain: Duration::from_secs(10),
     };
-    let mut load = Load::connect(cfg).await?;
-    load.preload().await?;
+    // The check above reached one server behind the proxy; the preload
+    // reaches all of them, and one may still be starting (nutcracker then
+    // answers errors and ejects it for a while): try again, afresh.
+    let load = loop {
+        let mut load = Load::connect(cfg.clone()).await?;
+        match load.preload().await {
+            Ok(_) => break load,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("  (client: preload failed, retrying: {e:#})");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e.context("preload")),
+        }
+    };
     let start = tokio::time::Instant::now() + Duration::from_millis(50);
     println!("START");
     let progress = Arc::new(Progress::default());
@@ -187,11 +199,12 @@ pub(super) async fn run(out: &Path) -> Result<serde_json::Value> {
                 .await
                 .with_context(|| format!("{name}, round {}", round + 1))?;
             eprintln!(
-                "  round {} {name:<10}: errors {}, longest gap {:.1} ms, slowest answer {:.1} ms{}",
+                "  round {} {name:<10}: errors {}, longest gap {:.1} ms, slowest answer {:.1} ms ({:.1} ms outside the fault){}",
                 round + 1,
                 s.errors,
                 s.longest_gap_ms,
                 s.max_latency_ms,
+                s.max_latency_outside_ms,
                 s.first_error
                     .as_ref()
                     .map(|e| format!(" (first error: {e})"))

@@ -49,7 +49,7 @@ pub(crate) struct CacheBenchArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "10000,20000,40000,80000,120000,160000"
+        default_value = "10000,20000,40000,80000,120000,160000,200000,240000"
     )]
     rates: Vec<u32>,
     /// Client connections.
@@ -103,6 +103,10 @@ impl Running {
     fn cpu(&self) -> Vec<f64> {
         self.procs.iter().map(Proc::cpu_seconds).collect()
     }
+
+    fn switches(&self) -> u64 {
+        self.procs.iter().map(Proc::switches).sum()
+    }
 }
 
 /// One measurement.
@@ -118,6 +122,10 @@ struct Point {
     errors: u64,
     /// CPU seconds per million answers, per server process (name, s).
     cpu_per_million: Vec<(String, f64)>,
+    /// Context switches of all its server processes per answer: on two
+    /// shared cores (and in a VM, where a switch is dear) what a server
+    /// costs beyond its own instructions.
+    switches_per_request: f64,
 }
 
 fn memcached_bin() -> Option<PathBuf> {
@@ -231,12 +239,17 @@ async fn measure(
         seed: 1 + round as u64,
         drain: Duration::from_secs(3),
     };
+    procs::wait_serving(r.addr, Duration::from_secs(10))
+        .await
+        .with_context(|| format!("{} did not serve again after the last load", c.label()))?;
     let mut load = Load::connect(cfg).await?;
     load.preload().await?;
     let cpu0 = r.cpu();
+    let sw0 = r.switches();
     let start = tokio::time::Instant::now() + Duration::from_millis(20);
     let samples = load.run(start, Arc::new(Progress::default())).await;
     let cpu1 = r.cpu();
+    let sw1 = r.switches();
     let (achieved, p50, p99, errors) = summarize(&samples, duration)?;
     let answered = samples
         .iter()
@@ -258,6 +271,7 @@ async fn measure(
         p99_ms: p99,
         errors,
         cpu_per_million,
+        switches_per_request: sw1.saturating_sub(sw0) as f64 / answered,
     })
 }
 
@@ -390,8 +404,15 @@ pub(crate) async fn run(args: &CacheBenchArgs) -> Result<()> {
 fn report(args: &CacheBenchArgs, contenders: &[Contender], points: &[Point]) {
     println!();
     println!(
-        "  {:<34} {:>9} {:>11} {:>9} {:>9} {:>7} {:>14}",
-        "contender", "offered", "good ans/s", "p50 ms", "p99 ms", "errors", "CPU s/M req"
+        "  {:<34} {:>9} {:>11} {:>9} {:>9} {:>7} {:>12} {:>11}",
+        "contender",
+        "offered",
+        "good ans/s",
+        "p50 ms",
+        "p99 ms",
+        "errors",
+        "CPU s/M req",
+        "ctx sw/req"
     );
     let mut sat: Vec<(Contender, f64)> = Vec::new();
     for &c in contenders {
@@ -412,14 +433,15 @@ fn report(args: &CacheBenchArgs, contenders: &[Contender], points: &[Point]) {
                     .collect(),
             );
             println!(
-                "  {:<34} {:>9} {:>11.0} {:>9.3} {:>9.3} {:>7} {:>14.2}",
+                "  {:<34} {:>9} {:>11.0} {:>9.3} {:>9.3} {:>7} {:>12.2} {:>11.2}",
                 c.label(),
                 rate,
                 achieved,
                 median(ps.iter().map(|p| p.p50_ms).collect()),
                 median(ps.iter().map(|p| p.p99_ms).collect()),
                 ps.iter().map(|p| p.errors).sum::<u64>(),
-                cpu
+                cpu,
+                median(ps.iter().map(|p| p.switches_per_request).collect()),
             );
         }
         sat.push((c, best));

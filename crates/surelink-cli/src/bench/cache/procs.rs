@@ -64,6 +64,11 @@ impl Proc {
         self.child.id().map_or(0.0, cpu_seconds)
     }
 
+    /// Its context switches so far (voluntary and not, every live thread).
+    pub(super) fn switches(&self) -> u64 {
+        self.child.id().map_or(0, switches)
+    }
+
     /// Fails if it exited.
     pub(super) fn check(&mut self) -> Result<()> {
         if let Ok(Some(status)) = self.child.try_wait() {
@@ -87,6 +92,26 @@ pub(super) fn cpu_seconds(pid: u32) -> f64 {
     let tick = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     // After ')': state is field 3, so utime (14) is index 11, stime index 12.
     (tick(11) + tick(12)) as f64 / 100.0
+}
+
+/// Context switches of process `pid`: the sum over its threads of
+/// `voluntary_ctxt_switches` and `nonvoluntary_ctxt_switches` in
+/// /proc/PID/task/TID/status (a thread that exited takes its count along).
+pub(super) fn switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum::<u64>()
+        })
+        .sum()
 }
 
 /// A free TCP port on `ip`.
@@ -117,6 +142,21 @@ pub(super) async fn wait_ready(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Waits until a `set` through `addr` is stored again: a contender that
+/// shed the last overload (nutcracker ejects every server that timed out
+/// for its `server_retry_timeout`) is measured once it serves, not while
+/// it still refuses.
+pub(super) async fn wait_serving(addr: SocketAddr, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !try_set(addr).await {
+        if Instant::now() > deadline {
+            bail!("{addr} stored nothing for {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
 }
 
 async fn try_set(addr: SocketAddr) -> bool {
