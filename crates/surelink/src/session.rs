@@ -498,10 +498,14 @@ pub(crate) async fn run_session(shared: Arc<Shared>, h: Arc<SessionHandle>) {
         .max(Duration::from_millis(1));
     let mut tick = tick_min;
     let mut seen_tx = h.last_tx.load(Ordering::Relaxed);
-    // One timer for the task's life, moved only to an earlier deadline: a
-    // timer registered ahead of the runtime's next wake-up makes tokio
-    // wake its driver (an eventfd write and an extra poll), and this loop
-    // turns at every flush. Firing early is harmless: the loop looks again.
+    // One timer for the task's life, reset when the wanted deadline
+    // changes. A fresh sleep per turn of this loop (it turns at every
+    // flush) registered a new timer each time, and one set ahead of the
+    // runtime's next wake-up makes tokio wake its driver (an eventfd write
+    // and an extra poll). It follows the deadline later too: on a busy
+    // session the ack deadline keeps moving (acks ride on replies), and a
+    // timer left at a stale, earlier one fires every tick for nothing — a
+    // cross-thread wake-up on a multi-worker runtime.
     let timer = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(timer);
     let mut timer_at: Option<Time> = None;
@@ -516,9 +520,11 @@ pub(crate) async fn run_session(shared: Arc<Shared>, h: Arc<SessionHandle>) {
             }
             let now = shared.now();
             let want = g.core.poll_timeout().map(|t| t.min(now + tick));
-            if let Some(t) = want.filter(|&t| timer_at.is_none_or(|a| t < a)) {
-                timer.as_mut().reset(shared.instant(t));
-                timer_at = Some(t);
+            if want != timer_at {
+                if let Some(t) = want {
+                    timer.as_mut().reset(shared.instant(t));
+                }
+                timer_at = want;
             }
             g.armed = timer_at;
         }
@@ -526,6 +532,7 @@ pub(crate) async fn run_session(shared: Arc<Shared>, h: Arc<SessionHandle>) {
         tokio::select! {
             () = &mut timer, if timer_armed => {
                 timer_at = None;
+                shared.stats.timer_fires.fetch_add(1, Ordering::Relaxed);
                 let due = h.with(&shared, |g, now| {
                     let due = g.core.poll_timeout().is_some_and(|d| d <= now);
                     if due {

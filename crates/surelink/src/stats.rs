@@ -29,6 +29,8 @@ pub(crate) struct Stats {
     connections_refused: AtomicU64,
     handler_errors: AtomicU64,
     handler_panics: AtomicU64,
+    /// Times a session task's timer fired (test hook: `Testing`).
+    pub(crate) timer_fires: AtomicU64,
     /// Call round trips, microseconds.
     call_rtt: Mutex<Histogram<u64>>,
 }
@@ -51,6 +53,7 @@ impl Default for Stats {
             connections_refused: AtomicU64::new(0),
             handler_errors: AtomicU64::new(0),
             handler_panics: AtomicU64::new(0),
+            timer_fires: AtomicU64::new(0),
             // 1 µs .. 1 h, 3 significant digits; creation cannot fail for
             // these constants.
             call_rtt: Mutex::new(

@@ -46,6 +46,14 @@ impl Testing<'_> {
         n
     }
 
+    /// Times the endpoint's session tasks were woken by their timers so far.
+    /// A busy session's deadlines (acknowledgements, re-sends) keep moving
+    /// ahead with its traffic; its timer should follow them, not fire at
+    /// every tick.
+    pub fn timer_fires(&self) -> u64 {
+        self.shared.stats.timer_fires.load(Ordering::Relaxed)
+    }
+
     /// Makes this endpoint silent on `network` (`true`) or not, as a
     /// route that drops everything it sends there would: bytes for that
     /// network's connections wait in their queues (TCP would keep

@@ -209,3 +209,43 @@ async fn turn_on_several_workers_loses_and_reorders_nothing() {
     }
     assert_eq!(p.client.stats().call_errors, 0);
 }
+
+/// A busy session keeps moving its deadlines ahead (acknowledgements ride
+/// on the replies); its task's timer must follow them rather than fire at
+/// every tick (a cross-thread wake-up each time on several workers — this
+/// made the demo's latency climb when the timer only ever moved earlier).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_sessions_timer_follows_its_deadlines() {
+    let p = pair(WriteBatching::Auto).await;
+    p.server.serve(|r: Request| async move { r.body });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let before = p.client.testing().timer_fires();
+    let started = std::time::Instant::now();
+    // 16 callers back to back for ~300 ms: the session is never idle.
+    let callers: Vec<_> = (0..16u32)
+        .map(|k| {
+            let c = p.client.clone();
+            tokio::spawn(async move {
+                let mut i = 0u32;
+                while started.elapsed() < Duration::from_millis(300) {
+                    let body = Bytes::from((k << 20 | i).to_be_bytes().to_vec());
+                    let r = c
+                        .call(SERVER, 0, body.clone(), Duration::from_secs(5))
+                        .await;
+                    assert_eq!(r.unwrap(), body);
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    for c in callers {
+        c.await.unwrap();
+    }
+    let fires = p.client.testing().timer_fires() - before;
+    let ticks = u64::try_from(started.elapsed().as_millis()).unwrap() / 5;
+    // A timer left at a stale deadline fires about once per 5 ms tick.
+    assert!(
+        fires < ticks / 3,
+        "the busy session's timer fired {fires} times in {ticks} ticks"
+    );
+}
