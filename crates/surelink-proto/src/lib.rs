@@ -88,6 +88,7 @@ mod error;
 mod event;
 mod handshake;
 mod ids;
+pub mod role;
 mod router;
 pub mod rpc;
 pub mod secure;

@@ -43,6 +43,7 @@ pub mod detector;
 mod faults;
 pub mod fuzz;
 pub mod pair;
+pub mod role;
 pub mod rpc;
 mod secure;
 mod sim;

@@ -1,0 +1,127 @@
+//! A node's side: which pushed tables it applies.
+
+use thiserror::Error;
+
+use crate::ids::NodeId;
+
+use super::table::TableView;
+use super::RoleConfig;
+
+/// What applying a table did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Applied {
+    /// The epoch the node held before (0: none).
+    pub previous_epoch: u64,
+    /// The epoch it holds now.
+    pub epoch: u64,
+    /// The version it holds now.
+    pub version: u64,
+}
+
+/// Why a node did not apply a pushed table. None of these is an error of
+/// the node: stale tables arrive late over a slow path, and the others are
+/// a misconfigured or hostile peer.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum TableRejected {
+    /// The row is another node's.
+    #[error("table row for node {row} pushed to node {me}")]
+    WrongRow {
+        /// This node.
+        me: NodeId,
+        /// The node the row is for.
+        row: NodeId,
+    },
+    /// The sender does not own the table's epoch (or the table names
+    /// another role server than its sender).
+    #[error("table of role epoch {epoch} from node {from}, whose owner is {owner:?}")]
+    NotOwner {
+        /// The table's epoch.
+        epoch: u64,
+        /// The authenticated sender.
+        from: NodeId,
+        /// The epoch's owner by the cluster file (`None` for epoch 0).
+        owner: Option<NodeId>,
+    },
+    /// Not newer than the table held: `(epoch, version)` only goes up.
+    #[error(
+        "table ({epoch}, {version}) is not newer than the held ({held_epoch}, {held_version})"
+    )]
+    Stale {
+        /// The table's epoch.
+        epoch: u64,
+        /// The table's version.
+        version: u64,
+        /// The held table's epoch.
+        held_epoch: u64,
+        /// The held table's version.
+        held_version: u64,
+    },
+}
+
+/// The table a node holds and the rule for replacing it.
+#[derive(Clone, Debug)]
+pub struct TableGate {
+    cfg: RoleConfig,
+    me: NodeId,
+    current: Option<TableView>,
+}
+
+impl TableGate {
+    /// A node holding no table yet.
+    pub fn new(cfg: RoleConfig, me: NodeId) -> Self {
+        TableGate {
+            cfg,
+            me,
+            current: None,
+        }
+    }
+
+    /// The table held, if any.
+    pub fn current(&self) -> Option<&TableView> {
+        self.current.as_ref()
+    }
+
+    /// `(epoch, version)` held; `(0, 0)` for none.
+    pub fn held(&self) -> (u64, u64) {
+        self.current
+            .as_ref()
+            .map_or((0, 0), |t| (t.epoch, t.version))
+    }
+
+    /// A table row the authenticated node `from` pushed. Applied only if it
+    /// is this node's row, `from` owns its epoch, and it is newer than the
+    /// one held.
+    pub fn apply(&mut self, from: NodeId, view: TableView) -> Result<Applied, TableRejected> {
+        if view.node != self.me {
+            return Err(TableRejected::WrongRow {
+                me: self.me,
+                row: view.node,
+            });
+        }
+        let owner = self.cfg.owner(view.epoch);
+        if owner != Some(from) || view.role != from {
+            return Err(TableRejected::NotOwner {
+                epoch: view.epoch,
+                from,
+                owner,
+            });
+        }
+        let (held_epoch, held_version) = self.held();
+        if (view.epoch, view.version) <= (held_epoch, held_version) {
+            return Err(TableRejected::Stale {
+                epoch: view.epoch,
+                version: view.version,
+                held_epoch,
+                held_version,
+            });
+        }
+        let applied = Applied {
+            previous_epoch: held_epoch,
+            epoch: view.epoch,
+            version: view.version,
+        };
+        self.current = Some(view);
+        Ok(applied)
+    }
+}

@@ -1,0 +1,272 @@
+//! The role server of one epoch: reports in, table rows out.
+
+use std::collections::{HashMap, VecDeque};
+
+use thiserror::Error;
+
+use crate::ids::NodeId;
+use crate::time::Time;
+
+use super::matrix::{Matrix, StatusReport};
+use super::table::{compute, RoutingTable, TableView};
+use super::{RoleConfig, RoleConfigError};
+
+/// A row to send: the shell sends `view` to `to` on its session (or
+/// applies it locally when `to` is this node).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Push {
+    /// The node.
+    pub to: NodeId,
+    /// Its row of the current table.
+    pub view: TableView,
+}
+
+/// Something the role server's owner should know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RoleEvent {
+    /// The table changed; its new version.
+    TableChanged {
+        /// The new version.
+        version: u64,
+    },
+    /// This process missed its `t_valid` (the SafeTimer fence): it pushes
+    /// nothing more in this epoch, for good.
+    Fenced,
+    /// A node holds a table of a newer epoch: another candidate took over,
+    /// and this server stops.
+    SteppedDown {
+        /// The newer epoch.
+        newer: u64,
+    },
+}
+
+/// A report the role server refused.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ReportRejected {
+    /// The report names another reporter than the authenticated sender.
+    #[error("report names node {named} but came from node {from}")]
+    NotReporter {
+        /// The authenticated sender.
+        from: NodeId,
+        /// The node the report names.
+        named: NodeId,
+    },
+    /// The sender is not a node of the cluster.
+    #[error("node {0} is not in the cluster file")]
+    UnknownNode(NodeId),
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct NodePush {
+    /// Version the node acknowledged in this epoch.
+    acked: u64,
+    /// When its row last went out.
+    last: Option<Time>,
+}
+
+/// The role server of one epoch on one node.
+#[derive(Debug)]
+pub struct RoleServer {
+    cfg: RoleConfig,
+    matrix: Matrix,
+    table: RoutingTable,
+    dirty: bool,
+    nodes: HashMap<NodeId, NodePush>,
+    due: VecDeque<NodeId>,
+    next_refresh: Time,
+    /// Missed `t_valid` or stepped down: pushes nothing, for good.
+    stopped: bool,
+    events: VecDeque<RoleEvent>,
+}
+
+impl RoleServer {
+    /// The role server of `epoch` on node `me`, which must own that epoch.
+    pub fn new(
+        cfg: RoleConfig,
+        me: NodeId,
+        epoch: u64,
+        now: Time,
+    ) -> Result<Self, RoleConfigError> {
+        cfg.validate()?;
+        if cfg.owner(epoch) != Some(me) {
+            return Err(RoleConfigError::BadCandidate(me));
+        }
+        let nodes = cfg
+            .nodes
+            .iter()
+            .map(|n| (*n, NodePush::default()))
+            .collect();
+        let table = RoutingTable {
+            role: me,
+            epoch,
+            version: 0,
+            routes: Vec::new(),
+            ring: Vec::new(),
+        };
+        Ok(RoleServer {
+            next_refresh: now,
+            cfg,
+            matrix: Matrix::new(),
+            table,
+            dirty: true,
+            nodes,
+            due: VecDeque::new(),
+            stopped: false,
+            events: VecDeque::new(),
+        })
+    }
+
+    /// The epoch this server pushes.
+    pub fn epoch(&self) -> u64 {
+        self.table.epoch
+    }
+
+    /// The current table (version 0 until the first push).
+    pub fn table(&self) -> &RoutingTable {
+        &self.table
+    }
+
+    /// The matrix, for `surelink status`.
+    pub fn matrix(&self) -> &Matrix {
+        &self.matrix
+    }
+
+    /// Whether this server has stopped for good (fenced or stepped down).
+    pub fn is_stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// A report that arrived from the authenticated node `from`.
+    pub fn handle_report(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        report: &StatusReport,
+    ) -> Result<(), ReportRejected> {
+        if report.reporter != from {
+            return Err(ReportRejected::NotReporter {
+                from,
+                named: report.reporter,
+            });
+        }
+        if !self.nodes.contains_key(&from) {
+            return Err(ReportRejected::UnknownNode(from));
+        }
+        self.handle_ack(from, report.held.0, report.held.1);
+        if self.matrix.record(now, report) {
+            self.dirty = true;
+        }
+        Ok(())
+    }
+
+    /// `node` restarted (a new process epoch): its report numbers start
+    /// again and it holds no table.
+    pub fn handle_node_restarted(&mut self, node: NodeId) {
+        self.matrix.forget_reporter(node);
+        if let Some(p) = self.nodes.get_mut(&node) {
+            *p = NodePush::default();
+            self.due.push_back(node);
+        }
+        self.dirty = true;
+    }
+
+    /// The authenticated node `from` holds table `(epoch, version)`. A
+    /// newer epoch — or a later version of this one than this server ever
+    /// made, i.e. an earlier process of this node served the same epoch —
+    /// stops this server: its candidacy claims a higher epoch.
+    pub fn handle_ack(&mut self, from: NodeId, epoch: u64, version: u64) {
+        let reused = epoch == self.table.epoch && version > self.table.version;
+        if epoch > self.table.epoch || reused {
+            if !self.stopped {
+                self.stopped = true;
+                self.events
+                    .push_back(RoleEvent::SteppedDown { newer: epoch });
+            }
+            return;
+        }
+        if epoch == self.table.epoch {
+            if let Some(p) = self.nodes.get_mut(&from) {
+                p.acked = p.acked.max(version);
+            }
+        }
+    }
+
+    /// Recomputes the table from the matrix (reports go stale with time
+    /// alone) and queues re-pushes to nodes that have not acknowledged.
+    pub fn handle_timeout(&mut self, now: Time) {
+        if now < self.next_refresh {
+            return;
+        }
+        self.next_refresh = now + self.cfg.refresh;
+        self.dirty = true;
+        for (node, p) in &self.nodes {
+            if p.acked < self.table.version
+                && p.last
+                    .is_none_or(|t| now.saturating_since(t) >= self.cfg.refresh)
+            {
+                self.due.push_back(*node);
+            }
+        }
+    }
+
+    /// When to call [`RoleServer::handle_timeout`].
+    pub fn poll_timeout(&self) -> Option<Time> {
+        (!self.stopped).then_some(self.next_refresh)
+    }
+
+    fn recompute(&mut self, now: Time) {
+        self.dirty = false;
+        let (routes, ring) = compute(&self.cfg, &self.matrix, now);
+        if self.table.version > 0 && routes == self.table.routes && ring == self.table.ring {
+            return;
+        }
+        self.table.routes = routes;
+        self.table.ring = ring;
+        self.table.version += 1;
+        self.events.push_back(RoleEvent::TableChanged {
+            version: self.table.version,
+        });
+        self.due.clear();
+        self.due.extend(self.cfg.nodes.iter().copied());
+    }
+
+    /// The next row to send. `t_valid` is this process's SafeTimer fence
+    /// ([`Fence::t_valid`](crate::detector::Fence::t_valid); `None` once
+    /// fenced): nothing goes out at or after it, and a server that once
+    /// finds itself past it stops for good — a candidate may already have
+    /// taken over.
+    pub fn poll_push(&mut self, now: Time, t_valid: Option<Time>) -> Option<Push> {
+        if self.stopped {
+            return None;
+        }
+        if t_valid.is_none_or(|t| now >= t) {
+            self.stopped = true;
+            self.due.clear();
+            self.events.push_back(RoleEvent::Fenced);
+            return None;
+        }
+        if self.dirty {
+            self.recompute(now);
+        }
+        while let Some(node) = self.due.pop_front() {
+            let Some(p) = self.nodes.get_mut(&node) else {
+                continue;
+            };
+            if p.acked >= self.table.version {
+                continue;
+            }
+            p.last = Some(now);
+            return Some(Push {
+                to: node,
+                view: self.table.view_for(node),
+            });
+        }
+        None
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<RoleEvent> {
+        self.events.pop_front()
+    }
+}

@@ -1,0 +1,286 @@
+//! Routing tables: computed from the matrix by the role server, one row
+//! per node pushed to it.
+//!
+//! A table lists only the pairs that should *not* use every network alike
+//! (the default: every network, equal weights): at a thousand nodes the
+//! full pair list is a million entries, the exceptions a handful.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use crate::ids::NodeId;
+use crate::time::Time;
+
+use super::matrix::{Matrix, PathStatus};
+use super::{NetworkIndex, RoleConfig};
+
+/// One network for one pair, in preference order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathChoice {
+    /// The network.
+    pub network: NetworkIndex,
+    /// The role server's view of it (the worse of both ends' reports).
+    pub status: PathStatus,
+    /// Share of traffic among the `Up` choices (0 for the others: used only
+    /// when no `Up` choice is left).
+    pub weight: u8,
+}
+
+/// The networks `from` should use to reach `to`, best first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    /// Sender.
+    pub from: NodeId,
+    /// Receiver.
+    pub to: NodeId,
+    /// Every network, best first.
+    pub paths: Vec<PathChoice>,
+}
+
+impl Route {
+    /// Whether `network` should carry new traffic from `from` to `to`:
+    /// it is `Up`, or nothing is `Up` and it is the best left.
+    pub fn usable(&self, network: NetworkIndex) -> bool {
+        let any_up = self.paths.iter().any(|p| p.status == PathStatus::Up);
+        match self.paths.iter().find(|p| p.network == network) {
+            Some(p) if p.status == PathStatus::Up => true,
+            Some(p) => !any_up && self.paths.first().is_some_and(|b| b.network == p.network),
+            None => false,
+        }
+    }
+}
+
+/// A ring member's state as the role server sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberState {
+    /// Reporting, not reported dead.
+    Up = 0,
+    /// Neither reporting nor reported dead (unknown).
+    Suspect = 1,
+    /// Reported dead by its peers' detectors.
+    Down = 2,
+}
+
+impl MemberState {
+    pub(crate) fn from_u8(v: u8) -> Option<MemberState> {
+        match v {
+            0 => Some(MemberState::Up),
+            1 => Some(MemberState::Suspect),
+            2 => Some(MemberState::Down),
+            _ => None,
+        }
+    }
+}
+
+/// One node of the cache ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingMember {
+    /// The node.
+    pub node: NodeId,
+    /// Its state.
+    pub state: MemberState,
+}
+
+/// The whole cluster's table, as the role server holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RoutingTable {
+    /// The role server that computed it.
+    pub role: NodeId,
+    /// Its role epoch (the fencing token).
+    pub epoch: u64,
+    /// Increases with every change within the epoch.
+    pub version: u64,
+    /// Pairs that do not use every network alike, sorted by (from, to).
+    pub routes: Vec<Route>,
+    /// Every node, in the cluster file's order.
+    pub ring: Vec<RingMember>,
+}
+
+impl RoutingTable {
+    /// `node`'s row: what is pushed to it.
+    pub fn view_for(&self, node: NodeId) -> TableView {
+        TableView {
+            role: self.role,
+            epoch: self.epoch,
+            version: self.version,
+            node,
+            routes: self
+                .routes
+                .iter()
+                .filter(|r| r.from == node)
+                .cloned()
+                .collect(),
+            ring: self.ring.clone(),
+        }
+    }
+}
+
+/// One node's row of a table: the unit a role server pushes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableView {
+    /// The role server that computed it.
+    pub role: NodeId,
+    /// Its role epoch.
+    pub epoch: u64,
+    /// The table's version within the epoch.
+    pub version: u64,
+    /// Whose row this is.
+    pub node: NodeId,
+    /// Routes from `node` that differ from the default, sorted by `to`.
+    pub routes: Vec<Route>,
+    /// The cache ring.
+    pub ring: Vec<RingMember>,
+}
+
+impl TableView {
+    /// The route to `to`, if it is not the default.
+    pub fn route_to(&self, to: NodeId) -> Option<&Route> {
+        self.routes
+            .binary_search_by_key(&to, |r| r.to)
+            .ok()
+            .and_then(|i| self.routes.get(i))
+    }
+
+    /// Whether `network` should carry new traffic to `to` (the default:
+    /// every network).
+    pub fn usable(&self, to: NodeId, network: NetworkIndex) -> bool {
+        self.route_to(to).is_none_or(|r| r.usable(network))
+    }
+
+    /// The ring member entry of `node`.
+    pub fn member(&self, node: NodeId) -> Option<MemberState> {
+        self.ring.iter().find(|m| m.node == node).map(|m| m.state)
+    }
+}
+
+/// One reporter's view of `from → to` on `network`, as the table counts it:
+/// no report is no objection; a stale report is at best suspect.
+fn one_side(
+    m: &Matrix,
+    now: Time,
+    stale: Duration,
+    from: NodeId,
+    to: NodeId,
+    network: NetworkIndex,
+) -> (PathStatus, u32) {
+    match m.entry(from, to, network) {
+        None => (PathStatus::Up, 0),
+        Some(e) if now.saturating_since(e.at) > stale => {
+            (e.status.worst(PathStatus::Suspect), e.rtt_us)
+        }
+        Some(e) => (e.status, e.rtt_us),
+    }
+}
+
+/// The route between `a` and `b` (from `a`), or `None` for the default.
+fn route(
+    cfg: &RoleConfig,
+    m: &Matrix,
+    deaf: &HashSet<(NodeId, NetworkIndex)>,
+    now: Time,
+    a: NodeId,
+    b: NodeId,
+) -> Option<Route> {
+    let stale = cfg.report_stale_after;
+    let mut paths: Vec<(PathChoice, u32)> = (0..cfg.networks)
+        .map(|n| {
+            let (sa, ra) = one_side(m, now, stale, a, b, n);
+            let (sb, rb) = one_side(m, now, stale, b, a, n);
+            // A session path is a TCP connection: both directions must work,
+            // and a node that hears nobody on a network cannot be reached
+            // on it (nor answer on it).
+            let mut status = sa.worst(sb);
+            if deaf.contains(&(a, n)) || deaf.contains(&(b, n)) {
+                status = PathStatus::Down;
+            }
+            let rtt = ra.max(rb);
+            (
+                PathChoice {
+                    network: n,
+                    status,
+                    weight: 0,
+                },
+                rtt,
+            )
+        })
+        .collect();
+    if paths.iter().all(|(p, _)| p.status == PathStatus::Up) {
+        return None;
+    }
+    paths.sort_by_key(|(p, rtt)| (p.status, *rtt, p.network));
+    let best_rtt = paths
+        .iter()
+        .filter(|(p, rtt)| p.status == PathStatus::Up && *rtt > 0)
+        .map(|(_, rtt)| *rtt)
+        .min();
+    for (p, rtt) in &mut paths {
+        if p.status != PathStatus::Up {
+            continue;
+        }
+        p.weight = match (best_rtt, *rtt) {
+            (Some(best), r) if r > 0 => {
+                u8::try_from((u64::from(best) * 255 / u64::from(r)).max(1)).unwrap_or(255)
+            }
+            _ => 255,
+        };
+    }
+    Some(Route {
+        from: a,
+        to: b,
+        paths: paths.into_iter().map(|(p, _)| p).collect(),
+    })
+}
+
+/// Routes and ring computed from the matrix as of `now`. Only pairs the
+/// matrix has something unusual about are looked at, so the cost follows
+/// the faults, not the square of the cluster.
+pub(crate) fn compute(cfg: &RoleConfig, m: &Matrix, now: Time) -> (Vec<Route>, Vec<RingMember>) {
+    let stale = cfg.report_stale_after;
+    let mut deaf = HashSet::new();
+    for node in &cfg.nodes {
+        for n in 0..cfg.networks {
+            if m.deaf_on(now, stale, *node, n) {
+                deaf.insert((*node, n));
+            }
+        }
+    }
+    let mut pairs: HashSet<(NodeId, NodeId)> = HashSet::new();
+    for (a, b) in m.unusual_pairs(now, stale) {
+        pairs.insert((a, b));
+        pairs.insert((b, a));
+    }
+    for (d, _) in &deaf {
+        for other in &cfg.nodes {
+            pairs.insert((*d, *other));
+            pairs.insert((*other, *d));
+        }
+    }
+    let members: HashSet<NodeId> = cfg.nodes.iter().copied().collect();
+    let mut routes: Vec<Route> = pairs
+        .into_iter()
+        .filter(|(a, b)| a != b && members.contains(a) && members.contains(b))
+        .filter_map(|(a, b)| route(cfg, m, &deaf, now, a, b))
+        .collect();
+    routes.sort_by_key(|r| (r.from, r.to));
+    // A dead report is SafeTimer's: the peer is fenced and sends nothing
+    // more, so one fresh report is enough. A node reporting is up.
+    let dead = m.reported_dead_by_fresh(now, stale);
+    let ring = cfg
+        .nodes
+        .iter()
+        .map(|n| RingMember {
+            node: *n,
+            state: if dead.contains_key(n) {
+                MemberState::Down
+            } else if m
+                .last_report(*n)
+                .is_some_and(|at| now.saturating_since(at) <= stale)
+            {
+                MemberState::Up
+            } else {
+                MemberState::Suspect
+            },
+        })
+        .collect();
+    (routes, ring)
+}

@@ -1,0 +1,450 @@
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::ids::NodeId;
+use crate::time::Time;
+
+const A: NodeId = NodeId(1);
+const B: NodeId = NodeId(2);
+const C: NodeId = NodeId(3);
+
+fn cfg() -> RoleConfig {
+    RoleConfig {
+        nodes: vec![A, B, C],
+        networks: 2,
+        candidates: vec![A, B, C],
+        ..RoleConfig::default()
+    }
+}
+
+fn ms(v: u64) -> Time {
+    Time::from_millis(v)
+}
+
+fn peer(p: NodeId, net0: PathStatus, net1: PathStatus) -> PeerReport {
+    PeerReport {
+        peer: p,
+        alive: true,
+        networks: vec![(net0, 100), (net1, 100)],
+    }
+}
+
+fn report(reporter: NodeId, seq: u64, peers: Vec<PeerReport>) -> StatusReport {
+    StatusReport {
+        reporter,
+        seq,
+        watched: 2,
+        held: (0, 0),
+        peers,
+    }
+}
+
+#[test]
+fn config_errors_are_typed() {
+    assert_eq!(cfg().validate(), Ok(()));
+    let mut c = cfg();
+    c.nodes.push(A);
+    assert_eq!(c.validate(), Err(RoleConfigError::DuplicateNode(A)));
+    let mut c = cfg();
+    c.candidates = vec![NodeId(9)];
+    assert_eq!(c.validate(), Err(RoleConfigError::BadCandidate(NodeId(9))));
+    let mut c = cfg();
+    c.candidates.clear();
+    assert_eq!(c.validate(), Err(RoleConfigError::NoCandidates));
+    let mut c = cfg();
+    c.networks = 0;
+    assert_eq!(c.validate(), Err(RoleConfigError::Networks(0)));
+    let mut c = cfg();
+    c.report_stale_after = c.refresh;
+    assert!(matches!(
+        c.validate(),
+        Err(RoleConfigError::StaleBeforeRefresh { .. })
+    ));
+}
+
+#[test]
+fn each_epoch_has_one_owner_in_candidate_order() {
+    let c = cfg();
+    assert_eq!(c.owner(0), None);
+    assert_eq!(c.owner(1), Some(A));
+    assert_eq!(c.owner(2), Some(B));
+    assert_eq!(c.owner(3), Some(C));
+    assert_eq!(c.owner(4), Some(A));
+    assert_eq!(c.next_epoch_of(B, 0), Some(2));
+    assert_eq!(c.next_epoch_of(B, 2), Some(5));
+    assert_eq!(c.next_epoch_of(A, 3), Some(4));
+    assert_eq!(c.next_epoch_of(C, 4), Some(6));
+    for above in 0..50 {
+        for who in [A, B, C] {
+            let e = c.next_epoch_of(who, above).unwrap();
+            assert!(e > above);
+            assert_eq!(c.owner(e), Some(who));
+            assert!(e - above <= 3);
+        }
+    }
+}
+
+#[test]
+fn a_node_deaf_on_a_network_is_avoided_by_everyone_sending_to_it() {
+    // B hears neither A nor C on network 1 (a one-way fault into B): A and
+    // C still hear B there, so only B's report tells them.
+    let c = cfg();
+    let mut m = Matrix::new();
+    let down = PathStatus::Down;
+    let up = PathStatus::Up;
+    assert!(m.record(
+        ms(0),
+        &report(B, 1, vec![peer(A, up, down), peer(C, up, down)])
+    ));
+    assert!(m.deaf_on(ms(1), c.report_stale_after, B, 1));
+    assert!(!m.deaf_on(ms(1), c.report_stale_after, B, 0));
+    let (routes, _) = table::compute(&c, &m, ms(1));
+    let t = RoutingTable {
+        role: A,
+        epoch: 1,
+        version: 1,
+        routes,
+        ring: Vec::new(),
+    };
+    let row_c = t.view_for(C);
+    assert!(!row_c.usable(B, 1), "C must avoid network 1 to B");
+    assert!(row_c.usable(B, 0));
+    assert!(row_c.usable(A, 1), "C to A is untouched");
+    let route = row_c.route_to(B).unwrap();
+    assert_eq!(route.paths[0].network, 0);
+    assert_eq!(route.paths[0].status, PathStatus::Up);
+    assert_eq!(route.paths[1].status, PathStatus::Down);
+    assert_eq!(route.paths[1].weight, 0);
+    assert!(!t.view_for(A).usable(B, 1));
+    // Once stale, B's report no longer makes B deaf (its reporter may see
+    // otherwise now); its cells are at best suspect.
+    let later = ms(0) + c.report_stale_after + Duration::from_millis(1);
+    assert!(!m.deaf_on(later, c.report_stale_after, B, 1));
+}
+
+#[test]
+fn a_fault_between_two_nodes_touches_only_their_pair() {
+    let c = cfg();
+    let mut m = Matrix::new();
+    m.record(
+        ms(0),
+        &report(A, 1, vec![peer(B, PathStatus::Up, PathStatus::Down)]),
+    );
+    let (routes, ring) = table::compute(&c, &m, ms(1));
+    let pairs: Vec<_> = routes.iter().map(|r| (r.from, r.to)).collect();
+    assert_eq!(pairs, vec![(A, B), (B, A)]);
+    assert!(routes.iter().all(|r| !r.usable(1) && r.usable(0)));
+    // A reported; B and C did not yet.
+    assert_eq!(ring[0].state, MemberState::Up);
+    assert_eq!(ring[1].state, MemberState::Suspect);
+}
+
+#[test]
+fn an_older_report_is_ignored() {
+    let mut m = Matrix::new();
+    assert!(m.record(
+        ms(0),
+        &report(A, 5, vec![peer(B, PathStatus::Down, PathStatus::Up)])
+    ));
+    assert!(!m.record(ms(1), &report(A, 4, Vec::new())));
+    assert_eq!(m.entry(A, B, 0).unwrap().status, PathStatus::Down);
+    assert!(m.record(ms(2), &report(A, 6, Vec::new())));
+    assert_eq!(m.entry(A, B, 0), None);
+}
+
+fn drain(s: &mut RoleServer, now: Time, t_valid: Time) -> Vec<Push> {
+    let mut out = Vec::new();
+    while let Some(p) = s.poll_push(now, Some(t_valid)) {
+        out.push(p);
+    }
+    out
+}
+
+#[test]
+fn the_server_pushes_every_row_on_a_change_and_re_pushes_until_acknowledged() {
+    let mut s = RoleServer::new(cfg(), A, 1, ms(0)).unwrap();
+    let pushes = drain(&mut s, ms(0), ms(1000));
+    assert_eq!(pushes.len(), 3);
+    assert!(pushes
+        .iter()
+        .all(|p| p.view.epoch == 1 && p.view.version == 1));
+    assert_eq!(s.poll_event(), Some(RoleEvent::TableChanged { version: 1 }));
+    s.handle_ack(B, 1, 1);
+    s.handle_ack(C, 1, 1);
+    // Nothing new before the refresh; then only the unacknowledged A.
+    assert!(drain(&mut s, ms(1), ms(1000)).is_empty());
+    s.handle_timeout(ms(100));
+    let again: Vec<_> = drain(&mut s, ms(100), ms(1000))
+        .into_iter()
+        .map(|p| p.to)
+        .collect();
+    assert_eq!(again, vec![A]);
+    // A report that changes the table: version 2 to everyone.
+    s.handle_report(
+        ms(120),
+        B,
+        &report(B, 1, vec![peer(C, PathStatus::Down, PathStatus::Up)]),
+    )
+    .unwrap();
+    let v2 = drain(&mut s, ms(120), ms(1000));
+    assert_eq!(v2.len(), 3);
+    assert!(v2.iter().all(|p| p.view.version == 2));
+    let row_b = &v2.iter().find(|p| p.to == B).unwrap().view;
+    assert!(!row_b.usable(C, 0) && row_b.usable(C, 1));
+}
+
+#[test]
+fn the_server_refuses_a_report_for_someone_else() {
+    let mut s = RoleServer::new(cfg(), A, 1, ms(0)).unwrap();
+    assert_eq!(
+        s.handle_report(ms(0), B, &report(C, 1, Vec::new())),
+        Err(server::ReportRejected::NotReporter { from: B, named: C })
+    );
+    assert_eq!(
+        s.handle_report(ms(0), NodeId(9), &report(NodeId(9), 1, Vec::new())),
+        Err(server::ReportRejected::UnknownNode(NodeId(9)))
+    );
+    assert!(
+        RoleServer::new(cfg(), B, 1, ms(0)).is_err(),
+        "B does not own epoch 1"
+    );
+}
+
+#[test]
+fn a_fenced_server_pushes_nothing_ever_again() {
+    let mut s = RoleServer::new(cfg(), A, 1, ms(0)).unwrap();
+    assert!(s.poll_push(ms(0), Some(ms(50))).is_some());
+    // Past t_valid (a pause): fenced, even if a later t_valid is handed in.
+    assert_eq!(s.poll_push(ms(60), Some(ms(50))), None);
+    assert_eq!(s.poll_push(ms(61), Some(ms(500))), None);
+    let events: Vec<_> = std::iter::from_fn(|| s.poll_event()).collect();
+    assert!(events.contains(&RoleEvent::Fenced));
+    assert!(s.is_stopped());
+    let mut s = RoleServer::new(cfg(), A, 1, ms(0)).unwrap();
+    assert_eq!(s.poll_push(ms(0), None), None, "None is fenced");
+}
+
+#[test]
+fn a_newer_epoch_in_an_ack_stops_the_server() {
+    let mut s = RoleServer::new(cfg(), A, 1, ms(0)).unwrap();
+    drain(&mut s, ms(0), ms(1000));
+    s.handle_ack(C, 2, 1);
+    assert!(s.is_stopped());
+    assert_eq!(s.poll_push(ms(1), Some(ms(1000))), None);
+    let events: Vec<_> = std::iter::from_fn(|| s.poll_event()).collect();
+    assert!(events.contains(&RoleEvent::SteppedDown { newer: 2 }));
+}
+
+fn view(role: NodeId, epoch: u64, version: u64, node: NodeId) -> TableView {
+    TableView {
+        role,
+        epoch,
+        version,
+        node,
+        routes: Vec::new(),
+        ring: Vec::new(),
+    }
+}
+
+#[test]
+fn the_gate_applies_only_newer_tables_from_the_epochs_owner() {
+    let mut g = TableGate::new(cfg(), C);
+    assert_eq!(g.held(), (0, 0));
+    assert!(matches!(
+        g.apply(B, view(B, 1, 1, C)),
+        Err(TableRejected::NotOwner { owner: Some(A), .. })
+    ));
+    assert!(matches!(
+        g.apply(A, view(B, 1, 1, C)),
+        Err(TableRejected::NotOwner { .. })
+    ));
+    assert!(matches!(
+        g.apply(A, view(A, 1, 1, B)),
+        Err(TableRejected::WrongRow { .. })
+    ));
+    assert_eq!(g.apply(A, view(A, 1, 1, C)).unwrap().epoch, 1);
+    assert!(matches!(
+        g.apply(A, view(A, 1, 1, C)),
+        Err(TableRejected::Stale { .. })
+    ));
+    g.apply(A, view(A, 1, 7, C)).unwrap();
+    let applied = g.apply(B, view(B, 2, 1, C)).unwrap();
+    assert_eq!((applied.previous_epoch, applied.epoch), (1, 2));
+    // The old owner's later versions no longer count.
+    assert!(matches!(
+        g.apply(A, view(A, 1, 9, C)),
+        Err(TableRejected::Stale { .. })
+    ));
+    assert_eq!(g.held(), (2, 1));
+}
+
+#[test]
+fn candidates_take_over_in_order_once_the_owner_is_dead() {
+    let listen = Duration::from_millis(300);
+    let mut a = Candidacy::new(cfg(), A, ms(0), listen);
+    let mut b = Candidacy::new(cfg(), B, ms(0), listen);
+    let mut c = Candidacy::new(cfg(), C, ms(0), listen);
+    // Nobody claims while listening; then A, the first candidate.
+    assert_eq!(a.poll(ms(100)), None);
+    assert_eq!(
+        a.poll(ms(300)),
+        Some(CandidacyAction::TakeOver { epoch: 1 })
+    );
+    assert_eq!(b.poll(ms(300)), None);
+    b.handle_epoch(1);
+    c.handle_epoch(1);
+    assert_eq!(b.poll(ms(400)), None);
+    assert_eq!(c.poll(ms(400)), None);
+    // A dead: B goes on; C waits for B.
+    b.handle_peer_dead(A);
+    c.handle_peer_dead(A);
+    assert_eq!(c.poll(ms(500)), None);
+    assert_eq!(
+        b.poll(ms(500)),
+        Some(CandidacyAction::TakeOver { epoch: 2 })
+    );
+    c.handle_epoch(2);
+    // B dead too: C, then A's restarted process would wait for C.
+    c.handle_peer_dead(B);
+    assert_eq!(
+        c.poll(ms(600)),
+        Some(CandidacyAction::TakeOver { epoch: 3 })
+    );
+    let mut a2 = Candidacy::new(cfg(), A, ms(600), listen);
+    a2.handle_epoch(3);
+    assert_eq!(a2.poll(ms(1000)), None);
+    a2.handle_peer_dead(C);
+    a2.handle_peer_dead(B);
+    assert_eq!(
+        a2.poll(ms(1000)),
+        Some(CandidacyAction::TakeOver { epoch: 4 })
+    );
+}
+
+#[test]
+fn decoding_rejects_bad_input_with_typed_errors() {
+    assert_eq!(decode(&[]), Err(RoleDecodeError::Truncated));
+    assert_eq!(decode(&[9]), Err(RoleDecodeError::UnknownTag(9)));
+    let mut buf = Vec::new();
+    encode(
+        &RoleMessage::Ack {
+            epoch: 3,
+            version: 4,
+        },
+        &mut buf,
+    );
+    buf.push(0);
+    assert_eq!(decode(&buf), Err(RoleDecodeError::Trailing(1)));
+    buf.truncate(buf.len() - 2);
+    assert_eq!(decode(&buf), Err(RoleDecodeError::Truncated));
+    // A count that promises more than is there allocates nothing.
+    let mut t = vec![2u8];
+    t.extend_from_slice(&[0; 32]);
+    t.extend_from_slice(&u16::MAX.to_be_bytes());
+    assert_eq!(decode(&t), Err(RoleDecodeError::Truncated));
+    assert_eq!(
+        decode(&vec![0; MAX_ROLE_MESSAGE + 1]),
+        Err(RoleDecodeError::TooLarge(MAX_ROLE_MESSAGE + 1))
+    );
+}
+
+fn status() -> impl Strategy<Value = PathStatus> {
+    prop_oneof![
+        Just(PathStatus::Up),
+        Just(PathStatus::Suspect),
+        Just(PathStatus::Down)
+    ]
+}
+
+fn message() -> impl Strategy<Value = RoleMessage> {
+    let report = (
+        any::<u64>(),
+        any::<u64>(),
+        (any::<u32>(), any::<u64>(), any::<u64>()),
+        prop::collection::vec(
+            (
+                any::<u64>(),
+                any::<bool>(),
+                prop::collection::vec((status(), any::<u32>()), 0..=MAX_NETWORKS),
+            ),
+            0..20,
+        ),
+    )
+        .prop_map(|(r, seq, (watched, he, hv), peers)| {
+            RoleMessage::Report(StatusReport {
+                reporter: NodeId(r),
+                seq,
+                watched,
+                held: (he, hv),
+                peers: peers
+                    .into_iter()
+                    .map(|(p, alive, networks)| PeerReport {
+                        peer: NodeId(p),
+                        alive,
+                        networks,
+                    })
+                    .collect(),
+            })
+        });
+    let table = (
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+        prop::collection::btree_map(
+            any::<u64>(),
+            prop::collection::vec((any::<u8>(), status(), any::<u8>()), 0..=MAX_NETWORKS),
+            0..20,
+        ),
+        prop::collection::vec((any::<u64>(), 0u8..3), 0..20),
+    )
+        .prop_map(|(role, epoch, version, node, routes, ring)| {
+            RoleMessage::Table(TableView {
+                role: NodeId(role),
+                epoch,
+                version,
+                node: NodeId(node),
+                routes: routes
+                    .into_iter()
+                    .map(|(to, paths)| Route {
+                        from: NodeId(node),
+                        to: NodeId(to),
+                        paths: paths
+                            .into_iter()
+                            .map(|(network, status, weight)| PathChoice {
+                                network,
+                                status,
+                                weight,
+                            })
+                            .collect(),
+                    })
+                    .collect(),
+                ring: ring
+                    .into_iter()
+                    .map(|(n, s)| RingMember {
+                        node: NodeId(n),
+                        state: MemberState::from_u8(s).unwrap_or(MemberState::Up),
+                    })
+                    .collect(),
+            })
+        });
+    let ack = (any::<u64>(), any::<u64>())
+        .prop_map(|(epoch, version)| RoleMessage::Ack { epoch, version });
+    prop_oneof![report, table, ack]
+}
+
+proptest! {
+    #[test]
+    fn every_message_round_trips(msg in message()) {
+        let mut buf = Vec::new();
+        encode(&msg, &mut buf);
+        prop_assert_eq!(decode(&buf), Ok(msg));
+    }
+
+    #[test]
+    fn decoding_arbitrary_bytes_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+        let _ = decode(&bytes);
+    }
+}

@@ -1,0 +1,471 @@
+//! The role service under partitions, pauses and crashes, on a virtual
+//! clock: every node runs the product's [`TableGate`], candidates its
+//! [`Candidacy`] and, once they take over, its [`RoleServer`]; every
+//! process its SafeTimer [`Fence`]. Role messages travel encoded (the
+//! product's codec) with a fixed delay; a partition drops them.
+//!
+//! The detector is modelled by its proven contract (see
+//! `detector_props`): an observer reports a peer dead once it has heard no
+//! heartbeat from it for the peer window, and heartbeats are sent only while
+//! the sender's fence is valid. So a paused or crashed peer is reported
+//! only after its `t_valid` passed, while a partition (heartbeats sent in
+//! time, lost on the way) makes a live, unfenced peer look dead — the case
+//! the fence does not cover.
+//!
+//! [`RoleScenario::run`] returns a [`RoleOutcome`]: every table applied at
+//! every node, in order, and every push, for the property test to check.
+
+use std::collections::{HashSet, VecDeque};
+use std::time::Duration;
+
+use surelink_proto::detector::{DetectorConfig, Fence};
+use surelink_proto::role::{
+    self, Candidacy, CandidacyAction, PathStatus, PeerReport, RoleConfig, RoleMessage, RoleServer,
+    StatusReport, TableGate,
+};
+use surelink_proto::{NodeId, Time};
+
+/// A fault of the role scenario.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RoleFault {
+    /// Nothing passes between `a` and `b` (both ways) from `at` for `dur`.
+    Partition {
+        /// When, from the start.
+        at: Duration,
+        /// How long.
+        dur: Duration,
+        /// One side (node index).
+        a: usize,
+        /// The other side.
+        b: usize,
+    },
+    /// Node `node`'s process stops running from `at` for `dur` (GC,
+    /// SIGSTOP): no input handled, no heartbeat sent.
+    Pause {
+        /// When.
+        at: Duration,
+        /// How long.
+        dur: Duration,
+        /// Node index.
+        node: usize,
+    },
+    /// Node `node` crashes at `at` and restarts, empty, `down` later.
+    Crash {
+        /// When.
+        at: Duration,
+        /// Until the restart.
+        down: Duration,
+        /// Node index.
+        node: usize,
+    },
+}
+
+/// A role scenario: nodes, candidates, faults.
+#[derive(Clone, Debug)]
+pub struct RoleScenario {
+    /// Nodes (ids 1..=nodes).
+    pub nodes: usize,
+    /// The first `candidates` nodes are role-server candidates.
+    pub candidates: usize,
+    /// Faults; all end before `run`.
+    pub faults: Vec<RoleFault>,
+    /// Simulated time.
+    pub run: Duration,
+}
+
+/// A table a node applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AppliedTable {
+    /// When.
+    pub at: Time,
+    /// The node.
+    pub node: usize,
+    /// Its process incarnation (0 first; +1 per restart: a new process
+    /// holds no table).
+    pub incarnation: u32,
+    /// From which node (authenticated sender).
+    pub from: NodeId,
+    /// Its epoch.
+    pub epoch: u64,
+    /// Its version.
+    pub version: u64,
+}
+
+/// What a run produced.
+#[derive(Clone, Debug, Default)]
+pub struct RoleOutcome {
+    /// Every table applied, in time order.
+    pub applied: Vec<AppliedTable>,
+    /// `(time, server node index, epoch)` of every push sent.
+    pub pushes: Vec<(Time, usize, u64)>,
+    /// `(time, node, t_valid)` when a node took over: its fence then.
+    pub takeovers: Vec<(Time, usize, u64)>,
+    /// At the end: per running node, the `(epoch, version)` it holds.
+    pub held_at_end: Vec<Option<(u64, u64)>>,
+    /// At the end: the servers still serving, `(node, epoch, version)`.
+    pub serving_at_end: Vec<(usize, u64, u64)>,
+    /// Time of the last fault's end.
+    pub faults_end: Time,
+    /// When a node last applied a table.
+    pub last_apply: Time,
+    /// Messages that failed to decode (must be 0).
+    pub decode_errors: u64,
+}
+
+#[derive(Debug)]
+struct Node {
+    id: NodeId,
+    incarnation: u32,
+    running: bool,
+    crashed: bool,
+    fence: Fence,
+    gate: TableGate,
+    cand: Option<Candidacy>,
+    server: Option<RoleServer>,
+    /// Last time a heartbeat from each peer arrived.
+    heard: Vec<Time>,
+    dead: Vec<bool>,
+    seq: u64,
+    next_report: Time,
+    inbox: VecDeque<(usize, Vec<u8>)>,
+}
+
+const DELAY: Duration = Duration::from_millis(1);
+const TICK: Duration = Duration::from_millis(1);
+
+impl RoleScenario {
+    /// The role configuration of this scenario.
+    pub fn config(&self) -> RoleConfig {
+        RoleConfig {
+            nodes: (1..=self.nodes as u64).map(NodeId).collect(),
+            networks: 2,
+            candidates: (1..=self.candidates as u64).map(NodeId).collect(),
+            ..RoleConfig::default()
+        }
+    }
+
+    fn fresh_node(&self, i: usize, now: Time, det: &DetectorConfig) -> Node {
+        let cfg = self.config();
+        let id = NodeId(i as u64 + 1);
+        let listen = cfg.refresh * 3;
+        Node {
+            id,
+            incarnation: 0,
+            running: true,
+            crashed: false,
+            fence: Fence::new(det, now),
+            gate: TableGate::new(cfg.clone(), id),
+            cand: (i < self.candidates).then(|| Candidacy::new(cfg, id, now, listen)),
+            server: None,
+            heard: vec![now; self.nodes],
+            dead: vec![false; self.nodes],
+            seq: 0,
+            next_report: now,
+            inbox: VecDeque::new(),
+        }
+    }
+
+    /// Runs the scenario.
+    pub fn run(&self) -> RoleOutcome {
+        let det = DetectorConfig::with_interval(Duration::from_millis(10));
+        let cfg = self.config();
+        let mut out = RoleOutcome::default();
+        let mut nodes: Vec<Node> = (0..self.nodes)
+            .map(|i| self.fresh_node(i, Time::ZERO, &det))
+            .collect();
+        // In flight: (deliver at, from, to, bytes); heartbeats as None.
+        let mut wire: VecDeque<(Time, usize, usize, Option<Vec<u8>>)> = VecDeque::new();
+        let end = Time::ZERO + self.run;
+        out.faults_end = self
+            .faults
+            .iter()
+            .map(|f| match f {
+                RoleFault::Partition { at, dur, .. } | RoleFault::Pause { at, dur, .. } => {
+                    *at + *dur
+                }
+                RoleFault::Crash { at, down, .. } => *at + *down,
+            })
+            .map(|d| Time::ZERO + d)
+            .max()
+            .unwrap_or(Time::ZERO);
+        let mut now = Time::ZERO;
+        while now < end {
+            let t = now.saturating_since(Time::ZERO);
+            let cut: HashSet<(usize, usize)> = self
+                .faults
+                .iter()
+                .filter_map(|f| match f {
+                    RoleFault::Partition { at, dur, a, b } if t >= *at && t < *at + *dur => {
+                        Some([(*a, *b), (*b, *a)])
+                    }
+                    _ => None,
+                })
+                .flatten()
+                .collect();
+            // Process states.
+            let mut restarted = vec![false; nodes.len()];
+            for (i, n) in nodes.iter_mut().enumerate() {
+                let paused = self.faults.iter().any(|f| {
+                    matches!(f, RoleFault::Pause { at, dur, node } if *node == i && t >= *at && t < *at + *dur)
+                });
+                let crash = self.faults.iter().find_map(|f| match f {
+                    RoleFault::Crash { at, down, node }
+                        if *node == i && t >= *at && t < *at + *down =>
+                    {
+                        Some(())
+                    }
+                    _ => None,
+                });
+                if crash.is_some() {
+                    n.crashed = true;
+                    n.running = false;
+                    n.inbox.clear();
+                    continue;
+                }
+                if n.crashed {
+                    let inc = n.incarnation + 1;
+                    *n = self.fresh_node(i, now, &det);
+                    n.incarnation = inc;
+                    restarted[i] = true;
+                    continue;
+                }
+                n.running = !paused;
+            }
+            // A fenced process restarts as a new incarnation (what the
+            // shell does: recovery is a new epoch).
+            for i in 0..nodes.len() {
+                if nodes[i].running && nodes[i].fence.is_fenced() {
+                    let inc = nodes[i].incarnation + 1;
+                    nodes[i] = self.fresh_node(i, now, &det);
+                    nodes[i].incarnation = inc;
+                    restarted[i] = true;
+                }
+            }
+            // A new incarnation is noticed by every server (the router sees
+            // its new process epoch): it holds no table.
+            for i in 0..nodes.len() {
+                if restarted[i] {
+                    let id = nodes[i].id;
+                    for n in nodes.iter_mut() {
+                        if let Some(s) = n.server.as_mut() {
+                            s.handle_node_restarted(id);
+                        }
+                    }
+                }
+            }
+            // Deliver.
+            let mut later = VecDeque::new();
+            while let Some((at, from, to, msg)) = wire.pop_front() {
+                if at > now {
+                    later.push_back((at, from, to, msg));
+                    continue;
+                }
+                if cut.contains(&(from, to)) || nodes[to].crashed {
+                    continue;
+                }
+                match msg {
+                    None => nodes[to].heard[from] = at,
+                    Some(bytes) => nodes[to].inbox.push_back((from, bytes)),
+                }
+            }
+            wire = later;
+            for i in 0..nodes.len() {
+                if !nodes[i].running {
+                    continue;
+                }
+                self.step_node(i, now, &cfg, &det, &mut nodes, &mut wire, &mut out);
+            }
+            now += TICK;
+        }
+        for n in &nodes {
+            out.held_at_end
+                .push((!n.crashed).then(|| n.gate.held()).filter(|h| h.0 > 0));
+        }
+        for (i, n) in nodes.iter().enumerate() {
+            if let Some(s) = &n.server {
+                if !s.is_stopped() {
+                    out.serving_at_end.push((i, s.epoch(), s.table().version));
+                }
+            }
+        }
+        out
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn step_node(
+        &self,
+        i: usize,
+        now: Time,
+        cfg: &RoleConfig,
+        det: &DetectorConfig,
+        nodes: &mut [Node],
+        wire: &mut VecDeque<(Time, usize, usize, Option<Vec<u8>>)>,
+        out: &mut RoleOutcome,
+    ) {
+        let me = nodes[i].id;
+        // Heartbeats: sent (and proven sent) at once while running.
+        while let Some(due) = nodes[i].fence.poll_heartbeat(now) {
+            nodes[i].fence.handle_sent(due.seq, now);
+            for j in 0..nodes.len() {
+                if j != i {
+                    wire.push_back((now + DELAY, i, j, None));
+                }
+            }
+        }
+        let t_valid = (!nodes[i].fence.is_fenced()).then(|| nodes[i].fence.t_valid());
+        let may_send = t_valid.is_some_and(|t| now < t);
+        // Detector: a peer silent for the peer window is dead.
+        for j in 0..nodes.len() {
+            if j == i {
+                continue;
+            }
+            let silent = now.saturating_since(nodes[i].heard[j]) > det.timeout;
+            let was = nodes[i].dead[j];
+            nodes[i].dead[j] = silent;
+            let peer = NodeId(j as u64 + 1);
+            if let Some(c) = nodes[i].cand.as_mut() {
+                if silent && !was {
+                    c.handle_peer_dead(peer);
+                } else if !silent && was {
+                    c.handle_peer_alive(peer);
+                }
+            }
+        }
+        // Inbox.
+        while let Some((from, bytes)) = nodes[i].inbox.pop_front() {
+            let from_id = NodeId(from as u64 + 1);
+            let msg = match role::decode(&bytes) {
+                Ok(m) => m,
+                Err(_) => {
+                    out.decode_errors += 1;
+                    continue;
+                }
+            };
+            match msg {
+                RoleMessage::Table(view) => {
+                    let (epoch, version) = (view.epoch, view.version);
+                    if let Ok(_a) = nodes[i].gate.apply(from_id, view) {
+                        out.applied.push(AppliedTable {
+                            at: now,
+                            node: i,
+                            incarnation: nodes[i].incarnation,
+                            from: from_id,
+                            epoch,
+                            version,
+                        });
+                        out.last_apply = now;
+                    }
+                    let (e, v) = nodes[i].gate.held();
+                    if let Some(c) = nodes[i].cand.as_mut() {
+                        c.handle_epoch(e);
+                    }
+                    if may_send {
+                        let mut b = Vec::new();
+                        role::encode(
+                            &RoleMessage::Ack {
+                                epoch: e,
+                                version: v,
+                            },
+                            &mut b,
+                        );
+                        wire.push_back((now + DELAY, i, from, Some(b)));
+                    }
+                }
+                RoleMessage::Report(r) => {
+                    if let Some(s) = nodes[i].server.as_mut() {
+                        let _ = s.handle_report(now, from_id, &r);
+                    }
+                    if let Some(c) = nodes[i].cand.as_mut() {
+                        c.handle_epoch(r.held.0);
+                    }
+                }
+                RoleMessage::Ack { epoch, version } => {
+                    if let Some(s) = nodes[i].server.as_mut() {
+                        s.handle_ack(from_id, epoch, version);
+                    }
+                    if let Some(c) = nodes[i].cand.as_mut() {
+                        c.handle_epoch(epoch);
+                    }
+                }
+            }
+        }
+        // Candidacy (a fenced process does nothing more: it restarts).
+        if let Some(c) = nodes[i].cand.as_mut().filter(|_| may_send) {
+            if nodes[i].server.as_ref().is_some_and(RoleServer::is_stopped) {
+                nodes[i].server = None;
+                c.handle_server_stopped();
+            }
+            if let Some(CandidacyAction::TakeOver { epoch }) = c.poll(now) {
+                if let Ok(s) = RoleServer::new(cfg.clone(), me, epoch, now) {
+                    out.takeovers.push((now, i, epoch));
+                    nodes[i].server = Some(s);
+                }
+            }
+        }
+        // Role server: refresh, then pushes (its own row applied locally).
+        if let Some(mut s) = nodes[i].server.take() {
+            if s.poll_timeout().is_some_and(|t| t <= now) {
+                s.handle_timeout(now);
+            }
+            while let Some(p) = s.poll_push(now, t_valid) {
+                out.pushes.push((now, i, p.view.epoch));
+                let to = (p.to.0 - 1) as usize;
+                if to == i {
+                    let (epoch, version) = (p.view.epoch, p.view.version);
+                    if nodes[i].gate.apply(me, p.view).is_ok() {
+                        out.applied.push(AppliedTable {
+                            at: now,
+                            node: i,
+                            incarnation: nodes[i].incarnation,
+                            from: me,
+                            epoch,
+                            version,
+                        });
+                        out.last_apply = now;
+                    }
+                    let (e, v) = nodes[i].gate.held();
+                    s.handle_ack(me, e, v);
+                } else {
+                    let mut b = Vec::new();
+                    role::encode(&RoleMessage::Table(p.view), &mut b);
+                    wire.push_back((now + DELAY, i, to, Some(b)));
+                }
+            }
+            while s.poll_event().is_some() {}
+            nodes[i].server = Some(s);
+        }
+        // Report to every candidate: the serving one builds its matrix from
+        // them, the others learn the current epoch (a restarted candidate
+        // must not claim an old one) and keep a warm matrix.
+        if may_send && now >= nodes[i].next_report {
+            nodes[i].next_report = now + cfg.refresh;
+            nodes[i].seq += 1;
+            let peers = (0..nodes.len())
+                .filter(|j| *j != i && nodes[i].dead[*j])
+                .map(|j| PeerReport {
+                    peer: NodeId(j as u64 + 1),
+                    alive: false,
+                    networks: vec![(PathStatus::Down, 0); 2],
+                })
+                .collect();
+            let report = StatusReport {
+                reporter: me,
+                seq: nodes[i].seq,
+                watched: (self.nodes - 1) as u32,
+                held: nodes[i].gate.held(),
+                peers,
+            };
+            for to in 0..self.candidates {
+                if to == i {
+                    if let Some(s) = nodes[i].server.as_mut() {
+                        let _ = s.handle_report(now, me, &report);
+                    }
+                } else {
+                    let mut b = Vec::new();
+                    role::encode(&RoleMessage::Report(report.clone()), &mut b);
+                    wire.push_back((now + DELAY, i, to, Some(b)));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! The role service's promises under random partitions, pauses and
+//! crashes (virtual time, the product's gate, candidacy, role server,
+//! fence and codec):
+//!
+//! - no node ever applies tables from two role servers interleaved: the
+//!   epochs a node applies never go down, `(epoch, version)` only goes up,
+//!   and every table comes from its epoch's owner;
+//! - without partitions (pauses and crashes only, what SafeTimer's fence
+//!   covers), the old server is fenced before the new one acts: once a
+//!   candidate took epoch `e`, no server sends a table of an older epoch.
+//!   (A table sent before may still arrive later — queued at a paused
+//!   receiver — and is then refused by any node that already holds `e`:
+//!   the epoch is the fencing token.)
+//! - after the last fault, every running node holds the one serving
+//!   server's current table within a bound.
+//!
+//! A failing case prints its scenario; paste it into `replay_one`.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use surelink_proto::Time;
+use surelink_sim::role::{RoleFault, RoleOutcome, RoleScenario};
+
+const NODES: usize = 5;
+const CANDIDATES: usize = 3;
+/// From the last fault's end until every running node holds the serving
+/// table: a restart's listen (3 refreshes), the peer window, a refresh.
+const BOUND: Duration = Duration::from_millis(1500);
+
+fn fault(partitions: bool) -> impl Strategy<Value = RoleFault> {
+    let at = (0u64..3000).prop_map(Duration::from_millis);
+    let dur = (1u64..800).prop_map(Duration::from_millis);
+    let node = 0..NODES;
+    let pause = (at.clone(), dur.clone(), node.clone())
+        .prop_map(|(at, dur, node)| RoleFault::Pause { at, dur, node });
+    let crash = (at.clone(), dur.clone(), node.clone())
+        .prop_map(|(at, down, node)| RoleFault::Crash { at, down, node });
+    let part = (at, dur, node.clone(), node)
+        .prop_filter("two sides", |(_, _, a, b)| a != b)
+        .prop_map(|(at, dur, a, b)| RoleFault::Partition { at, dur, a, b });
+    if partitions {
+        prop_oneof![pause, crash, part].boxed()
+    } else {
+        prop_oneof![pause, crash].boxed()
+    }
+}
+
+fn scenario(partitions: bool) -> impl Strategy<Value = RoleScenario> {
+    prop::collection::vec(fault(partitions), 0..6).prop_map(|faults| RoleScenario {
+        nodes: NODES,
+        candidates: CANDIDATES,
+        faults,
+        run: Duration::from_millis(3000 + 800 + 200) + BOUND,
+    })
+}
+
+fn check_per_node(s: &RoleScenario, o: &RoleOutcome) -> Result<(), String> {
+    let cfg = s.config();
+    let mut last: HashMap<(usize, u32), (u64, u64)> = HashMap::new();
+    for a in &o.applied {
+        if cfg.owner(a.epoch) != Some(a.from) {
+            return Err(format!("{a:?} not from its epoch's owner"));
+        }
+        if let Some(prev) = last.get(&(a.node, a.incarnation)) {
+            if (a.epoch, a.version) <= *prev {
+                return Err(format!("node {} applied {a:?} after {prev:?}", a.node));
+            }
+        }
+        last.insert((a.node, a.incarnation), (a.epoch, a.version));
+    }
+    if o.decode_errors > 0 {
+        return Err(format!(
+            "{} role messages failed to decode",
+            o.decode_errors
+        ));
+    }
+    Ok(())
+}
+
+fn check_fenced_before_takeover(o: &RoleOutcome) -> Result<(), String> {
+    // Once a server acted in epoch `e` (its first push), nobody pushes an
+    // older epoch.
+    let mut first: Vec<(Time, usize, u64)> = Vec::new();
+    for p in &o.pushes {
+        if !first.iter().any(|f| f.2 == p.2) {
+            first.push(*p);
+        }
+    }
+    for (t, server, epoch) in &o.pushes {
+        if let Some((tt, n, e)) = first.iter().find(|(tt, _, e)| *tt < *t && *e > *epoch) {
+            return Err(format!(
+                "node {server} pushed epoch {epoch} at {t:?}, after node {n} acted in epoch {e} at {tt:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_converged(o: &RoleOutcome) -> Result<(), String> {
+    let [(server, epoch, version)] = o.serving_at_end[..] else {
+        return Err(format!("serving at the end: {:?}", o.serving_at_end));
+    };
+    for (i, held) in o.held_at_end.iter().enumerate() {
+        if *held != Some((epoch, version)) {
+            return Err(format!(
+                "node {i} holds {held:?}, node {server} serves ({epoch}, {version})"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_all(s: &RoleScenario, partitions: bool) -> Result<(), String> {
+    let o = s.run();
+    check_per_node(s, &o)?;
+    if !partitions {
+        check_fenced_before_takeover(&o)?;
+    }
+    check_converged(&o)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn pauses_and_crashes_fence_the_old_server_first(s in scenario(false)) {
+        if let Err(e) = check_all(&s, false) {
+            prop_assert!(false, "{e}\nscenario: {s:?}");
+        }
+    }
+
+    #[test]
+    fn partitions_never_interleave_tables_at_a_node(s in scenario(true)) {
+        if let Err(e) = check_all(&s, true) {
+            prop_assert!(false, "{e}\nscenario: {s:?}");
+        }
+    }
+}
+
+#[test]
+fn the_first_candidate_serves_a_quiet_cluster() {
+    let s = RoleScenario {
+        nodes: NODES,
+        candidates: CANDIDATES,
+        faults: Vec::new(),
+        run: Duration::from_millis(1000),
+    };
+    let o = s.run();
+    assert_eq!(o.serving_at_end.len(), 1);
+    assert_eq!(o.serving_at_end[0].0, 0);
+    assert_eq!(o.serving_at_end[0].1, 1);
+    check_converged(&o).unwrap();
+}
+
+#[test]
+fn a_paused_role_server_is_replaced_and_never_pushes_again() {
+    let s = RoleScenario {
+        nodes: NODES,
+        candidates: CANDIDATES,
+        faults: vec![RoleFault::Pause {
+            at: Duration::from_millis(500),
+            dur: Duration::from_millis(600),
+            node: 0,
+        }],
+        run: Duration::from_millis(3000),
+    };
+    let o = s.run();
+    check_per_node(&s, &o).unwrap();
+    check_fenced_before_takeover(&o).unwrap();
+    check_converged(&o).unwrap();
+    let took = o
+        .takeovers
+        .iter()
+        .find(|(_, n, _)| *n == 1)
+        .expect("node 1 took over");
+    assert_eq!(took.2, 2);
+    assert!(!o
+        .pushes
+        .iter()
+        .any(|(t, n, e)| *n == 0 && *e == 1 && *t > took.0));
+}
+
+#[test]
+fn replay_one() {
+    // Paste a failing scenario's faults here to debug it.
+    let s = RoleScenario {
+        nodes: NODES,
+        candidates: CANDIDATES,
+        faults: vec![],
+        run: Duration::from_millis(2000),
+    };
+    check_all(&s, true).unwrap();
+}
