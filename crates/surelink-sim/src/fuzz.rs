@@ -6,8 +6,8 @@
 //! The targets: the frame decoder, a session's input after a valid HELLO
 //! (DATA, BATCH, ACK, RESUME, CLOSE ... with any values), the Noise
 //! handshake on both sides, the mutual-TLS handshake on both sides (our
-//! preamble and framing around rustls), the record layer, and the
-//! detector's datagrams. Keys and certificates are fixed per process so a
+//! preamble and framing around rustls), the record layer, the
+//! detector's datagrams, and the role service's messages. Keys and certificates are fixed per process so a
 //! crash reproduces from its input.
 
 use std::sync::{Arc, OnceLock};
@@ -28,13 +28,14 @@ use surelink_proto::{
 pub type Target = fn(&[u8]);
 
 /// Every target, by name (the names of `fuzz/fuzz_targets/*.rs`).
-pub const TARGETS: [(&str, Target); 6] = [
+pub const TARGETS: [(&str, Target); 7] = [
     ("frame_decoder", frame_decoder),
     ("session_input", session_input),
     ("handshake", handshake),
     ("tls_handshake", tls_handshake),
     ("records", records),
     ("datagrams", datagrams),
+    ("role_messages", role_messages),
 ];
 
 const MAX_BODY: u32 = 1 << 20;
@@ -256,6 +257,49 @@ pub fn datagrams(data: &[u8]) {
     }
 }
 
+fn role_config() -> surelink_proto::role::RoleConfig {
+    surelink_proto::role::RoleConfig {
+        nodes: (1..=3).map(NodeId).collect(),
+        networks: 2,
+        candidates: vec![NodeId(1), NodeId(2)],
+        ..surelink_proto::role::RoleConfig::default()
+    }
+}
+
+/// The role service's messages: decoded, then a table offered to a node's
+/// gate and a report or ack to a role server, as the shell will.
+pub fn role_messages(data: &[u8]) {
+    use surelink_proto::role::{self, RoleMessage, RoleServer, TableGate};
+    let Ok(mut server) = RoleServer::new(role_config(), NodeId(1), 1, Time::ZERO) else {
+        return;
+    };
+    let mut gate = TableGate::new(role_config(), NodeId(3));
+    // Messages as `length u8, bytes`: one message per chunk.
+    let mut rest = data;
+    let messages = std::iter::from_fn(move || {
+        let (&n, tail) = rest.split_first()?;
+        let (c, after) = tail.split_at(usize::from(n).min(tail.len()));
+        rest = after;
+        Some(c)
+    });
+    for (k, c) in messages.enumerate() {
+        let from = NodeId(1 + (k as u64 % 3));
+        let now = Time::from_millis(k as u64);
+        match role::decode(c) {
+            Ok(RoleMessage::Table(view)) => {
+                let _ = gate.apply(from, view);
+            }
+            Ok(RoleMessage::Report(r)) => {
+                let _ = server.handle_report(now, from, &r);
+            }
+            Ok(RoleMessage::Ack { epoch, version }) => server.handle_ack(from, epoch, version),
+            Err(_) => {}
+        }
+        server.handle_timeout(now);
+        while server.poll_push(now, Some(Time::MAX)).is_some() {}
+    }
+}
+
 /// Valid inputs per target, for the corpus and the smoke test.
 pub fn seeds(target: &str) -> Vec<Vec<u8>> {
     let mut v: Vec<Vec<u8>> = Vec::new();
@@ -325,6 +369,17 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
                 v.push(r.to_vec());
             }
             v.push(b"some plaintext to seal in pieces".to_vec());
+        }
+        "role_messages" => {
+            use surelink_proto::role::{self, RoleMessage, RoleServer};
+            if let Ok(mut s) = RoleServer::new(role_config(), NodeId(1), 1, Time::ZERO) {
+                let mut d = Vec::new();
+                if let Some(p) = s.poll_push(Time::ZERO, Some(Time::MAX)) {
+                    role::encode(&RoleMessage::Table(p.view), &mut d);
+                }
+                d.insert(0, u8::try_from(d.len()).unwrap_or(u8::MAX));
+                v.push(d);
+            }
         }
         "datagrams" => {
             let key = HeartbeatKey::new(&[5; 32]);

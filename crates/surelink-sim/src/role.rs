@@ -21,7 +21,7 @@ use std::time::Duration;
 use surelink_proto::detector::{DetectorConfig, Fence};
 use surelink_proto::role::{
     self, Candidacy, CandidacyAction, PathStatus, PeerReport, RoleConfig, RoleMessage, RoleServer,
-    StatusReport, TableGate,
+    StatusReport, TableGate, TableView,
 };
 use surelink_proto::{NodeId, Time};
 
@@ -128,6 +128,32 @@ struct Node {
     seq: u64,
     next_report: Time,
     inbox: VecDeque<(usize, Vec<u8>)>,
+}
+
+impl Node {
+    /// Offers a pushed row to the gate, records it if applied, and returns
+    /// the `(epoch, version)` now held (what the node acknowledges).
+    fn apply(
+        &mut self,
+        now: Time,
+        index: usize,
+        from: NodeId,
+        view: TableView,
+        out: &mut RoleOutcome,
+    ) -> (u64, u64) {
+        if let Ok(a) = self.gate.apply(from, view) {
+            out.applied.push(AppliedTable {
+                at: now,
+                node: index,
+                incarnation: self.incarnation,
+                from,
+                epoch: a.epoch,
+                version: a.version,
+            });
+            out.last_apply = now;
+        }
+        self.gate.held()
+    }
 }
 
 const DELAY: Duration = Duration::from_millis(1);
@@ -343,19 +369,7 @@ impl RoleScenario {
             };
             match msg {
                 RoleMessage::Table(view) => {
-                    let (epoch, version) = (view.epoch, view.version);
-                    if let Ok(_a) = nodes[i].gate.apply(from_id, view) {
-                        out.applied.push(AppliedTable {
-                            at: now,
-                            node: i,
-                            incarnation: nodes[i].incarnation,
-                            from: from_id,
-                            epoch,
-                            version,
-                        });
-                        out.last_apply = now;
-                    }
-                    let (e, v) = nodes[i].gate.held();
+                    let (e, v) = nodes[i].apply(now, i, from_id, view, out);
                     if let Some(c) = nodes[i].cand.as_mut() {
                         c.handle_epoch(e);
                     }
@@ -411,19 +425,7 @@ impl RoleScenario {
                 out.pushes.push((now, i, p.view.epoch));
                 let to = (p.to.0 - 1) as usize;
                 if to == i {
-                    let (epoch, version) = (p.view.epoch, p.view.version);
-                    if nodes[i].gate.apply(me, p.view).is_ok() {
-                        out.applied.push(AppliedTable {
-                            at: now,
-                            node: i,
-                            incarnation: nodes[i].incarnation,
-                            from: me,
-                            epoch,
-                            version,
-                        });
-                        out.last_apply = now;
-                    }
-                    let (e, v) = nodes[i].gate.held();
+                    let (e, v) = nodes[i].apply(now, i, me, p.view, out);
                     s.handle_ack(me, e, v);
                 } else {
                     let mut b = Vec::new();

@@ -158,33 +158,6 @@ impl Matrix {
             .flatten()
     }
 
-    /// `from`'s view of `to`'s path on `network` as of `now`: a report
-    /// older than `stale_after` is at best suspect; no report is suspect.
-    pub fn status(
-        &self,
-        now: Time,
-        stale_after: Duration,
-        from: NodeId,
-        to: NodeId,
-        network: NetworkIndex,
-    ) -> PathStatus {
-        match self.entry(from, to, network) {
-            None => PathStatus::Suspect,
-            Some(e) if now.saturating_since(e.at) > stale_after => {
-                e.status.worst(PathStatus::Suspect)
-            }
-            Some(e) => e.status,
-        }
-    }
-
-    /// Whether `from` last reported `to` dead.
-    pub fn reported_dead(&self, from: NodeId, to: NodeId) -> bool {
-        self.cells
-            .get(&from)
-            .and_then(|row| row.get(&to))
-            .is_some_and(|c| !c.alive)
-    }
-
     /// When `reporter`'s last report arrived.
     pub fn last_report(&self, reporter: NodeId) -> Option<Time> {
         self.last.get(&reporter).map(|(_, at, _)| *at)

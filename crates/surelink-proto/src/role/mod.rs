@@ -115,6 +115,14 @@ pub enum RoleConfigError {
     /// The number of networks is zero or above [`MAX_NETWORKS`].
     #[error("`networks` is {0}; must be 1..={MAX_NETWORKS}")]
     Networks(u8),
+    /// A role server was started for an epoch its node does not own.
+    #[error("node {node} does not own role epoch {epoch}")]
+    NotOwner {
+        /// The node.
+        node: NodeId,
+        /// The epoch.
+        epoch: u64,
+    },
     /// A duration is zero.
     #[error("`{0}` must be greater than zero")]
     Zero(&'static str),

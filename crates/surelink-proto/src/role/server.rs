@@ -90,7 +90,7 @@ impl RoleServer {
     ) -> Result<Self, RoleConfigError> {
         cfg.validate()?;
         if cfg.owner(epoch) != Some(me) {
-            return Err(RoleConfigError::BadCandidate(me));
+            return Err(RoleConfigError::NotOwner { node: me, epoch });
         }
         let nodes = cfg
             .nodes
