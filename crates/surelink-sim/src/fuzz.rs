@@ -7,8 +7,8 @@
 //! (DATA, BATCH, ACK, RESUME, CLOSE ... with any values), the Noise
 //! handshake on both sides, the mutual-TLS handshake on both sides (our
 //! preamble and framing around rustls), the record layer, the
-//! detector's datagrams, and the role service's messages. Keys and certificates are fixed per process so a
-//! crash reproduces from its input.
+//! detector's datagrams, and the role service's messages. Keys and
+//! certificates are fixed per process so a crash reproduces from its input.
 
 use std::sync::{Arc, OnceLock};
 
