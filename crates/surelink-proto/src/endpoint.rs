@@ -35,6 +35,10 @@ pub struct Endpoint {
     ev_cursor: usize,
     /// Events taken from sessions, waiting for `poll_event`.
     events: VecDeque<Event>,
+    /// The network of each path the driver named one for.
+    networks: HashMap<PathId, u8>,
+    /// Round-robin cursor for `poll_role`.
+    role_cursor: usize,
 }
 
 impl From<OpenError> for SendError {
@@ -58,6 +62,8 @@ impl Endpoint {
             paths: HashMap::default(),
             tx_cursor: 0,
             ev_cursor: 0,
+            networks: HashMap::default(),
+            role_cursor: 0,
             events: VecDeque::new(),
         })
     }
@@ -123,6 +129,7 @@ impl Endpoint {
         while let Some(e) = s.poll_event() {
             if let Event::PathClosed { path, .. } = &e {
                 self.paths.remove(path);
+                self.networks.remove(path);
             }
             self.events.push_back(e);
         }
@@ -299,8 +306,15 @@ impl Endpoint {
             }
         }
         self.paths.insert(path, slot);
+        let network = self.networks.get(&path).copied();
         let r = match self.session_mut(slot) {
-            Some(s) => s.handle_hello(now, path, h),
+            Some(s) => {
+                let r = s.handle_hello(now, path, h);
+                if let Some(n) = network {
+                    s.set_path_network(path, n);
+                }
+                r
+            }
             None => Ok(()),
         };
         self.after(slot);
@@ -526,6 +540,65 @@ impl Endpoint {
         self.current(peer)
             .and_then(|slot| self.session(slot))
             .map_or_else(|| "none".into(), Session::debug_dump)
+    }
+
+    /// Says which network `path` runs on (see
+    /// [`Session::set_path_network`]); remembered for an accepted path until
+    /// its HELLO binds it to a session.
+    pub fn set_path_network(&mut self, path: PathId, network: u8) {
+        self.networks.insert(path, network);
+        if let Some(slot) = self.paths.get(&path).copied() {
+            if let Some(s) = self.session_mut(slot) {
+                s.set_path_network(path, network);
+            }
+        }
+    }
+
+    /// Steers new traffic to `peer` away from the networks set in `avoid`
+    /// (see [`Session::set_avoided_networks`]). `false` without a session.
+    pub fn set_avoided_networks(&mut self, peer: NodeId, avoid: u8) -> bool {
+        match self.current(peer).and_then(|slot| self.session_mut(slot)) {
+            Some(s) => {
+                s.set_avoided_networks(avoid);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Queues one encoded role message for `peer` (see
+    /// [`Session::send_role`]); opens a session if there is none.
+    pub fn send_role(
+        &mut self,
+        now: Time,
+        peer: NodeId,
+        message: Bytes,
+    ) -> Result<(), crate::session::RoleSendError> {
+        let slot = self
+            .open(now, peer)
+            .map_err(|_| crate::session::RoleSendError::Ended)?;
+        let r = match self.session_mut(slot) {
+            Some(s) => s.send_role(now, message),
+            None => Err(crate::session::RoleSendError::Ended),
+        };
+        self.after(slot);
+        r
+    }
+
+    /// The next role message any peer sent, with its (authenticated) sender.
+    pub fn poll_role(&mut self) -> Option<(NodeId, Bytes)> {
+        let n = self.sessions.len();
+        for k in 0..n {
+            let slot = (self.role_cursor + k) % n;
+            let got = self
+                .session_mut(slot)
+                .and_then(|s| s.poll_role().map(|m| (s.peer(), m)));
+            if got.is_some() {
+                self.role_cursor = slot + 1;
+                return got;
+            }
+        }
+        None
     }
 
     /// Paths known to the endpoint (any state).

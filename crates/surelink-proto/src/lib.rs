@@ -105,7 +105,7 @@ pub use ids::{
 };
 pub use router::{HelloRoute, OpenError, Router};
 pub use session::{
-    CompleteError, Input, LocalIdentity, Message, MessageBatch, PathSnapshot, PathStats, Session,
-    SessionStats,
+    CompleteError, Input, LocalIdentity, Message, MessageBatch, PathSnapshot, PathStats,
+    RoleSendError, Session, SessionStats, ROLE_QUEUE,
 };
 pub use time::Time;

@@ -205,6 +205,7 @@ fn frame_kind(f: &Frame) -> FrameKind {
         Frame::Close(_) => FrameKind::Close,
         Frame::Ping(_) => FrameKind::Ping,
         Frame::Pong(_) => FrameKind::Pong,
+        Frame::RouteUpdate(_) => FrameKind::RouteUpdate,
     }
 }
 
@@ -391,6 +392,8 @@ fn spec() -> impl Strategy<Value = Spec> {
         1 => close().prop_map(|c| Spec::Plain(Frame::Close(c))),
         1 => any::<u64>().prop_map(|t| Spec::Plain(Frame::Ping(t))),
         1 => any::<u64>().prop_map(|t| Spec::Plain(Frame::Pong(t))),
+        1 => prop::collection::vec(any::<u8>(), 0..256)
+            .prop_map(|m| Spec::Plain(Frame::RouteUpdate(Bytes::from(m)))),
     ]
 }
 
@@ -974,7 +977,6 @@ proptest! {
         (byte, kind) in prop::sample::select(vec![
             (0x10u8, FrameKind::Heartbeat),
             (0x11, FrameKind::Barrier),
-            (0x30, FrameKind::RouteUpdate),
         ]),
         flags in any::<u16>(),
         body in prop::collection::vec(any::<u8>(), 0..64),

@@ -411,3 +411,90 @@ fn a_high_priority_message_keeps_its_channel_and_its_header_counts() {
         .unwrap_err();
     assert_eq!(err, SendError::TooLarge { len: 9, max: 8 });
 }
+
+#[test]
+fn role_messages_cross_the_session_ahead_of_data() {
+    let mut p = Pair::new(cfg());
+    p.connect(1);
+    p.settle();
+    p.send_ab(0, b"data");
+    let now = p.now;
+    p.a.send_role(now, NodeId(2), Bytes::from_static(b"table row"))
+        .expect("queued");
+    p.flush();
+    let frames = p.peek_frames(1, Side::A);
+    let role = frames
+        .iter()
+        .position(|f| matches!(f, Frame::RouteUpdate(m) if m.as_ref() == b"table row"));
+    let data = frames.iter().position(|f| matches!(f, Frame::Data(_)));
+    assert!(role.is_some() && role < data, "{frames:?}");
+    p.settle();
+    assert_eq!(
+        p.b.poll_role(),
+        Some((NodeId(1), Bytes::from_static(b"table row")))
+    );
+    assert_eq!(p.b.poll_role(), None);
+    assert_eq!(p.received_b().len(), 1);
+    // Too large for the role protocol: a typed error, nothing queued.
+    let big = Bytes::from(vec![0u8; role::MAX_ROLE_MESSAGE + 1]);
+    assert!(matches!(
+        p.a.send_role(now, NodeId(2), big),
+        Err(RoleSendError::TooLarge { .. })
+    ));
+}
+
+#[test]
+fn role_queue_keeps_the_newest() {
+    let mut p = Pair::new(cfg());
+    p.connect(1);
+    p.settle();
+    let now = p.now;
+    for i in 0..(ROLE_QUEUE as u32 + 5) {
+        p.a.send_role(now, NodeId(2), Bytes::from(i.to_be_bytes().to_vec()))
+            .expect("queued");
+    }
+    p.settle();
+    let got: Vec<u32> = std::iter::from_fn(|| p.b.poll_role())
+        .map(|(_, m)| u32::from_be_bytes(m.as_ref().try_into().expect("4 bytes")))
+        .collect();
+    let want: Vec<u32> = (5..ROLE_QUEUE as u32 + 5).collect();
+    assert_eq!(got, want);
+    assert_eq!(
+        p.a.session_stats(NodeId(2)).expect("session").role_dropped,
+        5
+    );
+}
+
+#[test]
+fn avoided_network_carries_new_traffic_only_when_nothing_else_can() {
+    let mut p = Pair::new(cfg());
+    p.connect(1);
+    p.connect(2);
+    // Path 1 (the one light traffic would stay on) is on network 1.
+    p.a.set_path_network(PathId(1), 1);
+    p.a.set_path_network(PathId(2), 0);
+    p.settle();
+    // The table steers A's traffic to B off network 1 (path 1).
+    assert!(p.a.set_avoided_networks(NodeId(2), 0b10));
+    let mut on_2 = 0;
+    for _ in 0..40 {
+        p.send_ab(0, b"steered");
+        p.flush();
+        assert!(data_frames(&p.peek_frames(1, Side::A)).is_empty());
+        on_2 += data_frames(&p.peek_frames(2, Side::A)).len();
+        p.deliver(1, Side::A);
+        p.deliver(2, Side::A);
+    }
+    assert_eq!(on_2, 40);
+    p.settle();
+    // Network 0's path fails: the avoided one is better than none.
+    let now = p.now;
+    p.a.handle_path_down(now, PathId(2));
+    p.send_ab(0, b"only network 1 left");
+    p.flush();
+    // (After the re-sends of what B's application had not taken yet.)
+    let frames = data_frames(&p.peek_frames(1, Side::A));
+    assert_eq!(frames.last(), Some(&(40, 0)), "{frames:?}");
+    p.settle();
+    assert_eq!(p.received_b().len(), 41);
+}

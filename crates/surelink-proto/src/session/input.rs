@@ -128,6 +128,10 @@ impl Session {
                 self.peer_closed(now, pi, c);
                 Ok(())
             }
+            Frame::RouteUpdate(body) => {
+                self.on_route_update(body);
+                Ok(())
+            }
             Frame::Hello(_) => Ok(()), // handed back by `handle_input`
         }
     }

@@ -35,6 +35,7 @@ mod input;
 mod observe;
 mod paths;
 mod recv;
+mod route;
 mod rpc;
 mod send;
 mod timers;
@@ -50,6 +51,7 @@ pub use observe::{PathSnapshot, SessionStats};
 pub use paths::PathStats;
 use paths::{PathState, Phase};
 use recv::RecvSide;
+pub use route::{RoleSendError, ROLE_QUEUE};
 pub use rpc::CompleteError;
 pub(crate) use send::Prefix;
 use send::{BatchLimits, SendSide};
@@ -172,6 +174,12 @@ pub struct Session {
     released_scratch: Vec<(u64, recv::Chunk)>,
     /// The latest `now` seen (for inputs that take none).
     now: Time,
+    /// Role messages to send, oldest first (see `route.rs`).
+    role_out: VecDeque<Bytes>,
+    /// Role messages received, oldest first.
+    role_in: VecDeque<Bytes>,
+    /// Networks the routing table steers new traffic away from (a bit each).
+    avoid: u8,
 }
 
 impl Session {
@@ -218,6 +226,9 @@ impl Session {
             pending_replies: VecDeque::new(),
             released_scratch: Vec::new(),
             now,
+            role_out: VecDeque::new(),
+            role_in: VecDeque::new(),
+            avoid: 0,
         }
     }
 

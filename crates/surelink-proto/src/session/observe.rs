@@ -49,6 +49,13 @@ pub struct SessionStats {
     pub requests_outstanding: u64,
     /// Bytes held in the retransmit cache now.
     pub cache_bytes: u64,
+    /// Role messages (ROUTE_UPDATE frames) written.
+    pub role_sent: u64,
+    /// Role messages received.
+    pub role_received: u64,
+    /// Role messages dropped from a full queue (either way) or too large
+    /// for the peer.
+    pub role_dropped: u64,
     /// Messages held in the retransmit cache now.
     pub cache_messages: u64,
     /// Bytes held on the receiving side now (reorder + undelivered).

@@ -85,6 +85,8 @@ pub(crate) struct PathState {
     /// Timed out recently; used only when no unsuspected path is available,
     /// and probed with PINGs until it answers.
     pub(crate) suspect: bool,
+    /// The network it runs on, once the driver said (routing-table policy).
+    pub(crate) network: Option<u8>,
     pub(crate) stats: PathStats,
 }
 
@@ -123,6 +125,7 @@ impl PathState {
             inflight: VecDeque::new(),
             backoff: 0,
             suspect: false,
+            network: None,
             stats: PathStats::default(),
         }
     }
@@ -149,16 +152,27 @@ impl PathState {
     pub(crate) fn usable(&self, cfg: &EndpointConfig) -> bool {
         self.phase == Phase::Active && self.inflight_bytes < cfg.path_inflight_limit
     }
+
+    /// Whether the routing table steers new traffic away from its network
+    /// (`avoid`: one bit per network).
+    pub(crate) fn avoided(&self, avoid: u8) -> bool {
+        self.network
+            .is_some_and(|n| n < 8 && avoid & (1u8 << n) != 0)
+    }
 }
 
 /// The balance rule (hr-net): among usable paths prefer unsuspected ones,
 /// then the least in-flight bytes; keep the previous choice while it is
 /// within `balance_slack` of the lightest, so one stream's messages are not
-/// split across paths (and reordered) without need.
+/// split across paths (and reordered) without need. Before all of that,
+/// paths on a network the routing table steers away from (`avoid`, one
+/// bit per network) are used only when no other path is usable: the table
+/// is policy, never a reason to stop sending.
 pub(crate) fn select(
     paths: &[PathState],
     last: Option<PathId>,
     cfg: &EndpointConfig,
+    avoid: u8,
 ) -> Option<usize> {
     let mut best: Option<usize> = None;
     for (i, p) in paths.iter().enumerate() {
@@ -169,8 +183,8 @@ pub(crate) fn select(
             None => Some(i),
             Some(b) => {
                 let q = &paths[b];
-                let better = (p.suspect, p.inflight_bytes, p.rtt.srtt)
-                    < (q.suspect, q.inflight_bytes, q.rtt.srtt);
+                let better = (p.avoided(avoid), p.suspect, p.inflight_bytes, p.rtt.srtt)
+                    < (q.avoided(avoid), q.suspect, q.inflight_bytes, q.rtt.srtt);
                 Some(if better { i } else { b })
             }
         };
@@ -181,6 +195,7 @@ pub(crate) fn select(
             let l = &paths[li];
             let b = &paths[best];
             if l.usable(cfg)
+                && l.avoided(avoid) == b.avoided(avoid)
                 && l.suspect == b.suspect
                 && l.inflight_bytes <= b.inflight_bytes + cfg.balance_slack
             {
@@ -212,19 +227,40 @@ mod tests {
         };
         let paths = vec![path(1, 1000, false), path(2, 950, false), path(3, 0, true)];
         // Lightest unsuspected is path 2; path 3 is suspect.
-        assert_eq!(select(&paths, None, &cfg), Some(1));
+        assert_eq!(select(&paths, None, &cfg, 0), Some(1));
         // Path 1 is within the slack of path 2: keep it.
-        assert_eq!(select(&paths, Some(PathId(1)), &cfg), Some(0));
+        assert_eq!(select(&paths, Some(PathId(1)), &cfg, 0), Some(0));
         let paths = vec![path(1, 1200, false), path(2, 950, false)];
-        assert_eq!(select(&paths, Some(PathId(1)), &cfg), Some(1));
+        assert_eq!(select(&paths, Some(PathId(1)), &cfg, 0), Some(1));
         // Only suspects left: still usable.
         let paths = vec![path(3, 10, true)];
-        assert_eq!(select(&paths, None, &cfg), Some(0));
+        assert_eq!(select(&paths, None, &cfg, 0), Some(0));
         let mut full = path(4, cfg.path_inflight_limit, false);
-        assert_eq!(select(std::slice::from_ref(&full), None, &cfg), None);
+        assert_eq!(select(std::slice::from_ref(&full), None, &cfg, 0), None);
         full.phase = Phase::Handshaking;
         full.inflight_bytes = 0;
-        assert_eq!(select(std::slice::from_ref(&full), None, &cfg), None);
+        assert_eq!(select(std::slice::from_ref(&full), None, &cfg, 0), None);
+    }
+
+    #[test]
+    fn avoided_networks_carry_traffic_only_when_nothing_else_can() {
+        let cfg = EndpointConfig::default();
+        let mut a = path(1, 0, false);
+        a.network = Some(1);
+        let mut b = path(2, 5000, true);
+        b.network = Some(0);
+        let paths = vec![a, b];
+        // Unsteered: the idle, unsuspected path on network 1.
+        assert_eq!(select(&paths, None, &cfg, 0), Some(0));
+        // Network 1 avoided: the loaded, suspect path on network 0 wins, and
+        // the hysteresis does not keep the avoided one.
+        assert_eq!(select(&paths, None, &cfg, 0b10), Some(1));
+        assert_eq!(select(&paths, Some(PathId(1)), &cfg, 0b10), Some(1));
+        // Only avoided paths left: still used.
+        assert_eq!(select(&paths[..1], None, &cfg, 0b10), Some(0));
+        // A path whose network is unknown is never avoided.
+        let paths = vec![path(3, 100, false), path(4, 0, false)];
+        assert_eq!(select(&paths, None, &cfg, 0xff), Some(1));
     }
 
     #[test]

@@ -111,6 +111,12 @@ impl Session {
             p.stats.bytes_sent += (out.len() - start) as u64;
             return Some(p.id);
         }
+        if let Some(i) = self.role_path() {
+            self.write_role(out.head(), budget);
+            let p = &mut self.paths[i];
+            p.stats.bytes_sent += (out.len() - start) as u64;
+            return Some(p.id);
+        }
         if !self.pending_replies.is_empty() {
             self.flush_pending_replies();
         }
@@ -131,7 +137,7 @@ impl Session {
         };
         let want_data = has_new || !self.send.retx_queue.is_empty();
         let data_path = if want_data {
-            paths::select(&self.paths, self.last_path, cfg)
+            paths::select(&self.paths, self.last_path, cfg, self.avoid)
         } else {
             None
         };

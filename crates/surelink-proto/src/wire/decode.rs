@@ -117,6 +117,7 @@ fn frame_kind(f: &Frame) -> FrameKind {
         Frame::Close(_) => FrameKind::Close,
         Frame::Ping(_) => FrameKind::Ping,
         Frame::Pong(_) => FrameKind::Pong,
+        Frame::RouteUpdate(_) => FrameKind::RouteUpdate,
     }
 }
 
@@ -197,8 +198,12 @@ fn parse_body(kind: FrameKind, flags: u16, mut body: Bytes) -> Result<Frame, Dec
                 Frame::Pong(token)
             })
         }
-        FrameKind::Heartbeat | FrameKind::Barrier | FrameKind::RouteUpdate => {
-            Err(DecodeError::Reserved(kind))
+        FrameKind::RouteUpdate => {
+            if body.len() > crate::role::MAX_ROLE_MESSAGE {
+                return Err(malformed("role message longer than MAX_ROLE_MESSAGE"));
+            }
+            Ok(Frame::RouteUpdate(body))
         }
+        FrameKind::Heartbeat | FrameKind::Barrier => Err(DecodeError::Reserved(kind)),
     }
 }

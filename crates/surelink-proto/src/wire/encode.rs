@@ -81,6 +81,12 @@ pub fn encode_pong(buf: &mut BytesMut, token: u64) {
     buf.put_u64(token);
 }
 
+/// Appends a ROUTE_UPDATE frame carrying one encoded role message.
+pub fn encode_route_update(buf: &mut BytesMut, message: &[u8]) {
+    put_header(buf, FrameKind::RouteUpdate, 0, message.len());
+    buf.extend_from_slice(message);
+}
+
 impl Close {
     /// Appends this CLOSE frame; a reason longer than the limit is cut at a
     /// character boundary.
@@ -132,6 +138,7 @@ impl Frame {
             Frame::Close(c) => c.encode(buf),
             Frame::Ping(t) => encode_ping(buf, *t),
             Frame::Pong(t) => encode_pong(buf, *t),
+            Frame::RouteUpdate(m) => encode_route_update(buf, m),
         }
     }
 }

@@ -29,7 +29,7 @@ pub enum FrameKind {
     Barrier = 0x11,
     /// Consecutive small messages of one stream.
     Batch = 0x20,
-    /// Reserved: role server routing table.
+    /// A role-service message (status report, routing-table row, ack).
     RouteUpdate = 0x30,
 }
 
@@ -55,7 +55,7 @@ impl FrameKind {
     /// Whether this version of the protocol decodes the kind (the others are
     /// reserved for later versions).
     pub fn is_implemented(self) -> bool {
-        (self as u8) < 0x10 || self == FrameKind::Batch
+        (self as u8) < 0x10 || self == FrameKind::Batch || self == FrameKind::RouteUpdate
     }
 }
 
@@ -78,6 +78,10 @@ pub enum Frame {
     Ping(u64),
     /// The echo of a probe's token.
     Pong(u64),
+    /// One role-service message, opaque to the session (decoded by
+    /// [`role::decode`](crate::role::decode)); unsequenced: the role
+    /// protocol re-sends until acknowledged.
+    RouteUpdate(Bytes),
 }
 
 /// The first frame on every path, from both sides.

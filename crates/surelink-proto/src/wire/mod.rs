@@ -23,7 +23,7 @@
 //! | 0x10 | HEARTBEAT | reserved (failure detector) |
 //! | 0x11 | BARRIER | reserved (failure detector) |
 //! | 0x20 | BATCH | stream u16, first seq u64, count u16, count × (flags u8, length varint, message) — see [`BatchFrame`] |
-//! | 0x30 | ROUTE_UPDATE | reserved (role server) |
+//! | 0x30 | ROUTE_UPDATE | one role-service message (see [`role`](crate::role)): unsequenced, re-sent by the role protocol until acknowledged |
 //!
 //! A *stream* ([`StreamId`](crate::StreamId)) is a numbered sequence of
 //! messages inside a session; the message layer maps application channels
@@ -54,6 +54,7 @@ pub use batch::{
 pub use decode::{decode, decode_frame, DecodeError};
 pub use encode::{
     data_header, encode_data, encode_data_parts, encode_hello, encode_ping, encode_pong,
+    encode_route_update,
 };
 pub use frame::{Close, CloseCode, CloseScope, DataFrame, Frame, FrameKind, Hello};
 pub use gather::TransmitBuf;
