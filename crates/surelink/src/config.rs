@@ -198,6 +198,10 @@ pub struct Config {
     pub max_handshaking: usize,
     /// When queued messages are written: see [`WriteBatching`].
     pub write_batching: WriteBatching,
+    /// The role service (hr-net's role server): the cluster's nodes and
+    /// role-server candidates, the same on every node. `None` (the
+    /// default): every node decides alone which paths work.
+    pub role: Option<surelink_proto::role::RoleConfig>,
 }
 
 /// The core's defaults as the shell runs it: a LAN cluster whose paths are
@@ -246,6 +250,7 @@ impl Config {
             max_connections_per_ip: 64,
             max_handshaking: 128,
             write_batching: WriteBatching::Auto,
+            role: None,
         }
     }
 
@@ -274,6 +279,15 @@ impl Config {
                 field: "node",
                 reason: "node id 0 is reserved",
             });
+        }
+        if let Some(r) = &self.role {
+            r.validate()?;
+            if !r.nodes.contains(&self.node) {
+                return Err(ConfigError::Invalid {
+                    field: "role.nodes",
+                    reason: "this node is not one of the cluster's nodes",
+                });
+            }
         }
         if self.epoch == Some(Epoch(0)) {
             return Err(ConfigError::Invalid {
@@ -412,6 +426,9 @@ pub enum ConfigError {
     /// The member list.
     #[error("members: {0}")]
     Members(#[from] surelink_proto::secure::MemberError),
+    /// The role service's configuration.
+    #[error("role: {0}")]
+    Role(#[from] surelink_proto::role::RoleConfigError),
     /// A peer entry.
     #[error("peer {node}: {reason}")]
     Peer {

@@ -75,6 +75,12 @@ impl Gate {
         t == u64::MAX || self.now().as_nanos() <= t
     }
 
+    /// The fence's `t_valid` on this gate's clock (far future when no
+    /// fence runs).
+    pub(crate) fn t_valid(&self) -> Option<Time> {
+        Some(Time::from_nanos(self.t_valid.load(Ordering::Acquire)))
+    }
+
     pub(crate) fn now(&self) -> Time {
         let d = surelink_sys::boottime().saturating_sub(self.base);
         Time::from_nanos(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))

@@ -193,6 +193,9 @@ impl Endpoint {
             shared.spawn(crate::detector::signal_loop(shared.clone(), rx));
         }
         shared.spawn(router_loop(shared.clone()));
+        if shared.role.is_some() {
+            shared.spawn(crate::role::run(shared.clone()));
+        }
         for (network, l) in listeners.into_iter().enumerate() {
             shared.spawn(conn::accept_loop(shared.clone(), l, network));
         }
@@ -231,6 +234,16 @@ impl Endpoint {
                 ));
             }
         }
+    }
+
+    /// This node's view of the role service: the routing-table row it
+    /// holds and, on the serving role server, the path-status matrix.
+    /// `None` when no role service is configured.
+    pub fn role_status(&self) -> Option<crate::RoleStatus> {
+        self.shared
+            .role
+            .as_ref()
+            .map(crate::role::RoleShared::status)
     }
 
     /// Starts dialling a peer not in the configuration (e.g. one whose port

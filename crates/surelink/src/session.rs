@@ -192,6 +192,11 @@ impl SessionHandle {
         while let Some(ev) = g.core.poll_event() {
             self.on_event(g, shared, ev, &mut w);
         }
+        while let Some(m) = g.core.poll_role() {
+            if let Some(r) = &shared.role {
+                r.deliver(self.node, m);
+            }
+        }
         // Requests: the core admits up to its per-peer bound.
         while let Some(t) = g.core.poll_request() {
             w.tickets.push(t);

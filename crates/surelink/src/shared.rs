@@ -81,6 +81,8 @@ pub(crate) struct Shared {
     /// Networks this endpoint is silent on (test hook).
     #[cfg(feature = "test-util")]
     pub(crate) muted: Arc<std::sync::atomic::AtomicU64>,
+    /// The role service, when the configuration names one.
+    pub(crate) role: Option<crate::role::RoleShared>,
 }
 
 /// Resolves the write policy for the runtime the endpoint is bound on.
@@ -144,6 +146,7 @@ impl Shared {
             turn_writes: turn_writes(config.write_batching),
             #[cfg(feature = "test-util")]
             muted,
+            role: config.role.clone().map(crate::role::RoleShared::new),
             config,
         }
     }
@@ -241,6 +244,10 @@ impl Shared {
     /// Makes a session the router opened into a handle and starts its task.
     fn install(self: &Arc<Self>, core: surelink_proto::Session) -> Arc<SessionHandle> {
         let key = self.next_session_key.fetch_add(1, Ordering::Relaxed);
+        let mut core = core;
+        if let Some(r) = &self.role {
+            core.set_avoided_networks(r.avoided(core.peer()));
+        }
         let h = Arc::new(SessionHandle::new(key, core));
         self.sessions.write().insert(h.node, h.clone());
         self.spawn(run_session(self.clone(), h.clone()));
@@ -327,6 +334,8 @@ impl Shared {
         };
         h.with(self, |g, now| {
             g.core.add_path(now, io.path);
+            g.core
+                .set_path_network(io.path, u8::try_from(io.network).unwrap_or(u8::MAX));
             g.conns.push(io.clone());
         });
         Some(h)
@@ -470,6 +479,8 @@ impl Shared {
                         g.conns.push(io.clone());
                     }
                     let res = g.core.handle_hello(now, path, hello);
+                    g.core
+                        .set_path_network(path, u8::try_from(io.network).unwrap_or(u8::MAX));
                     works.push((t.clone(), t.drive(&mut g, self, now)));
                     drop(g);
                     res.map(|()| t)

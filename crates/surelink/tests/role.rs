@@ -1,0 +1,159 @@
+//! The role service on loopback: three nodes on two networks, role-server
+//! candidates 1 then 2, the product's defaults otherwise. Tables reach
+//! every node over the authenticated sessions, a network one node cannot
+//! be heard on is avoided by the others, and when the serving role server
+//! dies the next candidate takes over with a higher epoch.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use surelink::proto::role::{PathStatus, RoleConfig};
+use surelink::proto::{ClusterId, NodeId};
+use surelink::testing::fresh_keys;
+use surelink::{Config, Endpoint, Members, PeerConfig, RoleStatus};
+
+const NODES: [u64; 3] = [1, 2, 3];
+
+fn addr(net: u8, node: u64) -> SocketAddr {
+    let last = 40 + u8::try_from(node).expect("small node id");
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, net, last)), 0)
+}
+
+async fn cluster() -> Vec<Endpoint> {
+    let keys: Vec<_> = NODES.iter().map(|_| fresh_keys()).collect();
+    let mut members = Members::new();
+    for (n, k) in NODES.iter().zip(&keys) {
+        members.insert(NodeId(*n), k.public()).expect("member");
+    }
+    let role = RoleConfig {
+        nodes: NODES.iter().map(|n| NodeId(*n)).collect(),
+        candidates: vec![NodeId(1), NodeId(2)],
+        ..RoleConfig::default()
+    };
+    let mut eps: Vec<Endpoint> = Vec::new();
+    for (i, n) in NODES.iter().enumerate() {
+        let mut c = Config::new(NodeId(*n), ClusterId(77));
+        c.identity = Some(keys[i].clone());
+        c.members = members.clone();
+        c.listen = vec![addr(1, *n), addr(2, *n)];
+        c.role = Some(role.clone());
+        // Each node dials the nodes started before it.
+        c.peers = eps
+            .iter()
+            .map(|e| PeerConfig::new(e.node(), e.local_addrs().into_iter().map(Some).collect()))
+            .collect();
+        eps.push(Endpoint::bind(c).await.expect("bind"));
+    }
+    for e in &eps {
+        for p in &eps {
+            if p.node() != e.node() {
+                assert!(
+                    e.wait_for_paths(p.node(), 2, Duration::from_secs(10)).await,
+                    "paths {} -> {}",
+                    e.node(),
+                    p.node()
+                );
+            }
+        }
+    }
+    eps
+}
+
+/// Waits until `f` holds for `ep`'s role status.
+async fn until(ep: &Endpoint, within: Duration, f: impl Fn(&RoleStatus) -> bool) -> RoleStatus {
+    let start = Instant::now();
+    loop {
+        let st = ep.role_status().expect("role configured");
+        if f(&st) {
+            return st;
+        }
+        assert!(
+            start.elapsed() < within,
+            "node {}: condition not met within {within:?}; status {st:?}",
+            ep.node()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_reach_every_node_and_a_muted_network_is_avoided() {
+    let eps = cluster().await;
+    for e in &eps {
+        let st = until(e, Duration::from_secs(10), |s| {
+            s.table.as_ref().is_some_and(|t| t.epoch == 1)
+        })
+        .await;
+        let t = st.table.expect("table");
+        assert_eq!(t.role, NodeId(1));
+        assert_eq!(t.node, e.node());
+    }
+    let server = until(&eps[0], Duration::from_secs(1), |s| s.serving == Some(1)).await;
+    assert_eq!(server.serving, Some(1));
+    // Node 3 cannot be heard on network 1 (index 1): its peers' detectors
+    // find it silent there and report it; the role server steers node 2's
+    // traffic to node 3 off that network.
+    eps[2].testing().mute_network(1, true);
+    let st = until(&eps[1], Duration::from_secs(10), |s| {
+        s.table.as_ref().is_some_and(|t| {
+            t.route_to(NodeId(3))
+                .is_some_and(|r| !r.usable(1) && r.usable(0))
+        })
+    })
+    .await;
+    let held = st.table.expect("table");
+    // Node 1's matrix holds node 2's view of node 3 on network 1.
+    let m = eps[0].role_status().expect("role").matrix;
+    assert!(
+        m.iter().any(|(from, to, net, s, _)| *from == NodeId(2)
+            && *to == NodeId(3)
+            && *net == 1
+            && *s == PathStatus::Down),
+        "{m:?}"
+    );
+    // Heard again: the route returns to the default.
+    eps[2].testing().mute_network(1, false);
+    until(&eps[1], Duration::from_secs(10), |s| {
+        s.table.as_ref().is_some_and(|t| {
+            t.version > held.version && t.route_to(NodeId(3)).is_none_or(|r| r.usable(1))
+        })
+    })
+    .await;
+    for e in eps {
+        e.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn next_candidate_takes_over_when_the_role_server_dies() {
+    let mut eps = cluster().await;
+    for e in &eps {
+        until(e, Duration::from_secs(10), |s| {
+            s.table.as_ref().is_some_and(|t| t.epoch == 1)
+        })
+        .await;
+    }
+    let first = eps.remove(0);
+    let killed = Instant::now();
+    first.shutdown().await;
+    // Candidate 2 owns epoch 2; node 3 applies its table, and never an
+    // older epoch after it.
+    let st = until(&eps[1], Duration::from_secs(10), |s| {
+        s.table.as_ref().is_some_and(|t| t.epoch == 2)
+    })
+    .await;
+    let took = killed.elapsed();
+    assert_eq!(st.table.as_ref().map(|t| t.role), Some(NodeId(2)));
+    assert_eq!(eps[0].role_status().expect("role").serving, Some(2));
+    // The dead node is out of the ring view.
+    let ring = &st.table.expect("table").ring;
+    assert!(
+        ring.iter()
+            .any(|m| m.node == NodeId(1) && m.state != surelink::proto::role::MemberState::Up),
+        "{ring:?}"
+    );
+    eprintln!("role server failover: node 3 applied epoch 2 {took:?} after the kill");
+    for e in eps {
+        e.shutdown().await;
+    }
+}
