@@ -68,7 +68,9 @@ async fn node(a: &ConfigArg) -> Result<()> {
         max_item: cache.max_item.unwrap_or(Limits::default().max_item),
         ..Limits::default()
     };
+    let metrics = loaded.metrics;
     let ep = Endpoint::bind(loaded.config).await?;
+    serve_metrics(&ep, metrics).await?;
     let what = match &cache.backend {
         None => {
             let store = Arc::new(Store::new(memory << 20));
@@ -118,7 +120,9 @@ async fn proxy(a: &ConfigArg) -> Result<()> {
     if let Some(ms) = p.call_timeout_ms {
         cfg.call_timeout = Duration::from_millis(ms);
     }
+    let metrics = loaded.metrics;
     let ep = Arc::new(Endpoint::bind(loaded.config).await?);
+    serve_metrics(&ep, metrics).await?;
     let proxy = Proxy::start(ep.clone(), cfg)
         .await
         .context("starting the proxy")?;
@@ -129,5 +133,18 @@ async fn proxy(a: &ConfigArg) -> Result<()> {
     );
     tokio::signal::ctrl_c().await?;
     proxy.stop();
+    Ok(())
+}
+
+/// Serves `/metrics` (and `/role`, for `surelink status`) when the file
+/// names a `metrics` address.
+async fn serve_metrics(ep: &Endpoint, addr: Option<std::net::SocketAddr>) -> Result<()> {
+    if let Some(m) = addr {
+        let bound = ep
+            .serve_metrics(m)
+            .await
+            .with_context(|| format!("metrics listener on {m}"))?;
+        println!("metrics: http://{bound}/metrics");
+    }
     Ok(())
 }

@@ -85,6 +85,8 @@ struct File {
     tcp_user_timeout_ms: Option<u64>,
     metrics: Option<SocketAddr>,
     key_file: Option<std::path::PathBuf>,
+    /// The cluster file (nodes, keys, role service); relative to this file.
+    cluster_file: Option<std::path::PathBuf>,
     #[serde(default)]
     insecure: bool,
     protection: Option<String>,
@@ -226,6 +228,8 @@ pub(crate) struct Loaded {
     pub(crate) metrics: Option<SocketAddr>,
     pub(crate) cache: Option<CacheSection>,
     pub(crate) proxy: Option<ProxySection>,
+    /// The cluster file, when the configuration names one.
+    pub(crate) cluster: Option<crate::cluster_file::Cluster>,
 }
 
 /// Only the `[runtime]` section of a configuration file, read before the
@@ -419,13 +423,56 @@ pub(crate) fn parse(text: &str, base: &Path) -> Result<Loaded> {
             *field = ms(v);
         }
     }
+    let cluster = match &f.cluster_file {
+        Some(p) => {
+            let path = base.join(p);
+            let cl = crate::cluster_file::Cluster::load(&path)
+                .with_context(|| format!("cluster file {}", path.display()))?;
+            join_cluster(&mut c, &cl)?;
+            Some(cl)
+        }
+        None => None,
+    };
     c.validate()?;
     Ok(Loaded {
         config: c,
         metrics: f.metrics,
         cache: f.cache,
         proxy: f.proxy,
+        cluster,
     })
+}
+
+/// What a cluster file adds to a node's configuration: every node's key
+/// as a member, a peer entry for each node it dials, the role service.
+fn join_cluster(c: &mut Config, cl: &crate::cluster_file::Cluster) -> Result<()> {
+    anyhow::ensure!(
+        cl.cluster == c.cluster.0,
+        "the cluster file is for cluster {}, this node is in cluster {}",
+        cl.cluster,
+        c.cluster.0
+    );
+    anyhow::ensure!(
+        cl.node(c.node).is_some(),
+        "node {} is not listed in the cluster file",
+        c.node
+    );
+    for n in &cl.nodes {
+        if let Some(k) = n.public_key {
+            // The same key twice is fine; another key for a node (or this
+            // node's key file disagreeing with the cluster file) is not.
+            c.members
+                .insert(n.node, k)
+                .with_context(|| format!("cluster file: node {}'s key", n.node))?;
+        }
+    }
+    for n in cl.dials(c.node) {
+        if !c.peers.iter().any(|p| p.node == n.node) {
+            c.peers.push(PeerConfig::new(n.node, n.addrs.clone()));
+        }
+    }
+    c.role = Some(cl.role.clone());
+    Ok(())
 }
 
 #[cfg(test)]

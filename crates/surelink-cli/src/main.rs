@@ -21,11 +21,13 @@
 mod bench;
 mod cache;
 mod certs;
+mod cluster_file;
 mod config_file;
 mod demo;
 mod experiment;
 mod keys;
 mod memload;
+mod role;
 mod serve;
 mod stats;
 mod testbed;
@@ -62,6 +64,12 @@ enum Command {
     Certs(certs::CertsArgs),
     /// Print a running endpoint's counters from its metrics port.
     Stats(stats::StatsArgs),
+    /// Run a node whose only job is the role service (hr-net's role
+    /// server): a candidate from the cluster file.
+    RoleServer(role::RoleServerArgs),
+    /// The role service's view from every node: the routing table each
+    /// holds, and the path-status matrix on the serving role server.
+    Status(role::StatusArgs),
     /// Benchmark against plain TCP, ZeroMQ and NATS: round-trip latency and
     /// throughput.
     Bench(bench::BenchArgs),
@@ -102,6 +110,7 @@ fn main() -> anyhow::Result<()> {
     let (config, default_workers) = match &cli.command {
         Command::Cache(c) => (Some(c.config()), cache::WORKER_THREADS),
         Command::Serve(a) => (Some(a.config.as_path()), 2),
+        Command::RoleServer(a) => (Some(a.config.as_path()), 2),
         Command::Call(a) => (Some(a.config.as_path()), 2),
         _ => (None, 2),
     };
@@ -132,6 +141,8 @@ fn main() -> anyhow::Result<()> {
             Command::Keygen(a) => keys::keygen(&a),
             Command::Certs(a) => certs::certs(&a),
             Command::Stats(a) => stats::run(&a).await,
+            Command::RoleServer(a) => role::role_server(&a).await,
+            Command::Status(a) => role::status(&a),
             Command::Bench(a) => bench::run(&a).await,
             Command::Testbed(a) => testbed::main(&a),
             Command::Cache(c) => cache::main(&c).await,

@@ -78,6 +78,29 @@ fn the_example_cluster_serves_memcached_clients() {
         ask(b"get hello\r\n", b"END\r\n").unwrap(),
         b"VALUE hello 0 5\r\nworld\r\nEND\r\n"
     );
+    // The role service (cluster.toml): every node, the proxy included,
+    // holds node 1's table, and `surelink status` shows it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        let out = Command::new(env!("CARGO_BIN_EXE_surelink"))
+            .args(["status", "--cluster"])
+            .arg(examples().join("cluster.toml"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let held = text
+            .matches("table: role server node 1, epoch 1, version")
+            .count();
+        if out.status.success() && held == 4 && text.contains("serving as role server, epoch 1") {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "status never showed the table everywhere:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!("{status}");
     let have = Command::new("sh")
         .args(["-c", "command -v memcslap"])
         .output()

@@ -243,7 +243,7 @@ impl Endpoint {
         self.shared
             .role
             .as_ref()
-            .map(crate::role::RoleShared::status)
+            .map(|r| r.status(self.shared.now()))
     }
 
     /// Starts dialling a peer not in the configuration (e.g. one whose port

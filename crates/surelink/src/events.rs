@@ -108,6 +108,17 @@ pub enum NetEvent {
         /// Messages that were not confirmed delivered.
         abandoned: u64,
     },
+    /// The role service pushed this node a routing table it applied (see
+    /// [`Endpoint::role_status`](crate::Endpoint::role_status) for its
+    /// routes and ring).
+    RoutingTable {
+        /// The role server that computed it.
+        role: NodeId,
+        /// Its role epoch.
+        epoch: u64,
+        /// Its version within the epoch.
+        version: u64,
+    },
     /// A session ended; outstanding calls failed with the matching error.
     SessionEnded {
         /// The peer.

@@ -1,5 +1,7 @@
 //! A minimal HTTP endpoint for Prometheus: `GET /metrics` answers the
-//! counters in the text exposition format. One request per connection; no
+//! counters in the text exposition format (with the role service's table
+//! epoch, version and age when it runs); `GET /role` the role service's
+//! view in words (`surelink status`). One request per connection; no
 //! keep-alive, no TLS: bind it to a management address.
 
 use std::io;
@@ -58,18 +60,28 @@ async fn answer(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
     let line = String::from_utf8_lossy(line);
     let mut parts = line.split_whitespace();
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let role = shared.role.as_ref().map(|r| r.status(shared.now()));
     let (status, ctype, body) =
         if method == "GET" && (path == "/metrics" || path.starts_with("/metrics?")) {
-            (
-                "200 OK",
-                "text/plain; version=0.0.4",
-                shared.snapshot().to_prometheus(),
-            )
+            let mut body = shared.snapshot().to_prometheus();
+            if let Some(r) = &role {
+                body.push_str(&r.to_prometheus());
+            }
+            ("200 OK", "text/plain; version=0.0.4", body)
+        } else if method == "GET" && path == "/role" {
+            match &role {
+                Some(r) => ("200 OK", "text/plain", r.render()),
+                None => (
+                    "404 Not Found",
+                    "text/plain",
+                    "no role service configured on this node\n".to_string(),
+                ),
+            }
         } else {
             (
                 "404 Not Found",
                 "text/plain",
-                "try GET /metrics\n".to_string(),
+                "try GET /metrics or GET /role\n".to_string(),
             )
         };
     let head = format!(

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::RwLock;
+use surelink::proto::role::MemberState;
 use surelink::proto::NodeId;
 use surelink::{Endpoint, NetEvent};
 use tokio::net::TcpListener;
@@ -292,14 +293,56 @@ async fn watch_nodes(shared: Arc<Shared>, gen: watch::Sender<u64>) {
             NetEvent::PeerAlive { peer } | NetEvent::PeerUp { peer, .. }
                 if ours(&peer)
                     && shared.ring.read().is_ejected(peer)
-                    && !restoring.contains_key(&peer) =>
+                    && !restoring.contains_key(&peer)
+                    && !table_says_down(&shared.ep, peer) =>
             {
                 let task = tokio::spawn(restore(shared.clone(), gen.clone(), peer));
                 restoring.insert(peer, task);
             }
+            // The role server's ring view, shared by every proxy: a node
+            // the cluster's detectors report dead leaves this proxy's ring
+            // too, even while this proxy still reaches it (so every proxy
+            // places keys alike); one it reports up again comes back
+            // (emptied first) once this proxy reaches it.
+            NetEvent::RoutingTable { epoch, version, .. } => {
+                let Some(table) = shared.ep.role_status().and_then(|s| s.table) else {
+                    continue;
+                };
+                for m in table.ring.iter().filter(|m| ours(&m.node)) {
+                    let peer = m.node;
+                    match m.state {
+                        MemberState::Down => {
+                            if let Some(t) = restoring.remove(&peer) {
+                                t.abort();
+                            }
+                            if shared.ring.write().eject(peer) {
+                                shared.stats.ejections.fetch_add(1, Relaxed);
+                                gen.send_modify(|g| *g += 1);
+                                warn!(node = %peer, epoch, version, "cache node out of the ring by the role server's table");
+                            }
+                        }
+                        MemberState::Up
+                            if shared.ring.read().is_ejected(peer)
+                                && !restoring.contains_key(&peer)
+                                && shared.ep.paths().iter().any(|p| p.peer == Some(peer)) =>
+                        {
+                            let task = tokio::spawn(restore(shared.clone(), gen.clone(), peer));
+                            restoring.insert(peer, task);
+                        }
+                        _ => {}
+                    }
+                }
+            }
             _ => {}
         }
     }
+}
+
+/// Whether the role server's table (if any) reports `node` dead.
+fn table_says_down(ep: &Endpoint, node: NodeId) -> bool {
+    ep.role_status()
+        .and_then(|s| s.table)
+        .is_some_and(|t| t.member(node) == Some(MemberState::Down))
 }
 
 /// Empties `node` and puts it back into the ring; retried until it

@@ -1,0 +1,417 @@
+//! The cluster file: every node of the cluster, its addresses on each
+//! network, its public key, and the role service — one file, the same on
+//! every node (hr-net's role server needs every node to agree on who the
+//! candidates are, in which order).
+//!
+//! ```toml
+//! cluster = 11
+//!
+//! [role]
+//! candidates = [1, 2]          # role-server candidates, in order
+//! # refresh_ms = 100           # reports and re-pushes at least this often
+//! # report_stale_after_ms = 500
+//! # backend = "embedded"       # the default; "etcd" is not wired into nodes yet
+//!
+//! [[nodes]]
+//! node = 1
+//! addrs = ["127.0.1.11:7201", "127.0.2.11:7201"]   # one per network ("" where not attached)
+//! public_key = "…"                                  # from `surelink keygen`
+//! metrics = "127.0.0.1:9201"                        # optional: where `surelink status` asks
+//!
+//! [[nodes]]
+//! node = 100                                        # a client (the cache proxy): no addresses
+//! public_key = "…"
+//! ```
+//!
+//! A node's own file names it with `cluster_file = "cluster.toml"`: the
+//! cluster file adds every node's key to its members, makes it dial every
+//! node listed *before* it that has addresses (so each pair has one side
+//! that dials), and turns the role service on. Errors name the line.
+
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use surelink::proto::role::{RoleConfig, RoleConfigError, MAX_NETWORKS};
+use surelink::proto::NodeId;
+use surelink::PublicKey;
+use toml::Spanned;
+
+/// A cluster file that cannot be used. Every variant names the line.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ClusterFileError {
+    /// The file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Not TOML, or a field of the wrong type or name.
+    #[error("line {line}: {message}")]
+    Syntax {
+        /// Where.
+        line: usize,
+        /// What the parser said.
+        message: String,
+    },
+    /// A node id appears twice.
+    #[error("line {line}: node {node} is listed twice")]
+    DuplicateNode {
+        /// Where (the second entry).
+        line: usize,
+        /// The node.
+        node: u64,
+    },
+    /// Node id 0 is reserved.
+    #[error("line {line}: node id 0 is reserved")]
+    ZeroNode {
+        /// Where.
+        line: usize,
+    },
+    /// An address does not parse.
+    #[error("line {line}: node {node}: bad address {addr:?}")]
+    BadAddress {
+        /// Where.
+        line: usize,
+        /// The node.
+        node: u64,
+        /// The text.
+        addr: String,
+    },
+    /// More networks than the role service supports.
+    #[error("line {line}: node {node} lists {count} networks; at most {MAX_NETWORKS}")]
+    TooManyNetworks {
+        /// Where.
+        line: usize,
+        /// The node.
+        node: u64,
+        /// How many.
+        count: usize,
+    },
+    /// A public key does not parse.
+    #[error("line {line}: node {node}: bad public key")]
+    BadKey {
+        /// Where.
+        line: usize,
+        /// The node.
+        node: u64,
+    },
+    /// A role-server candidate is not a listed node, or has no address.
+    #[error("line {line}: role candidate {node} {reason}")]
+    BadCandidate {
+        /// Where (the `candidates` line).
+        line: usize,
+        /// The candidate.
+        node: u64,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// `backend` names no known backend.
+    #[error("line {line}: role.backend {name:?}: use \"embedded\" (\"etcd\" is not wired into nodes yet)")]
+    Backend {
+        /// Where.
+        line: usize,
+        /// The text.
+        name: String,
+    },
+    /// The role settings do not validate.
+    #[error("line {line}: [role]: {source}")]
+    Role {
+        /// Where (the `[role]` table).
+        line: usize,
+        /// Why.
+        source: RoleConfigError,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    cluster: u64,
+    role: Spanned<RoleSection>,
+    nodes: Vec<Spanned<NodeEntry>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RoleSection {
+    candidates: Spanned<Vec<u64>>,
+    refresh_ms: Option<u64>,
+    report_stale_after_ms: Option<u64>,
+    backend: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeEntry {
+    node: u64,
+    #[serde(default)]
+    addrs: Vec<String>,
+    public_key: Option<String>,
+    metrics: Option<SocketAddr>,
+}
+
+/// One node of the cluster file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ClusterNode {
+    pub(crate) node: NodeId,
+    /// Per network (`None`: not attached).
+    pub(crate) addrs: Vec<Option<SocketAddr>>,
+    pub(crate) public_key: Option<PublicKey>,
+    pub(crate) metrics: Option<SocketAddr>,
+}
+
+/// A parsed, checked cluster file.
+#[derive(Clone, Debug)]
+pub(crate) struct Cluster {
+    pub(crate) cluster: u64,
+    /// In the file's order.
+    pub(crate) nodes: Vec<ClusterNode>,
+    pub(crate) role: RoleConfig,
+}
+
+impl Cluster {
+    /// Reads and checks `path`.
+    pub(crate) fn load(path: &Path) -> Result<Cluster, ClusterFileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ClusterFileError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Cluster::parse(&text)
+    }
+
+    /// Parses and checks the text of a cluster file.
+    pub(crate) fn parse(text: &str) -> Result<Cluster, ClusterFileError> {
+        let line = |span: Range<usize>| {
+            text.as_bytes()[..span.start.min(text.len())]
+                .iter()
+                .filter(|b| **b == b'\n')
+                .count()
+                + 1
+        };
+        let f: File = toml::from_str(text).map_err(|e| ClusterFileError::Syntax {
+            line: e.span().map_or(1, |s| line(s)),
+            message: e.message().to_string(),
+        })?;
+        let mut nodes: Vec<ClusterNode> = Vec::new();
+        let mut networks = 0usize;
+        for entry in &f.nodes {
+            let l = line(entry.span());
+            let e = entry.get_ref();
+            if e.node == 0 {
+                return Err(ClusterFileError::ZeroNode { line: l });
+            }
+            if nodes.iter().any(|n| n.node == NodeId(e.node)) {
+                return Err(ClusterFileError::DuplicateNode {
+                    line: l,
+                    node: e.node,
+                });
+            }
+            if e.addrs.len() > MAX_NETWORKS {
+                return Err(ClusterFileError::TooManyNetworks {
+                    line: l,
+                    node: e.node,
+                    count: e.addrs.len(),
+                });
+            }
+            let addrs = e
+                .addrs
+                .iter()
+                .map(|a| {
+                    if a.is_empty() {
+                        Ok(None)
+                    } else {
+                        a.parse()
+                            .map(Some)
+                            .map_err(|_| ClusterFileError::BadAddress {
+                                line: l,
+                                node: e.node,
+                                addr: a.clone(),
+                            })
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let public_key = match &e.public_key {
+                Some(k) => Some(k.parse().map_err(|_| ClusterFileError::BadKey {
+                    line: l,
+                    node: e.node,
+                })?),
+                None => None,
+            };
+            networks = networks.max(addrs.len());
+            nodes.push(ClusterNode {
+                node: NodeId(e.node),
+                addrs,
+                public_key,
+                metrics: e.metrics,
+            });
+        }
+        let role_line = line(f.role.span());
+        let r = f.role.get_ref();
+        if let Some(b) = &r.backend {
+            if b.get_ref() != "embedded" {
+                return Err(ClusterFileError::Backend {
+                    line: line(b.span()),
+                    name: b.get_ref().clone(),
+                });
+            }
+        }
+        let cand_line = line(r.candidates.span());
+        for c in r.candidates.get_ref() {
+            match nodes.iter().find(|n| n.node == NodeId(*c)) {
+                None => {
+                    return Err(ClusterFileError::BadCandidate {
+                        line: cand_line,
+                        node: *c,
+                        reason: "is not a node of the cluster file",
+                    })
+                }
+                Some(n) if n.addrs.iter().all(Option::is_none) => {
+                    return Err(ClusterFileError::BadCandidate {
+                        line: cand_line,
+                        node: *c,
+                        reason: "has no address: every node must be able to reach it",
+                    })
+                }
+                Some(_) => {}
+            }
+        }
+        let mut role = RoleConfig {
+            nodes: nodes.iter().map(|n| n.node).collect(),
+            candidates: r.candidates.get_ref().iter().map(|c| NodeId(*c)).collect(),
+            networks: u8::try_from(networks.max(1)).unwrap_or(u8::MAX),
+            ..RoleConfig::default()
+        };
+        if let Some(v) = r.refresh_ms {
+            role.refresh = Duration::from_millis(v);
+        }
+        if let Some(v) = r.report_stale_after_ms {
+            role.report_stale_after = Duration::from_millis(v);
+        }
+        role.validate().map_err(|source| ClusterFileError::Role {
+            line: role_line,
+            source,
+        })?;
+        Ok(Cluster {
+            cluster: f.cluster,
+            nodes,
+            role,
+        })
+    }
+
+    /// The entry of `node`.
+    pub(crate) fn node(&self, node: NodeId) -> Option<&ClusterNode> {
+        self.nodes.iter().find(|n| n.node == node)
+    }
+
+    /// The nodes `node` dials: every node listed before it that has an
+    /// address.
+    pub(crate) fn dials(&self, node: NodeId) -> impl Iterator<Item = &ClusterNode> {
+        self.nodes
+            .iter()
+            .take_while(move |n| n.node != node)
+            .filter(|n| n.addrs.iter().any(Option::is_some))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "p+VITH9M8YQfOZq55ehd1GfG/qCm2Xw+FL+dxZ5FUQQ=";
+
+    fn file(role: &str, nodes: &str) -> String {
+        format!("cluster = 5\n\n[role]\n{role}\n{nodes}")
+    }
+
+    const NODES: &str = r#"
+[[nodes]]
+node = 1
+addrs = ["127.0.1.1:7000", "127.0.2.1:7000"]
+
+[[nodes]]
+node = 2
+addrs = ["127.0.1.2:7000", ""]
+
+[[nodes]]
+node = 100
+"#;
+
+    #[test]
+    fn a_good_file_gives_the_role_config_and_who_dials_whom() {
+        let c =
+            Cluster::parse(&file("candidates = [2, 1]\nrefresh_ms = 50", NODES)).expect("valid");
+        assert_eq!(c.cluster, 5);
+        assert_eq!(c.role.candidates, vec![NodeId(2), NodeId(1)]);
+        assert_eq!(c.role.nodes, vec![NodeId(1), NodeId(2), NodeId(100)]);
+        assert_eq!(c.role.networks, 2);
+        assert_eq!(c.role.refresh, Duration::from_millis(50));
+        assert_eq!(c.node(NodeId(2)).map(|n| n.addrs[1]), Some(None));
+        let d: Vec<NodeId> = c.dials(NodeId(100)).map(|n| n.node).collect();
+        assert_eq!(d, vec![NodeId(1), NodeId(2)]);
+        assert_eq!(c.dials(NodeId(1)).count(), 0);
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        let dup = NODES.replace("node = 100", "node = 2");
+        let e = Cluster::parse(&file("candidates = [1]", &dup)).expect_err("duplicate");
+        assert!(
+            matches!(e, ClusterFileError::DuplicateNode { line: 14, node: 2 }),
+            "{e}"
+        );
+        let e = Cluster::parse(&file("candidates = [1, 7]", NODES)).expect_err("candidate");
+        assert!(
+            matches!(
+                e,
+                ClusterFileError::BadCandidate {
+                    line: 4,
+                    node: 7,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let e = Cluster::parse(&file("candidates = [100]", NODES)).expect_err("no address");
+        assert!(e.to_string().contains("no address"), "{e}");
+        let bad = NODES.replace("127.0.1.2:7000", "127.0.1.2");
+        let e = Cluster::parse(&file("candidates = [1]", &bad)).expect_err("address");
+        assert!(
+            matches!(
+                e,
+                ClusterFileError::BadAddress {
+                    line: 10,
+                    node: 2,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let e = Cluster::parse(&file("candidates = [1]\nrefresh = 5", NODES)).expect_err("field");
+        assert!(matches!(e, ClusterFileError::Syntax { line: 5, .. }), "{e}");
+        let e = Cluster::parse(&file(
+            "candidates = [1]\nreport_stale_after_ms = 100",
+            NODES,
+        ))
+        .expect_err("stale");
+        assert!(matches!(e, ClusterFileError::Role { line: 3, .. }), "{e}");
+        let e = Cluster::parse(&file("candidates = [1]\nbackend = \"zookeeper\"", NODES))
+            .expect_err("backend");
+        assert!(
+            matches!(e, ClusterFileError::Backend { line: 5, .. }),
+            "{e}"
+        );
+        let keyed = NODES.replace("node = 100", &format!("node = 100\npublic_key = \"{KEY}\""));
+        assert!(Cluster::parse(&file("candidates = [1]", &keyed)).is_ok());
+        let badkey = NODES.replace("node = 100", "node = 100\npublic_key = \"nope\"");
+        let e = Cluster::parse(&file("candidates = [1]", &badkey)).expect_err("key");
+        assert!(
+            matches!(e, ClusterFileError::BadKey { node: 100, .. }),
+            "{e}"
+        );
+    }
+}
