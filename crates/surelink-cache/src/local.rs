@@ -8,6 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use surelink::proto::role::RoleConfig;
 use surelink::proto::{ClusterId, NodeId};
 use surelink::{BindError, Config, Endpoint, Keypair, Members, PeerConfig};
 
@@ -62,6 +63,8 @@ pub struct LocalCluster {
     /// The proxy.
     pub proxy: Proxy,
     items: Items,
+    /// The role service, when the cluster runs one.
+    role: Option<RoleConfig>,
 }
 
 struct NodeSlot {
@@ -81,11 +84,20 @@ fn keypair() -> Result<Keypair, LocalError> {
 
 /// Binds a cache node with a fresh embedded store, or fronting its
 /// memcached (on its previous addresses after a restart).
-async fn bind_node(s: &mut NodeSlot, members: &Members, items: &Items) -> Result<(), LocalError> {
+async fn bind_node(
+    s: &mut NodeSlot,
+    members: &Members,
+    items: &Items,
+    role: Option<(&RoleConfig, Vec<PeerConfig>)>,
+) -> Result<(), LocalError> {
     let mut cfg = Config::new(s.id, ClusterId(9));
     crate::proxy::tune_endpoint(&mut cfg);
     cfg.identity = Some(s.keys.clone());
     cfg.members = members.clone();
+    if let Some((r, peers)) = role {
+        cfg.role = Some(r.clone());
+        cfg.peers = peers;
+    }
     let host = 10u8.wrapping_add(s.id.0.to_le_bytes()[0]);
     cfg.listen = if s.listen.is_empty() {
         vec![addr(1, host, 0), addr(2, host, 0)]
@@ -111,6 +123,15 @@ async fn bind_node(s: &mut NodeSlot, members: &Members, items: &Items) -> Result
     Ok(())
 }
 
+/// Peer entries for the nodes in `before` (a node dials those listed
+/// before it, so each pair of nodes has one session).
+fn earlier_peers(before: &[NodeSlot]) -> Vec<PeerConfig> {
+    before
+        .iter()
+        .map(|s| PeerConfig::new(s.id, s.listen.iter().copied().map(Some).collect()))
+        .collect()
+}
+
 impl LocalCluster {
     /// `n` nodes with `memory` bytes each, and a proxy listening on
     /// `listen` (port 0: any).
@@ -127,6 +148,19 @@ impl LocalCluster {
         n: u64,
         items: Items,
         listen: SocketAddr,
+    ) -> Result<LocalCluster, LocalError> {
+        Self::start_full(n, items, listen, false).await
+    }
+
+    /// As [`LocalCluster::start_with`], and with `role` the role service
+    /// (hr-net's role server) on every endpoint: candidates nodes 1 and 2,
+    /// each node dialling the nodes before it, the proxy following the
+    /// role server's ring view.
+    pub async fn start_full(
+        n: u64,
+        items: Items,
+        listen: SocketAddr,
+        role: bool,
     ) -> Result<LocalCluster, LocalError> {
         if let Items::Memcached(a) = &items {
             if a.is_empty() {
@@ -149,14 +183,26 @@ impl LocalCluster {
                 ep: None,
             });
         }
-        for s in &mut nodes {
-            bind_node(s, &members, &items).await?;
+        let role = role.then(|| {
+            let mut all: Vec<NodeId> = (1..=n).map(NodeId).collect();
+            all.push(PROXY_NODE);
+            RoleConfig {
+                nodes: all,
+                candidates: (1..=n.min(2)).map(NodeId).collect(),
+                ..RoleConfig::default()
+            }
+        });
+        for i in 0..nodes.len() {
+            let peers = earlier_peers(&nodes[..i]);
+            let r = role.as_ref().map(|r| (r, peers));
+            bind_node(&mut nodes[i], &members, &items, r).await?;
         }
         let mut pc = Config::new(PROXY_NODE, ClusterId(9));
         crate::proxy::tune_endpoint(&mut pc);
         pc.identity = Some(proxy_keys);
         pc.members = members.clone();
         pc.dial_from = vec![addr(1, 2, 0), addr(2, 2, 0)];
+        pc.role = role.clone();
         pc.peers = nodes
             .iter()
             .map(|s| PeerConfig::new(s.id, s.listen.iter().copied().map(Some).collect()))
@@ -185,6 +231,7 @@ impl LocalCluster {
             proxy_ep,
             proxy,
             items,
+            role,
         })
     }
 
@@ -209,8 +256,13 @@ impl LocalCluster {
     /// Starts node `id` again, empty, on its old addresses.
     pub async fn restart_node(&mut self, id: NodeId) -> Result<(), LocalError> {
         let (members, items) = (self.members.clone(), self.items.clone());
-        match self.nodes.iter_mut().find(|s| s.id == id) {
-            Some(s) if s.ep.is_none() => bind_node(s, &members, &items).await,
+        let Some(i) = self.nodes.iter().position(|s| s.id == id) else {
+            return Ok(());
+        };
+        let peers = earlier_peers(&self.nodes[..i]);
+        let role = self.role.as_ref().map(|r| (r, peers));
+        match self.nodes.get_mut(i) {
+            Some(s) if s.ep.is_none() => bind_node(s, &members, &items, role).await,
             _ => Ok(()),
         }
     }

@@ -194,7 +194,7 @@ impl Cluster {
                 + 1
         };
         let f: File = toml::from_str(text).map_err(|e| ClusterFileError::Syntax {
-            line: e.span().map_or(1, |s| line(s)),
+            line: e.span().map_or(1, &line),
             message: e.message().to_string(),
         })?;
         let mut nodes: Vec<ClusterNode> = Vec::new();

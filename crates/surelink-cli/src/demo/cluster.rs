@@ -53,6 +53,15 @@ struct Timeline {
     node_back: Option<u64>,
     connections_killed: usize,
     paths_down: u64,
+    /// The proxy's routing table first steered it off network 1 to every
+    /// node (the nodes saw its silence there; it could not).
+    table_avoid: Option<u64>,
+    /// ... and back onto it after the fault.
+    table_clear: Option<u64>,
+    /// The proxy's table first showed the killed node down in the ring.
+    table_node_down: Option<u64>,
+    /// Tables the proxy applied during the run.
+    tables: u64,
 }
 
 /// One phase of the run, by scheduled time.
@@ -74,14 +83,20 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     let d = seconds as f64;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
-    let cluster = LocalCluster::start(3, 256 << 20, "127.0.0.1:0".parse()?)
-        .await
-        .context("starting the cluster on 127.0.1.x / 127.0.2.x")?;
+    let cluster = LocalCluster::start_full(
+        3,
+        surelink_cache::local::Items::Embedded(256 << 20),
+        "127.0.0.1:0".parse()?,
+        true,
+    )
+    .await
+    .context("starting the cluster on 127.0.1.x / 127.0.2.x")?;
     let addr = cluster.proxy.local_addr();
     println!("surelink demo: a memcached-compatible cache cluster under fire");
     println!(
         "  3 cache nodes (embedded store) and a proxy on {addr}, in this process, over two networks (127.0.1.x, 127.0.2.x); default configuration"
     );
+    println!("  role service on: candidates node 1, node 2 (hr-net's role server pushes routing tables and the ring view)");
     let cfg = LoadConfig {
         addr,
         rate: f64::from(args.rate),
@@ -246,6 +261,25 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
         ),
         None => println!("  node {VICTIM} was not back in the ring before the end"),
     }
+    match tl.table_avoid {
+        Some(t) => println!(
+            "  role service: the proxy could not see its own loss on network 1 (it hears every node there); the nodes' detectors did, and the role server's table steered the proxy off network 1 {:.1} ms after the fault{}",
+            ms(t.saturating_sub(tl.mute.0)),
+            tl.table_clear.map_or_else(String::new, |c| format!(
+                ", back onto it {:.1} ms after it healed",
+                ms(c.saturating_sub(tl.mute.1))
+            ))
+        ),
+        None => println!("  role service: no table steered the proxy off network 1 during its silence there"),
+    }
+    match tl.table_node_down {
+        Some(t) => println!(
+            "  role service: node {VICTIM} down in the shared ring view {:.1} ms after its kill ({} tables applied by the proxy over the run)",
+            ms(t.saturating_sub(tl.kill_node)),
+            tl.tables
+        ),
+        None => println!("  role service: the shared ring view never showed node {VICTIM} down ({} tables applied)", tl.tables),
+    }
     if node_errors > 0 {
         println!("  the proxy answered {node_errors} commands with SERVER_ERROR");
     }
@@ -335,6 +369,26 @@ async fn faults(
                     tl.node_back.get_or_insert(since());
                 }
                 Ok(NetEvent::PathDown { .. }) => tl.paths_down += 1,
+                Ok(NetEvent::RoutingTable { .. }) => {
+                    tl.tables += 1;
+                    let t = since();
+                    if let Some(table) = cluster.proxy_ep.role_status().and_then(|s| s.table) {
+                        let nodes = cluster.node_ids();
+                        let off1 = nodes
+                            .iter()
+                            .all(|n| table.route_to(*n).is_some_and(|r| !r.usable(1)));
+                        if tl.mute.0 > 0 && tl.mute.1 == 0 && off1 {
+                            tl.table_avoid.get_or_insert(t);
+                        }
+                        if tl.mute.1 > 0 && tl.table_avoid.is_some() && !off1 {
+                            tl.table_clear.get_or_insert(t);
+                        }
+                        let down = table.member(VICTIM) == Some(surelink::proto::role::MemberState::Down);
+                        if tl.kill_node > 0 && tl.restart_node == 0 && down {
+                            tl.table_node_down.get_or_insert(t);
+                        }
+                    }
+                }
                 Ok(_) => {}
                 Err(surelink::RecvError::Lagged(_)) => {}
                 Err(_) => break,
@@ -476,6 +530,9 @@ fn write_json(
         "node_back_after_ms": tl.node_back.map(|t| t.saturating_sub(tl.restart_node) as f64 / 1e6),
         "connections_killed": tl.connections_killed,
         "proxy_path_down_events": tl.paths_down,
+        "role_table_off_network1_after_ms": tl.table_avoid.map(|t| t.saturating_sub(tl.mute.0) as f64 / 1e6),
+        "role_table_node_down_after_ms": tl.table_node_down.map(|t| t.saturating_sub(tl.kill_node) as f64 / 1e6),
+        "role_tables_applied_by_proxy": tl.tables,
     });
     std::fs::write(path, serde_json::to_vec_pretty(&v)?)
         .with_context(|| format!("writing {}", path.display()))?;
