@@ -5,12 +5,16 @@
 //! dies the next candidate takes over with a higher epoch.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use bytes::Bytes;
 
 use surelink::proto::role::{PathStatus, RoleConfig};
 use surelink::proto::{ClusterId, NodeId};
 use surelink::testing::fresh_keys;
-use surelink::{Config, Endpoint, Members, PeerConfig, RoleStatus};
+use surelink::{Config, Endpoint, Members, NetEvent, PeerConfig, Request, RoleStatus};
 
 const NODES: [u64; 3] = [1, 2, 3];
 
@@ -133,6 +137,50 @@ async fn next_candidate_takes_over_when_the_role_server_dies() {
         })
         .await;
     }
+    // Load between the survivors while the role server dies: calls from
+    // node 3 to node 2 every millisecond, each executed exactly once.
+    let executed = Arc::new(AtomicU64::new(0));
+    let ex = executed.clone();
+    eps[1].serve(move |r: Request| {
+        ex.fetch_add(1, Ordering::Relaxed);
+        let body = r.body;
+        async move { body }
+    });
+    let caller = eps[2].clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let load = tokio::spawn(async move {
+        let (mut ok, mut failed) = (0u64, 0u64);
+        let mut i = 0u64;
+        while !stop2.load(Ordering::Relaxed) {
+            i += 1;
+            match caller
+                .call(
+                    NodeId(2),
+                    0,
+                    Bytes::from(i.to_be_bytes().to_vec()),
+                    Duration::from_secs(5),
+                )
+                .await
+            {
+                Ok(r) if r.as_ref() == i.to_be_bytes() => ok += 1,
+                _ => failed += 1,
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        (ok, failed)
+    });
+    // Every table node 3 applies, in order.
+    let mut events = eps[2].events();
+    let applied = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        while let Ok(e) = events.recv().await {
+            if let NetEvent::RoutingTable { epoch, version, .. } = e {
+                seen.push((epoch, version));
+            }
+        }
+        seen
+    });
     let first = eps.remove(0);
     let killed = Instant::now();
     first.shutdown().await;
@@ -153,6 +201,24 @@ async fn next_candidate_takes_over_when_the_role_server_dies() {
         "{ring:?}"
     );
     eprintln!("role server failover: node 3 applied epoch 2 {took:?} after the kill");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (ok, failed) = load.await.expect("load task");
+    assert_eq!(failed, 0, "calls lost during the role-server failover");
+    assert!(ok > 100, "too few calls to mean anything: {ok}");
+    assert_eq!(
+        executed.load(Ordering::Relaxed),
+        ok,
+        "a call ran twice or not at all"
+    );
+    let node3 = eps.remove(1);
+    node3.shutdown().await;
+    let seen = applied.await.expect("event task");
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "node 3 applied tables out of order: {seen:?}"
+    );
+    assert!(seen.iter().any(|t| t.0 == 2), "{seen:?}");
     for e in eps {
         e.shutdown().await;
     }
