@@ -44,6 +44,7 @@ mod faults;
 pub mod fuzz;
 pub mod pair;
 pub mod role;
+pub mod role_scale;
 pub mod rpc;
 mod secure;
 mod sim;

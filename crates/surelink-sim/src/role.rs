@@ -14,14 +14,22 @@
 //!
 //! [`RoleScenario::run`] returns a [`RoleOutcome`]: every table applied at
 //! every node, in order, and every push, for the property test to check.
+//! It also checks, at every tick, that a table reaches every reachable
+//! node within [`RoleScenario::reach_bound`]: whenever a serving role
+//! server and a node have been connected (no partition between them,
+//! neither paused nor crashed, the server's fence valid) for that long,
+//! the node holds the version the server had that long ago, or something
+//! newer ([`RoleOutcome::late`]); and it records from when on the cluster
+//! stayed converged — one server serving, every node holding its table
+//! ([`RoleOutcome::converged_from`]), for [`RoleScenario::converge_bound`].
 
 use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
 use surelink_proto::detector::{DetectorConfig, Fence};
 use surelink_proto::role::{
-    self, Candidacy, CandidacyAction, PathStatus, PeerReport, RoleConfig, RoleMessage, RoleServer,
-    StatusReport, TableGate, TableView,
+    self, Candidacy, CandidacyAction, PathStatus, PeerReport, RoleConfig, RoleEvent, RoleMessage,
+    RoleServer, StatusReport, TableGate, TableView,
 };
 use surelink_proto::{NodeId, Time};
 
@@ -110,6 +118,36 @@ pub struct RoleOutcome {
     pub last_apply: Time,
     /// Messages that failed to decode (must be 0).
     pub decode_errors: u64,
+    /// Times a node connected to a serving server for
+    /// [`RoleScenario::reach_bound`] did not hold the version that server
+    /// had that long before (the first few; must be empty).
+    pub late: Vec<LateTable>,
+    /// How many such (node, tick) pairs there were in all.
+    pub late_count: u64,
+    /// The longest a connected node went without a serving server's
+    /// version: from the later of the version's making and the start of
+    /// their connection, to the node holding it (or newer).
+    pub max_reach_lag: Duration,
+    /// From when on (to the end of the run) exactly one server served and
+    /// every node held its current table (`None`: not at the end).
+    pub converged_from: Option<Time>,
+}
+
+/// A node that did not hold a reachable server's table in time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LateTable {
+    /// When.
+    pub at: Time,
+    /// The serving server's node index.
+    pub server: usize,
+    /// The node.
+    pub node: usize,
+    /// Since when they had been connected (and the server serving).
+    pub connected_since: Time,
+    /// `(epoch, version)` the node should hold at least.
+    pub needed: (u64, u64),
+    /// What it held.
+    pub held: (u64, u64),
 }
 
 #[derive(Debug)]
@@ -128,6 +166,9 @@ struct Node {
     seq: u64,
     next_report: Time,
     inbox: VecDeque<(usize, Vec<u8>)>,
+    /// Since when the current role server serves, and each version it
+    /// made, in order.
+    serving: Option<(Time, Vec<(Time, u64)>)>,
 }
 
 impl Node {
@@ -154,12 +195,88 @@ impl Node {
         }
         self.gate.held()
     }
+
+    /// The `(epoch, version)` this node's role server had at `at`, if it
+    /// served then, and since when it serves.
+    fn served_at(&self, at: Time) -> Option<(Time, (u64, u64))> {
+        let s = self.server.as_ref().filter(|s| !s.is_stopped())?;
+        let (since, versions) = self.serving.as_ref()?;
+        let v = versions.iter().take_while(|(t, _)| *t <= at).last()?.1;
+        Some((*since, (s.epoch(), v)))
+    }
+
+    /// When this node's serving role server made the first version newer
+    /// than `held`, and since when it serves.
+    fn first_newer(&self, held: (u64, u64)) -> Option<(Time, Time)> {
+        let s = self.server.as_ref().filter(|s| !s.is_stopped())?;
+        let (since, versions) = self.serving.as_ref()?;
+        let t = versions
+            .iter()
+            .find(|(_, v)| (s.epoch(), *v) > held)
+            .map(|(t, _)| *t)?;
+        Some((*since, t))
+    }
+
+    /// The `(epoch, version)` of this node's serving role server now.
+    fn serving_now(&self) -> Option<(u64, u64)> {
+        let s = self.server.as_ref().filter(|s| !s.is_stopped())?;
+        Some((s.epoch(), s.table().version))
+    }
 }
 
 const DELAY: Duration = Duration::from_millis(1);
 const TICK: Duration = Duration::from_millis(1);
+/// Most [`LateTable`]s kept.
+const LATE_KEPT: usize = 16;
 
 impl RoleScenario {
+    /// How long a candidate that starts listens before claiming an epoch.
+    pub fn listen(&self) -> Duration {
+        self.config().refresh * 3
+    }
+
+    /// The longest a node connected to a serving role server may go
+    /// without that server's table of this long ago:
+    ///
+    /// - the server re-pushes a row the node has not acknowledged at its
+    ///   refresh timer, to nodes whose last push is at least `refresh`
+    ///   old; its timer ticks every `refresh`, so a push that went out
+    ///   just after a tick (a new version) is repeated two ticks later:
+    ///   a push at most every `2 × refresh` (one of them lost on a
+    ///   partition that has just healed);
+    /// - plus the one-way delay, and one tick of the simulator (a message
+    ///   is handled on the tick it arrives, a timer on the tick it falls).
+    ///
+    /// A new version made while they are connected goes out at once
+    /// (`DELAY`); the bound is for the push that was lost.
+    pub fn reach_bound(&self) -> Duration {
+        self.config().refresh * 2 + DELAY + TICK
+    }
+
+    /// From the end of the last fault until one server serves and every
+    /// node holds its current table, for good:
+    ///
+    /// - a candidate whose process restarted at the end of the fault (a
+    ///   crash's restart, or the new incarnation of a process fenced by a
+    ///   pause) listens for [`RoleScenario::listen`] before it claims an
+    ///   epoch — the worst case is the owner's own restart, nobody serving
+    ///   meanwhile (a pause shorter than the peer window but longer than
+    ///   the send slack fences it without anyone taking over);
+    /// - a new server's matrix starts empty: its table settles once every
+    ///   node's next report is in (`refresh` + `DELAY`), and a server of
+    ///   an older epoch stops on the first report or ack carrying the
+    ///   newer one (within `refresh` + `DELAY` of the nodes applying it);
+    /// - the last version then reaches every node after `DELAY`;
+    /// - plus two ticks (a fenced process restarts on the tick after it
+    ///   finds itself fenced; a message is handled on the tick after).
+    ///
+    /// The detector's peer window does not add: every candidate that had
+    /// to be reported dead to be replaced was silent during the fault,
+    /// and was reported (and replaced) then.
+    pub fn converge_bound(&self) -> Duration {
+        self.listen() + self.config().refresh + DELAY * 2 + TICK * 2
+    }
+
     /// The role configuration of this scenario.
     pub fn config(&self) -> RoleConfig {
         RoleConfig {
@@ -173,7 +290,7 @@ impl RoleScenario {
     fn fresh_node(&self, i: usize, now: Time, det: &DetectorConfig) -> Node {
         let cfg = self.config();
         let id = NodeId(i as u64 + 1);
-        let listen = cfg.refresh * 3;
+        let listen = self.listen();
         Node {
             id,
             incarnation: 0,
@@ -188,6 +305,7 @@ impl RoleScenario {
             seq: 0,
             next_report: now,
             inbox: VecDeque::new(),
+            serving: None,
         }
     }
 
@@ -214,6 +332,9 @@ impl RoleScenario {
             .map(|d| Time::ZERO + d)
             .max()
             .unwrap_or(Time::ZERO);
+        // Per (server node, node): since when they have been connected.
+        let mut linked: Vec<Vec<Option<Time>>> = vec![vec![None; self.nodes]; self.nodes];
+        let mut converged_since: Option<Time> = None;
         let mut now = Time::ZERO;
         while now < end {
             let t = now.saturating_since(Time::ZERO);
@@ -301,8 +422,32 @@ impl RoleScenario {
                 }
                 self.step_node(i, now, &cfg, &det, &mut nodes, &mut wire, &mut out);
             }
+            for (a, row) in linked.iter_mut().enumerate() {
+                for (b, since) in row.iter_mut().enumerate() {
+                    let up = nodes[a].running
+                        && nodes[b].running
+                        && !restarted[a]
+                        && !restarted[b]
+                        && !cut.contains(&(a, b));
+                    *since = if up { since.or(Some(now)) } else { None };
+                }
+            }
+            self.check_reach(now, &nodes, &linked, &mut out);
+            let converged = {
+                let serving: Vec<(u64, u64)> = nodes.iter().filter_map(Node::serving_now).collect();
+                match serving[..] {
+                    [table] => nodes.iter().all(|n| !n.crashed && n.gate.held() == table),
+                    _ => false,
+                }
+            };
+            converged_since = if converged {
+                converged_since.or(Some(now))
+            } else {
+                None
+            };
             now += TICK;
         }
+        out.converged_from = converged_since;
         for n in &nodes {
             out.held_at_end
                 .push((!n.crashed).then(|| n.gate.held()).filter(|h| h.0 > 0));
@@ -315,6 +460,59 @@ impl RoleScenario {
             }
         }
         out
+    }
+
+    /// A node connected to a serving server for [`Self::reach_bound`]
+    /// holds that server's table of then, or a newer one.
+    fn check_reach(
+        &self,
+        now: Time,
+        nodes: &[Node],
+        linked: &[Vec<Option<Time>>],
+        out: &mut RoleOutcome,
+    ) {
+        let bound = self.reach_bound();
+        for (s, server) in nodes.iter().enumerate() {
+            if !server.running || !server.fence.may_send(now) {
+                continue;
+            }
+            for (n, node) in nodes.iter().enumerate() {
+                let (Some(since), Some((serving, made))) =
+                    (linked[s][n], server.first_newer(node.gate.held()))
+                else {
+                    continue;
+                };
+                let lag = now.saturating_since(since.max(serving).max(made));
+                out.max_reach_lag = out.max_reach_lag.max(lag + TICK);
+            }
+            let Some(then) = now.as_nanos().checked_sub(bound.as_nanos() as u64) else {
+                continue;
+            };
+            let then = Time::from_nanos(then);
+            let Some((serving_since, needed)) = server.served_at(then) else {
+                continue;
+            };
+            for (n, node) in nodes.iter().enumerate() {
+                let Some(since) = linked[s][n] else {
+                    continue;
+                };
+                let since = since.max(serving_since);
+                if since > then || node.gate.held() >= needed {
+                    continue;
+                }
+                out.late_count += 1;
+                if out.late.len() < LATE_KEPT {
+                    out.late.push(LateTable {
+                        at: now,
+                        server: s,
+                        node: n,
+                        connected_since: since,
+                        needed,
+                        held: node.gate.held(),
+                    });
+                }
+            }
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -413,6 +611,7 @@ impl RoleScenario {
                 if let Ok(s) = RoleServer::new(cfg.clone(), me, epoch, now) {
                     out.takeovers.push((now, i, epoch));
                     nodes[i].server = Some(s);
+                    nodes[i].serving = Some((now, Vec::new()));
                 }
             }
         }
@@ -433,7 +632,13 @@ impl RoleScenario {
                     wire.push_back((now + DELAY, i, to, Some(b)));
                 }
             }
-            while s.poll_event().is_some() {}
+            while let Some(ev) = s.poll_event() {
+                if let (RoleEvent::TableChanged { version }, Some((_, versions))) =
+                    (ev, nodes[i].serving.as_mut())
+                {
+                    versions.push((now, version));
+                }
+            }
             nodes[i].server = Some(s);
         }
         // Report to every candidate: the serving one builds its matrix from

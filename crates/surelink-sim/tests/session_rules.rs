@@ -449,7 +449,7 @@ fn role_queue_keeps_the_newest() {
     p.connect(1);
     p.settle();
     let now = p.now;
-    for i in 0..(ROLE_QUEUE as u32 + 5) {
+    for i in 0..(u32::try_from(ROLE_QUEUE).expect("small") + 5) {
         p.a.send_role(now, NodeId(2), Bytes::from(i.to_be_bytes().to_vec()))
             .expect("queued");
     }
@@ -457,7 +457,7 @@ fn role_queue_keeps_the_newest() {
     let got: Vec<u32> = std::iter::from_fn(|| p.b.poll_role())
         .map(|(_, m)| u32::from_be_bytes(m.as_ref().try_into().expect("4 bytes")))
         .collect();
-    let want: Vec<u32> = (5..ROLE_QUEUE as u32 + 5).collect();
+    let want: Vec<u32> = (5..u32::try_from(ROLE_QUEUE).expect("small") + 5).collect();
     assert_eq!(got, want);
     assert_eq!(
         p.a.session_stats(NodeId(2)).expect("session").role_dropped,

@@ -140,6 +140,26 @@ impl Matrix {
         true
     }
 
+    /// [`Matrix::record`], telling whether the table could change: `None`
+    /// for a report older than one recorded, `Some(true)` when the
+    /// reporter's row or watched count differ from its last report's.
+    pub fn record_changes(&mut self, now: Time, report: &StatusReport) -> Option<bool> {
+        type Row = HashMap<NodeId, (bool, [Option<(PathStatus, u32)>; MAX_NETWORKS])>;
+        let snapshot = |m: &Matrix| -> Option<Row> {
+            m.cells.get(&report.reporter).map(|row| {
+                row.iter()
+                    .map(|(k, c)| (*k, (c.alive, c.nets.map(|e| e.map(|e| (e.status, e.rtt_us))))))
+                    .collect()
+            })
+        };
+        let watched = self.last.get(&report.reporter).map(|x| x.2);
+        let before = snapshot(self);
+        if !self.record(now, report) {
+            return None;
+        }
+        Some(watched != Some(report.watched) || before != snapshot(self))
+    }
+
     /// Forgets a reporter's sequence numbers (its process restarted with a
     /// new epoch: its reports start again from 0).
     pub fn forget_reporter(&mut self, reporter: NodeId) {

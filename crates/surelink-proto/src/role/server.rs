@@ -154,8 +154,16 @@ impl RoleServer {
             return Err(ReportRejected::UnknownNode(from));
         }
         self.handle_ack(from, report.held.0, report.held.1);
-        if self.matrix.record(now, report) {
-            self.dirty = true;
+        // Only a change, or a reporter coming back from stale, can change
+        // the table; time alone is the refresh timer's recompute.
+        let was_fresh = self
+            .matrix
+            .last_report(from)
+            .is_some_and(|at| now.saturating_since(at) <= self.cfg.report_stale_after);
+        if let Some(changed) = self.matrix.record_changes(now, report) {
+            if changed || !was_fresh {
+                self.dirty = true;
+            }
         }
         Ok(())
     }
