@@ -1,0 +1,181 @@
+//! The etcd backend's configuration (`role.backend = "etcd"`) and where
+//! it keeps things in etcd.
+
+use std::time::Duration;
+
+use surelink_proto::NodeId;
+use thiserror::Error;
+
+/// How the role service uses etcd. The same on every node of a cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdRoleConfig {
+    /// etcd's client URLs (`http://host:port`, or `host:port`). Any member
+    /// will do: requests are balanced over them.
+    pub endpoints: Vec<String>,
+    /// Every key of this cluster lives under it: the election
+    /// (`<prefix>/election`) and the table rows (`<prefix>/table/<node>`).
+    /// Starts with `/`, does not end with one.
+    pub prefix: String,
+    /// The candidate's lease: a whole number of seconds, as etcd grants
+    /// leases (etcd may grant more than asked — a single member's minimum
+    /// is 2 s with its default timing — and the grant is what counts).
+    pub lease_ttl: Duration,
+    /// How often the lease is kept alive.
+    pub keepalive_every: Duration,
+    /// Taken off the lease's end for `t_valid`: covers the rate difference
+    /// of this machine's clock and etcd's.
+    pub margin: Duration,
+    /// Longest wait for etcd's first answer (connecting, granting the lease).
+    pub connect_timeout: Duration,
+    /// Longest wait for one request (a table write, a read, opening a watch).
+    pub request_timeout: Duration,
+    /// Most table rows written in one transaction (etcd's `--max-txn-ops`,
+    /// 128 by default, bounds it); a change to more rows takes several
+    /// transactions, each conditioned on the election.
+    pub max_txn_ops: usize,
+}
+
+/// Most bytes of row values put in one transaction (etcd refuses requests
+/// above `--max-request-bytes`, 1.5 MiB by default).
+pub(crate) const MAX_TXN_BYTES: usize = 1 << 20;
+
+impl EtcdRoleConfig {
+    /// The defaults for cluster `cluster` (prefix `/surelink/<cluster>`):
+    /// a 2 s lease kept alive every 2/3 s, `t_valid` 200 ms before its end.
+    pub fn for_cluster(cluster: &str, endpoints: Vec<String>) -> Self {
+        let lease_ttl = Duration::from_secs(2);
+        EtcdRoleConfig {
+            endpoints,
+            prefix: format!("/surelink/{cluster}"),
+            lease_ttl,
+            keepalive_every: lease_ttl / 3,
+            margin: Duration::from_millis(200),
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(1),
+            max_txn_ops: 128,
+        }
+    }
+
+    /// Checks the configuration once, before anything uses it.
+    pub fn validate(&self) -> Result<(), EtcdConfigError> {
+        if self.endpoints.is_empty() {
+            return Err(EtcdConfigError::NoEndpoints);
+        }
+        for e in &self.endpoints {
+            let rest = e.strip_prefix("http://").unwrap_or(e);
+            if e.starts_with("https://") {
+                return Err(EtcdConfigError::TlsUnsupported(e.clone()));
+            }
+            if rest.is_empty()
+                || rest.contains("://")
+                || rest.chars().any(|c| c.is_whitespace() || c == '/')
+            {
+                return Err(EtcdConfigError::BadEndpoint(e.clone()));
+            }
+        }
+        if !self.prefix.starts_with('/')
+            || self.prefix.len() < 2
+            || self.prefix.ends_with('/')
+            || self.prefix.chars().any(char::is_whitespace)
+        {
+            return Err(EtcdConfigError::BadPrefix(self.prefix.clone()));
+        }
+        if self.lease_ttl < Duration::from_secs(1) || self.lease_ttl.subsec_nanos() != 0 {
+            return Err(EtcdConfigError::LeaseTtl(self.lease_ttl));
+        }
+        if self.keepalive_every.is_zero() {
+            return Err(EtcdConfigError::Zero("keepalive_every"));
+        }
+        if self.margin >= self.lease_ttl {
+            return Err(EtcdConfigError::MarginNotBelowTtl {
+                margin: self.margin,
+                ttl: self.lease_ttl,
+            });
+        }
+        // One lost keep-alive must not fence a healthy leader: the next
+        // one is acknowledged before `t_valid`.
+        if self.keepalive_every * 2 + self.margin > self.lease_ttl {
+            return Err(EtcdConfigError::KeepaliveTooRare {
+                every: self.keepalive_every,
+                margin: self.margin,
+                ttl: self.lease_ttl,
+            });
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(EtcdConfigError::Zero("connect_timeout"));
+        }
+        if self.request_timeout.is_zero() {
+            return Err(EtcdConfigError::Zero("request_timeout"));
+        }
+        if self.max_txn_ops == 0 {
+            return Err(EtcdConfigError::Zero("max_txn_ops"));
+        }
+        Ok(())
+    }
+
+    /// The lease TTL in etcd's unit (whole seconds; after `validate`).
+    pub(crate) fn ttl_secs(&self) -> i64 {
+        i64::try_from(self.lease_ttl.as_secs()).unwrap_or(i64::MAX)
+    }
+
+    /// The election's name: candidates' keys are `<name>/<lease id>`.
+    pub fn election_name(&self) -> String {
+        format!("{}/election", self.prefix)
+    }
+
+    /// The key holding `node`'s table row.
+    pub fn table_key(&self, node: NodeId) -> String {
+        format!("{}/table/{}", self.prefix, node.0)
+    }
+
+    /// The prefix of every table row's key.
+    pub fn table_prefix(&self) -> String {
+        format!("{}/table/", self.prefix)
+    }
+}
+
+/// An etcd role configuration that cannot work.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum EtcdConfigError {
+    /// No etcd endpoint is listed.
+    #[error("no etcd endpoints are listed")]
+    NoEndpoints,
+    /// An endpoint is not `http://host:port` or `host:port`.
+    #[error("etcd endpoint {0:?} is not `http://host:port` or `host:port`")]
+    BadEndpoint(String),
+    /// An `https://` endpoint: this build talks to etcd without TLS.
+    #[error("etcd endpoint {0:?}: TLS to etcd is not supported by this build")]
+    TlsUnsupported(String),
+    /// The key prefix is empty, does not start with `/`, ends with `/` or
+    /// holds whitespace.
+    #[error("etcd key prefix {0:?} must start with `/`, not end with `/`, and hold no whitespace")]
+    BadPrefix(String),
+    /// The lease TTL is below 1 s or not a whole number of seconds (etcd
+    /// grants leases in seconds).
+    #[error("`lease_ttl` ({0:?}) must be a whole number of seconds, at least 1")]
+    LeaseTtl(Duration),
+    /// The margin would leave no valid time.
+    #[error("`margin` ({margin:?}) must be below `lease_ttl` ({ttl:?})")]
+    MarginNotBelowTtl {
+        /// `margin`.
+        margin: Duration,
+        /// `lease_ttl`.
+        ttl: Duration,
+    },
+    /// Keep-alives so rare that one lost one fences a healthy leader.
+    #[error(
+        "`keepalive_every` ({every:?}) × 2 + `margin` ({margin:?}) must not exceed `lease_ttl` ({ttl:?})"
+    )]
+    KeepaliveTooRare {
+        /// `keepalive_every`.
+        every: Duration,
+        /// `margin`.
+        margin: Duration,
+        /// `lease_ttl`.
+        ttl: Duration,
+    },
+    /// A duration or count is zero.
+    #[error("`{0}` must be greater than zero")]
+    Zero(&'static str),
+}

@@ -1,0 +1,130 @@
+//! Configuration checks of the etcd backend (no etcd needed).
+
+use std::time::Duration;
+
+use surelink_proto::role::{RoleConfig, RoleConfigError};
+use surelink_proto::NodeId;
+use surelink_role_etcd::{Candidate, ConnectError, EtcdConfigError, EtcdRoleConfig, Watcher};
+
+fn good() -> EtcdRoleConfig {
+    EtcdRoleConfig::for_cluster("c1", vec!["http://127.0.0.1:2379".into()])
+}
+
+fn role() -> RoleConfig {
+    RoleConfig {
+        nodes: (1..=3).map(NodeId).collect(),
+        candidates: vec![NodeId(1), NodeId(2)],
+        ..RoleConfig::default()
+    }
+}
+
+fn err(f: impl FnOnce(&mut EtcdRoleConfig)) -> EtcdConfigError {
+    let mut c = good();
+    f(&mut c);
+    c.validate().expect_err("should be refused")
+}
+
+#[test]
+fn defaults_are_valid_and_name_the_keys() {
+    let c = good();
+    c.validate().expect("defaults");
+    assert_eq!(c.prefix, "/surelink/c1");
+    assert_eq!(c.lease_ttl, Duration::from_secs(2));
+    assert_eq!(c.keepalive_every, Duration::from_secs(2) / 3);
+    assert_eq!(c.election_name(), "/surelink/c1/election");
+    assert_eq!(c.table_key(NodeId(7)), "/surelink/c1/table/7");
+    assert_eq!(c.table_prefix(), "/surelink/c1/table/");
+    let mut bare = good();
+    bare.endpoints = vec!["127.0.0.1:2379".into(), "etcd-2:2379".into()];
+    bare.validate().expect("host:port endpoints");
+}
+
+#[test]
+fn every_bad_field_has_its_error() {
+    assert_eq!(err(|c| c.endpoints.clear()), EtcdConfigError::NoEndpoints);
+    for bad in ["", "http://", "ftp://x:1", "a b:1", "http://h:1/path"] {
+        assert_eq!(
+            err(|c| c.endpoints = vec![bad.into()]),
+            EtcdConfigError::BadEndpoint(bad.into()),
+            "{bad:?}"
+        );
+    }
+    assert_eq!(
+        err(|c| c.endpoints = vec!["https://h:2379".into()]),
+        EtcdConfigError::TlsUnsupported("https://h:2379".into())
+    );
+    for bad in ["", "/", "surelink", "/surelink/", "/a b"] {
+        assert_eq!(
+            err(|c| c.prefix = bad.into()),
+            EtcdConfigError::BadPrefix(bad.into()),
+            "{bad:?}"
+        );
+    }
+    for ttl in [
+        Duration::ZERO,
+        Duration::from_millis(500),
+        Duration::from_millis(2500),
+    ] {
+        assert_eq!(err(|c| c.lease_ttl = ttl), EtcdConfigError::LeaseTtl(ttl));
+    }
+    assert_eq!(
+        err(|c| c.keepalive_every = Duration::ZERO),
+        EtcdConfigError::Zero("keepalive_every")
+    );
+    assert!(matches!(
+        err(|c| c.margin = Duration::from_secs(2)),
+        EtcdConfigError::MarginNotBelowTtl { .. }
+    ));
+    assert!(matches!(
+        err(|c| c.keepalive_every = Duration::from_millis(950)),
+        EtcdConfigError::KeepaliveTooRare { .. }
+    ));
+    assert_eq!(
+        err(|c| c.connect_timeout = Duration::ZERO),
+        EtcdConfigError::Zero("connect_timeout")
+    );
+    assert_eq!(
+        err(|c| c.request_timeout = Duration::ZERO),
+        EtcdConfigError::Zero("request_timeout")
+    );
+    assert_eq!(
+        err(|c| c.max_txn_ops = 0),
+        EtcdConfigError::Zero("max_txn_ops")
+    );
+    // The errors say what to fix.
+    let msg = err(|c| c.lease_ttl = Duration::from_millis(1500)).to_string();
+    assert!(msg.contains("whole number of seconds"), "{msg}");
+}
+
+#[tokio::test]
+async fn connecting_checks_both_configurations_first() {
+    let mut bad = good();
+    bad.endpoints.clear();
+    let e = Candidate::connect(bad.clone(), role(), NodeId(1))
+        .await
+        .expect_err("no endpoints");
+    assert!(matches!(
+        e,
+        ConnectError::Config(EtcdConfigError::NoEndpoints)
+    ));
+    let e = Watcher::connect(bad, role(), NodeId(3))
+        .await
+        .expect_err("no endpoints");
+    assert!(matches!(
+        e,
+        ConnectError::Config(EtcdConfigError::NoEndpoints)
+    ));
+    let e = Candidate::connect(good(), role(), NodeId(3))
+        .await
+        .expect_err("node 3 is no candidate");
+    assert!(matches!(e, ConnectError::NotCandidate(NodeId(3))));
+    let mut no_cands = role();
+    no_cands.candidates.clear();
+    let e = Candidate::connect(good(), no_cands, NodeId(1))
+        .await
+        .expect_err("no candidates");
+    assert!(matches!(
+        e,
+        ConnectError::Role(RoleConfigError::NoCandidates)
+    ));
+}
