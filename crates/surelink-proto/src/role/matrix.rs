@@ -148,7 +148,12 @@ impl Matrix {
         let snapshot = |m: &Matrix| -> Option<Row> {
             m.cells.get(&report.reporter).map(|row| {
                 row.iter()
-                    .map(|(k, c)| (*k, (c.alive, c.nets.map(|e| e.map(|e| (e.status, e.rtt_us))))))
+                    .map(|(k, c)| {
+                        (
+                            *k,
+                            (c.alive, c.nets.map(|e| e.map(|e| (e.status, e.rtt_us)))),
+                        )
+                    })
                     .collect()
             })
         };
