@@ -1,7 +1,7 @@
 //! Role-server failover with the etcd backend, measured.
 //!
 //! ```sh
-//! cargo run --release -p surelink-role-etcd --example failover -- [--rounds N] [--nodes N]
+//! cargo run --release --manifest-path crates/surelink-role-etcd/Cargo.toml --example failover -- [--rounds N] [--nodes N]
 //! ```
 //!
 //! Starts a throwaway etcd on loopback, three candidates (nodes 1–3), each
@@ -352,7 +352,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         cut.fenced_before_election, cut.rounds
     );
     println!(
-        "command: cargo run --release -p surelink-role-etcd --example failover -- --rounds {rounds} --nodes {nodes}"
+        "command: cargo run --release --manifest-path crates/surelink-role-etcd/Cargo.toml --example failover -- --rounds {rounds} --nodes {nodes}"
     );
     if went_back > 0 || interleaved > 0 || cut.fenced_before_election < cut.rounds {
         return Err("promise broken (see above)".into());

@@ -50,7 +50,7 @@
 //! and the watchers apply within milliseconds. etcd grants at least 2 s
 //! with its default timing. A leader that resigns ([`Leader::resign`], or
 //! closing [`Leader::run`]'s reports) hands over in milliseconds.
-//! `cargo run --release -p surelink-role-etcd --example failover` measures
+//! `cargo run --release --manifest-path crates/surelink-role-etcd/Cargo.toml --example failover` measures
 //! it.
 //!
 //! # What it does not do
