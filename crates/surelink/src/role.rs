@@ -60,10 +60,11 @@ pub struct RoleStatus {
     pub tables_applied: u64,
     /// Pushed tables refused (stale, wrong owner, wrong row).
     pub tables_rejected: u64,
-    /// The role epoch this node serves, if it is the role server.
+    /// The role epoch this node serves, if it is the role server
+    /// (refreshed on the role task's timer, every quarter refresh).
     pub serving: Option<u64>,
     /// The matrix this node's role server holds (reporter, peer, network,
-    /// status, age in µs), when it serves.
+    /// status, age in µs), when it serves (refreshed likewise).
     pub matrix: Vec<(NodeId, NodeId, u8, PathStatus, u64)>,
     /// Reports sent.
     pub reports_sent: u64,
@@ -237,6 +238,10 @@ struct Task {
     seq: u64,
     last_report: Option<StatusReport>,
     next_report: Time,
+    /// What the report would say may have changed (an event, a table).
+    report_due: bool,
+    /// The timer fired since the last step.
+    ticked: bool,
 }
 
 /// Runs the role service of an endpoint until it shuts down.
@@ -261,6 +266,8 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         seq: 0,
         last_report: None,
         next_report: now,
+        report_due: true,
+        ticked: true,
         me,
         shared: shared.clone(),
     };
@@ -279,7 +286,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
                 Err(_) => return,
             },
-            _ = tick.tick() => {}
+            _ = tick.tick() => t.ticked = true,
         }
         t.step();
     }
@@ -381,6 +388,7 @@ impl Task {
                 self.role().status.lock().tables_rejected += 1;
             }
         }
+        self.report_due = true;
         let (epoch, version) = self.gate.held();
         let ack = RoleMessage::Ack { epoch, version };
         if from == self.me {
@@ -418,6 +426,7 @@ impl Task {
     }
 
     fn on_event(&mut self, e: &NetEvent) {
+        self.report_due = true;
         let seen = &mut self.seen;
         match e {
             NetEvent::PathUp { peer, network, .. } => {
@@ -503,34 +512,44 @@ impl Task {
     }
 
     /// Everything time-driven: reports, the candidacy, the server's pushes.
+    /// Called after every input, so nothing here may cost O(cluster) unless
+    /// something changed or the timer fired (a serving role server gets a
+    /// report from every node every refresh).
     fn step(&mut self) {
         let now = clock(&self.shared);
-        let cfg = self.role().cfg.clone();
+        let ticked = std::mem::take(&mut self.ticked);
         // Report on change at once, else every refresh.
-        let mut r = self.report();
-        let changed = self
-            .last_report
-            .as_ref()
-            .is_none_or(|l| l.peers != r.peers || l.held != r.held || l.watched != r.watched);
-        if changed || now >= self.next_report {
-            self.seq += 1;
-            r.seq = self.seq;
-            self.next_report = now + cfg.refresh;
-            let msg = RoleMessage::Report(r.clone());
-            for &c in &cfg.candidates {
-                if c == self.me {
-                    self.handle(c, msg.clone());
-                } else {
-                    self.send(c, &msg);
+        if std::mem::take(&mut self.report_due) || now >= self.next_report {
+            let mut r = self.report();
+            let changed = self
+                .last_report
+                .as_ref()
+                .is_none_or(|l| l.peers != r.peers || l.held != r.held || l.watched != r.watched);
+            if changed || now >= self.next_report {
+                self.seq += 1;
+                r.seq = self.seq;
+                self.next_report = now + self.role().cfg.refresh;
+                let msg = RoleMessage::Report(r.clone());
+                let candidates = self.role().cfg.candidates.clone();
+                for c in candidates {
+                    if c == self.me {
+                        self.handle(c, msg.clone());
+                    } else {
+                        self.send(c, &msg);
+                    }
                 }
+                self.last_report = Some(r);
+                self.role().status.lock().reports_sent += 1;
             }
-            self.last_report = Some(r);
-            self.role().status.lock().reports_sent += 1;
         }
         // The candidacy.
         if let Some(c) = &mut self.candidacy {
             if let Some(CandidacyAction::TakeOver { epoch }) = c.poll(now) {
-                match RoleServer::new(cfg.clone(), self.me, epoch, now) {
+                let cfg = self.shared.role.as_ref().map(|r| r.cfg.clone());
+                let started = cfg
+                    .ok_or(surelink_proto::role::RoleConfigError::NoNodes)
+                    .and_then(|cfg| RoleServer::new(cfg, self.me, epoch, now));
+                match started {
                     Ok(s) => {
                         info!(epoch, "taking over as role server");
                         self.server = Some(s);
@@ -542,10 +561,10 @@ impl Task {
                 }
             }
         }
-        self.serve(now);
+        self.serve(now, ticked);
     }
 
-    fn serve(&mut self, now: Time) {
+    fn serve(&mut self, now: Time, ticked: bool) {
         let Some(mut s) = self.server.take() else {
             return;
         };
@@ -574,7 +593,8 @@ impl Task {
                 }
             }
         }
-        {
+        if ticked || stopped {
+            // The status snapshot (O(matrix)): on the timer only.
             let mut st = self.role().status.lock();
             st.serving = (!stopped).then(|| s.epoch());
             st.matrix = s
