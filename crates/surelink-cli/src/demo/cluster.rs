@@ -263,7 +263,7 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     }
     match tl.table_avoid {
         Some(t) => println!(
-            "  role service: the proxy could not see its own loss on network 1 (it hears every node there); the nodes' detectors did, and the role server's table steered the proxy off network 1 {:.1} ms after the fault{}",
+            "  role service: the proxy's own detector cannot see its loss on network 1 (it hears every node there); the nodes' detectors do (they shut their network-1 connections to it), and the role server's table told the proxy to avoid network 1 to every node {:.1} ms after the fault{}",
             ms(t.saturating_sub(tl.mute.0)),
             tl.table_clear.map_or_else(String::new, |c| format!(
                 ", back onto it {:.1} ms after it healed",
