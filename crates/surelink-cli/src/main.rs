@@ -82,6 +82,9 @@ enum Command {
     /// `experiment`).
     #[command(hide = true)]
     ExperimentNode(experiment::node::NodeArgs),
+    /// One node of `experiment role`, inside its host's namespace.
+    #[command(hide = true)]
+    ExperimentRoleNode(experiment::role_notify::RoleNodeArgs),
     /// The client of `bench cache --failure`, inside the testbed's host a.
     #[command(hide = true)]
     BenchCacheClient(bench::cache::failure::ClientArgs),
@@ -148,6 +151,7 @@ fn main() -> anyhow::Result<()> {
             Command::Cache(c) => cache::main(&c).await,
             Command::Experiment(e) => experiment::run(&e).await,
             Command::ExperimentNode(a) => experiment::node::run(&a).await,
+            Command::ExperimentRoleNode(a) => experiment::role_notify::node(&a).await,
             Command::ExperimentTcpNode(a) => experiment::tcpnode::run(&a).await,
             Command::BenchCacheClient(a) => bench::cache::failure::client(&a).await,
         }

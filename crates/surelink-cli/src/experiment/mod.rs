@@ -6,6 +6,8 @@
 //!   failure, the same contenders.
 //! - `soak`: random faults on both links for minutes; every message once
 //!   and in order.
+//! - `role`: non-local fault notification on three hosts, with and
+//!   without the role service.
 //!
 //! `surelink experiment-node` (hidden) is the process each one starts.
 
@@ -16,6 +18,7 @@ pub(crate) mod flows;
 pub(crate) mod node;
 mod plot;
 mod procs;
+pub(crate) mod role_notify;
 pub(crate) mod soak;
 pub(crate) mod tcpnode;
 
@@ -37,6 +40,9 @@ pub(crate) enum Experiment {
     /// Random faults on both links for `--minutes`; fails unless every
     /// message arrives once and in order (needs root).
     Soak(soak::SoakArgs),
+    /// Non-local fault notification on three hosts: a one-way fault on a
+    /// node's link, with and without the role service (needs root).
+    Role(role_notify::RoleNotifyArgs),
 }
 
 /// Runs one experiment. Ctrl-C drops it, and with it the node processes
@@ -58,5 +64,6 @@ async fn run_inner(e: &Experiment) -> Result<()> {
         Experiment::Failover(a) => failover::run(a).await,
         Experiment::Flows(a) => flows::run(a).await,
         Experiment::Soak(a) => soak::run(a).await,
+        Experiment::Role(a) => role_notify::run(a).await,
     }
 }

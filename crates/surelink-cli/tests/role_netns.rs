@@ -1,0 +1,83 @@
+//! The role service on a real kernel network: three hosts as network
+//! namespaces on two bridged networks (`surelink experiment role`), one
+//! round per arm. Node 2's link to network 1 fails one way while nodes 1
+//! and 3 call it every millisecond: no call may fail, every sender must
+//! stop using network 1 towards node 2, and with the role service node
+//! 3's table must tell it to avoid that network. Default configuration.
+//!
+//! Needs root, `ip`, `ss` and `nft`; without them the test prints a
+//! SKIPPED notice and does nothing (`.ci/run` runs as root and installs
+//! the tools). The experiment removes its namespaces, also on failure.
+
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+
+fn missing_requirements() -> Option<String> {
+    let uid = Command::new("id").arg("-u").output().ok()?;
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        return Some("not root".into());
+    }
+    for tool in ["ip", "ss", "nft"] {
+        let ok = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !ok {
+            return Some(format!("`{tool}` missing"));
+        }
+    }
+    None
+}
+
+#[test]
+fn a_one_way_link_fault_is_avoided_with_and_without_the_role_service() {
+    if let Some(why) = missing_requirements() {
+        eprintln!("SKIPPED role netns test: {why}");
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_surelink"))
+        .args(["experiment", "role", "--rounds", "1"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the experiment failed");
+    let listed = String::from_utf8_lossy(
+        &Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .to_string();
+    assert!(
+        !listed.lines().any(|l| l.starts_with("sr-")),
+        "namespaces left behind: {listed}"
+    );
+    let json = text
+        .lines()
+        .find_map(|l| l.strip_prefix("json: "))
+        .expect("a json line");
+    let arms: serde_json::Value = serde_json::from_str(json).unwrap();
+    let arms = arms.as_array().unwrap();
+    assert_eq!(arms.len(), 2);
+    for arm in arms {
+        assert_eq!(arm["failed"], 0, "calls failed: {arm}");
+        for stop in arm["node3_stop_ms"].as_array().unwrap() {
+            // Null: node 3 sent nothing on network 1 after the fault.
+            assert!(
+                stop.as_f64().is_none_or(|ms| ms < 1000.0),
+                "node 3 kept using network 1: {arm}"
+            );
+        }
+        if arm["role"] == true {
+            for t in arm["table_ms"].as_array().unwrap() {
+                assert!(
+                    t.as_f64().is_some_and(|ms| ms < 1000.0),
+                    "the role service's table did not tell node 3 to avoid network 1 in time: {arm}"
+                );
+            }
+        }
+    }
+}
