@@ -1,6 +1,6 @@
 //! Which table rows read from etcd a node applies.
 
-use surelink_proto::role::{Applied, RoleConfig, TableGate, TableRejected, TableView};
+use surelink_proto::role::{Applied, Ownership, RoleConfig, TableGate, TableRejected, TableView};
 use surelink_proto::NodeId;
 
 /// The node's side of the etcd backend: applies a row only if it is this
@@ -11,82 +11,40 @@ use surelink_proto::NodeId;
 ///
 /// Who wrote a row is not checked against the candidates' order, as
 /// [`TableGate`] does for tables pushed over sessions: in etcd, ownership
-/// is the election's. A row reached etcd only through a transaction that
-/// held the election key of revision `epoch`, so its epoch names its
-/// writer. This gate wraps a [`TableGate`] whose candidate list is the
-/// row's role server alone (so the core's owner check is the identity)
-/// and keeps the held `(epoch, version)` across role servers itself.
+/// is the election's ([`Ownership::Elected`]). A row reached etcd only
+/// through a transaction that held the election key of revision `epoch`,
+/// so its epoch names its writer.
 #[derive(Clone, Debug)]
 pub struct ElectedGate {
-    role: RoleConfig,
-    me: NodeId,
-    /// The core gate for the role server of the held row.
-    inner: Option<(NodeId, TableGate)>,
-    held: (u64, u64),
+    inner: TableGate,
 }
 
 impl ElectedGate {
     /// A node holding no table yet.
     pub fn new(role: RoleConfig, me: NodeId) -> Self {
+        let cfg = RoleConfig {
+            ownership: Ownership::Elected,
+            ..role
+        };
         ElectedGate {
-            role,
-            me,
-            inner: None,
-            held: (0, 0),
+            inner: TableGate::new(cfg, me),
         }
     }
 
     /// `(epoch, version)` held; `(0, 0)` for none.
     pub fn held(&self) -> (u64, u64) {
-        self.held
+        self.inner.held()
     }
 
     /// The row held, if any.
     pub fn current(&self) -> Option<&TableView> {
-        self.inner.as_ref().and_then(|(_, g)| g.current())
+        self.inner.current()
     }
 
-    /// A row read from etcd.
+    /// A row read from etcd: its writer is the role server it names.
     pub fn apply(&mut self, view: TableView) -> Result<Applied, TableRejected> {
-        if view.node != self.me {
-            return Err(TableRejected::WrongRow {
-                me: self.me,
-                row: view.node,
-            });
-        }
-        if self.role.candidate_index(view.role).is_none() {
-            return Err(TableRejected::NotOwner {
-                epoch: view.epoch,
-                from: view.role,
-                owner: None,
-            });
-        }
-        let (held_epoch, held_version) = self.held;
-        if (view.epoch, view.version) <= (held_epoch, held_version) {
-            return Err(TableRejected::Stale {
-                epoch: view.epoch,
-                version: view.version,
-                held_epoch,
-                held_version,
-            });
-        }
         let role = view.role;
-        let gate = match &mut self.inner {
-            Some((r, g)) if *r == role => g,
-            inner => {
-                let cfg = RoleConfig {
-                    candidates: vec![role],
-                    ..self.role.clone()
-                };
-                &mut inner.insert((role, TableGate::new(cfg, self.me))).1
-            }
-        };
-        let applied = gate.apply(role, view)?;
-        self.held = (applied.epoch, applied.version);
-        Ok(Applied {
-            previous_epoch: held_epoch,
-            ..applied
-        })
+        self.inner.apply(role, view)
     }
 }
 

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use surelink_proto::role::{
-    encode, Push, ReportRejected, RoleConfig, RoleEvent, RoleMessage, RoleServer, RoutingTable,
-    StatusReport,
+    encode, Ownership, Push, ReportRejected, RoleConfig, RoleEvent, RoleMessage, RoleServer,
+    RoutingTable, StatusReport,
 };
 use surelink_proto::{NodeId, Time};
 use thiserror::Error;
@@ -137,12 +137,10 @@ impl Leader {
         epoch: u64,
     ) -> Result<Leader, CampaignError> {
         let origin = Instant::now();
-        // The core's role server checks that `me` owns the epoch by the
-        // candidates' order; here the election decides, so its
-        // configuration lists this node alone (owner(epoch) == me for any
-        // epoch). Nothing else in the role server reads the candidates.
+        // The election decides who owns an epoch, not the candidates'
+        // order: the core's elected ownership.
         let server_cfg = RoleConfig {
-            candidates: vec![me],
+            ownership: Ownership::Elected,
             ..role
         };
         #[cfg(feature = "test-util")]

@@ -40,7 +40,9 @@ pub enum TableRejected {
         epoch: u64,
         /// The authenticated sender.
         from: NodeId,
-        /// The epoch's owner by the cluster file (`None` for epoch 0).
+        /// The epoch's owner by the candidates' order (`None` for epoch 0,
+        /// and with [`Ownership::Elected`](super::Ownership::Elected),
+        /// where the election, not the order, names it).
         owner: Option<NodeId>,
     },
     /// Not newer than the table held: `(epoch, version)` only goes up.
@@ -99,12 +101,14 @@ impl TableGate {
                 row: view.node,
             });
         }
-        let owner = self.cfg.owner(view.epoch);
-        if owner != Some(from) || view.role != from {
+        if !self.cfg.may_own(from, view.epoch) || view.role != from {
             return Err(TableRejected::NotOwner {
                 epoch: view.epoch,
                 from,
-                owner,
+                owner: match self.cfg.ownership {
+                    super::Ownership::CandidateOrder => self.cfg.owner(view.epoch),
+                    super::Ownership::Elected => None,
+                },
             });
         }
         let (held_epoch, held_version) = self.held();

@@ -67,6 +67,22 @@ pub type NetworkIndex = u8;
 /// Most networks a cluster may list.
 pub const MAX_NETWORKS: usize = 8;
 
+/// Who may push the tables of a role epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Ownership {
+    /// The embedded role service: each epoch has exactly one owner,
+    /// `candidates[(epoch − 1) mod n]` ([`RoleConfig::owner`]), and
+    /// [`Candidacy`] decides when a candidate claims its next epoch.
+    #[default]
+    CandidateOrder,
+    /// An external election decides (the etcd backend: the epoch is the
+    /// revision of the winner's election key, so an epoch names its writer
+    /// through the store that accepted the write). Any candidate may own
+    /// an epoch; a node still applies `(epoch, version)` only upwards, so
+    /// it never applies two servers' tables interleaved.
+    Elected,
+}
+
 /// Configuration of the role service, the same on every node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RoleConfig {
@@ -82,6 +98,8 @@ pub struct RoleConfig {
     /// A node re-sends its report at least this often, and the role server
     /// re-pushes a node's row this often until the node acknowledges it.
     pub refresh: Duration,
+    /// Who may push an epoch's tables.
+    pub ownership: Ownership,
 }
 
 impl Default for RoleConfig {
@@ -92,6 +110,7 @@ impl Default for RoleConfig {
             candidates: Vec::new(),
             report_stale_after: Duration::from_millis(500),
             refresh: Duration::from_millis(100),
+            ownership: Ownership::CandidateOrder,
         }
     }
 }
@@ -181,6 +200,14 @@ impl RoleConfig {
         }
         let i = usize::try_from((epoch - 1) % n).ok()?;
         self.candidates.get(i).copied()
+    }
+
+    /// Whether `node` may push the tables of `epoch` (see [`Ownership`]).
+    pub fn may_own(&self, node: NodeId, epoch: u64) -> bool {
+        match self.ownership {
+            Ownership::CandidateOrder => self.owner(epoch) == Some(node),
+            Ownership::Elected => epoch > 0 && self.candidate_index(node).is_some(),
+        }
     }
 
     /// `node`'s place among the candidates.

@@ -89,7 +89,7 @@ impl RoleServer {
         now: Time,
     ) -> Result<Self, RoleConfigError> {
         cfg.validate()?;
-        if cfg.owner(epoch) != Some(me) {
+        if !cfg.may_own(me, epoch) {
             return Err(RoleConfigError::NotOwner { node: me, epoch });
         }
         let nodes = cfg

@@ -448,3 +448,42 @@ proptest! {
         let _ = decode(&bytes);
     }
 }
+
+#[test]
+fn elected_ownership_lets_any_candidate_own_any_epoch_but_only_upwards() {
+    let cfg = RoleConfig {
+        nodes: vec![NodeId(1), NodeId(2), NodeId(3)],
+        candidates: vec![NodeId(1), NodeId(2)],
+        ownership: Ownership::Elected,
+        ..RoleConfig::default()
+    };
+    // Epoch 7 would be node 1's by order; elected, node 2 may serve it.
+    assert!(cfg.may_own(NodeId(2), 7));
+    assert!(!cfg.may_own(NodeId(3), 7), "not a candidate");
+    assert!(!cfg.may_own(NodeId(2), 0));
+    let s = RoleServer::new(cfg.clone(), NodeId(2), 7, Time::ZERO);
+    assert!(s.is_ok());
+    assert!(RoleServer::new(cfg.clone(), NodeId(3), 7, Time::ZERO).is_err());
+    let mut gate = TableGate::new(cfg, NodeId(3));
+    let row = |role: u64, epoch, version| TableView {
+        role: NodeId(role),
+        epoch,
+        version,
+        node: NodeId(3),
+        routes: Vec::new(),
+        ring: Vec::new(),
+    };
+    assert!(gate.apply(NodeId(2), row(2, 7, 1)).is_ok());
+    // An older election's leader: refused, whoever it is.
+    assert!(matches!(
+        gate.apply(NodeId(1), row(1, 5, 9)),
+        Err(TableRejected::Stale { .. })
+    ));
+    // A row naming another server than its sender: refused.
+    assert!(matches!(
+        gate.apply(NodeId(1), row(2, 9, 1)),
+        Err(TableRejected::NotOwner { .. })
+    ));
+    assert!(gate.apply(NodeId(1), row(1, 9, 1)).is_ok());
+    assert_eq!(gate.held(), (9, 1));
+}
