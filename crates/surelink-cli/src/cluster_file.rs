@@ -218,23 +218,13 @@ impl Cluster {
                     count: e.addrs.len(),
                 });
             }
-            let addrs = e
-                .addrs
-                .iter()
-                .map(|a| {
-                    if a.is_empty() {
-                        Ok(None)
-                    } else {
-                        a.parse()
-                            .map(Some)
-                            .map_err(|_| ClusterFileError::BadAddress {
-                                line: l,
-                                node: e.node,
-                                addr: a.clone(),
-                            })
-                    }
-                })
-                .collect::<Result<Vec<_>, _>>()?;
+            let addrs = crate::config_file::parse_addrs(&e.addrs).map_err(|addr| {
+                ClusterFileError::BadAddress {
+                    line: l,
+                    node: e.node,
+                    addr,
+                }
+            })?;
             let public_key = match &e.public_key {
                 Some(k) => Some(k.parse().map_err(|_| ClusterFileError::BadKey {
                     line: l,

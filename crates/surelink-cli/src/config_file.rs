@@ -347,18 +347,8 @@ pub(crate) fn parse(text: &str, base: &Path) -> Result<Loaded> {
         c.tcp_user_timeout = (v > 0).then(|| ms(v));
     }
     for p in f.peers {
-        let addrs = p
-            .addrs
-            .iter()
-            .map(|a| {
-                if a.is_empty() {
-                    Ok(None)
-                } else {
-                    a.parse().map(Some)
-                }
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .with_context(|| format!("peer {}: bad address", p.node))?;
+        let addrs = parse_addrs(&p.addrs)
+            .map_err(|a| anyhow::anyhow!("peer {}: bad address {a:?}", p.node))?;
         c.peers.push(PeerConfig::new(NodeId(p.node), addrs));
     }
     let k = &mut c.core;
@@ -441,6 +431,17 @@ pub(crate) fn parse(text: &str, base: &Path) -> Result<Loaded> {
         proxy: f.proxy,
         cluster,
     })
+}
+
+/// A node's address per network (`""` where it is not attached); the
+/// text that does not parse as the error.
+pub(crate) fn parse_addrs(list: &[String]) -> Result<Vec<Option<SocketAddr>>, String> {
+    list.iter()
+        .map(|a| match a.as_str() {
+            "" => Ok(None),
+            a => a.parse().map(Some).map_err(|_| a.to_string()),
+        })
+        .collect()
 }
 
 /// What a cluster file adds to a node's configuration: every node's key

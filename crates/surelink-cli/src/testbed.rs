@@ -94,7 +94,7 @@ pub(crate) enum Fault {
     Blackhole,
 }
 
-fn run(args: &[&str]) -> Result<String> {
+pub(crate) fn run(args: &[&str]) -> Result<String> {
     let out = Command::new(args[0])
         .args(&args[1..])
         .output()
@@ -109,7 +109,7 @@ fn run(args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn nft_in(ns: &str, script: &str) -> Result<()> {
+pub(crate) fn nft_in(ns: &str, script: &str) -> Result<()> {
     let mut child = Command::new("ip")
         .args(["netns", "exec", ns, "nft", "-f", "-"])
         .stdin(std::process::Stdio::piped())

@@ -11,24 +11,10 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::process::Command;
+mod common;
+use common::missing_requirements;
 
-fn missing_requirements() -> Option<String> {
-    let uid = Command::new("id").arg("-u").output().ok()?;
-    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-        return Some("not root".into());
-    }
-    for tool in ["ip", "ss", "nft"] {
-        let ok = Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !ok {
-            return Some(format!("`{tool}` missing"));
-        }
-    }
-    None
-}
+use std::process::Command;
 
 #[test]
 fn a_one_way_link_fault_is_avoided_with_and_without_the_role_service() {

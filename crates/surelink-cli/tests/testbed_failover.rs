@@ -13,6 +13,9 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+use common::missing_requirements;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -30,23 +33,6 @@ fn surelink(args: &[&str]) -> Result<String, String> {
     } else {
         Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
-}
-
-fn missing_requirements() -> Option<String> {
-    let uid = Command::new("id").arg("-u").output().ok()?;
-    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-        return Some("not root".into());
-    }
-    for tool in ["ip", "ss", "nft"] {
-        let ok = Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !ok {
-            return Some(format!("`{tool}` missing"));
-        }
-    }
-    None
 }
 
 /// Removes the testbed when dropped (also on panic).

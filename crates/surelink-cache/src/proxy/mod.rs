@@ -260,8 +260,7 @@ async fn watch_nodes(shared: Arc<Shared>, gen: watch::Sender<u64>) {
     let gen = Arc::new(gen);
     let mut events = shared.ep.events();
     let ours = |p: &NodeId| shared.cfg.nodes.contains(p);
-    let mut restoring: std::collections::HashMap<NodeId, tokio::task::JoinHandle<()>> =
-        std::collections::HashMap::new();
+    let mut restoring = Restoring::new();
     loop {
         let e = match events.recv().await {
             Ok(e) => e,
@@ -281,53 +280,29 @@ async fn watch_nodes(shared: Arc<Shared>, gen: watch::Sender<u64>) {
             // detector would hold every client whose pipeline has one of
             // its commands for the whole window).
             NetEvent::PeerDead { peer } | NetEvent::PeerRefused { peer } if ours(&peer) => {
-                if let Some(t) = restoring.remove(&peer) {
-                    t.abort();
-                }
-                if shared.ring.write().eject(peer) {
-                    shared.stats.ejections.fetch_add(1, Relaxed);
-                    gen.send_modify(|g| *g += 1);
-                    warn!(node = %peer, why = ?e, "cache node out of the ring");
-                }
+                eject(&shared, &gen, &mut restoring, peer, &e);
             }
             NetEvent::PeerAlive { peer } | NetEvent::PeerUp { peer, .. }
-                if ours(&peer)
-                    && shared.ring.read().is_ejected(peer)
-                    && !restoring.contains_key(&peer)
-                    && !table_says_down(&shared.ep, peer) =>
+                if ours(&peer) && !table_says_down(&shared.ep, peer) =>
             {
-                let task = tokio::spawn(restore(shared.clone(), gen.clone(), peer));
-                restoring.insert(peer, task);
+                start_restore(&shared, &gen, &mut restoring, peer);
             }
             // The role server's ring view, shared by every proxy: a node
             // the cluster's detectors report dead leaves this proxy's ring
             // too, even while this proxy still reaches it (so every proxy
             // places keys alike); one it reports up again comes back
             // (emptied first) once this proxy reaches it.
-            NetEvent::RoutingTable { epoch, version, .. } => {
+            NetEvent::RoutingTable { .. } => {
                 let Some(table) = shared.ep.role_status().and_then(|s| s.table) else {
                     continue;
                 };
+                let reached: Vec<NodeId> =
+                    shared.ep.paths().iter().filter_map(|p| p.peer).collect();
                 for m in table.ring.iter().filter(|m| ours(&m.node)) {
-                    let peer = m.node;
                     match m.state {
-                        MemberState::Down => {
-                            if let Some(t) = restoring.remove(&peer) {
-                                t.abort();
-                            }
-                            if shared.ring.write().eject(peer) {
-                                shared.stats.ejections.fetch_add(1, Relaxed);
-                                gen.send_modify(|g| *g += 1);
-                                warn!(node = %peer, epoch, version, "cache node out of the ring by the role server's table");
-                            }
-                        }
-                        MemberState::Up
-                            if shared.ring.read().is_ejected(peer)
-                                && !restoring.contains_key(&peer)
-                                && shared.ep.paths().iter().any(|p| p.peer == Some(peer)) =>
-                        {
-                            let task = tokio::spawn(restore(shared.clone(), gen.clone(), peer));
-                            restoring.insert(peer, task);
+                        MemberState::Down => eject(&shared, &gen, &mut restoring, m.node, &e),
+                        MemberState::Up if reached.contains(&m.node) => {
+                            start_restore(&shared, &gen, &mut restoring, m.node);
                         }
                         _ => {}
                     }
@@ -335,6 +310,39 @@ async fn watch_nodes(shared: Arc<Shared>, gen: watch::Sender<u64>) {
             }
             _ => {}
         }
+    }
+}
+
+type Restoring = std::collections::HashMap<NodeId, tokio::task::JoinHandle<()>>;
+
+/// Takes `node` out of the ring (stopping its restore, if one runs).
+fn eject(
+    shared: &Arc<Shared>,
+    gen: &watch::Sender<u64>,
+    restoring: &mut Restoring,
+    node: NodeId,
+    why: &NetEvent,
+) {
+    if let Some(t) = restoring.remove(&node) {
+        t.abort();
+    }
+    if shared.ring.write().eject(node) {
+        shared.stats.ejections.fetch_add(1, Relaxed);
+        gen.send_modify(|g| *g += 1);
+        warn!(%node, ?why, "cache node out of the ring");
+    }
+}
+
+/// Starts emptying an ejected `node` and putting it back, unless that runs.
+fn start_restore(
+    shared: &Arc<Shared>,
+    gen: &Arc<watch::Sender<u64>>,
+    restoring: &mut Restoring,
+    node: NodeId,
+) {
+    if shared.ring.read().is_ejected(node) && !restoring.contains_key(&node) {
+        let task = tokio::spawn(restore(shared.clone(), gen.clone(), node));
+        restoring.insert(node, task);
     }
 }
 

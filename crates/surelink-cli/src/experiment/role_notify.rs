@@ -185,14 +185,7 @@ pub(crate) async fn node(a: &RoleNodeArgs) -> Result<()> {
 }
 
 fn sh(args: &[&str]) -> Result<()> {
-    let o = std::process::Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .with_context(|| format!("running {args:?}"))?;
-    if !o.status.success() {
-        bail!("{args:?}: {}", String::from_utf8_lossy(&o.stderr).trim());
-    }
-    Ok(())
+    testbed::run(args).map(|_| ())
 }
 
 fn down() {
@@ -233,27 +226,14 @@ fn up() -> Result<()> {
 
 /// Node 2's link to network 1 fails one way: nothing arrives there.
 fn fault(on: bool) -> Result<()> {
-    let text = if on {
-        "add table inet srf\nadd chain inet srf in { type filter hook input priority 0; }\nadd rule inet srf in iifname \"sr-b2\" drop\n"
+    if on {
+        testbed::nft_in(
+            "sr-b",
+            "add table inet srf\nadd chain inet srf in { type filter hook input priority 0; }\nadd rule inet srf in iifname \"sr-b2\" drop\n",
+        )
     } else {
-        "delete table inet srf\n"
-    };
-    let mut child = std::process::Command::new("ip")
-        .args(["netns", "exec", "sr-b", "nft", "-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .context("nft")?;
-    use std::io::Write as _;
-    child
-        .stdin
-        .take()
-        .context("nft stdin")?
-        .write_all(text.as_bytes())?;
-    let st = child.wait()?;
-    if !st.success() && on {
-        bail!("nft failed");
+        testbed::nft_in("sr-b", "delete table inet srf\n")
     }
-    Ok(())
 }
 
 /// The last time after `from` that `events` show data sent on network 1.

@@ -89,6 +89,14 @@ struct PeerCell {
     nets: [Option<MatrixEntry>; MAX_NETWORKS],
 }
 
+impl PeerCell {
+    /// The same view of the peer, whenever it was reported.
+    fn same_view(&self, other: &PeerCell) -> bool {
+        let view = |e: &Option<MatrixEntry>| e.map(|e| (e.status, e.rtt_us));
+        self.alive == other.alive && self.nets.iter().map(view).eq(other.nets.iter().map(view))
+    }
+}
+
 /// The matrix itself: reporter × peer × network.
 #[derive(Clone, Debug, Default)]
 pub struct Matrix {
@@ -108,19 +116,22 @@ impl Matrix {
     /// Records a report that arrived at `now`; `false` if it was older than
     /// one already recorded (nothing changes then).
     pub fn record(&mut self, now: Time, report: &StatusReport) -> bool {
-        if let Some((seq, _, _)) = self.last.get(&report.reporter) {
-            if report.seq <= *seq {
-                return false;
-            }
+        self.record_changes(now, report).is_some()
+    }
+
+    /// [`Matrix::record`], telling whether the table could change: `None`
+    /// for a report older than one recorded, `Some(true)` when the
+    /// reporter's row (peers, alive, statuses, RTTs) or watched count
+    /// differ from its last report's.
+    pub fn record_changes(&mut self, now: Time, report: &StatusReport) -> Option<bool> {
+        let last = self.last.get(&report.reporter).copied();
+        if last.is_some_and(|(seq, _, _)| report.seq <= seq) {
+            return None;
         }
         self.last
             .insert(report.reporter, (report.seq, now, report.watched));
-        let row = self.cells.entry(report.reporter).or_default();
-        row.clear();
-        for p in &report.peers {
-            if p.peer == report.reporter {
-                continue;
-            }
+        let mut row = HashMap::with_capacity(report.peers.len());
+        for p in report.peers.iter().filter(|p| p.peer != report.reporter) {
             let mut nets = [None; MAX_NETWORKS];
             for (slot, (status, rtt_us)) in nets.iter_mut().zip(&p.networks) {
                 *slot = Some(MatrixEntry {
@@ -137,32 +148,15 @@ impl Matrix {
                 },
             );
         }
-        true
-    }
-
-    /// [`Matrix::record`], telling whether the table could change: `None`
-    /// for a report older than one recorded, `Some(true)` when the
-    /// reporter's row or watched count differ from its last report's.
-    pub fn record_changes(&mut self, now: Time, report: &StatusReport) -> Option<bool> {
-        type Row = HashMap<NodeId, (bool, [Option<(PathStatus, u32)>; MAX_NETWORKS])>;
-        let snapshot = |m: &Matrix| -> Option<Row> {
-            m.cells.get(&report.reporter).map(|row| {
-                row.iter()
-                    .map(|(k, c)| {
-                        (
-                            *k,
-                            (c.alive, c.nets.map(|e| e.map(|e| (e.status, e.rtt_us)))),
-                        )
-                    })
-                    .collect()
-            })
-        };
-        let watched = self.last.get(&report.reporter).map(|x| x.2);
-        let before = snapshot(self);
-        if !self.record(now, report) {
-            return None;
-        }
-        Some(watched != Some(report.watched) || before != snapshot(self))
+        let old = self.cells.insert(report.reporter, row);
+        let same_row = old.as_ref().is_some_and(|old| {
+            let new = &self.cells[&report.reporter];
+            old.len() == new.len()
+                && old
+                    .iter()
+                    .all(|(peer, c)| new.get(peer).is_some_and(|n| n.same_view(c)))
+        });
+        Some(last.map(|(_, _, w)| w) != Some(report.watched) || !same_row)
     }
 
     /// Forgets a reporter's sequence numbers (its process restarted with a
