@@ -200,7 +200,10 @@ pub struct Config {
     pub write_batching: WriteBatching,
     /// The role service (hr-net's role server): the cluster's nodes and
     /// role-server candidates, the same on every node. `None` (the
-    /// default): every node decides alone which paths work.
+    /// default): every node decides alone which paths work. With
+    /// `ownership: Ownership::Elected` an external backend elects the role
+    /// server and carries the tables
+    /// ([`Endpoint::external_role`](crate::Endpoint::external_role)).
     pub role: Option<surelink_proto::role::RoleConfig>,
 }
 

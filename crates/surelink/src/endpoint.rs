@@ -246,6 +246,15 @@ impl Endpoint {
             .map(|r| r.status(self.shared.now()))
     }
 
+    /// The link for an external role backend (etcd's, say), when the role
+    /// configuration's ownership is
+    /// [`Elected`](surelink_proto::role::Ownership::Elected): reports in,
+    /// rows out. `None` without a role service, with the embedded one, or
+    /// once taken (there is one link per endpoint).
+    pub fn external_role(&self) -> Option<crate::ExternalRole> {
+        crate::role::external::ExternalRole::take(&self.shared)
+    }
+
     /// Starts dialling a peer not in the configuration (e.g. one whose port
     /// was only known after it bound). Addresses on networks this node has
     /// no local address for are ignored.

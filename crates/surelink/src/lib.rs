@@ -72,7 +72,7 @@ pub use endpoint::{Endpoint, PathInfo};
 pub use error::{BindError, CallError, SendError, TrySendError};
 pub use events::{Events, NetEvent, RecvError, TryRecvError};
 pub use incoming::Incoming;
-pub use role::RoleStatus;
+pub use role::{ExternalRole, ExternalRoleError, RoleStatus};
 pub use server::{Handler, HandlerError, HandlerFuture, IntoReply, Request};
 pub use stats::StatsSnapshot;
 pub use surelink_proto as proto;

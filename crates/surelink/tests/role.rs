@@ -2,7 +2,9 @@
 //! candidates 1 then 2, the product's defaults otherwise. Tables reach
 //! every node over the authenticated sessions, a network one node cannot
 //! be heard on is avoided by the others, and when the serving role server
-//! dies the next candidate takes over with a higher epoch.
+//! dies the next candidate takes over with a higher epoch. With an
+//! external backend (here a stand-in running the core's role server), the
+//! nodes report over their sessions and apply what the backend hands them.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,10 +13,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use surelink::proto::role::{PathStatus, RoleConfig};
-use surelink::proto::{ClusterId, NodeId};
+use surelink::proto::role::{Ownership, PathStatus, RoleConfig, RoleServer};
+use surelink::proto::{ClusterId, NodeId, Time};
 use surelink::testing::fresh_keys;
-use surelink::{Config, Endpoint, Members, NetEvent, PeerConfig, Request, RoleStatus};
+use surelink::{
+    Config, Endpoint, ExternalRole, Members, NetEvent, PeerConfig, Request, RoleStatus,
+};
 
 const NODES: [u64; 3] = [1, 2, 3];
 
@@ -24,6 +28,10 @@ fn addr(net: u8, node: u64) -> SocketAddr {
 }
 
 async fn cluster() -> Vec<Endpoint> {
+    cluster_with(Ownership::CandidateOrder).await
+}
+
+async fn cluster_with(ownership: Ownership) -> Vec<Endpoint> {
     let keys: Vec<_> = NODES.iter().map(|_| fresh_keys()).collect();
     let mut members = Members::new();
     for (n, k) in NODES.iter().zip(&keys) {
@@ -32,6 +40,7 @@ async fn cluster() -> Vec<Endpoint> {
     let role = RoleConfig {
         nodes: NODES.iter().map(|n| NodeId(*n)).collect(),
         candidates: vec![NodeId(1), NodeId(2)],
+        ownership,
         ..RoleConfig::default()
     };
     let mut eps: Vec<Endpoint> = Vec::new();
@@ -221,4 +230,117 @@ async fn next_candidate_takes_over_when_the_role_server_dies() {
     for e in eps {
         e.shutdown().await;
     }
+}
+
+/// A stand-in for an external backend (etcd's, say): node 1's link runs the
+/// core's role server for `epoch` on the inputs it receives and hands each
+/// node its row through that node's link, as a store's watchers would.
+fn stand_in_backend(
+    epoch: u64,
+    mut leader: ExternalRole,
+    links: Arc<Vec<ExternalRole>>,
+) -> tokio::task::JoinHandle<u64> {
+    tokio::spawn(async move {
+        let origin = Instant::now();
+        let now = |o: Instant| Time::from_nanos(u64::try_from(o.elapsed().as_nanos()).unwrap_or(0));
+        let mut server =
+            RoleServer::new(leader.config().clone(), leader.node(), epoch, now(origin))
+                .expect("server");
+        let mut inputs = 0u64;
+        loop {
+            tokio::select! {
+                i = leader.inputs().recv() => match i {
+                    Some(i) => {
+                        inputs += 1;
+                        let _ = server.handle_input(now(origin), &i);
+                    }
+                    None => return inputs,
+                },
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+            let t = now(origin);
+            server.handle_timeout(t);
+            while let Some(p) = server.poll_push(t, Some(Time::from_nanos(u64::MAX))) {
+                let link = if p.to == leader.node() {
+                    &leader
+                } else {
+                    links
+                        .iter()
+                        .find(|l| l.node() == p.to)
+                        .expect("a link per node")
+                };
+                if link.apply(p.view.clone()).await.is_err() {
+                    return inputs;
+                }
+                server.handle_ack(p.to, p.view.epoch, p.view.version);
+            }
+            leader.set_serving(Some((epoch, server.matrix(), t)));
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_backend_elects_and_carries_the_tables() {
+    let eps = cluster_with(Ownership::Elected).await;
+    let mut links: Vec<ExternalRole> = eps
+        .iter()
+        .map(|e| {
+            e.external_role()
+                .expect("an elected role service has a link")
+        })
+        .collect();
+    assert!(eps[0].external_role().is_none(), "the link is taken once");
+    assert!(links[0].is_candidate() && links[1].is_candidate() && !links[2].is_candidate());
+    let leader = links.remove(0);
+    let links = Arc::new(links);
+    let backend = stand_in_backend(7, leader, links.clone());
+    // Every node applies the backend's epoch-7 rows; node 1 serves.
+    for e in &eps {
+        let st = until(e, Duration::from_secs(10), |s| {
+            s.table.as_ref().is_some_and(|t| t.epoch == 7)
+        })
+        .await;
+        assert!(st.external);
+        assert_eq!(st.table.expect("table").role, NodeId(1));
+    }
+    until(&eps[0], Duration::from_secs(1), |s| s.serving == Some(7)).await;
+    // Reports still travel over the sessions: node 3 muted on network 1
+    // is reported by its peers, and the backend's table steers node 2 off
+    // that network.
+    eps[2].testing().mute_network(1, true);
+    let st = until(&eps[1], Duration::from_secs(10), |s| {
+        s.table.as_ref().is_some_and(|t| {
+            t.route_to(NodeId(3))
+                .is_some_and(|r| !r.usable(1) && r.usable(0))
+        })
+    })
+    .await;
+    let held = st.table.expect("table");
+    // An older epoch's row, handed over late, is refused: epochs only go up.
+    let mut stale = held.clone();
+    stale.epoch = 6;
+    stale.version = held.version + 100;
+    links[0].apply(stale).await.expect("endpoint up");
+    let st = until(&eps[1], Duration::from_secs(5), |s| s.tables_rejected >= 1).await;
+    assert_eq!(
+        st.table.as_ref().map(|t| (t.epoch, t.version)),
+        Some((7, held.version))
+    );
+    // So is a row written by a node that is no candidate.
+    let mut forged = held.clone();
+    forged.epoch = 8;
+    forged.role = NodeId(3);
+    links[0].apply(forged).await.expect("endpoint up");
+    let st = until(&eps[1], Duration::from_secs(5), |s| s.tables_rejected >= 2).await;
+    assert_eq!(st.table.map(|t| t.epoch), Some(7));
+    eps[2].testing().mute_network(1, false);
+    for e in eps {
+        e.shutdown().await;
+    }
+    // The endpoint's end closes the link.
+    let inputs = tokio::time::timeout(Duration::from_secs(5), backend)
+        .await
+        .expect("the backend sees the endpoint go")
+        .expect("backend task");
+    assert!(inputs > 3, "reports reached the backend: {inputs}");
 }

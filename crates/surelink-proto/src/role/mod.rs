@@ -58,7 +58,7 @@ pub use codec::{decode, encode, RoleDecodeError, RoleMessage, MAX_ROLE_MESSAGE};
 pub use election::{Candidacy, CandidacyAction};
 pub use gate::{Applied, TableGate, TableRejected};
 pub use matrix::{Matrix, MatrixEntry, PathStatus, PeerReport, StatusReport};
-pub use server::{Push, ReportRejected, RoleEvent, RoleServer};
+pub use server::{Push, ReportRejected, RoleEvent, RoleInput, RoleServer};
 pub use table::{MemberState, PathChoice, RingMember, Route, RoutingTable, TableView};
 
 /// A network's index in the cluster file (0 = the first network).

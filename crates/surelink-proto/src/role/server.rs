@@ -21,6 +21,22 @@ pub struct Push {
     pub view: TableView,
 }
 
+/// What reaches a role server from the nodes, through the shell: the
+/// input of a role server run outside the shell's own role task (an
+/// external backend such as etcd; [`RoleServer::handle_input`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RoleInput {
+    /// A status report from the authenticated node `from`.
+    Report {
+        /// The authenticated sender (the session's peer).
+        from: NodeId,
+        /// Its report.
+        report: StatusReport,
+    },
+    /// A node restarted (a new process epoch).
+    NodeRestarted(NodeId),
+}
+
 /// Something the role server's owner should know.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RoleEvent {
@@ -166,6 +182,18 @@ impl RoleServer {
             }
         }
         Ok(())
+    }
+
+    /// One input: [`RoleServer::handle_report`] or
+    /// [`RoleServer::handle_node_restarted`].
+    pub fn handle_input(&mut self, now: Time, input: &RoleInput) -> Result<(), ReportRejected> {
+        match input {
+            RoleInput::Report { from, report } => self.handle_report(now, *from, report),
+            RoleInput::NodeRestarted(node) => {
+                self.handle_node_restarted(*node);
+                Ok(())
+            }
+        }
     }
 
     /// `node` restarted (a new process epoch): its report numbers start

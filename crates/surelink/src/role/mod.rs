@@ -9,6 +9,10 @@
 //! peer), feeds it the detector's and the sessions' events, reads the
 //! clock, and applies an accepted table to the sessions as path policy.
 //!
+//! With an external backend ([`Ownership::Elected`]: an election outside
+//! surelink, such as etcd's, names the role server) the task reports and
+//! applies as ever but runs no candidacy or server: see [`external`].
+//!
 //! What it does not do: persist anything (a restarted node starts with no
 //! table and listens before it claims an epoch), or elect without the
 //! failure detector (with the detector off, candidates never learn that
@@ -23,13 +27,20 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use surelink_proto::role::{
-    self, Candidacy, CandidacyAction, PathStatus, PeerReport, RoleConfig, RoleEvent, RoleMessage,
-    RoleServer, StatusReport, TableGate, TableView,
+    self, Candidacy, CandidacyAction, Matrix, Ownership, PathStatus, PeerReport, RoleConfig,
+    RoleEvent, RoleInput, RoleMessage, RoleServer, StatusReport, TableGate, TableView,
 };
 use surelink_proto::{NodeId, SessionEndReason, Time};
 
 use crate::events::NetEvent;
 use crate::shared::Shared;
+
+pub(crate) mod external;
+mod status;
+
+use external::ExternalLink;
+pub use external::{ExternalRole, ExternalRoleError};
+pub use status::RoleStatus;
 
 /// Role messages waiting for the role task; beyond this they are dropped
 /// (the role protocol re-sends).
@@ -43,42 +54,23 @@ pub(crate) struct RoleShared {
     /// Per peer: networks the table steers traffic away from.
     avoid: Mutex<HashMap<NodeId, u8>>,
     status: Mutex<RoleStatus>,
-}
-
-/// This node's view of the role service (from
-/// [`Endpoint::role_status`](crate::Endpoint::role_status)).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RoleStatus {
-    /// The table row this node holds (`None`: none yet).
-    pub table: Option<TableView>,
-    /// When it was applied, on the endpoint's clock.
-    pub applied_at: Option<Time>,
-    /// How long ago it was applied (when the snapshot was taken).
-    pub table_age: Option<std::time::Duration>,
-    /// Tables applied since start.
-    pub tables_applied: u64,
-    /// Pushed tables refused (stale, wrong owner, wrong row).
-    pub tables_rejected: u64,
-    /// The role epoch this node serves, if it is the role server
-    /// (refreshed on the role task's timer, every quarter refresh).
-    pub serving: Option<u64>,
-    /// The matrix this node's role server holds (reporter, peer, network,
-    /// status, age in µs), when it serves (refreshed likewise).
-    pub matrix: Vec<(NodeId, NodeId, u8, PathStatus, u64)>,
-    /// Reports sent.
-    pub reports_sent: u64,
+    /// The link to an external backend ([`Ownership::Elected`]).
+    pub(crate) external: Option<ExternalLink>,
 }
 
 impl RoleShared {
     pub(crate) fn new(cfg: RoleConfig) -> RoleShared {
         let (tx, rx) = mpsc::channel(INBOX);
         RoleShared {
-            cfg,
             inbox: tx,
             rx: Mutex::new(Some(rx)),
             avoid: Mutex::new(HashMap::new()),
-            status: Mutex::new(RoleStatus::default()),
+            status: Mutex::new(RoleStatus {
+                external: cfg.ownership == Ownership::Elected,
+                ..RoleStatus::default()
+            }),
+            external: (cfg.ownership == Ownership::Elected).then(ExternalLink::new),
+            cfg,
         }
     }
 
@@ -102,121 +94,6 @@ impl RoleShared {
     }
 }
 
-impl RoleStatus {
-    /// Prometheus text: the held table's epoch, version and age, the
-    /// epoch served, counters.
-    pub fn to_prometheus(&self) -> String {
-        use std::fmt::Write as _;
-        let mut o = String::new();
-        let (epoch, version) = self.table.as_ref().map_or((0, 0), |t| (t.epoch, t.version));
-        let gauges: [(&str, &str, f64); 4] = [
-            (
-                "surelink_role_table_epoch",
-                "Role epoch of the routing table held (0: none).",
-                epoch as f64,
-            ),
-            (
-                "surelink_role_table_version",
-                "Version of the routing table held.",
-                version as f64,
-            ),
-            (
-                "surelink_role_table_age_seconds",
-                "Seconds since the held routing table was applied (-1: none).",
-                self.table_age.map_or(-1.0, |d| d.as_secs_f64()),
-            ),
-            (
-                "surelink_role_serving_epoch",
-                "Role epoch this node serves as role server (0: not serving).",
-                self.serving.unwrap_or(0) as f64,
-            ),
-        ];
-        for (name, help, v) in gauges {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-        }
-        let counters: [(&str, &str, u64); 3] = [
-            (
-                "surelink_role_tables_applied_total",
-                "Routing tables applied.",
-                self.tables_applied,
-            ),
-            (
-                "surelink_role_tables_rejected_total",
-                "Pushed routing tables refused (stale, wrong owner or row).",
-                self.tables_rejected,
-            ),
-            (
-                "surelink_role_reports_sent_total",
-                "Status reports sent to the role-server candidates.",
-                self.reports_sent,
-            ),
-        ];
-        for (name, help, v) in counters {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
-        }
-        o
-    }
-
-    /// A human-readable rendering (`surelink status`): the table row held,
-    /// and the matrix when this node serves.
-    pub fn render(&self) -> String {
-        use std::fmt::Write as _;
-        let mut o = String::new();
-        match &self.table {
-            None => o.push_str("table: none yet\n"),
-            Some(t) => {
-                let age = self
-                    .table_age
-                    .map_or_else(|| "?".into(), |d| format!("{} ms", d.as_millis()));
-                let _ = writeln!(
-                    o,
-                    "table: role server node {}, epoch {}, version {}, applied {age} ago",
-                    t.role, t.epoch, t.version
-                );
-                if t.routes.is_empty() {
-                    o.push_str("routes: every pair uses every network alike\n");
-                }
-                for r in &t.routes {
-                    let paths: Vec<String> = r
-                        .paths
-                        .iter()
-                        .map(|p| format!("net{} {:?} w{}", p.network, p.status, p.weight))
-                        .collect();
-                    let _ = writeln!(o, "route {} -> {}: {}", r.from, r.to, paths.join(", "));
-                }
-                let ring: Vec<String> = t
-                    .ring
-                    .iter()
-                    .map(|m| format!("{}:{:?}", m.node, m.state))
-                    .collect();
-                let _ = writeln!(o, "ring: {}", ring.join(" "));
-            }
-        }
-        match self.serving {
-            Some(e) => {
-                let _ = writeln!(o, "serving as role server, epoch {e}");
-                if self.matrix.is_empty() {
-                    o.push_str("matrix: nothing unusual reported\n");
-                }
-                for (from, to, net, s, age) in &self.matrix {
-                    let _ = writeln!(
-                        o,
-                        "matrix {from} -> {to} net{net}: {s:?} ({} ms old)",
-                        age / 1000
-                    );
-                }
-            }
-            None => o.push_str("not serving as role server\n"),
-        }
-        let _ = writeln!(
-            o,
-            "tables applied {}, refused {}; reports sent {}",
-            self.tables_applied, self.tables_rejected, self.reports_sent
-        );
-        o
-    }
-}
-
 /// What the reporter knows of each peer, from events.
 #[derive(Default)]
 struct Seen {
@@ -231,6 +108,10 @@ struct Seen {
 struct Task {
     shared: Arc<Shared>,
     me: NodeId,
+    /// An external backend pushes the tables ([`Ownership::Elected`]).
+    external: bool,
+    /// Where a candidate hands reports to the external backend.
+    forward: Option<mpsc::Sender<RoleInput>>,
     gate: TableGate,
     candidacy: Option<Candidacy>,
     server: Option<RoleServer>,
@@ -255,10 +136,25 @@ pub(crate) async fn run(shared: Arc<Shared>) {
     let cfg = rs.cfg.clone();
     let me = shared.config.node;
     let now = clock(&shared);
-    let candidacy = cfg
-        .candidate_index(me)
-        .map(|_| Candidacy::new(cfg.clone(), me, now, cfg.refresh * 3));
+    let mut tables = match &rs.external {
+        Some(link) => match link.tables_rx.lock().take() {
+            Some(rx) => Some(rx),
+            None => return,
+        },
+        None => None,
+    };
+    let external = tables.is_some();
+    let is_candidate = cfg.candidate_index(me).is_some();
+    let candidacy =
+        (is_candidate && !external).then(|| Candidacy::new(cfg.clone(), me, now, cfg.refresh * 3));
+    let forward = rs
+        .external
+        .as_ref()
+        .filter(|_| is_candidate)
+        .map(|l| l.inputs.clone());
     let mut t = Task {
+        external,
+        forward,
         gate: TableGate::new(cfg.clone(), me),
         candidacy,
         server: None,
@@ -286,10 +182,36 @@ pub(crate) async fn run(shared: Arc<Shared>) {
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
                 Err(_) => return,
             },
+            Some(view) = next_table(&mut tables) => t.apply_external(view),
             _ = tick.tick() => t.ticked = true,
         }
         t.step();
     }
+}
+
+/// The next row from the external backend; never, without one.
+async fn next_table(rx: &mut Option<mpsc::Receiver<TableView>>) -> Option<TableView> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The matrix as the status shows it: (reporter, peer, network, status,
+/// age in µs at `now`).
+pub(crate) fn matrix_rows(m: &Matrix, now: Time) -> Vec<(NodeId, NodeId, u8, PathStatus, u64)> {
+    m.iter()
+        .map(|(from, to, net, e)| {
+            let age = now.saturating_since(e.at).as_micros();
+            (
+                from,
+                to,
+                net,
+                e.status,
+                u64::try_from(age).unwrap_or(u64::MAX),
+            )
+        })
+        .collect()
 }
 
 /// The role service's clock: the detector's (boot time, the clock its
@@ -344,6 +266,7 @@ impl Task {
                         warn!(%from, error = %e, "role report refused");
                     }
                 }
+                self.forward(RoleInput::Report { from, report: r });
             }
             RoleMessage::Ack { epoch, version } => {
                 if let Some(c) = &mut self.candidacy {
@@ -353,11 +276,43 @@ impl Task {
                     s.handle_ack(from, epoch, version);
                 }
             }
-            RoleMessage::Table(view) => self.apply(from, view),
+            RoleMessage::Table(_) if self.external => {
+                debug!(%from, "routing table pushed over a session refused: the external backend is the only source");
+                self.role().status.lock().tables_rejected += 1;
+            }
+            RoleMessage::Table(view) => {
+                self.accept(from, view);
+                let (epoch, version) = self.gate.held();
+                let ack = RoleMessage::Ack { epoch, version };
+                if from == self.me {
+                    self.handle(from, ack);
+                } else {
+                    self.send(from, &ack);
+                }
+            }
         }
     }
 
-    fn apply(&mut self, from: NodeId, view: TableView) {
+    /// Hands an input to the external backend (a candidate's only).
+    fn forward(&self, input: RoleInput) {
+        if let Some(tx) = &self.forward {
+            if tx.try_send(input).is_err() {
+                debug!("external role backend behind; input dropped (the next refresh re-reports)");
+            }
+        }
+    }
+
+    /// A row from the external backend: the writer it names held the
+    /// election of its epoch (the backend's word), so the gate checks it
+    /// as if that writer had pushed it.
+    fn apply_external(&mut self, view: TableView) {
+        let writer = view.role;
+        self.accept(writer, view);
+    }
+
+    /// Applies a row through the gate (newer only) and, if taken, as path
+    /// policy.
+    fn accept(&mut self, from: NodeId, view: TableView) {
         let epoch = view.epoch;
         match self.gate.apply(from, view) {
             Ok(a) => {
@@ -389,13 +344,6 @@ impl Task {
             }
         }
         self.report_due = true;
-        let (epoch, version) = self.gate.held();
-        let ack = RoleMessage::Ack { epoch, version };
-        if from == self.me {
-            self.handle(from, ack);
-        } else {
-            self.send(from, &ack);
-        }
     }
 
     /// Applies the held table to the sessions as path policy.
@@ -467,6 +415,7 @@ impl Task {
                 if let Some(s) = &mut self.server {
                     s.handle_node_restarted(*peer);
                 }
+                self.forward(RoleInput::NodeRestarted(*peer));
             }
             _ => {}
         }
@@ -597,20 +546,7 @@ impl Task {
             // The status snapshot (O(matrix)): on the timer only.
             let mut st = self.role().status.lock();
             st.serving = (!stopped).then(|| s.epoch());
-            st.matrix = s
-                .matrix()
-                .iter()
-                .map(|(from, to, net, e)| {
-                    let age = now.saturating_since(e.at).as_micros();
-                    (
-                        from,
-                        to,
-                        net,
-                        e.status,
-                        u64::try_from(age).unwrap_or(u64::MAX),
-                    )
-                })
-                .collect();
+            st.matrix = matrix_rows(s.matrix(), now);
         }
         if stopped {
             if let Some(c) = &mut self.candidacy {
@@ -621,7 +557,7 @@ impl Task {
         }
         for p in pushes {
             if p.to == self.me {
-                self.apply(p.to, p.view);
+                self.handle(p.to, RoleMessage::Table(p.view));
             } else {
                 self.send(p.to, &RoleMessage::Table(p.view));
             }
