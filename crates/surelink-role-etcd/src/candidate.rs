@@ -64,7 +64,14 @@ pub enum CampaignError {
 /// A client for `cfg`'s endpoints (the configuration is validated).
 pub(crate) async fn connect_client(cfg: &EtcdRoleConfig) -> Result<Client, ConnectError> {
     cfg.validate()?;
-    let opts = ConnectOptions::new().with_connect_timeout(cfg.connect_timeout);
+    // HTTP/2 keep-alives: a connection cut without a reset (a dead link,
+    // a dropped route) fails its requests and watches within about two
+    // request timeouts instead of hanging until TCP gives up; a watcher
+    // then reads its row anew on a fresh connection.
+    let opts = ConnectOptions::new()
+        .with_connect_timeout(cfg.connect_timeout)
+        .with_keep_alive(cfg.request_timeout, cfg.request_timeout)
+        .with_keep_alive_while_idle(true);
     timeout(
         cfg.connect_timeout,
         Client::connect(&cfg.endpoints, Some(opts)),

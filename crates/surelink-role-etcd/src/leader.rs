@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use surelink_proto::role::{
-    encode, Ownership, Push, ReportRejected, RoleConfig, RoleEvent, RoleMessage, RoleServer,
-    RoutingTable, StatusReport,
+    encode, Ownership, Push, ReportRejected, RoleConfig, RoleEvent, RoleInput, RoleMessage,
+    RoleServer, RoutingTable, StatusReport,
 };
 use surelink_proto::{NodeId, Time};
 use thiserror::Error;
@@ -32,8 +32,8 @@ pub enum LeaderEnd {
         /// The newer epoch.
         newer: u64,
     },
-    /// The shell closed the reports channel of [`Leader::run`]: the leader
-    /// revoked its lease.
+    /// [`Leader::run`] was stopped, or its inputs ended (the endpoint shut
+    /// down): the leader revoked its lease.
     Resigned,
 }
 
@@ -242,6 +242,17 @@ impl Leader {
         self.server.handle_report(now, from, report)
     }
 
+    /// One input from the shell: a report or a node's restart.
+    pub fn handle_input(&mut self, input: &RoleInput) -> Result<(), ReportRejected> {
+        let now = self.now();
+        self.server.handle_input(now, input)
+    }
+
+    /// Now on the role server's clock (the matrix's ages are on it).
+    pub fn now(&self) -> Time {
+        self.time(Instant::now())
+    }
+
     /// `node` restarted: its row goes out again.
     pub fn handle_node_restarted(&mut self, node: NodeId) {
         self.server.handle_node_restarted(node);
@@ -372,25 +383,34 @@ impl Leader {
         Ok(revision)
     }
 
-    /// Runs the leader: reports in, rows out on every change and refresh,
-    /// until it stops, or until the shell closes `reports` (it shuts
-    /// down: [`LeaderEnd::Resigned`]); then revokes its lease (best
-    /// effort), so the next candidate need not wait for the TTL.
-    pub async fn run(mut self, mut reports: mpsc::Receiver<(NodeId, StatusReport)>) -> LeaderEnd {
+    /// Runs the leader: inputs in (the reports a candidate's endpoint
+    /// receives, [`surelink::ExternalRole::take_inputs`]), rows out on every
+    /// change and refresh, until it stops, or until `inputs` ends (the
+    /// endpoint shut down: [`LeaderEnd::Resigned`]); then revokes its lease
+    /// (best effort), so the next candidate need not wait for the TTL.
+    /// `stop` resolving ends it the same way (the shell's shutdown).
+    /// `after_round` sees the leader after each round (for its status).
+    pub async fn run(
+        mut self,
+        inputs: &mut mpsc::Receiver<RoleInput>,
+        stop: impl std::future::Future<Output = ()>,
+        mut after_round: impl FnMut(&Leader),
+    ) -> LeaderEnd {
         let mut lost = self.lease.clock.lost_signal();
+        tokio::pin!(stop);
         loop {
             let wake = self.next_wakeup().unwrap_or_else(Instant::now);
             tokio::select! {
-                r = reports.recv() => match r {
-                    Some((from, report)) => {
-                        // Every report already queued, then one round: under
+                r = inputs.recv() => match r {
+                    Some(input) => {
+                        // Every input already queued, then one round: under
                         // a flood of reports, one write per round trip.
-                        let mut next = Some((from, report));
-                        while let Some((from, report)) = next {
-                            if let Err(e) = self.handle_report(from, &report) {
+                        let mut next = Some(input);
+                        while let Some(input) = next {
+                            if let Err(e) = self.handle_input(&input) {
                                 tracing::debug!("role report refused: {e}");
                             }
-                            next = reports.try_recv().ok();
+                            next = inputs.try_recv().ok();
                         }
                     }
                     None => {
@@ -400,8 +420,14 @@ impl Leader {
                 },
                 _ = sleep_until(wake) => {}
                 _ = async { drop(lost.wait_for(|l| *l).await) } => {}
+                () = &mut stop => {
+                    self.resign().await;
+                    return LeaderEnd::Resigned;
+                }
             }
-            match self.publish().await {
+            let round = self.publish().await;
+            after_round(&self);
+            match round {
                 Ok(_) => {}
                 Err(PublishError::Ended(end)) => {
                     self.resign().await;

@@ -64,19 +64,27 @@
 //!   prefix can forge rows. A row's writer is not checked by the nodes: a
 //!   row can only have reached etcd through a transaction conditioned on
 //!   the election key of its epoch ([`ElectedGate`]).
-//! - No cluster file parsing, no `surelink status`: the shell builds the
-//!   [`EtcdRoleConfig`] and feeds the leader.
-//! - A leader that stops does not campaign again by itself: the shell
-//!   starts a new [`Candidate`] (a new lease, a new epoch).
-//! - A new leader's first table is the core's, computed from an empty
-//!   matrix (no reports yet: every ring member suspect); the next ones
-//!   follow the reports as they arrive.
+//! - No cluster file parsing: `surelink` (built with its `etcd` feature)
+//!   reads `role.backend = "etcd"` and builds the [`EtcdRoleConfig`].
+//! - A [`Leader`] that stops does not campaign again by itself;
+//!   [`EtcdBackend`] does (a new lease, a new epoch).
+//! - A [`Leader`] alone starts from an empty matrix (every ring member
+//!   suspect until reports arrive); [`EtcdBackend`] seeds it with the
+//!   reports its candidate received in the last two refreshes.
+//!
+//! # Running it for an endpoint
+//!
+//! [`EtcdBackend::start`] takes an endpoint whose role configuration has
+//! `ownership: Ownership::Elected` and runs the watcher (every node) and
+//! the campaign-lead-campaign loop (candidates) on its
+//! [`ExternalRole`](surelink::ExternalRole) link.
 
 mod candidate;
 mod config;
 mod gate;
 mod leader;
 mod lease;
+mod node;
 #[cfg(feature = "test-util")]
 pub mod testing;
 mod watcher;
@@ -85,6 +93,7 @@ pub use candidate::{CampaignError, Candidate, ConnectError};
 pub use config::{EtcdConfigError, EtcdRoleConfig};
 pub use gate::ElectedGate;
 pub use leader::{Leader, LeaderEnd, LeaderStats, PublishError, Published};
+pub use node::{BackendState, EtcdBackend, StartError};
 pub use watcher::{BadRow, WatchError, WatchEvent, Watcher};
 
 #[cfg(doc)]

@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use surelink_proto::role::{
-    encode, PathStatus, PeerReport, RoleConfig, RoleMessage, StatusReport, TableRejected, TableView,
+    encode, PathStatus, PeerReport, RoleConfig, RoleInput, RoleMessage, StatusReport,
+    TableRejected, TableView,
 };
 use surelink_proto::NodeId;
 use surelink_role_etcd::testing::{EtcdProcess, Relay, SKIPPED};
@@ -301,16 +302,20 @@ async fn a_killed_leader_is_followed_by_a_larger_epoch_never_interleaved() {
     assert!(leader2.stats().won_at >= killed + Duration::from_millis(500));
 
     // The second leader runs as the shell would run it.
-    let (tx, rx) = mpsc::channel(16);
-    let run2 = tokio::spawn(leader2.run(rx));
+    let (tx, mut rx) = mpsc::channel(16);
+    let run2 =
+        tokio::spawn(async move { leader2.run(&mut rx, std::future::pending(), |_| {}).await });
     let first2 = until_epoch_above(&mut seen, epoch1, &mut log).await;
     let gap = first2.at - killed;
     println!("leader killed: next table after {gap:?}");
     assert!(gap < Duration::from_secs(5), "{gap:?}");
     for seq in 1..=4 {
-        tx.send((NodeId(5), report(seq, seq % 2 == 1)))
-            .await
-            .expect("send");
+        tx.send(RoleInput::Report {
+            from: NodeId(5),
+            report: report(seq, seq % 2 == 1),
+        })
+        .await
+        .expect("send");
         sleep(Duration::from_millis(100)).await;
     }
     while log.iter().filter(|s| s.epoch == epoch2).count() < 3 {

@@ -249,10 +249,9 @@ impl Endpoint {
     /// The link for an external role backend (etcd's, say), when the role
     /// configuration's ownership is
     /// [`Elected`](surelink_proto::role::Ownership::Elected): reports in,
-    /// rows out. `None` without a role service, with the embedded one, or
-    /// once taken (there is one link per endpoint).
+    /// rows out. `None` without a role service or with the embedded one.
     pub fn external_role(&self) -> Option<crate::ExternalRole> {
-        crate::role::external::ExternalRole::take(&self.shared)
+        crate::role::external::ExternalRole::of(&self.shared)
     }
 
     /// Starts dialling a peer not in the configuration (e.g. one whose port

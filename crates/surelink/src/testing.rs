@@ -337,3 +337,74 @@ fn members(list: &[(NodeId, &Keypair)]) -> Members {
     }
     m
 }
+
+/// A role-service cluster on loopback: one endpoint per node of `role`,
+/// each on two networks (`127.0.1.<base + node>`, `127.0.2.<base + node>`),
+/// each dialling the ones started before it, with the product's defaults
+/// otherwise; returns once every pair has both paths up. Tests of the role
+/// service and of its backends share it.
+pub async fn role_cluster(
+    role: surelink_proto::role::RoleConfig,
+    base: u8,
+) -> Result<Vec<Endpoint>, LoopbackError> {
+    let keys: Vec<(NodeId, Keypair)> = role.nodes.iter().map(|n| (*n, fresh_keys())).collect();
+    let list: Vec<(NodeId, &Keypair)> = keys.iter().map(|(n, k)| (*n, k)).collect();
+    let members = members(&list);
+    let mut eps: Vec<Endpoint> = Vec::new();
+    for (node, k) in &keys {
+        let last = u8::try_from(node.0)
+            .ok()
+            .and_then(|n| n.checked_add(base))
+            .ok_or_else(|| LoopbackError::Keys(format!("node {node} does not fit an address")))?;
+        let addr = |net| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, net, last)), 0);
+        let mut c = Config::new(*node, ClusterId(77));
+        c.identity = Some(k.clone());
+        c.members = members.clone();
+        c.listen = vec![addr(1), addr(2)];
+        c.role = Some(role.clone());
+        c.peers = eps
+            .iter()
+            .map(|e| PeerConfig::new(e.node(), e.local_addrs().into_iter().map(Some).collect()))
+            .collect();
+        let ep = Endpoint::bind(c)
+            .await
+            .map_err(|source| LoopbackError::Bind {
+                node: *node,
+                source,
+            })?;
+        eps.push(ep);
+    }
+    let timeout = Duration::from_secs(10);
+    for e in &eps {
+        for p in &eps {
+            if p.node() != e.node() && !e.wait_for_paths(p.node(), 2, timeout).await {
+                return Err(LoopbackError::NoPaths {
+                    node: e.node(),
+                    want: 2,
+                    timeout,
+                });
+            }
+        }
+    }
+    Ok(eps)
+}
+
+/// Waits until `f` holds for `ep`'s role status; `None` if it did not
+/// within `within` (or no role service runs).
+pub async fn role_until(
+    ep: &Endpoint,
+    within: Duration,
+    f: impl Fn(&crate::RoleStatus) -> bool,
+) -> Option<crate::RoleStatus> {
+    let start = std::time::Instant::now();
+    loop {
+        let st = ep.role_status()?;
+        if f(&st) {
+            return Some(st);
+        }
+        if start.elapsed() >= within {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

@@ -6,7 +6,6 @@
 //! external backend (here a stand-in running the core's role server), the
 //! nodes report over their sessions and apply what the backend hands them.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,78 +13,34 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use surelink::proto::role::{Ownership, PathStatus, RoleConfig, RoleServer};
-use surelink::proto::{ClusterId, NodeId, Time};
-use surelink::testing::fresh_keys;
-use surelink::{
-    Config, Endpoint, ExternalRole, Members, NetEvent, PeerConfig, Request, RoleStatus,
-};
-
-const NODES: [u64; 3] = [1, 2, 3];
-
-fn addr(net: u8, node: u64) -> SocketAddr {
-    let last = 40 + u8::try_from(node).expect("small node id");
-    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, net, last)), 0)
-}
+use surelink::proto::{NodeId, Time};
+use surelink::testing::{role_cluster, role_until};
+use surelink::{Endpoint, ExternalRole, NetEvent, Request, RoleStatus};
 
 async fn cluster() -> Vec<Endpoint> {
     cluster_with(Ownership::CandidateOrder).await
 }
 
+/// Three nodes, candidates 1 then 2.
 async fn cluster_with(ownership: Ownership) -> Vec<Endpoint> {
-    let keys: Vec<_> = NODES.iter().map(|_| fresh_keys()).collect();
-    let mut members = Members::new();
-    for (n, k) in NODES.iter().zip(&keys) {
-        members.insert(NodeId(*n), k.public()).expect("member");
-    }
     let role = RoleConfig {
-        nodes: NODES.iter().map(|n| NodeId(*n)).collect(),
+        nodes: vec![NodeId(1), NodeId(2), NodeId(3)],
         candidates: vec![NodeId(1), NodeId(2)],
         ownership,
         ..RoleConfig::default()
     };
-    let mut eps: Vec<Endpoint> = Vec::new();
-    for (i, n) in NODES.iter().enumerate() {
-        let mut c = Config::new(NodeId(*n), ClusterId(77));
-        c.identity = Some(keys[i].clone());
-        c.members = members.clone();
-        c.listen = vec![addr(1, *n), addr(2, *n)];
-        c.role = Some(role.clone());
-        // Each node dials the nodes started before it.
-        c.peers = eps
-            .iter()
-            .map(|e| PeerConfig::new(e.node(), e.local_addrs().into_iter().map(Some).collect()))
-            .collect();
-        eps.push(Endpoint::bind(c).await.expect("bind"));
-    }
-    for e in &eps {
-        for p in &eps {
-            if p.node() != e.node() {
-                assert!(
-                    e.wait_for_paths(p.node(), 2, Duration::from_secs(10)).await,
-                    "paths {} -> {}",
-                    e.node(),
-                    p.node()
-                );
-            }
-        }
-    }
-    eps
+    role_cluster(role, 40).await.expect("role cluster")
 }
 
 /// Waits until `f` holds for `ep`'s role status.
 async fn until(ep: &Endpoint, within: Duration, f: impl Fn(&RoleStatus) -> bool) -> RoleStatus {
-    let start = Instant::now();
-    loop {
-        let st = ep.role_status().expect("role configured");
-        if f(&st) {
-            return st;
-        }
-        assert!(
-            start.elapsed() < within,
-            "node {}: condition not met within {within:?}; status {st:?}",
-            ep.node()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    match role_until(ep, within, f).await {
+        Some(st) => st,
+        None => panic!(
+            "node {}: condition not met within {within:?}; status {:?}",
+            ep.node(),
+            ep.role_status()
+        ),
     }
 }
 
@@ -237,9 +192,10 @@ async fn next_candidate_takes_over_when_the_role_server_dies() {
 /// node its row through that node's link, as a store's watchers would.
 fn stand_in_backend(
     epoch: u64,
-    mut leader: ExternalRole,
-    links: Arc<Vec<ExternalRole>>,
+    leader: ExternalRole,
+    links: Vec<ExternalRole>,
 ) -> tokio::task::JoinHandle<u64> {
+    let mut inputs_rx = leader.take_inputs().expect("inputs");
     tokio::spawn(async move {
         let origin = Instant::now();
         let now = |o: Instant| Time::from_nanos(u64::try_from(o.elapsed().as_nanos()).unwrap_or(0));
@@ -249,7 +205,7 @@ fn stand_in_backend(
         let mut inputs = 0u64;
         loop {
             tokio::select! {
-                i = leader.inputs().recv() => match i {
+                i = inputs_rx.recv() => match i {
                     Some(i) => {
                         inputs += 1;
                         let _ = server.handle_input(now(origin), &i);
@@ -282,18 +238,22 @@ fn stand_in_backend(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_external_backend_elects_and_carries_the_tables() {
     let eps = cluster_with(Ownership::Elected).await;
-    let mut links: Vec<ExternalRole> = eps
+    let links: Vec<ExternalRole> = eps
         .iter()
         .map(|e| {
             e.external_role()
                 .expect("an elected role service has a link")
         })
         .collect();
-    assert!(eps[0].external_role().is_none(), "the link is taken once");
     assert!(links[0].is_candidate() && links[1].is_candidate() && !links[2].is_candidate());
-    let leader = links.remove(0);
-    let links = Arc::new(links);
-    let backend = stand_in_backend(7, leader, links.clone());
+    let backend = stand_in_backend(7, links[0].clone(), links.clone());
+    assert!(
+        links[0].take_inputs().is_none(),
+        "one input receiver per endpoint"
+    );
+    // A non-candidate receives nothing: its receiver ends at once.
+    let mut none = links[2].take_inputs().expect("receiver");
+    assert!(none.recv().await.is_none());
     // Every node applies the backend's epoch-7 rows; node 1 serves.
     for e in &eps {
         let st = until(e, Duration::from_secs(10), |s| {
@@ -320,7 +280,7 @@ async fn an_external_backend_elects_and_carries_the_tables() {
     let mut stale = held.clone();
     stale.epoch = 6;
     stale.version = held.version + 100;
-    links[0].apply(stale).await.expect("endpoint up");
+    links[1].apply(stale).await.expect("endpoint up");
     let st = until(&eps[1], Duration::from_secs(5), |s| s.tables_rejected >= 1).await;
     assert_eq!(
         st.table.as_ref().map(|t| (t.epoch, t.version)),
@@ -330,7 +290,7 @@ async fn an_external_backend_elects_and_carries_the_tables() {
     let mut forged = held.clone();
     forged.epoch = 8;
     forged.role = NodeId(3);
-    links[0].apply(forged).await.expect("endpoint up");
+    links[1].apply(forged).await.expect("endpoint up");
     let st = until(&eps[1], Duration::from_secs(5), |s| s.tables_rejected >= 2).await;
     assert_eq!(st.table.map(|t| t.epoch), Some(7));
     eps[2].testing().mute_network(1, false);

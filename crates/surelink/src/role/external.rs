@@ -5,7 +5,7 @@
 //! The endpoint's role task still does everything that rides surelink's
 //! sessions: every node reports to every candidate over its authenticated
 //! sessions (liveness stays in surelink), and a candidate hands the
-//! reports it receives to the backend ([`ExternalRole::inputs`]). The
+//! reports it receives to the backend ([`ExternalRole::take_inputs`]). The
 //! backend elects, runs the [`RoleServer`](surelink_proto::role::RoleServer)
 //! on the leader and carries the rows to the nodes; each node hands the
 //! rows it gets to [`ExternalRole::apply`], and the role task applies them
@@ -32,7 +32,9 @@ const TABLES: usize = 64;
 
 /// The role task's end of the link.
 pub(crate) struct ExternalLink {
-    pub(crate) inputs: mpsc::Sender<RoleInput>,
+    /// Cloned by the role task (a candidate's), which ends with the
+    /// endpoint: the receiver then ends too.
+    pub(crate) inputs: Mutex<Option<mpsc::Sender<RoleInput>>>,
     inputs_rx: Mutex<Option<mpsc::Receiver<RoleInput>>>,
     tables: mpsc::Sender<TableView>,
     pub(crate) tables_rx: Mutex<Option<mpsc::Receiver<TableView>>>,
@@ -43,7 +45,7 @@ impl ExternalLink {
         let (inputs, inputs_rx) = mpsc::channel(INPUTS);
         let (tables, tables_rx) = mpsc::channel(TABLES);
         ExternalLink {
-            inputs,
+            inputs: Mutex::new(Some(inputs)),
             inputs_rx: Mutex::new(Some(inputs_rx)),
             tables,
             tables_rx: Mutex::new(Some(tables_rx)),
@@ -52,11 +54,12 @@ impl ExternalLink {
 }
 
 /// An external role backend's link to one endpoint (from
-/// [`Endpoint::external_role`](crate::Endpoint::external_role)).
+/// [`Endpoint::external_role`](crate::Endpoint::external_role)); clones
+/// share it.
+#[derive(Clone)]
 pub struct ExternalRole {
     me: NodeId,
     cfg: RoleConfig,
-    inputs: mpsc::Receiver<RoleInput>,
     tables: mpsc::Sender<TableView>,
     shared: Weak<Shared>,
 }
@@ -79,15 +82,13 @@ pub enum ExternalRoleError {
 }
 
 impl ExternalRole {
-    /// Takes the link of `shared`'s role service, once.
-    pub(crate) fn take(shared: &Arc<Shared>) -> Option<ExternalRole> {
+    /// The link of `shared`'s role service, if it has an external backend.
+    pub(crate) fn of(shared: &Arc<Shared>) -> Option<ExternalRole> {
         let role = shared.role.as_ref()?;
         let link = role.external.as_ref()?;
-        let inputs = link.inputs_rx.lock().take()?;
         Some(ExternalRole {
             me: shared.config.node,
             cfg: role.cfg.clone(),
-            inputs,
             tables: link.tables.clone(),
             shared: Arc::downgrade(shared),
         })
@@ -111,9 +112,14 @@ impl ExternalRole {
 
     /// What this node, as a candidate, receives for the role server: its
     /// own report and its peers' (each from its authenticated sender), and
-    /// node restarts. `None` from it: the endpoint shut down.
-    pub fn inputs(&mut self) -> &mut mpsc::Receiver<RoleInput> {
-        &mut self.inputs
+    /// node restarts; `None` once taken (there is one receiver per
+    /// endpoint) or after the endpoint shut down. The receiver ends when
+    /// the endpoint shuts down. A non-candidate's never yields anything.
+    pub fn take_inputs(&self) -> Option<mpsc::Receiver<RoleInput>> {
+        let shared = self.shared.upgrade()?;
+        let link = shared.role.as_ref()?.external.as_ref()?;
+        let rx = link.inputs_rx.lock().take();
+        rx
     }
 
     /// Hands a row of a table to the endpoint. It is applied only if its

@@ -147,11 +147,12 @@ pub(crate) async fn run(shared: Arc<Shared>) {
     let is_candidate = cfg.candidate_index(me).is_some();
     let candidacy =
         (is_candidate && !external).then(|| Candidacy::new(cfg.clone(), me, now, cfg.refresh * 3));
+    // The task holds the only sender: the backend's receiver ends with it.
     let forward = rs
         .external
         .as_ref()
-        .filter(|_| is_candidate)
-        .map(|l| l.inputs.clone());
+        .and_then(|l| l.inputs.lock().take())
+        .filter(|_| is_candidate);
     let mut t = Task {
         external,
         forward,
