@@ -69,7 +69,7 @@ async fn node(a: &ConfigArg) -> Result<()> {
         ..Limits::default()
     };
     let metrics = loaded.metrics;
-    let ep = Endpoint::bind(loaded.config).await?;
+    let (ep, role) = crate::role_backend::bind(loaded.config, loaded.cluster.as_ref()).await?;
     serve_metrics(&ep, metrics).await?;
     let what = match &cache.backend {
         None => {
@@ -92,6 +92,7 @@ async fn node(a: &ConfigArg) -> Result<()> {
         ep.local_addrs()
     );
     tokio::signal::ctrl_c().await?;
+    role.stop().await;
     ep.shutdown().await;
     Ok(())
 }
@@ -121,7 +122,8 @@ async fn proxy(a: &ConfigArg) -> Result<()> {
         cfg.call_timeout = Duration::from_millis(ms);
     }
     let metrics = loaded.metrics;
-    let ep = Arc::new(Endpoint::bind(loaded.config).await?);
+    let (ep, role) = crate::role_backend::bind(loaded.config, loaded.cluster.as_ref()).await?;
+    let ep = Arc::new(ep);
     serve_metrics(&ep, metrics).await?;
     let proxy = Proxy::start(ep.clone(), cfg)
         .await
@@ -133,6 +135,7 @@ async fn proxy(a: &ConfigArg) -> Result<()> {
     );
     tokio::signal::ctrl_c().await?;
     proxy.stop();
+    role.stop().await;
     Ok(())
 }
 

@@ -10,7 +10,12 @@
 //! candidates = [1, 2]          # role-server candidates, in order
 //! # refresh_ms = 100           # reports and re-pushes at least this often
 //! # report_stale_after_ms = 500
-//! # backend = "embedded"       # the default; "etcd" is not wired into nodes yet
+//! # backend = "embedded"       # the default; or "etcd" (with [role.etcd])
+//!
+//! # [role.etcd]                # with backend = "etcd" (surelink built with `--features etcd`)
+//! # endpoints = ["http://127.0.0.1:2379"]
+//! # prefix = "/surelink/11"    # the default: /surelink/<cluster>
+//! # lease_ttl_s = 2            # the candidates' lease (etcd may grant more)
 //!
 //! [[nodes]]
 //! node = 1
@@ -34,7 +39,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
-use surelink::proto::role::{RoleConfig, RoleConfigError, MAX_NETWORKS};
+use surelink::proto::role::{Ownership, RoleConfig, RoleConfigError, MAX_NETWORKS};
 use surelink::proto::NodeId;
 use surelink::PublicKey;
 use toml::Spanned;
@@ -111,12 +116,29 @@ pub(crate) enum ClusterFileError {
         reason: &'static str,
     },
     /// `backend` names no known backend.
-    #[error("line {line}: role.backend {name:?}: use \"embedded\" (\"etcd\" is not wired into nodes yet)")]
+    #[error("line {line}: role.backend {name:?}: use \"embedded\" or \"etcd\"")]
     Backend {
         /// Where.
         line: usize,
         /// The text.
         name: String,
+    },
+    /// `backend = "etcd"` without a `[role.etcd]` table, or the other way
+    /// round.
+    #[error("line {line}: {what}")]
+    EtcdSection {
+        /// Where.
+        line: usize,
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// The `[role.etcd]` settings do not work.
+    #[error("line {line}: [role.etcd]: {message}")]
+    Etcd {
+        /// Where (the `[role.etcd]` table).
+        line: usize,
+        /// Why.
+        message: String,
     },
     /// The role settings do not validate.
     #[error("line {line}: [role]: {source}")]
@@ -143,6 +165,29 @@ struct RoleSection {
     refresh_ms: Option<u64>,
     report_stale_after_ms: Option<u64>,
     backend: Option<Spanned<String>>,
+    etcd: Option<Spanned<EtcdSection>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EtcdSection {
+    endpoints: Vec<String>,
+    prefix: Option<String>,
+    lease_ttl_s: Option<u64>,
+}
+
+/// `[role.etcd]`: where the etcd backend keeps the cluster's election and
+/// tables.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct EtcdSettings {
+    /// etcd's client URLs.
+    pub(crate) endpoints: Vec<String>,
+    /// Key prefix (`None`: `/surelink/<cluster>`).
+    pub(crate) prefix: Option<String>,
+    /// The candidates' lease TTL (`None`: the backend's default).
+    pub(crate) lease_ttl: Option<Duration>,
+    /// The `[role.etcd]` line, for errors found later.
+    pub(crate) line: usize,
 }
 
 #[derive(Deserialize)]
@@ -172,6 +217,9 @@ pub(crate) struct Cluster {
     /// In the file's order.
     pub(crate) nodes: Vec<ClusterNode>,
     pub(crate) role: RoleConfig,
+    /// `backend = "etcd"`: its settings (the role configuration's
+    /// ownership is then `Elected`).
+    pub(crate) etcd: Option<EtcdSettings>,
 }
 
 impl Cluster {
@@ -242,14 +290,50 @@ impl Cluster {
         }
         let role_line = line(f.role.span());
         let r = f.role.get_ref();
-        if let Some(b) = &r.backend {
-            if b.get_ref() != "embedded" {
-                return Err(ClusterFileError::Backend {
-                    line: line(b.span()),
-                    name: b.get_ref().clone(),
-                });
+        let etcd_backend = match &r.backend {
+            None => false,
+            Some(b) => match b.get_ref().as_str() {
+                "embedded" => false,
+                "etcd" => true,
+                other => {
+                    return Err(ClusterFileError::Backend {
+                        line: line(b.span()),
+                        name: other.to_string(),
+                    })
+                }
+            },
+        };
+        let etcd = match (&r.etcd, etcd_backend) {
+            (None, false) => None,
+            (None, true) => {
+                return Err(ClusterFileError::EtcdSection {
+                    line: r.backend.as_ref().map_or(role_line, |b| line(b.span())),
+                    what: "role.backend = \"etcd\" needs a [role.etcd] table with `endpoints`",
+                })
             }
-        }
+            (Some(e), false) => {
+                return Err(ClusterFileError::EtcdSection {
+                    line: line(e.span()),
+                    what: "[role.etcd] is set but role.backend is not \"etcd\"",
+                })
+            }
+            (Some(e), true) => {
+                let l = line(e.span());
+                let e = e.get_ref();
+                if e.endpoints.is_empty() {
+                    return Err(ClusterFileError::Etcd {
+                        line: l,
+                        message: "`endpoints` lists no etcd endpoint".into(),
+                    });
+                }
+                Some(EtcdSettings {
+                    endpoints: e.endpoints.clone(),
+                    prefix: e.prefix.clone(),
+                    lease_ttl: e.lease_ttl_s.map(Duration::from_secs),
+                    line: l,
+                })
+            }
+        };
         let cand_line = line(r.candidates.span());
         for c in r.candidates.get_ref() {
             match nodes.iter().find(|n| n.node == NodeId(*c)) {
@@ -282,15 +366,21 @@ impl Cluster {
         if let Some(v) = r.report_stale_after_ms {
             role.report_stale_after = Duration::from_millis(v);
         }
+        if etcd.is_some() {
+            role.ownership = Ownership::Elected;
+        }
         role.validate().map_err(|source| ClusterFileError::Role {
             line: role_line,
             source,
         })?;
-        Ok(Cluster {
+        let cluster = Cluster {
             cluster: f.cluster,
             nodes,
             role,
-        })
+            etcd,
+        };
+        crate::role_backend::check(&cluster)?;
+        Ok(cluster)
     }
 
     /// The entry of `node`.
@@ -403,5 +493,75 @@ node = 100
             matches!(e, ClusterFileError::BadKey { node: 100, .. }),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_etcd_backend_takes_its_table_and_elects() {
+        let etcd = "candidates = [1, 2]\nbackend = \"etcd\"\n\n[role.etcd]\nendpoints = [\"127.0.0.1:2379\"]\nlease_ttl_s = 3";
+        let c = Cluster::parse(&file(etcd, NODES)).expect("valid");
+        assert_eq!(c.role.ownership, Ownership::Elected);
+        let s = c.etcd.as_ref().expect("etcd settings");
+        assert_eq!(s.endpoints, vec!["127.0.0.1:2379".to_string()]);
+        assert_eq!(s.lease_ttl, Some(Duration::from_secs(3)));
+        assert_eq!(s.line, 7);
+        let plain = Cluster::parse(&file("candidates = [1]", NODES)).expect("valid");
+        assert_eq!(plain.role.ownership, Ownership::CandidateOrder);
+        assert!(plain.etcd.is_none());
+        // backend = "etcd" without its table, and the table without it.
+        let e = Cluster::parse(&file("candidates = [1]\nbackend = \"etcd\"", NODES))
+            .expect_err("no table");
+        assert!(
+            matches!(e, ClusterFileError::EtcdSection { line: 5, .. }),
+            "{e}"
+        );
+        let e = Cluster::parse(&file(
+            "candidates = [1]\n[role.etcd]\nendpoints = [\"127.0.0.1:2379\"]",
+            NODES,
+        ))
+        .expect_err("unused table");
+        assert!(
+            matches!(e, ClusterFileError::EtcdSection { line: 5, .. }),
+            "{e}"
+        );
+        let e = Cluster::parse(&file(
+            "candidates = [1]\nbackend = \"etcd\"\n[role.etcd]\nendpoints = []",
+            NODES,
+        ))
+        .expect_err("no endpoints");
+        assert!(matches!(e, ClusterFileError::Etcd { line: 6, .. }), "{e}");
+        let e = Cluster::parse(&file(
+            "candidates = [1]\nbackend = \"etcd\"\n[role.etcd]\nendpoint = [\"x:1\"]",
+            NODES,
+        ))
+        .expect_err("misspelt field");
+        assert!(matches!(e, ClusterFileError::Syntax { .. }), "{e}");
+    }
+
+    /// With the backend built in, its settings are checked as the file is
+    /// read; without, a node refuses to start and says how to build it.
+    #[test]
+    fn etcd_settings_are_checked_or_the_missing_feature_named() {
+        let text = file(
+            "candidates = [1]\nbackend = \"etcd\"\n[role.etcd]\nendpoints = [\"https://etcd:2379\"]",
+            NODES,
+        );
+        #[cfg(feature = "etcd")]
+        {
+            let e = Cluster::parse(&text).expect_err("tls endpoint");
+            assert!(matches!(e, ClusterFileError::Etcd { line: 6, .. }), "{e}");
+        }
+        #[cfg(not(feature = "etcd"))]
+        {
+            let c = Cluster::parse(&text).expect("parsed; refused at start");
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let cfg = surelink::Config::new(NodeId(1), surelink::proto::ClusterId(5));
+            let e = rt
+                .block_on(crate::role_backend::bind(cfg, Some(&c)))
+                .expect_err("not built");
+            assert!(e.to_string().contains("`etcd` feature"), "{e}");
+        }
     }
 }

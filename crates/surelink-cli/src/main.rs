@@ -28,6 +28,7 @@ mod experiment;
 mod keys;
 mod memload;
 mod role;
+mod role_backend;
 mod serve;
 mod stats;
 mod testbed;

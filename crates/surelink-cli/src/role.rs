@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use surelink::proto::NodeId;
-use surelink::{Endpoint, NetEvent};
+use surelink::NetEvent;
 
 use crate::cluster_file::Cluster;
 use crate::config_file;
@@ -51,7 +51,7 @@ pub(crate) async fn role_server(args: &RoleServerArgs) -> Result<()> {
             cluster.role.candidates
         );
     }
-    let ep = Endpoint::bind(loaded.config).await?;
+    let (ep, role) = crate::role_backend::bind(loaded.config, loaded.cluster.as_ref()).await?;
     if let Some(m) = loaded.metrics {
         let bound = ep
             .serve_metrics(m)
@@ -90,6 +90,7 @@ pub(crate) async fn role_server(args: &RoleServerArgs) -> Result<()> {
             }
         }
     }
+    role.stop().await;
     ep.shutdown().await;
     Ok(())
 }

@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use clap::Args;
 use surelink::proto::NodeId;
-use surelink::{Endpoint, NetEvent, Request};
+use surelink::{NetEvent, Request};
 use tracing::info;
 
 use crate::config_file;
@@ -43,7 +43,7 @@ pub(crate) struct CallArgs {
 
 pub(crate) async fn serve(args: &ServeArgs) -> Result<()> {
     let loaded = config_file::load(&args.config)?;
-    let ep = Endpoint::bind(loaded.config).await?;
+    let (ep, role) = crate::role_backend::bind(loaded.config, loaded.cluster.as_ref()).await?;
     ep.serve(|r: Request| async move { r.body });
     if let Some(m) = loaded.metrics {
         let bound = ep
@@ -66,6 +66,7 @@ pub(crate) async fn serve(args: &ServeArgs) -> Result<()> {
             e = events.recv() => if let Ok(e) = e { print_event(&e) },
         }
     }
+    role.stop().await;
     ep.shutdown().await;
     Ok(())
 }
@@ -128,7 +129,7 @@ pub(crate) async fn call(args: &CallArgs) -> Result<()> {
         bail!("--count must be positive");
     }
     let loaded = config_file::load(&args.config)?;
-    let ep = Endpoint::bind(loaded.config).await?;
+    let (ep, role) = crate::role_backend::bind(loaded.config, loaded.cluster.as_ref()).await?;
     let peer = NodeId(args.peer);
     let body = Bytes::from(vec![0x5a; args.size]);
     let mut rtts = Vec::new();
@@ -175,6 +176,7 @@ pub(crate) async fn call(args: &CallArgs) -> Result<()> {
             max.as_secs_f64() * 1e6
         );
     }
+    role.stop().await;
     ep.shutdown().await;
     if errors > 0 {
         bail!("{errors} of {} calls failed", args.count);

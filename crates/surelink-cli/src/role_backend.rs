@@ -1,0 +1,96 @@
+//! A node's role backend beyond its endpoint. The embedded role service
+//! runs inside the endpoint; with `role.backend = "etcd"` in the cluster
+//! file the etcd backend (`surelink-role-etcd`, built with this tool's
+//! `etcd` feature) runs beside it: it elects the role server through etcd
+//! and carries the tables to every node.
+
+use anyhow::Result;
+use surelink::{Config, Endpoint};
+
+use crate::cluster_file::{Cluster, ClusterFileError};
+
+/// Why a node could not start its role backend.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RoleBackendError {
+    /// The cluster file selects etcd, and this binary was built without it.
+    #[error("cluster file line {line}: role.backend = \"etcd\" needs surelink built with the `etcd` feature (cargo build --release -p surelink-cli --features etcd; its build needs protoc: apt-get install protobuf-compiler)")]
+    #[cfg_attr(feature = "etcd", allow(dead_code))]
+    NotBuilt {
+        /// The `[role.etcd]` line.
+        line: usize,
+    },
+    /// The etcd backend did not start.
+    #[cfg(feature = "etcd")]
+    #[error("starting the etcd role backend: {0}")]
+    Start(#[from] surelink_role_etcd::StartError),
+}
+
+/// The etcd backend's configuration from the cluster file.
+#[cfg(feature = "etcd")]
+fn etcd_config(cluster: &Cluster) -> Option<surelink_role_etcd::EtcdRoleConfig> {
+    let s = cluster.etcd.as_ref()?;
+    let mut c = surelink_role_etcd::EtcdRoleConfig::for_cluster(
+        &cluster.cluster.to_string(),
+        s.endpoints.clone(),
+    );
+    if let Some(p) = &s.prefix {
+        c.prefix = p.clone();
+    }
+    if let Some(ttl) = s.lease_ttl {
+        c.lease_ttl = ttl;
+        c.keepalive_every = ttl / 3;
+    }
+    Some(c)
+}
+
+/// Checks the cluster file's backend settings (with the `etcd` feature:
+/// the whole etcd configuration; without it, nodes refuse at start).
+pub(crate) fn check(cluster: &Cluster) -> Result<(), ClusterFileError> {
+    #[cfg(feature = "etcd")]
+    if let (Some(c), Some(s)) = (etcd_config(cluster), &cluster.etcd) {
+        c.validate().map_err(|e| ClusterFileError::Etcd {
+            line: s.line,
+            message: e.to_string(),
+        })?;
+    }
+    let _ = cluster;
+    Ok(())
+}
+
+/// The role backend running beside an endpoint (nothing for the embedded
+/// service). Dropping it stops it as a crash would; [`RoleBackend::stop`]
+/// hands leadership over first.
+#[derive(Debug, Default)]
+pub(crate) struct RoleBackend {
+    #[cfg(feature = "etcd")]
+    etcd: Option<surelink_role_etcd::EtcdBackend>,
+}
+
+impl RoleBackend {
+    /// Stops; a leader resigns, so the next candidate leads at once.
+    pub(crate) async fn stop(self) {
+        #[cfg(feature = "etcd")]
+        if let Some(b) = self.etcd {
+            b.stop().await;
+        }
+    }
+}
+
+/// Binds the endpoint and starts the cluster file's role backend.
+pub(crate) async fn bind(
+    config: Config,
+    cluster: Option<&Cluster>,
+) -> Result<(Endpoint, RoleBackend)> {
+    #[cfg(not(feature = "etcd"))]
+    if let Some(s) = cluster.and_then(|c| c.etcd.as_ref()) {
+        return Err(RoleBackendError::NotBuilt { line: s.line }.into());
+    }
+    let ep = Endpoint::bind(config).await?;
+    #[cfg(feature = "etcd")]
+    if let Some(c) = cluster.and_then(etcd_config) {
+        let b = surelink_role_etcd::EtcdBackend::start(&ep, c).map_err(RoleBackendError::from)?;
+        return Ok((ep, RoleBackend { etcd: Some(b) }));
+    }
+    let _ = cluster;
+    Ok((ep, RoleBackend::default()))
+}
