@@ -1,0 +1,232 @@
+//! `role.backend = "etcd"` end to end, as an operator runs it (needs the
+//! `etcd` feature: `cargo test -p surelink-cli --features etcd --test
+//! role_etcd`): a real etcd on loopback, the example cache cluster's files
+//! with the cluster file switched to the etcd backend, each node its own
+//! `surelink` process. `surelink status` shows one elected candidate's
+//! table on every node; when that process is killed the other candidate's
+//! table (a higher epoch) reaches the survivors and the proxy keeps
+//! serving. Prints `SKIPPED: …` where etcd is not installed.
+
+#![cfg(feature = "etcd")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Kills the processes when dropped (also when the test fails).
+struct Procs(Vec<(String, Child)>);
+
+impl Procs {
+    fn kill(&mut self, name: &str) {
+        if let Some(i) = self.0.iter().position(|(n, _)| n == name) {
+            let (_, mut c) = self.0.remove(i);
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn etcd(dir: &Path) -> Option<(Child, u16)> {
+    let have = Command::new("sh")
+        .args(["-c", "command -v etcd"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have {
+        println!("SKIPPED: etcd not installed (apt-get install etcd-server)");
+        return None;
+    }
+    let (client, peer) = (free_port(), free_port());
+    let log = std::fs::File::create(dir.join("etcd.log")).unwrap();
+    let child = Command::new("etcd")
+        .arg("--name=t")
+        .arg(format!("--data-dir={}", dir.join("etcd").display()))
+        .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
+        .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
+        .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+        .arg(format!(
+            "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+        ))
+        .arg(format!("--initial-cluster=t=http://127.0.0.1:{peer}"))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    Some((child, client))
+}
+
+/// The example cache cluster's files, on other ports, with the cluster
+/// file switched to the etcd backend at `client`.
+fn files(dir: &Path, client: u16) {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/cache");
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        let mut text = std::fs::read_to_string(&p).unwrap();
+        text = text
+            .replace(":7201", ":7401")
+            .replace("127.0.0.1:921", "127.0.0.1:941")
+            .replace("127.0.0.1:11311", "127.0.0.1:11511");
+        if p.file_name().is_some_and(|n| n == "cluster.toml") {
+            let line = "candidates = [1, 2]            # role-server candidates, in order\n";
+            assert!(text.contains(line), "the example cluster file changed");
+            text = text.replace(
+                line,
+                &format!(
+                    "candidates = [1, 2]\nbackend = \"etcd\"\n\n[role.etcd]\nendpoints = [\"http://127.0.0.1:{client}\"]\n"
+                ),
+            );
+        }
+        std::fs::write(dir.join(p.file_name().unwrap()), text).unwrap();
+    }
+}
+
+fn start(dir: &Path, kind: &str, file: &str) -> (String, Child) {
+    let c = Command::new(env!("CARGO_BIN_EXE_surelink"))
+        .args(["cache", kind, "--config"])
+        .arg(dir.join(file))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    (file.to_string(), c)
+}
+
+/// One request through the proxy, or `None` on any failure.
+fn ask(req: &[u8], end: &[u8]) -> Option<Vec<u8>> {
+    let mut s = TcpStream::connect("127.0.0.1:11511").ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(req).ok()?;
+    let mut got = Vec::new();
+    let mut b = [0u8; 4096];
+    while !got.ends_with(end) {
+        let n = s.read(&mut b).ok()?;
+        if n == 0 {
+            return None;
+        }
+        got.extend_from_slice(&b[..n]);
+    }
+    Some(got)
+}
+
+/// `surelink status --cluster`: per node asked, the (role server, epoch)
+/// of the table it holds, and the epochs served.
+fn status(dir: &Path) -> (String, Vec<(u64, u64)>, Vec<u64>) {
+    let out = Command::new(env!("CARGO_BIN_EXE_surelink"))
+        .args(["status", "--cluster"])
+        .arg(dir.join("cluster.toml"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let num = |s: &str| s.trim_end_matches(',').parse::<u64>().ok();
+    let mut tables = Vec::new();
+    let mut serving = Vec::new();
+    for l in text.lines() {
+        if let Some(rest) = l.strip_prefix("table: role server node ") {
+            let w: Vec<&str> = rest.split_whitespace().collect();
+            if let (Some(role), Some(epoch)) = (num(w[0]), w.get(2).and_then(|e| num(e))) {
+                tables.push((role, epoch));
+            }
+        }
+        if let Some(rest) = l.strip_prefix("serving as role server, epoch ") {
+            serving.extend(num(rest));
+        }
+    }
+    (text, tables, serving)
+}
+
+fn until<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(t) = f() {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn nodes_elect_through_etcd_and_fail_over() {
+    let dir = std::env::temp_dir().join(format!("surelink-role-etcd-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let Some((etcd, client)) = etcd(&dir) else {
+        return;
+    };
+    files(&dir, client);
+    let mut procs = Procs(vec![("etcd".into(), etcd)]);
+    for (kind, f) in [
+        ("node", "node1.toml"),
+        ("node", "node2.toml"),
+        ("node", "node3.toml"),
+        ("proxy", "proxy.toml"),
+    ] {
+        procs.0.push(start(&dir, kind, f));
+    }
+    until("a set through the proxy", Duration::from_secs(30), || {
+        (ask(b"set hello 0 0 5\r\nworld\r\n", b"\r\n").as_deref() == Some(b"STORED\r\n"))
+            .then_some(())
+    });
+    // Every node, the proxy included, holds the elected candidate's table;
+    // that candidate says it serves, through the external backend.
+    let (leader, epoch) = until(
+        "one elected table everywhere",
+        Duration::from_secs(20),
+        || {
+            let (text, tables, serving) = status(&dir);
+            let first = *tables.first()?;
+            (tables.len() == 4
+                && tables.iter().all(|t| *t == first)
+                && serving == vec![first.1]
+                && text.matches("role backend: external").count() == 4)
+                .then_some(first)
+        },
+    );
+    assert!(leader == 1 || leader == 2, "leader {leader}");
+    eprintln!("elected through etcd: node {leader}, epoch {epoch}");
+    // Kill the leader's process: the other candidate's table, of a higher
+    // epoch, reaches the three survivors.
+    let killed = Instant::now();
+    procs.kill(&format!("node{leader}.toml"));
+    let other = 3 - leader;
+    let took = until("the next leader's table", Duration::from_secs(20), || {
+        let (_, tables, serving) = status(&dir);
+        (tables.len() == 3
+            && tables.iter().all(|t| t.0 == other && t.1 > epoch)
+            && serving.len() == 1)
+            .then(|| killed.elapsed())
+    });
+    eprintln!("leader process killed: next leader's table on every survivor within {took:?} (status polled every 100 ms)");
+    // The key may have lived on the killed node: a hit or a clean miss,
+    // never an error.
+    let got = ask(b"get hello\r\n", b"END\r\n").expect("the proxy answers");
+    assert!(
+        got == b"VALUE hello 0 5\r\nworld\r\nEND\r\n" || got == b"END\r\n",
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    until("a set after the failover", Duration::from_secs(10), || {
+        (ask(b"set after 0 0 2\r\nok\r\n", b"\r\n").as_deref() == Some(b"STORED\r\n")).then_some(())
+    });
+    drop(procs);
+    let _ = std::fs::remove_dir_all(&dir);
+}
