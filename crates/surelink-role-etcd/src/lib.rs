@@ -51,7 +51,8 @@
 //! with its default timing. A leader that resigns ([`Leader::resign`], or
 //! closing [`Leader::run`]'s reports) hands over in milliseconds.
 //! `cargo run --release --manifest-path crates/surelink-role-etcd/Cargo.toml --example failover` measures
-//! it.
+//! it on the backend alone, `--example nodes_failover` through real
+//! endpoints beside the embedded service's failover.
 //!
 //! # What it does not do
 //!

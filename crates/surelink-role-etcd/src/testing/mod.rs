@@ -236,3 +236,6 @@ async fn pump(
         }
     }
 }
+
+mod failover;
+pub use failover::{failover_round, Fault, Round};
