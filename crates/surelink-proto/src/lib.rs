@@ -106,6 +106,6 @@ pub use ids::{
 pub use router::{HelloRoute, OpenError, Router};
 pub use session::{
     CompleteError, Input, LocalIdentity, Message, MessageBatch, PathSnapshot, PathStats,
-    RoleSendError, Session, SessionStats, ROLE_QUEUE,
+    RoleSendError, Session, SessionStats, ROLE_QUEUE, ROLE_QUEUE_BYTES,
 };
 pub use time::Time;

@@ -28,8 +28,8 @@ use std::time::Duration;
 
 use surelink_proto::detector::{DetectorConfig, Fence};
 use surelink_proto::role::{
-    self, Candidacy, CandidacyAction, PathStatus, PeerReport, RoleConfig, RoleEvent, RoleMessage,
-    RoleServer, StatusReport, TableGate, TableView,
+    self, Candidacy, CandidacyAction, Reporter, RoleConfig, RoleEvent, RoleMessage, RoleServer,
+    Sighting, TableGate, TableView,
 };
 use surelink_proto::{NodeId, Time};
 
@@ -163,8 +163,8 @@ struct Node {
     /// Last time a heartbeat from each peer arrived.
     heard: Vec<Time>,
     dead: Vec<bool>,
-    seq: u64,
-    next_report: Time,
+    /// What this node reports: the product's reporter.
+    reporter: Reporter,
     inbox: VecDeque<(usize, Vec<u8>)>,
     /// Since when the current role server serves, and each version it
     /// made, in order.
@@ -298,12 +298,23 @@ impl RoleScenario {
             crashed: false,
             fence: Fence::new(det, now),
             gate: TableGate::new(cfg.clone(), id),
-            cand: (i < self.candidates).then(|| Candidacy::new(cfg, id, now, listen)),
+            cand: (i < self.candidates).then(|| Candidacy::new(cfg.clone(), id, now, listen)),
             server: None,
             heard: vec![now; self.nodes],
             dead: vec![false; self.nodes],
-            seq: 0,
-            next_report: now,
+            reporter: {
+                // Sessions are modelled as always connected: every path up.
+                let mut r = Reporter::new(&cfg, id, now);
+                for peer in cfg.nodes.iter().filter(|n| **n != id) {
+                    for network in 0..cfg.networks {
+                        r.handle_sighting(Sighting::PathUp {
+                            peer: *peer,
+                            network,
+                        });
+                    }
+                }
+                r
+            },
             inbox: VecDeque::new(),
             serving: None,
         }
@@ -547,6 +558,13 @@ impl RoleScenario {
             let was = nodes[i].dead[j];
             nodes[i].dead[j] = silent;
             let peer = NodeId(j as u64 + 1);
+            if silent != was {
+                nodes[i].reporter.handle_sighting(if silent {
+                    Sighting::PeerDead(peer)
+                } else {
+                    Sighting::PeerAlive(peer)
+                });
+            }
             if let Some(c) = nodes[i].cand.as_mut() {
                 if silent && !was {
                     c.handle_peer_dead(peer);
@@ -644,24 +662,12 @@ impl RoleScenario {
         // Report to every candidate: the serving one builds its matrix from
         // them, the others learn the current epoch (a restarted candidate
         // must not claim an old one) and keep a warm matrix.
-        if may_send && now >= nodes[i].next_report {
-            nodes[i].next_report = now + cfg.refresh;
-            nodes[i].seq += 1;
-            let peers = (0..nodes.len())
-                .filter(|j| *j != i && nodes[i].dead[*j])
-                .map(|j| PeerReport {
-                    peer: NodeId(j as u64 + 1),
-                    alive: false,
-                    networks: vec![(PathStatus::Down, 0); 2],
-                })
-                .collect();
-            let report = StatusReport {
-                reporter: me,
-                seq: nodes[i].seq,
-                watched: (self.nodes - 1) as u32,
-                held: nodes[i].gate.held(),
-                peers,
-            };
+        let held = nodes[i].gate.held();
+        nodes[i].reporter.handle_held(held);
+        let due = may_send
+            .then(|| nodes[i].reporter.poll_report(now))
+            .flatten();
+        if let Some(report) = due {
             for to in 0..self.candidates {
                 if to == i {
                     if let Some(s) = nodes[i].server.as_mut() {

@@ -465,6 +465,34 @@ fn role_queue_keeps_the_newest() {
     );
 }
 
+/// A peer cannot make a session hold more than [`ROLE_QUEUE_BYTES`] of
+/// role messages: long ones are dropped oldest first by bytes too.
+#[test]
+fn role_queue_is_bounded_in_bytes() {
+    let mut p = Pair::new(cfg());
+    p.connect(1);
+    p.settle();
+    let now = p.now;
+    // Each a little over a quarter of the bound: three fit.
+    let len = ROLE_QUEUE_BYTES / 4 + 1;
+    for i in 0..8u8 {
+        p.a.send_role(now, NodeId(2), Bytes::from(vec![i; len]))
+            .expect("queued");
+    }
+    assert_eq!(
+        p.a.session_stats(NodeId(2)).expect("session").role_dropped,
+        5
+    );
+    p.settle();
+    let got: Vec<u8> = std::iter::from_fn(|| p.b.poll_role())
+        .map(|(_, m)| {
+            assert_eq!(m.len(), len);
+            m[0]
+        })
+        .collect();
+    assert_eq!(got, vec![5, 6, 7]);
+}
+
 #[test]
 fn avoided_network_carries_new_traffic_only_when_nothing_else_can() {
     let mut p = Pair::new(cfg());

@@ -282,9 +282,11 @@ async fn an_external_backend_elects_and_carries_the_tables() {
     stale.version = held.version + 100;
     links[1].apply(stale).await.expect("endpoint up");
     let st = until(&eps[1], Duration::from_secs(5), |s| s.tables_rejected >= 1).await;
-    assert_eq!(
-        st.table.as_ref().map(|t| (t.epoch, t.version)),
-        Some((7, held.version))
+    // (The backend may have moved on meanwhile, within epoch 7.)
+    let now = st.table.as_ref().map(|t| (t.epoch, t.version));
+    assert!(
+        now.is_some_and(|(e, v)| e == 7 && v < held.version + 100),
+        "{now:?}"
     );
     // So is a row written by a node that is no candidate.
     let mut forged = held.clone();

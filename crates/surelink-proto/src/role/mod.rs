@@ -45,6 +45,7 @@ mod codec;
 mod election;
 mod gate;
 mod matrix;
+mod reporter;
 pub(crate) mod server;
 pub(crate) mod table;
 
@@ -58,6 +59,7 @@ pub use codec::{decode, encode, RoleDecodeError, RoleMessage, MAX_ROLE_MESSAGE};
 pub use election::{Candidacy, CandidacyAction};
 pub use gate::{Applied, TableGate, TableRejected};
 pub use matrix::{Matrix, MatrixEntry, PathStatus, PeerReport, StatusReport};
+pub use reporter::{round_rtt, Reporter, Sighting};
 pub use server::{Push, ReportRejected, RoleEvent, RoleInput, RoleServer};
 pub use table::{MemberState, PathChoice, RingMember, Route, RoutingTable, TableView};
 

@@ -51,7 +51,7 @@ pub use observe::{PathSnapshot, SessionStats};
 pub use paths::PathStats;
 use paths::{PathState, Phase};
 use recv::RecvSide;
-pub use route::{RoleSendError, ROLE_QUEUE};
+pub use route::{RoleSendError, ROLE_QUEUE, ROLE_QUEUE_BYTES};
 pub use rpc::CompleteError;
 pub(crate) use send::Prefix;
 use send::{BatchLimits, SendSide};
@@ -175,9 +175,9 @@ pub struct Session {
     /// The latest `now` seen (for inputs that take none).
     now: Time,
     /// Role messages to send, oldest first (see `route.rs`).
-    role_out: VecDeque<Bytes>,
+    role_out: route::RoleQueue,
     /// Role messages received, oldest first.
-    role_in: VecDeque<Bytes>,
+    role_in: route::RoleQueue,
     /// Networks the routing table steers new traffic away from (a bit each).
     avoid: u8,
 }
@@ -226,8 +226,8 @@ impl Session {
             pending_replies: VecDeque::new(),
             released_scratch: Vec::new(),
             now,
-            role_out: VecDeque::new(),
-            role_in: VecDeque::new(),
+            role_out: route::RoleQueue::default(),
+            role_in: route::RoleQueue::default(),
             avoid: 0,
         }
     }

@@ -9,6 +9,8 @@
 //! when full: a newer report or table supersedes an older one, and a peer
 //! flooding us with role frames cannot make us hold more than a few.
 
+use std::collections::VecDeque;
+
 use bytes::{Bytes, BytesMut};
 use thiserror::Error;
 
@@ -21,6 +23,48 @@ use crate::wire::{encode_route_update, HEADER_LEN};
 
 /// Role messages a session holds each way.
 pub const ROLE_QUEUE: usize = 16;
+
+/// Bytes of role messages a session holds each way: two of the longest
+/// (a peer cannot make a session hold [`ROLE_QUEUE`] × 1 MiB).
+pub const ROLE_QUEUE_BYTES: usize = 2 * MAX_ROLE_MESSAGE;
+
+/// A role queue bounded in messages and bytes; full, it drops its oldest.
+#[derive(Debug, Default)]
+pub(super) struct RoleQueue {
+    q: VecDeque<Bytes>,
+    bytes: usize,
+}
+
+impl RoleQueue {
+    /// Appends `m` (at most [`MAX_ROLE_MESSAGE`] long); returns how many
+    /// older messages were dropped to make room.
+    fn push(&mut self, m: Bytes) -> u64 {
+        let mut dropped = 0;
+        while !self.q.is_empty()
+            && (self.q.len() >= ROLE_QUEUE || self.bytes + m.len() > ROLE_QUEUE_BYTES)
+        {
+            self.pop();
+            dropped += 1;
+        }
+        self.bytes += m.len();
+        self.q.push_back(m);
+        dropped
+    }
+
+    fn pop(&mut self) -> Option<Bytes> {
+        let m = self.q.pop_front()?;
+        self.bytes -= m.len();
+        Some(m)
+    }
+
+    fn front(&self) -> Option<&Bytes> {
+        self.q.front()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.q.is_empty()
+    }
+}
 
 /// Why a role message was not queued.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
@@ -43,8 +87,9 @@ impl Session {
     /// Queues one encoded role message (see
     /// [`role::encode`](crate::role::encode)) for the peer. It goes out
     /// ahead of new data on the path new data would take, as soon as one
-    /// is active; if [`ROLE_QUEUE`] messages are already waiting the
-    /// oldest is dropped (the role protocol re-sends what matters).
+    /// is active; if [`ROLE_QUEUE`] messages or [`ROLE_QUEUE_BYTES`] are
+    /// already waiting the oldest are dropped (the role protocol re-sends
+    /// what matters).
     pub fn send_role(&mut self, now: Time, message: Bytes) -> Result<(), RoleSendError> {
         self.tick(now);
         if self.ended.is_some() {
@@ -57,11 +102,7 @@ impl Session {
                 max,
             });
         }
-        if self.role_out.len() >= ROLE_QUEUE {
-            self.role_out.pop_front();
-            self.stats.role_dropped += 1;
-        }
-        self.role_out.push_back(message);
+        self.stats.role_dropped += self.role_out.push(message);
         Ok(())
     }
 
@@ -70,7 +111,7 @@ impl Session {
     /// [`Session::peer`], proven by the path's handshake when the
     /// endpoint is secure.
     pub fn poll_role(&mut self) -> Option<Bytes> {
-        self.role_in.pop_front()
+        self.role_in.pop()
     }
 
     /// Says which network `path` runs on (an index into the cluster's
@@ -99,6 +140,25 @@ impl Session {
         self.avoid
     }
 
+    /// Per network the driver named (`set_path_network`), the smallest
+    /// smoothed round trip among its active paths: what the role service
+    /// reports for a peer it lists.
+    pub fn network_rtts(&self) -> Vec<(u8, std::time::Duration)> {
+        let mut out: Vec<(u8, std::time::Duration)> = Vec::new();
+        for p in self
+            .paths
+            .iter()
+            .filter(|p| p.phase == super::paths::Phase::Active)
+        {
+            let Some(n) = p.network else { continue };
+            match out.iter_mut().find(|(m, _)| *m == n) {
+                Some((_, r)) => *r = (*r).min(p.rtt.srtt),
+                None => out.push((n, p.rtt.srtt)),
+            }
+        }
+        out
+    }
+
     /// The longest role message the peer accepts.
     fn role_limit(&self) -> usize {
         let peer = self.peer.map_or(usize::MAX, |p| {
@@ -109,12 +169,8 @@ impl Session {
 
     /// A ROUTE_UPDATE frame arrived.
     pub(super) fn on_route_update(&mut self, body: Bytes) {
-        if self.role_in.len() >= ROLE_QUEUE {
-            self.role_in.pop_front();
-            self.stats.role_dropped += 1;
-        }
         self.stats.role_received += 1;
-        self.role_in.push_back(body);
+        self.stats.role_dropped += self.role_in.push(body);
     }
 
     /// The path queued role messages go to, if any may go now.
@@ -138,7 +194,7 @@ impl Session {
             if buf.len() > start && buf.len() - start + HEADER_LEN + m.len() > budget {
                 break;
             }
-            let Some(m) = self.role_out.pop_front() else {
+            let Some(m) = self.role_out.pop() else {
                 break;
             };
             if m.len() > max {

@@ -18,7 +18,7 @@
 //! failure detector (with the detector off, candidates never learn that
 //! the serving one died, so only the first candidate serves).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -27,8 +27,8 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use surelink_proto::role::{
-    self, Candidacy, CandidacyAction, Matrix, Ownership, PathStatus, PeerReport, RoleConfig,
-    RoleEvent, RoleInput, RoleMessage, RoleServer, StatusReport, TableGate, TableView,
+    self, Candidacy, CandidacyAction, Matrix, Ownership, PathStatus, Reporter, RoleConfig,
+    RoleEvent, RoleInput, RoleMessage, RoleServer, Sighting, TableGate, TableView,
 };
 use surelink_proto::{NodeId, SessionEndReason, Time};
 
@@ -94,17 +94,6 @@ impl RoleShared {
     }
 }
 
-/// What the reporter knows of each peer, from events.
-#[derive(Default)]
-struct Seen {
-    /// (peer, network) the detector found silent.
-    silent: HashSet<(NodeId, usize)>,
-    /// Peers the detector reported dead.
-    dead: HashSet<NodeId>,
-    /// Working paths per (peer, network).
-    paths: HashMap<(NodeId, usize), usize>,
-}
-
 struct Task {
     shared: Arc<Shared>,
     me: NodeId,
@@ -115,12 +104,8 @@ struct Task {
     gate: TableGate,
     candidacy: Option<Candidacy>,
     server: Option<RoleServer>,
-    seen: Seen,
-    seq: u64,
-    last_report: Option<StatusReport>,
-    next_report: Time,
-    /// What the report would say may have changed (an event, a table).
-    report_due: bool,
+    /// What this node reports (the core's, fed from events).
+    reporter: Reporter,
     /// The timer fired since the last step.
     ticked: bool,
 }
@@ -159,11 +144,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         gate: TableGate::new(cfg.clone(), me),
         candidacy,
         server: None,
-        seen: Seen::default(),
-        seq: 0,
-        last_report: None,
-        next_report: now,
-        report_due: true,
+        reporter: Reporter::new(&cfg, me, now),
         ticked: true,
         me,
         shared: shared.clone(),
@@ -344,7 +325,6 @@ impl Task {
                 self.role().status.lock().tables_rejected += 1;
             }
         }
-        self.report_due = true;
     }
 
     /// Applies the held table to the sessions as path policy.
@@ -375,38 +355,45 @@ impl Task {
     }
 
     fn on_event(&mut self, e: &NetEvent) {
-        self.report_due = true;
-        let seen = &mut self.seen;
-        match e {
+        let net = |n: &usize| u8::try_from(*n).ok();
+        let sighting = match e {
             NetEvent::PathUp { peer, network, .. } => {
-                *seen.paths.entry((*peer, *network)).or_default() += 1;
+                net(network).map(|network| Sighting::PathUp {
+                    peer: *peer,
+                    network,
+                })
             }
             NetEvent::PathDown {
                 peer: Some(peer),
                 network,
                 ..
-            } => {
-                if let Some(n) = seen.paths.get_mut(&(*peer, *network)) {
-                    *n = n.saturating_sub(1);
-                }
-            }
+            } => net(network).map(|network| Sighting::PathDown {
+                peer: *peer,
+                network,
+            }),
             NetEvent::PathSilent { peer, network, .. } => {
-                seen.silent.insert((*peer, *network));
+                net(network).map(|network| Sighting::PathSilent {
+                    peer: *peer,
+                    network,
+                })
             }
             NetEvent::PathHeard { peer, network } => {
-                seen.silent.remove(&(*peer, *network));
+                net(network).map(|network| Sighting::PathHeard {
+                    peer: *peer,
+                    network,
+                })
             }
             NetEvent::PeerDead { peer } => {
-                seen.dead.insert(*peer);
                 if let Some(c) = &mut self.candidacy {
                     c.handle_peer_dead(*peer);
                 }
+                Some(Sighting::PeerDead(*peer))
             }
             NetEvent::PeerAlive { peer } | NetEvent::PeerUp { peer, .. } => {
-                seen.dead.remove(peer);
                 if let Some(c) = &mut self.candidacy {
                     c.handle_peer_alive(*peer);
                 }
+                Some(Sighting::PeerAlive(*peer))
             }
             NetEvent::SessionEnded {
                 peer,
@@ -417,47 +404,27 @@ impl Task {
                     s.handle_node_restarted(*peer);
                 }
                 self.forward(RoleInput::NodeRestarted(*peer));
+                None
             }
-            _ => {}
+            _ => None,
+        };
+        if let Some(s) = sighting {
+            self.reporter.handle_sighting(s);
         }
     }
 
-    /// What this node sees of its peers; only the unusual is listed.
-    fn report(&mut self) -> StatusReport {
-        let cfg = &self.role().cfg;
-        let networks = usize::from(cfg.networks);
-        let mut peers = Vec::new();
-        let mut watched = 0u32;
-        for &peer in cfg.nodes.iter().filter(|n| **n != self.me) {
-            watched += 1;
-            let alive = !self.seen.dead.contains(&peer);
-            let nets: Vec<(PathStatus, u32)> = (0..networks)
-                .map(|n| {
-                    let status = if self.seen.silent.contains(&(peer, n)) {
-                        PathStatus::Down
-                    } else if self.seen.paths.get(&(peer, n)).copied().unwrap_or(0) == 0 {
-                        PathStatus::Suspect
-                    } else {
-                        PathStatus::Up
-                    };
-                    (status, 0)
-                })
-                .collect();
-            if alive && nets.iter().all(|(s, _)| *s == PathStatus::Up) {
+    /// The round trips of the peers the report lists (on the timer).
+    fn feed_rtts(&mut self) {
+        let listed: Vec<NodeId> = self.reporter.unusual().collect();
+        for peer in listed {
+            let Some(h) = self.shared.session(peer) else {
                 continue;
+            };
+            let rtts = h.with(&self.shared, |g, _| g.core.network_rtts());
+            for (network, rtt) in rtts {
+                let us = u32::try_from(rtt.as_micros()).unwrap_or(u32::MAX);
+                self.reporter.handle_rtt(peer, network, us);
             }
-            peers.push(PeerReport {
-                peer,
-                alive,
-                networks: nets,
-            });
-        }
-        StatusReport {
-            reporter: self.me,
-            seq: 0,
-            watched,
-            held: self.gate.held(),
-            peers,
         }
     }
 
@@ -469,28 +436,22 @@ impl Task {
         let now = clock(&self.shared);
         let ticked = std::mem::take(&mut self.ticked);
         // Report on change at once, else every refresh.
-        if std::mem::take(&mut self.report_due) || now >= self.next_report {
-            let mut r = self.report();
-            let changed = self
-                .last_report
-                .as_ref()
-                .is_none_or(|l| l.peers != r.peers || l.held != r.held || l.watched != r.watched);
-            if changed || now >= self.next_report {
-                self.seq += 1;
-                r.seq = self.seq;
-                self.next_report = now + self.role().cfg.refresh;
-                let msg = RoleMessage::Report(r.clone());
-                let candidates = self.role().cfg.candidates.clone();
-                for c in candidates {
-                    if c == self.me {
-                        self.handle(c, msg.clone());
-                    } else {
-                        self.send(c, &msg);
-                    }
+        if now >= self.reporter.poll_timeout() {
+            // Round trips at the refresh's pace: they are policy, not news.
+            self.feed_rtts();
+        }
+        self.reporter.handle_held(self.gate.held());
+        if let Some(r) = self.reporter.poll_report(now) {
+            let msg = RoleMessage::Report(r);
+            let candidates = self.role().cfg.candidates.clone();
+            for c in candidates {
+                if c == self.me {
+                    self.handle(c, msg.clone());
+                } else {
+                    self.send(c, &msg);
                 }
-                self.last_report = Some(r);
-                self.role().status.lock().reports_sent += 1;
             }
+            self.role().status.lock().reports_sent += 1;
         }
         // The candidacy.
         if let Some(c) = &mut self.candidacy {
