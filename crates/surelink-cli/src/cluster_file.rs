@@ -16,6 +16,10 @@
 //! # endpoints = ["http://127.0.0.1:2379"]
 //! # prefix = "/surelink/11"    # the default: /surelink/<cluster>
 //! # lease_ttl_s = 2            # the candidates' lease (etcd may grant more)
+//! # ca_file = "etcd-ca.pem"    # TLS (https:// endpoints): the CA signing etcd's certificate,
+//! # cert_file = "node.pem"     # this node's client certificate and key (etcd's
+//! # key_file = "node-key.pem"  #   --client-cert-auth), relative to this file,
+//! # server_name = "etcd"       # and the name etcd's certificate carries
 //!
 //! [[nodes]]
 //! node = 1
@@ -35,7 +39,7 @@
 
 use std::net::SocketAddr;
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -174,6 +178,10 @@ struct EtcdSection {
     endpoints: Vec<String>,
     prefix: Option<String>,
     lease_ttl_s: Option<u64>,
+    ca_file: Option<PathBuf>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+    server_name: Option<String>,
 }
 
 /// `[role.etcd]`: where the etcd backend keeps the cluster's election and
@@ -186,6 +194,13 @@ pub(crate) struct EtcdSettings {
     pub(crate) prefix: Option<String>,
     /// The candidates' lease TTL (`None`: the backend's default).
     pub(crate) lease_ttl: Option<Duration>,
+    /// TLS: the CA to trust, this node's client certificate and key
+    /// (resolved against the cluster file's directory), the name etcd's
+    /// certificate carries.
+    pub(crate) ca_file: Option<PathBuf>,
+    pub(crate) cert_file: Option<PathBuf>,
+    pub(crate) key_file: Option<PathBuf>,
+    pub(crate) server_name: Option<String>,
     /// The `[role.etcd]` line, for errors found later.
     pub(crate) line: usize,
 }
@@ -229,11 +244,19 @@ impl Cluster {
             path: path.display().to_string(),
             source,
         })?;
-        Cluster::parse(&text)
+        Cluster::parse_in(&text, path.parent().unwrap_or(Path::new(".")))
     }
 
-    /// Parses and checks the text of a cluster file.
+    /// Parses and checks the text of a cluster file (files it names are
+    /// relative to the working directory).
+    #[cfg(test)]
     pub(crate) fn parse(text: &str) -> Result<Cluster, ClusterFileError> {
+        Cluster::parse_in(text, Path::new("."))
+    }
+
+    /// Parses and checks the text of a cluster file; files it names are
+    /// relative to `base`.
+    pub(crate) fn parse_in(text: &str, base: &Path) -> Result<Cluster, ClusterFileError> {
         let line = |span: Range<usize>| {
             text.as_bytes()[..span.start.min(text.len())]
                 .iter()
@@ -326,10 +349,28 @@ impl Cluster {
                         message: "`endpoints` lists no etcd endpoint".into(),
                     });
                 }
+                if e.cert_file.is_some() != e.key_file.is_some() {
+                    return Err(ClusterFileError::Etcd {
+                        line: l,
+                        message: "`cert_file` and `key_file` go together".into(),
+                    });
+                }
+                if e.ca_file.is_none() && (e.cert_file.is_some() || e.server_name.is_some()) {
+                    return Err(ClusterFileError::Etcd {
+                        line: l,
+                        message:
+                            "TLS settings need `ca_file` (the CA that signs etcd's certificate)"
+                                .into(),
+                    });
+                }
                 Some(EtcdSettings {
                     endpoints: e.endpoints.clone(),
                     prefix: e.prefix.clone(),
                     lease_ttl: e.lease_ttl_s.map(Duration::from_secs),
+                    ca_file: e.ca_file.as_ref().map(|p| base.join(p)),
+                    cert_file: e.cert_file.as_ref().map(|p| base.join(p)),
+                    key_file: e.key_file.as_ref().map(|p| base.join(p)),
+                    server_name: e.server_name.clone(),
                     line: l,
                 })
             }
@@ -535,6 +576,38 @@ node = 100
         ))
         .expect_err("misspelt field");
         assert!(matches!(e, ClusterFileError::Syntax { .. }), "{e}");
+        // TLS: the certificate and key go together, and need a CA; files
+        // are relative to the cluster file.
+        let tls = |extra: &str| {
+            format!("candidates = [1]\nbackend = \"etcd\"\n[role.etcd]\nendpoints = [\"https://e:2379\"]\n{extra}")
+        };
+        let e = Cluster::parse(&file(&tls("ca_file = \"ca\"\ncert_file = \"c\""), NODES))
+            .expect_err("cert without key");
+        assert!(e.to_string().contains("go together"), "{e}");
+        let e = Cluster::parse(&file(&tls("server_name = \"etcd\""), NODES))
+            .expect_err("tls without ca");
+        assert!(e.to_string().contains("ca_file"), "{e}");
+        let text = file(
+            &tls("ca_file = \"ca.pem\"\ncert_file = \"n.pem\"\nkey_file = \"k.pem\""),
+            NODES,
+        );
+        #[cfg(not(feature = "etcd"))]
+        {
+            let c = Cluster::parse_in(&text, Path::new("/etc/surelink")).expect("valid");
+            let s = c.etcd.expect("etcd");
+            assert_eq!(s.ca_file, Some(PathBuf::from("/etc/surelink/ca.pem")));
+            assert_eq!(s.key_file, Some(PathBuf::from("/etc/surelink/k.pem")));
+        }
+        // With the backend built in, the files are read as the file is.
+        #[cfg(feature = "etcd")]
+        {
+            let e = Cluster::parse_in(&text, Path::new("/nonexistent")).expect_err("no files");
+            assert!(
+                matches!(e, ClusterFileError::Etcd { line: 6, .. })
+                    && e.to_string().contains("/nonexistent/ca.pem"),
+                "{e}"
+            );
+        }
     }
 
     /// With the backend built in, its settings are checked as the file is

@@ -25,10 +25,19 @@ pub(crate) enum RoleBackendError {
     Start(#[from] surelink_role_etcd::StartError),
 }
 
-/// The etcd backend's configuration from the cluster file.
+/// The etcd backend's configuration from the cluster file (reads the
+/// TLS files it names).
 #[cfg(feature = "etcd")]
-fn etcd_config(cluster: &Cluster) -> Option<surelink_role_etcd::EtcdRoleConfig> {
+fn etcd_config(
+    cluster: &Cluster,
+) -> Option<Result<surelink_role_etcd::EtcdRoleConfig, ClusterFileError>> {
     let s = cluster.etcd.as_ref()?;
+    let read = |p: &std::path::PathBuf| {
+        std::fs::read_to_string(p).map_err(|e| ClusterFileError::Etcd {
+            line: s.line,
+            message: format!("reading {}: {e}", p.display()),
+        })
+    };
     let mut c = surelink_role_etcd::EtcdRoleConfig::for_cluster(
         &cluster.cluster.to_string(),
         s.endpoints.clone(),
@@ -40,18 +49,41 @@ fn etcd_config(cluster: &Cluster) -> Option<surelink_role_etcd::EtcdRoleConfig> 
         c.lease_ttl = ttl;
         c.keepalive_every = ttl / 3;
     }
-    Some(c)
+    if let Some(ca) = &s.ca_file {
+        let tls = (|| {
+            let ca_pem = read(ca)?;
+            let client = match (&s.cert_file, &s.key_file) {
+                (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+                _ => None,
+            };
+            Ok(surelink_role_etcd::EtcdTls {
+                ca_pem,
+                client,
+                server_name: s.server_name.clone(),
+            })
+        })();
+        match tls {
+            Ok(t) => c.tls = Some(t),
+            Err(e) => return Some(Err(e)),
+        }
+    }
+    Some(
+        c.validate()
+            .map(|()| c)
+            .map_err(|e| ClusterFileError::Etcd {
+                line: s.line,
+                message: e.to_string(),
+            }),
+    )
 }
 
 /// Checks the cluster file's backend settings (with the `etcd` feature:
-/// the whole etcd configuration; without it, nodes refuse at start).
+/// the whole etcd configuration, its TLS files read; without it, nodes
+/// refuse at start).
 pub(crate) fn check(cluster: &Cluster) -> Result<(), ClusterFileError> {
     #[cfg(feature = "etcd")]
-    if let (Some(c), Some(s)) = (etcd_config(cluster), &cluster.etcd) {
-        c.validate().map_err(|e| ClusterFileError::Etcd {
-            line: s.line,
-            message: e.to_string(),
-        })?;
+    if let Some(r) = etcd_config(cluster) {
+        r?;
     }
     let _ = cluster;
     Ok(())
@@ -88,7 +120,7 @@ pub(crate) async fn bind(
     let ep = Endpoint::bind(config).await?;
     #[cfg(feature = "etcd")]
     if let Some(c) = cluster.and_then(etcd_config) {
-        let b = surelink_role_etcd::EtcdBackend::start(&ep, c).map_err(RoleBackendError::from)?;
+        let b = surelink_role_etcd::EtcdBackend::start(&ep, c?).map_err(RoleBackendError::from)?;
         return Ok((ep, RoleBackend { etcd: Some(b) }));
     }
     let _ = cluster;

@@ -1,8 +1,9 @@
 //! `role.backend = "etcd"` end to end, as an operator runs it (needs the
 //! `etcd` feature: `cargo test -p surelink-cli --features etcd --test
-//! role_etcd`): a real etcd on loopback, the example cache cluster's files
-//! with the cluster file switched to the etcd backend, each node its own
-//! `surelink` process. `surelink status` shows one elected candidate's
+//! role_etcd`): a real etcd on loopback serving only TLS and requiring
+//! client certificates (made by `surelink certs`), the example cache
+//! cluster's files with the cluster file switched to the etcd backend over
+//! TLS, each node its own `surelink` process. `surelink status` shows one elected candidate's
 //! table on every node; when that process is killed the other candidate's
 //! table (a higher epoch) reaches the survivors and the proxy keeps
 //! serving. Prints `SKIPPED: …` where etcd is not installed.
@@ -55,13 +56,28 @@ fn etcd(dir: &Path) -> Option<(Child, u16)> {
         println!("SKIPPED: etcd not installed (apt-get install etcd-server)");
         return None;
     }
+    // TLS with client certificates, from `surelink certs`: etcd serves
+    // node 99's certificate, the nodes present node 1's.
+    let out = Command::new(env!("CARGO_BIN_EXE_surelink"))
+        .args(["certs", "--cluster", "11", "--nodes", "1,99", "--out"])
+        .arg(dir.join("tls"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let tls = |f: &str| dir.join("tls").join(f).display().to_string();
     let (client, peer) = (free_port(), free_port());
     let log = std::fs::File::create(dir.join("etcd.log")).unwrap();
     let child = Command::new("etcd")
         .arg("--name=t")
         .arg(format!("--data-dir={}", dir.join("etcd").display()))
-        .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
-        .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
+        .arg(format!("--cert-file={}", tls("node-99.crt")))
+        .arg(format!("--key-file={}", tls("node-99.key.pem")))
+        .arg(format!("--trusted-ca-file={}", tls("ca.crt")))
+        .arg("--client-cert-auth")
+        .arg(format!("--listen-client-urls=https://127.0.0.1:{client}"))
+        .arg(format!(
+            "--advertise-client-urls=https://127.0.0.1:{client}"
+        ))
         .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
         .arg(format!(
             "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
@@ -91,7 +107,7 @@ fn files(dir: &Path, client: u16) {
             text = text.replace(
                 line,
                 &format!(
-                    "candidates = [1, 2]\nbackend = \"etcd\"\n\n[role.etcd]\nendpoints = [\"http://127.0.0.1:{client}\"]\n"
+                    "candidates = [1, 2]\nbackend = \"etcd\"\n\n[role.etcd]\nendpoints = [\"https://127.0.0.1:{client}\"]\nca_file = \"tls/ca.crt\"\ncert_file = \"tls/node-1.crt\"\nkey_file = \"tls/node-1.key.pem\"\nserver_name = \"node-99.cluster-11.surelink\"\n"
                 ),
             );
         }

@@ -33,6 +33,32 @@ pub struct EtcdRoleConfig {
     /// 128 by default, bounds it); a change to more rows takes several
     /// transactions, each conditioned on the election.
     pub max_txn_ops: usize,
+    /// TLS to etcd (`https://` endpoints); `None`: plain `http://`.
+    pub tls: Option<EtcdTls>,
+}
+
+/// TLS to etcd: whom to trust, and this node's client certificate for
+/// etcd's `--client-cert-auth` (its common name is the etcd user the
+/// node acts as when etcd's auth is on).
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdTls {
+    /// PEM of the CA certificate(s) that sign etcd's server certificates.
+    pub ca_pem: String,
+    /// This node's client certificate and private key, PEM.
+    pub client: Option<(String, String)>,
+    /// The name etcd's certificate carries, when the endpoints' hosts are
+    /// not it (IP addresses).
+    pub server_name: Option<String>,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the private key.
+        f.debug_struct("EtcdTls")
+            .field("client_cert", &self.client.is_some())
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Most bytes of row values put in one transaction (etcd refuses requests
@@ -53,6 +79,7 @@ impl EtcdRoleConfig {
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(1),
             max_txn_ops: 128,
+            tls: None,
         }
     }
 
@@ -62,10 +89,16 @@ impl EtcdRoleConfig {
             return Err(EtcdConfigError::NoEndpoints);
         }
         for e in &self.endpoints {
-            let rest = e.strip_prefix("http://").unwrap_or(e);
-            if e.starts_with("https://") {
-                return Err(EtcdConfigError::TlsUnsupported(e.clone()));
-            }
+            let rest = match (e.strip_prefix("http://"), e.strip_prefix("https://")) {
+                (Some(_), _) if self.tls.is_some() => {
+                    return Err(EtcdConfigError::PlainEndpointWithTls(e.clone()))
+                }
+                (_, Some(_)) if self.tls.is_none() => {
+                    return Err(EtcdConfigError::TlsWithoutCa(e.clone()))
+                }
+                (Some(r), _) | (_, Some(r)) => r,
+                (None, None) => e,
+            };
             if rest.is_empty()
                 || rest.contains("://")
                 || rest.chars().any(|c| c.is_whitespace() || c == '/')
@@ -110,6 +143,25 @@ impl EtcdRoleConfig {
         if self.max_txn_ops == 0 {
             return Err(EtcdConfigError::Zero("max_txn_ops"));
         }
+        if let Some(t) = &self.tls {
+            if !t.ca_pem.contains("-----BEGIN CERTIFICATE-----") {
+                return Err(EtcdConfigError::BadPem("the CA certificate"));
+            }
+            if let Some((cert, key)) = &t.client {
+                if !cert.contains("-----BEGIN CERTIFICATE-----") {
+                    return Err(EtcdConfigError::BadPem("the client certificate"));
+                }
+                if !key.contains("PRIVATE KEY-----") {
+                    return Err(EtcdConfigError::BadPem("the client key"));
+                }
+            }
+            if t.server_name
+                .as_ref()
+                .is_some_and(|n| n.is_empty() || n.contains(char::is_whitespace))
+            {
+                return Err(EtcdConfigError::BadServerName);
+            }
+        }
         Ok(())
     }
 
@@ -141,12 +193,23 @@ pub enum EtcdConfigError {
     /// No etcd endpoint is listed.
     #[error("no etcd endpoints are listed")]
     NoEndpoints,
-    /// An endpoint is not `http://host:port` or `host:port`.
-    #[error("etcd endpoint {0:?} is not `http://host:port` or `host:port`")]
+    /// An endpoint is not `http://host:port`, `https://host:port` or
+    /// `host:port`.
+    #[error("etcd endpoint {0:?} is not `http://host:port`, `https://host:port` or `host:port`")]
     BadEndpoint(String),
-    /// An `https://` endpoint: this build talks to etcd without TLS.
-    #[error("etcd endpoint {0:?}: TLS to etcd is not supported by this build")]
-    TlsUnsupported(String),
+    /// An `https://` endpoint without TLS settings (whom to trust).
+    #[error("etcd endpoint {0:?} is https:// but no CA certificate is given to trust")]
+    TlsWithoutCa(String),
+    /// An `http://` endpoint with TLS settings: every endpoint is TLS or
+    /// none is.
+    #[error("etcd endpoint {0:?} is plain http:// but TLS is configured")]
+    PlainEndpointWithTls(String),
+    /// A PEM text that is not one.
+    #[error("{0} is not PEM")]
+    BadPem(&'static str),
+    /// The TLS server name is empty or holds whitespace.
+    #[error("the TLS server name must be a host name")]
+    BadServerName,
     /// The key prefix is empty, does not start with `/`, ends with `/` or
     /// holds whitespace.
     #[error("etcd key prefix {0:?} must start with `/`, not end with `/`, and hold no whitespace")]

@@ -60,9 +60,13 @@
 //!   reports travel over surelink's sessions; etcd holds tables, not
 //!   heartbeats, and the leader takes reports from the shell
 //!   ([`Leader::handle_report`], [`Leader::run`]).
-//! - No TLS or authentication to etcd yet (`https://` endpoints are
-//!   refused by [`EtcdRoleConfig::validate`]); whoever may write under the
-//!   prefix can forge rows. A row's writer is not checked by the nodes: a
+//! - Trust in etcd is etcd's: with TLS ([`EtcdTls`]: `https://`
+//!   endpoints, a CA to trust, a client certificate for etcd's
+//!   `--client-cert-auth`) nodes talk only to the real etcd and etcd
+//!   only to holders of certificates it trusts; without it, whoever can
+//!   reach etcd can write rows. Password authentication is not wired (use
+//!   client certificates; their common name is the etcd user). A row's
+//!   writer is not checked by the nodes: a
 //!   row can only have reached etcd through a transaction conditioned on
 //!   the election key of its epoch ([`ElectedGate`]).
 //! - No cluster file parsing: `surelink` (built with its `etcd` feature)
@@ -91,7 +95,7 @@ pub mod testing;
 mod watcher;
 
 pub use candidate::{CampaignError, Candidate, ConnectError};
-pub use config::{EtcdConfigError, EtcdRoleConfig};
+pub use config::{EtcdConfigError, EtcdRoleConfig, EtcdTls};
 pub use gate::ElectedGate;
 pub use leader::{Leader, LeaderEnd, LeaderStats, PublishError, Published};
 pub use node::{BackendState, EtcdBackend, StartError};

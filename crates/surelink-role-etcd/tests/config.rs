@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use surelink_proto::role::{RoleConfig, RoleConfigError};
 use surelink_proto::NodeId;
-use surelink_role_etcd::{Candidate, ConnectError, EtcdConfigError, EtcdRoleConfig, Watcher};
+use surelink_role_etcd::{
+    Candidate, ConnectError, EtcdConfigError, EtcdRoleConfig, EtcdTls, Watcher,
+};
 
 fn good() -> EtcdRoleConfig {
     EtcdRoleConfig::for_cluster("c1", vec!["http://127.0.0.1:2379".into()])
@@ -51,7 +53,44 @@ fn every_bad_field_has_its_error() {
     }
     assert_eq!(
         err(|c| c.endpoints = vec!["https://h:2379".into()]),
-        EtcdConfigError::TlsUnsupported("https://h:2379".into())
+        EtcdConfigError::TlsWithoutCa("https://h:2379".into())
+    );
+    let tls = EtcdTls {
+        ca_pem: "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n".into(),
+        client: Some((
+            "-----BEGIN CERTIFICATE-----\ny\n-----END CERTIFICATE-----\n".into(),
+            "-----BEGIN PRIVATE KEY-----\nsecret\n-----END PRIVATE KEY-----\n".into(),
+        )),
+        server_name: Some("etcd.example".into()),
+    };
+    let mut ok = good();
+    ok.tls = Some(tls.clone());
+    ok.endpoints = vec!["https://h:2379".into(), "h2:2379".into()];
+    ok.validate().expect("https with a CA");
+    assert!(!format!("{tls:?}").contains("secret"), "Debug shows no key");
+    assert_eq!(
+        err(|c| c.tls = Some(tls.clone())),
+        EtcdConfigError::PlainEndpointWithTls("http://127.0.0.1:2379".into())
+    );
+    let with = |f: fn(&mut EtcdTls)| {
+        let mut t = tls.clone();
+        f(&mut t);
+        let mut c = good();
+        c.endpoints = vec!["https://h:2379".into()];
+        c.tls = Some(t);
+        c.validate().expect_err("bad tls")
+    };
+    assert_eq!(
+        with(|t| t.ca_pem = "nope".into()),
+        EtcdConfigError::BadPem("the CA certificate")
+    );
+    assert_eq!(
+        with(|t| t.client = Some(("nope".into(), "nope".into()))),
+        EtcdConfigError::BadPem("the client certificate")
+    );
+    assert_eq!(
+        with(|t| t.server_name = Some("a b".into())),
+        EtcdConfigError::BadServerName
     );
     for bad in ["", "/", "surelink", "/surelink/", "/a b"] {
         assert_eq!(

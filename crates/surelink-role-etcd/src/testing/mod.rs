@@ -7,7 +7,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use surelink_proto::secure::TestCa;
+use surelink_proto::ClusterId;
+
+use crate::EtcdTls;
 use thiserror::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -25,6 +29,9 @@ pub enum FixtureError {
     /// A file, a port or the process.
     #[error("etcd fixture: {0}")]
     Io(#[from] std::io::Error),
+    /// The throwaway certificates could not be made.
+    #[error("etcd fixture certificates: {0}")]
+    Cert(String),
     /// etcd started but did not answer.
     #[error("etcd did not become ready; its log ends:\n{0}")]
     NotReady(String),
@@ -55,6 +62,14 @@ pub struct EtcdProcess {
     child: Child,
     dir: PathBuf,
     addr: SocketAddr,
+    tls: Option<EtcdTls>,
+}
+
+/// The server side of [`EtcdProcess::start_tls`], PEM.
+struct ServerTls {
+    ca_pem: String,
+    cert_pem: String,
+    key_pem: String,
 }
 
 impl EtcdProcess {
@@ -62,6 +77,39 @@ impl EtcdProcess {
     /// not installed (the caller prints [`SKIPPED`]). Any other failure is
     /// an error: a test must not pass without etcd where it is installed.
     pub async fn start() -> Result<Option<EtcdProcess>, FixtureError> {
+        EtcdProcess::launch(None).await
+    }
+
+    /// Starts etcd serving TLS only, with client certificates required
+    /// (`--client-cert-auth`), its certificates from a throwaway CA; also
+    /// returns the TLS settings of a client it accepts (server name
+    /// `localhost`). `Ok(None)` if etcd is not installed.
+    pub async fn start_tls() -> Result<Option<(EtcdProcess, EtcdTls)>, FixtureError> {
+        let ca = TestCa::new(ClusterId(0)).map_err(|e| FixtureError::Cert(e.to_string()))?;
+        let server = ca
+            .issue_named("localhost")
+            .map_err(|e| FixtureError::Cert(e.to_string()))?;
+        let client = ca
+            .issue_named("surelink-node")
+            .map_err(|e| FixtureError::Cert(e.to_string()))?;
+        let tls = EtcdTls {
+            ca_pem: ca.cert_pem(),
+            client: Some((client.cert_pem, client.key_pem)),
+            server_name: Some("localhost".into()),
+        };
+        let files = ServerTls {
+            ca_pem: ca.cert_pem(),
+            cert_pem: server.cert_pem,
+            key_pem: server.key_pem,
+        };
+        Ok(EtcdProcess::launch(Some((files, tls.clone())))
+            .await?
+            .map(|e| (e, tls)))
+    }
+
+    async fn launch(
+        tls: Option<(ServerTls, EtcdTls)>,
+    ) -> Result<Option<EtcdProcess>, FixtureError> {
         let Some(bin) = etcd_binary() else {
             return Ok(None);
         };
@@ -77,9 +125,27 @@ impl EtcdProcess {
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir)?;
             let log = std::fs::File::create(dir.join("etcd.log"))?;
-            let c = format!("http://127.0.0.1:{client}");
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            let c = format!("{scheme}://127.0.0.1:{client}");
             let p = format!("http://127.0.0.1:{peer}");
-            let child = Command::new(&bin)
+            let mut cmd = Command::new(&bin);
+            if let Some((files, _)) = &tls {
+                for (name, pem) in [
+                    ("ca.pem", &files.ca_pem),
+                    ("server.pem", &files.cert_pem),
+                    ("server-key.pem", &files.key_pem),
+                ] {
+                    std::fs::write(dir.join(name), pem)?;
+                }
+                cmd.arg("--cert-file")
+                    .arg(dir.join("server.pem"))
+                    .arg("--key-file")
+                    .arg(dir.join("server-key.pem"))
+                    .arg("--trusted-ca-file")
+                    .arg(dir.join("ca.pem"))
+                    .arg("--client-cert-auth");
+            }
+            let child = cmd
                 .arg("--data-dir")
                 .arg(dir.join("data"))
                 .args(["--name", "default"])
@@ -99,6 +165,7 @@ impl EtcdProcess {
                 child,
                 dir,
                 addr: SocketAddr::from(([127, 0, 0, 1], client)),
+                tls: tls.as_ref().map(|(_, t)| t.clone()),
             };
             if etcd.wait_ready(Duration::from_secs(20)).await {
                 return Ok(Some(etcd));
@@ -114,7 +181,17 @@ impl EtcdProcess {
             if matches!(self.child.try_wait(), Ok(Some(_))) {
                 return false;
             }
-            let opts = ConnectOptions::new().with_connect_timeout(Duration::from_millis(500));
+            let mut opts = ConnectOptions::new().with_connect_timeout(Duration::from_millis(500));
+            if let Some(t) = &self.tls {
+                let mut o = TlsOptions::new().ca_certificate(Certificate::from_pem(&t.ca_pem));
+                if let Some((cert, key)) = &t.client {
+                    o = o.identity(Identity::from_pem(cert, key));
+                }
+                if let Some(n) = &t.server_name {
+                    o = o.domain_name(n.clone());
+                }
+                opts = opts.with_tls(o);
+            }
             let ready = timeout(Duration::from_secs(1), async {
                 let mut c = Client::connect([self.endpoint()], Some(opts)).await?;
                 c.status().await
@@ -130,7 +207,8 @@ impl EtcdProcess {
 
     /// The client URL.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// The client address.
