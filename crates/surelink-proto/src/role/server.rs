@@ -1,6 +1,6 @@
 //! The role server of one epoch: reports in, table rows out.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use thiserror::Error;
 
@@ -8,7 +8,7 @@ use crate::ids::NodeId;
 use crate::time::Time;
 
 use super::matrix::{Matrix, StatusReport};
-use super::table::{compute, RoutingTable, TableView};
+use super::table::{compute, MemberState, RoutingTable, TableView};
 use super::{RoleConfig, RoleConfigError};
 
 /// A row to send: the shell sends `view` to `to` on its session (or
@@ -90,6 +90,8 @@ pub struct RoleServer {
     dirty: bool,
     nodes: HashMap<NodeId, NodePush>,
     due: VecDeque<NodeId>,
+    /// Nodes the current table marks down.
+    down: HashSet<NodeId>,
     next_refresh: Time,
     /// Missed `t_valid` or stepped down: pushes nothing, for good.
     stopped: bool,
@@ -128,6 +130,7 @@ impl RoleServer {
             dirty: true,
             nodes,
             due: VecDeque::new(),
+            down: HashSet::new(),
             stopped: false,
             events: VecDeque::new(),
         })
@@ -236,8 +239,19 @@ impl RoleServer {
         }
         self.next_refresh = now + self.cfg.refresh;
         self.dirty = true;
+        let stale = self.cfg.report_stale_after;
         for (node, p) in &self.nodes {
-            if p.acked < self.table.version
+            // A node the table marks down that has not reported lately got
+            // its row once with this version; re-sending every refresh to
+            // the dead is waste. It gets the current row again when it
+            // reports or restarts, or when the next version comes.
+            let dead = self.down.contains(node)
+                && self
+                    .matrix
+                    .last_report(*node)
+                    .is_none_or(|at| now.saturating_since(at) > stale);
+            if !dead
+                && p.acked < self.table.version
                 && p.last
                     .is_none_or(|t| now.saturating_since(t) >= self.cfg.refresh)
             {
@@ -257,6 +271,11 @@ impl RoleServer {
         if self.table.version > 0 && routes == self.table.routes && ring == self.table.ring {
             return;
         }
+        self.down = ring
+            .iter()
+            .filter(|m| m.state == MemberState::Down)
+            .map(|m| m.node)
+            .collect();
         self.table.routes = routes;
         self.table.ring = ring;
         self.table.version += 1;

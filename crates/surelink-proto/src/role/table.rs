@@ -97,6 +97,11 @@ pub struct RoutingTable {
 }
 
 impl RoutingTable {
+    /// The ring member entry of `node`.
+    pub fn member(&self, node: NodeId) -> Option<MemberState> {
+        self.ring.iter().find(|m| m.node == node).map(|m| m.state)
+    }
+
     /// `node`'s row: what is pushed to it.
     pub fn view_for(&self, node: NodeId) -> TableView {
         TableView {

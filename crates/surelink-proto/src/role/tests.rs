@@ -196,6 +196,57 @@ fn the_server_pushes_every_row_on_a_change_and_re_pushes_until_acknowledged() {
 }
 
 #[test]
+fn a_dead_node_gets_each_version_once_not_every_refresh() {
+    let mut s = RoleServer::new(cfg(), A, 1, ms(0)).unwrap();
+    let dead_c = |seq| {
+        report(
+            A,
+            seq,
+            vec![PeerReport {
+                peer: C,
+                alive: false,
+                networks: vec![(PathStatus::Down, 0), (PathStatus::Down, 0)],
+            }],
+        )
+    };
+    let mut b_too = dead_c(1);
+    b_too.reporter = B;
+    s.handle_report(ms(0), A, &dead_c(1)).unwrap();
+    s.handle_report(ms(0), B, &b_too).unwrap();
+    let first = drain(&mut s, ms(0), ms(10_000));
+    assert!(
+        first.iter().any(|p| p.to == C),
+        "the version goes to C once"
+    );
+    assert_eq!(s.table().member(C), Some(MemberState::Down));
+    for p in &first {
+        if p.to != C {
+            s.handle_ack(p.to, 1, p.view.version);
+        }
+    }
+    // Refreshes: A and B keep reporting C dead; C, silent, gets nothing.
+    for (i, t) in [100, 200, 300, 700].into_iter().enumerate() {
+        let seq = i as u64 + 2;
+        s.handle_report(ms(t), A, &dead_c(seq)).unwrap();
+        let mut b = dead_c(seq);
+        b.reporter = B;
+        s.handle_report(ms(t), B, &b).unwrap();
+        s.handle_timeout(ms(t));
+        let again = drain(&mut s, ms(t), ms(10_000));
+        assert!(
+            again.iter().all(|p| p.to != C),
+            "re-pushed to the dead at {t} ms: {again:?}"
+        );
+    }
+    // C reports (it was only cut off): its row goes out again.
+    s.handle_report(ms(750), C, &report(C, 1, Vec::new()))
+        .unwrap();
+    s.handle_timeout(ms(800));
+    let back = drain(&mut s, ms(800), ms(10_000));
+    assert!(back.iter().any(|p| p.to == C), "{back:?}");
+}
+
+#[test]
 fn the_server_refuses_a_report_for_someone_else() {
     let mut s = RoleServer::new(cfg(), A, 1, ms(0)).unwrap();
     assert_eq!(
