@@ -82,7 +82,7 @@ pub(crate) struct Shared {
     #[cfg(feature = "test-util")]
     pub(crate) muted: Arc<std::sync::atomic::AtomicU64>,
     /// The role service, when the configuration names one.
-    pub(crate) role: Option<crate::role::RoleShared>,
+    pub(crate) role: Option<Arc<crate::role::RoleShared>>,
 }
 
 /// Resolves the write policy for the runtime the endpoint is bound on.
@@ -146,7 +146,10 @@ impl Shared {
             turn_writes: turn_writes(config.write_batching),
             #[cfg(feature = "test-util")]
             muted,
-            role: config.role.clone().map(crate::role::RoleShared::new),
+            role: config
+                .role
+                .clone()
+                .map(|c| Arc::new(crate::role::RoleShared::new(c))),
             config,
         }
     }

@@ -96,6 +96,8 @@ impl RoleShared {
 
 struct Task {
     shared: Arc<Shared>,
+    /// The endpoint's role state.
+    rs: Arc<RoleShared>,
     me: NodeId,
     /// An external backend pushes the tables ([`Ownership::Elected`]).
     external: bool,
@@ -112,7 +114,7 @@ struct Task {
 
 /// Runs the role service of an endpoint until it shuts down.
 pub(crate) async fn run(shared: Arc<Shared>) {
-    let Some(rs) = shared.role.as_ref() else {
+    let Some(rs) = shared.role.clone() else {
         return;
     };
     let Some(mut rx) = rs.rx.lock().take() else {
@@ -139,6 +141,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         .and_then(|l| l.inputs.lock().take())
         .filter(|_| is_candidate);
     let mut t = Task {
+        rs: rs.clone(),
         external,
         forward,
         gate: TableGate::new(cfg.clone(), me),
@@ -207,8 +210,7 @@ fn clock(shared: &Shared) -> Time {
 
 impl Task {
     fn role(&self) -> &RoleShared {
-        // `run` returns at once without it.
-        self.shared.role.as_ref().expect("role service configured")
+        &self.rs
     }
 
     fn send(&self, to: NodeId, msg: &RoleMessage) {
@@ -456,10 +458,7 @@ impl Task {
         // The candidacy.
         if let Some(c) = &mut self.candidacy {
             if let Some(CandidacyAction::TakeOver { epoch }) = c.poll(now) {
-                let cfg = self.shared.role.as_ref().map(|r| r.cfg.clone());
-                let started = cfg
-                    .ok_or(surelink_proto::role::RoleConfigError::NoNodes)
-                    .and_then(|cfg| RoleServer::new(cfg, self.me, epoch, now));
+                let started = RoleServer::new(self.rs.cfg.clone(), self.me, epoch, now);
                 match started {
                     Ok(s) => {
                         info!(epoch, "taking over as role server");
