@@ -5,58 +5,34 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// Kills the processes when dropped (also when the test fails).
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 fn examples() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/cache")
 }
 
-fn start(kind: &str, file: &str) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_surelink"))
+fn start(kind: &str, file: &str) -> (String, Child) {
+    let c = Command::new(env!("CARGO_BIN_EXE_surelink"))
         .args(["cache", kind, "--config"])
         .arg(examples().join(file))
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
-        .unwrap()
+        .unwrap();
+    (file.to_string(), c)
 }
 
-/// One request, one reply (up to `end`), or `None` on any failure.
 fn ask(req: &[u8], end: &[u8]) -> Option<Vec<u8>> {
-    let mut s = TcpStream::connect("127.0.0.1:11311").ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(req).ok()?;
-    let mut got = Vec::new();
-    let mut b = [0u8; 4096];
-    while !got.ends_with(end) {
-        let n = s.read(&mut b).ok()?;
-        if n == 0 {
-            return None;
-        }
-        got.extend_from_slice(&b[..n]);
-    }
-    Some(got)
+    common::ask("127.0.0.1:11311", req, end)
 }
 
 #[test]
 fn the_example_cluster_serves_memcached_clients() {
-    let _procs = Procs(vec![
+    let _procs = common::Procs(vec![
         start("node", "node1.toml"),
         start("node", "node2.toml"),
         start("node", "node3.toml"),

@@ -11,33 +11,12 @@
 #![cfg(feature = "etcd")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+mod common;
+
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// Kills the processes when dropped (also when the test fails).
-struct Procs(Vec<(String, Child)>);
-
-impl Procs {
-    fn kill(&mut self, name: &str) {
-        if let Some(i) = self.0.iter().position(|(n, _)| n == name) {
-            let (_, mut c) = self.0.remove(i);
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for (_, c) in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -126,21 +105,8 @@ fn start(dir: &Path, kind: &str, file: &str) -> (String, Child) {
     (file.to_string(), c)
 }
 
-/// One request through the proxy, or `None` on any failure.
 fn ask(req: &[u8], end: &[u8]) -> Option<Vec<u8>> {
-    let mut s = TcpStream::connect("127.0.0.1:11511").ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(req).ok()?;
-    let mut got = Vec::new();
-    let mut b = [0u8; 4096];
-    while !got.ends_with(end) {
-        let n = s.read(&mut b).ok()?;
-        if n == 0 {
-            return None;
-        }
-        got.extend_from_slice(&b[..n]);
-    }
-    Some(got)
+    common::ask("127.0.0.1:11511", req, end)
 }
 
 /// `surelink status --cluster`: per node asked, the (role server, epoch)
@@ -189,7 +155,7 @@ fn nodes_elect_through_etcd_and_fail_over() {
         return;
     };
     files(&dir, client);
-    let mut procs = Procs(vec![("etcd".into(), etcd)]);
+    let mut procs = common::Procs(vec![("etcd".into(), etcd)]);
     for (kind, f) in [
         ("node", "node1.toml"),
         ("node", "node2.toml"),

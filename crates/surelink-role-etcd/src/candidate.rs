@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use etcd_client::{Client, ConnectOptions};
 use surelink_proto::role::{RoleConfig, RoleConfigError};
 use surelink_proto::NodeId;
 use thiserror::Error;
@@ -73,14 +73,7 @@ pub(crate) async fn connect_client(cfg: &EtcdRoleConfig) -> Result<Client, Conne
         .with_keep_alive(cfg.request_timeout, cfg.request_timeout)
         .with_keep_alive_while_idle(true);
     if let Some(t) = &cfg.tls {
-        let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(&t.ca_pem));
-        if let Some((cert, key)) = &t.client {
-            tls = tls.identity(Identity::from_pem(cert, key));
-        }
-        if let Some(name) = &t.server_name {
-            tls = tls.domain_name(name.clone());
-        }
-        opts = opts.with_tls(tls);
+        opts = opts.with_tls(t.options());
     }
     timeout(
         cfg.connect_timeout,

@@ -51,6 +51,21 @@ pub struct EtcdTls {
     pub server_name: Option<String>,
 }
 
+impl EtcdTls {
+    /// The client's TLS options for etcd-client.
+    pub(crate) fn options(&self) -> etcd_client::TlsOptions {
+        use etcd_client::{Certificate, Identity, TlsOptions};
+        let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(&self.ca_pem));
+        if let Some((cert, key)) = &self.client {
+            tls = tls.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(name) = &self.server_name {
+            tls = tls.domain_name(name.clone());
+        }
+        tls
+    }
+}
+
 impl std::fmt::Debug for EtcdTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the private key.

@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use surelink::proto::role::{MemberState, Ownership, RoleConfig};
 use surelink::proto::NodeId;
-use surelink::testing::{role_cluster, role_until};
-use surelink::{Endpoint, RoleStatus};
+use surelink::testing::{role_cluster, role_expect as until, steers_off};
 use surelink_role_etcd::testing::{failover_round, EtcdProcess, Fault, Round, SKIPPED};
 use surelink_role_etcd::{EtcdBackend, EtcdRoleConfig, LeaderEnd};
 
@@ -24,17 +23,6 @@ async fn etcd() -> Option<EtcdProcess> {
         println!("{SKIPPED}");
     }
     e
-}
-
-async fn until(ep: &Endpoint, within: Duration, f: impl Fn(&RoleStatus) -> bool) -> RoleStatus {
-    match role_until(ep, within, f).await {
-        Some(st) => st,
-        None => panic!(
-            "node {}: condition not met within {within:?}; status {:?}",
-            ep.node(),
-            ep.role_status()
-        ),
-    }
 }
 
 /// What every failover round must show.
@@ -88,10 +76,7 @@ async fn elected_tables_reach_every_node_and_steer_its_paths() {
     // on network 1, and node 1's row from etcd steers it off that network.
     eps[2].testing().mute_network(1, true);
     until(&eps[0], Duration::from_secs(10), |s| {
-        s.table.as_ref().is_some_and(|t| {
-            t.route_to(NodeId(3))
-                .is_some_and(|r| !r.usable(1) && r.usable(0))
-        })
+        steers_off(s, NodeId(3), 1)
     })
     .await;
     eps[2].testing().mute_network(1, false);

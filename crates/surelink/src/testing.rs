@@ -389,6 +389,32 @@ pub async fn role_cluster(
     Ok(eps)
 }
 
+/// Waits until `f` holds for `ep`'s role status; panics naming the node
+/// and its status if it did not within `within`.
+pub async fn role_expect(
+    ep: &Endpoint,
+    within: Duration,
+    f: impl Fn(&crate::RoleStatus) -> bool,
+) -> crate::RoleStatus {
+    match role_until(ep, within, f).await {
+        Some(st) => st,
+        None => panic!(
+            "node {}: role condition not met within {within:?}; status {:?}",
+            ep.node(),
+            ep.role_status()
+        ),
+    }
+}
+
+/// Whether the row `s` holds steers traffic to `to` off `network` while
+/// leaving it another network.
+pub fn steers_off(s: &crate::RoleStatus, to: NodeId, network: u8) -> bool {
+    s.table.as_ref().is_some_and(|t| {
+        t.route_to(to)
+            .is_some_and(|r| !r.usable(network) && (0..8).any(|n| n != network && r.usable(n)))
+    })
+}
+
 /// Waits until `f` holds for `ep`'s role status; `None` if it did not
 /// within `within` (or no role service runs).
 pub async fn role_until(

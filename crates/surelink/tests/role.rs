@@ -14,8 +14,8 @@ use bytes::Bytes;
 
 use surelink::proto::role::{Ownership, PathStatus, RoleConfig, RoleServer};
 use surelink::proto::{NodeId, Time};
-use surelink::testing::{role_cluster, role_until};
-use surelink::{Endpoint, ExternalRole, NetEvent, Request, RoleStatus};
+use surelink::testing::{role_cluster, role_expect as until, steers_off};
+use surelink::{Endpoint, ExternalRole, NetEvent, Request};
 
 async fn cluster() -> Vec<Endpoint> {
     cluster_with(Ownership::CandidateOrder).await
@@ -30,18 +30,6 @@ async fn cluster_with(ownership: Ownership) -> Vec<Endpoint> {
         ..RoleConfig::default()
     };
     role_cluster(role, 40).await.expect("role cluster")
-}
-
-/// Waits until `f` holds for `ep`'s role status.
-async fn until(ep: &Endpoint, within: Duration, f: impl Fn(&RoleStatus) -> bool) -> RoleStatus {
-    match role_until(ep, within, f).await {
-        Some(st) => st,
-        None => panic!(
-            "node {}: condition not met within {within:?}; status {:?}",
-            ep.node(),
-            ep.role_status()
-        ),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -63,10 +51,7 @@ async fn tables_reach_every_node_and_a_muted_network_is_avoided() {
     // traffic to node 3 off that network.
     eps[2].testing().mute_network(1, true);
     let st = until(&eps[1], Duration::from_secs(10), |s| {
-        s.table.as_ref().is_some_and(|t| {
-            t.route_to(NodeId(3))
-                .is_some_and(|r| !r.usable(1) && r.usable(0))
-        })
+        steers_off(s, NodeId(3), 1)
     })
     .await;
     let held = st.table.expect("table");
@@ -269,10 +254,7 @@ async fn an_external_backend_elects_and_carries_the_tables() {
     // that network.
     eps[2].testing().mute_network(1, true);
     let st = until(&eps[1], Duration::from_secs(10), |s| {
-        s.table.as_ref().is_some_and(|t| {
-            t.route_to(NodeId(3))
-                .is_some_and(|r| !r.usable(1) && r.usable(0))
-        })
+        steers_off(s, NodeId(3), 1)
     })
     .await;
     let held = st.table.expect("table");

@@ -1,6 +1,54 @@
-//! What the netns tests share.
+//! What the process-level tests share: the netns tests' requirements
+//! check, child processes that die with the test, a memcached request.
+//! (Each test binary uses part of it.)
+#![allow(dead_code)]
 
-use std::process::Command;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command};
+use std::time::Duration;
+
+/// Named child processes, killed and reaped when dropped (also when the
+/// test fails).
+pub(crate) struct Procs(pub(crate) Vec<(String, Child)>);
+
+impl Procs {
+    /// Kills the process named `name` now.
+    pub(crate) fn kill(&mut self, name: &str) {
+        if let Some(i) = self.0.iter().position(|(n, _)| n == name) {
+            let (_, mut c) = self.0.remove(i);
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// One memcached text-protocol request to `addr` and its reply up to
+/// `end`, or `None` on any failure.
+pub(crate) fn ask(addr: &str, req: &[u8], end: &[u8]) -> Option<Vec<u8>> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(req).ok()?;
+    let mut got = Vec::new();
+    let mut b = [0u8; 4096];
+    while !got.ends_with(end) {
+        let n = s.read(&mut b).ok()?;
+        if n == 0 {
+            return None;
+        }
+        got.extend_from_slice(&b[..n]);
+    }
+    Some(got)
+}
 
 /// Why the network-namespace tests cannot run here (not root, or `ip`,
 /// `ss` or `nft` missing), or `None` when they can.

@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use etcd_client::{Client, ConnectOptions};
 use surelink_proto::secure::TestCa;
 use surelink_proto::ClusterId;
 
@@ -183,14 +183,7 @@ impl EtcdProcess {
             }
             let mut opts = ConnectOptions::new().with_connect_timeout(Duration::from_millis(500));
             if let Some(t) = &self.tls {
-                let mut o = TlsOptions::new().ca_certificate(Certificate::from_pem(&t.ca_pem));
-                if let Some((cert, key)) = &t.client {
-                    o = o.identity(Identity::from_pem(cert, key));
-                }
-                if let Some(n) = &t.server_name {
-                    o = o.domain_name(n.clone());
-                }
-                opts = opts.with_tls(o);
+                opts = opts.with_tls(t.options());
             }
             let ready = timeout(Duration::from_secs(1), async {
                 let mut c = Client::connect([self.endpoint()], Some(opts)).await?;
