@@ -8,22 +8,11 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn examples() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/cache")
-}
-
-fn start(kind: &str, file: &str) -> (String, Child) {
-    let c = Command::new(env!("CARGO_BIN_EXE_surelink"))
-        .args(["cache", kind, "--config"])
-        .arg(examples().join(file))
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    (file.to_string(), c)
 }
 
 fn ask(req: &[u8], end: &[u8]) -> Option<Vec<u8>> {
@@ -33,10 +22,10 @@ fn ask(req: &[u8], end: &[u8]) -> Option<Vec<u8>> {
 #[test]
 fn the_example_cluster_serves_memcached_clients() {
     let _procs = common::Procs(vec![
-        start("node", "node1.toml"),
-        start("node", "node2.toml"),
-        start("node", "node3.toml"),
-        start("proxy", "proxy.toml"),
+        common::start_cache(&examples(), "node", "node1.toml"),
+        common::start_cache(&examples(), "node", "node2.toml"),
+        common::start_cache(&examples(), "node", "node3.toml"),
+        common::start_cache(&examples(), "proxy", "proxy.toml"),
     ]);
     // Up when a set through the proxy is stored on its node.
     let deadline = Instant::now() + Duration::from_secs(20);

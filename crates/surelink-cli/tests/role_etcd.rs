@@ -94,17 +94,6 @@ fn files(dir: &Path, client: u16) {
     }
 }
 
-fn start(dir: &Path, kind: &str, file: &str) -> (String, Child) {
-    let c = Command::new(env!("CARGO_BIN_EXE_surelink"))
-        .args(["cache", kind, "--config"])
-        .arg(dir.join(file))
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    (file.to_string(), c)
-}
-
 fn ask(req: &[u8], end: &[u8]) -> Option<Vec<u8>> {
     common::ask("127.0.0.1:11511", req, end)
 }
@@ -162,7 +151,7 @@ fn nodes_elect_through_etcd_and_fail_over() {
         ("node", "node3.toml"),
         ("proxy", "proxy.toml"),
     ] {
-        procs.0.push(start(&dir, kind, f));
+        procs.0.push(common::start_cache(&dir, kind, f));
     }
     until("a set through the proxy", Duration::from_secs(30), || {
         (ask(b"set hello 0 0 5\r\nworld\r\n", b"\r\n").as_deref() == Some(b"STORED\r\n"))

@@ -5,7 +5,8 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// Named child processes, killed and reaped when dropped (also when the
@@ -30,6 +31,19 @@ impl Drop for Procs {
             let _ = c.wait();
         }
     }
+}
+
+/// `surelink cache <kind> --config <dir>/<file>` as a child process named
+/// `file`.
+pub(crate) fn start_cache(dir: &Path, kind: &str, file: &str) -> (String, Child) {
+    let c = Command::new(env!("CARGO_BIN_EXE_surelink"))
+        .args(["cache", kind, "--config"])
+        .arg(dir.join(file))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawning surelink");
+    (file.to_string(), c)
 }
 
 /// One memcached text-protocol request to `addr` and its reply up to
