@@ -17,8 +17,9 @@
 //! # prefix = "/surelink/11"    # the default: /surelink/<cluster>
 //! # lease_ttl_s = 2            # the candidates' lease (etcd may grant more)
 //! # ca_file = "etcd-ca.pem"    # TLS (https:// endpoints): the CA signing etcd's certificate,
-//! # cert_file = "node.pem"     # this node's client certificate and key (etcd's
-//! # key_file = "node-key.pem"  #   --client-cert-auth), relative to this file,
+//! # cert_file = "node-{node}.pem"     # this node's client certificate and key
+//! # key_file = "node-{node}-key.pem"  #   (etcd's --client-cert-auth; `{node}`: its id),
+//! #                                   #   relative to this file,
 //! # server_name = "etcd"       # and the name etcd's certificate carries
 //!
 //! [[nodes]]
@@ -598,7 +599,8 @@ node = 100
             assert_eq!(s.ca_file, Some(PathBuf::from("/etc/surelink/ca.pem")));
             assert_eq!(s.key_file, Some(PathBuf::from("/etc/surelink/k.pem")));
         }
-        // With the backend built in, the files are read as the file is.
+        // With the backend built in, the files are read as the file is;
+        // per-node ones (`{node}`) only by the node that uses them.
         #[cfg(feature = "etcd")]
         {
             let e = Cluster::parse_in(&text, Path::new("/nonexistent")).expect_err("no files");
@@ -607,6 +609,23 @@ node = 100
                     && e.to_string().contains("/nonexistent/ca.pem"),
                 "{e}"
             );
+            let dir = std::env::temp_dir().join(format!("surelink-cf-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("dir");
+            std::fs::write(
+                dir.join("ca.pem"),
+                "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n",
+            )
+            .expect("ca");
+            let per_node = file(
+                &tls("ca_file = \"ca.pem\"\ncert_file = \"n-{node}.pem\"\nkey_file = \"k-{node}.pem\""),
+                NODES,
+            );
+            let c = Cluster::parse_in(&per_node, &dir).expect("per-node files are not read here");
+            assert_eq!(
+                c.etcd.and_then(|s| s.cert_file),
+                Some(dir.join("n-{node}.pem"))
+            );
+            let _ = std::fs::remove_dir_all(&dir);
         }
     }
 

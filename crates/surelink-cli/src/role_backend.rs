@@ -25,11 +25,17 @@ pub(crate) enum RoleBackendError {
     Start(#[from] surelink_role_etcd::StartError),
 }
 
-/// The etcd backend's configuration from the cluster file (reads the
-/// TLS files it names).
+/// `{node}` in a client certificate's or key's path: each node's own.
+#[cfg(feature = "etcd")]
+const NODE_PLACEHOLDER: &str = "{node}";
+
+/// The etcd backend's configuration from the cluster file for `node`
+/// (reads the TLS files it names; `None`: the file is being checked, not
+/// used by a node — per-node files are not read then).
 #[cfg(feature = "etcd")]
 fn etcd_config(
     cluster: &Cluster,
+    node: Option<surelink::proto::NodeId>,
 ) -> Option<Result<surelink_role_etcd::EtcdRoleConfig, ClusterFileError>> {
     let s = cluster.etcd.as_ref()?;
     let read = |p: &std::path::PathBuf| {
@@ -37,6 +43,20 @@ fn etcd_config(
             line: s.line,
             message: format!("reading {}: {e}", p.display()),
         })
+    };
+    // Per-node client files: read with this node's id, or (checking)
+    // stood in for by the CA so the rest is still validated.
+    let per_node = |p: &std::path::PathBuf, stand_in: &str| -> Result<String, ClusterFileError> {
+        let text = p.to_string_lossy();
+        if !text.contains(NODE_PLACEHOLDER) {
+            return read(p);
+        }
+        match node {
+            Some(n) => read(&std::path::PathBuf::from(
+                text.replace(NODE_PLACEHOLDER, &n.0.to_string()),
+            )),
+            None => Ok(stand_in.to_string()),
+        }
     };
     let mut c = surelink_role_etcd::EtcdRoleConfig::for_cluster(
         &cluster.cluster.to_string(),
@@ -53,7 +73,10 @@ fn etcd_config(
         let tls = (|| {
             let ca_pem = read(ca)?;
             let client = match (&s.cert_file, &s.key_file) {
-                (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+                (Some(cert), Some(key)) => Some((
+                    per_node(cert, &ca_pem)?,
+                    per_node(key, "-----BEGIN PRIVATE KEY-----")?,
+                )),
                 _ => None,
             };
             Ok(surelink_role_etcd::EtcdTls {
@@ -82,7 +105,7 @@ fn etcd_config(
 /// refuse at start).
 pub(crate) fn check(cluster: &Cluster) -> Result<(), ClusterFileError> {
     #[cfg(feature = "etcd")]
-    if let Some(r) = etcd_config(cluster) {
+    if let Some(r) = etcd_config(cluster, None) {
         r?;
     }
     let _ = cluster;
@@ -117,10 +140,16 @@ pub(crate) async fn bind(
     if let Some(s) = cluster.and_then(|c| c.etcd.as_ref()) {
         return Err(RoleBackendError::NotBuilt { line: s.line }.into());
     }
+    // The etcd settings (files read) before the endpoint binds: a bad
+    // file stops the node before it joins.
+    #[cfg(feature = "etcd")]
+    let etcd = cluster
+        .and_then(|c| etcd_config(c, Some(config.node)))
+        .transpose()?;
     let ep = Endpoint::bind(config).await?;
     #[cfg(feature = "etcd")]
-    if let Some(c) = cluster.and_then(etcd_config) {
-        let b = surelink_role_etcd::EtcdBackend::start(&ep, c?).map_err(RoleBackendError::from)?;
+    if let Some(c) = etcd {
+        let b = surelink_role_etcd::EtcdBackend::start(&ep, c).map_err(RoleBackendError::from)?;
         return Ok((ep, RoleBackend { etcd: Some(b) }));
     }
     let _ = cluster;

@@ -36,9 +36,17 @@ fn etcd(dir: &Path) -> Option<(Child, u16)> {
         return None;
     }
     // TLS with client certificates, from `surelink certs`: etcd serves
-    // node 99's certificate, the nodes present node 1's.
+    // node 99's certificate, each node presents its own (`{node}` in the
+    // cluster file's paths).
     let out = Command::new(env!("CARGO_BIN_EXE_surelink"))
-        .args(["certs", "--cluster", "11", "--nodes", "1,99", "--out"])
+        .args([
+            "certs",
+            "--cluster",
+            "11",
+            "--nodes",
+            "1,2,3,100,99",
+            "--out",
+        ])
         .arg(dir.join("tls"))
         .output()
         .unwrap();
@@ -86,7 +94,7 @@ fn files(dir: &Path, client: u16) {
             text = text.replace(
                 line,
                 &format!(
-                    "candidates = [1, 2]\nbackend = \"etcd\"\n\n[role.etcd]\nendpoints = [\"https://127.0.0.1:{client}\"]\nca_file = \"tls/ca.crt\"\ncert_file = \"tls/node-1.crt\"\nkey_file = \"tls/node-1.key.pem\"\nserver_name = \"node-99.cluster-11.surelink\"\n"
+                    "candidates = [1, 2]\nbackend = \"etcd\"\n\n[role.etcd]\nendpoints = [\"https://127.0.0.1:{client}\"]\nca_file = \"tls/ca.crt\"\ncert_file = \"tls/node-{{node}}.crt\"\nkey_file = \"tls/node-{{node}}.key.pem\"\nserver_name = \"node-99.cluster-11.surelink\"\n"
                 ),
             );
         }
