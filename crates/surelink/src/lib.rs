@@ -14,7 +14,11 @@
 //! (the core then runs the resume handshake), the failure detector
 //! (SafeTimer: heartbeats, barrier checks, the send fence), backpressure,
 //! events, and counters ([`Endpoint::stats`], Prometheus text with the
-//! `prometheus` feature, and the `metrics` facade).
+//! `prometheus` feature, and the `metrics` facade). With `Config::role`,
+//! the role service (hr-net's role server): reports, routing tables as
+//! path policy, the embedded candidates' failover, or an external
+//! backend's tables through [`Endpoint::external_role`]
+//! ([`Endpoint::role_status`]).
 //!
 //! # Shape
 //!
