@@ -238,7 +238,7 @@ impl Leader {
         from: NodeId,
         report: &StatusReport,
     ) -> Result<(), ReportRejected> {
-        let now = self.time(Instant::now());
+        let now = self.now();
         self.server.handle_report(now, from, report)
     }
 

@@ -131,24 +131,46 @@ impl Drop for EtcdBackend {
     }
 }
 
-fn note_error(state: &Mutex<BackendState>, what: &str, e: &dyn std::fmt::Display) {
-    let msg = format!("{what}: {e}");
-    let mut st = state.lock();
-    if st.last_error.as_deref() != Some(msg.as_str()) {
-        warn!("etcd role backend: {msg} (retrying)");
-        st.last_error = Some(msg);
-    }
+/// Retries of etcd requests: the newest error noted (logged once while it
+/// repeats), waits doubling from [`BACKOFF_MIN`] to [`BACKOFF_MAX`].
+struct Retry {
+    state: Arc<Mutex<BackendState>>,
+    wait: Duration,
 }
 
-fn next_backoff(d: Duration) -> Duration {
-    (d * 2).min(BACKOFF_MAX)
+impl Retry {
+    fn new(state: Arc<Mutex<BackendState>>) -> Retry {
+        Retry {
+            state,
+            wait: BACKOFF_MIN,
+        }
+    }
+
+    /// A request worked: the next failure waits the least again.
+    fn reset(&mut self) {
+        self.wait = BACKOFF_MIN;
+    }
+
+    /// A request failed: notes why; returns how long to wait before the
+    /// next try.
+    fn failed(&mut self, what: &str, e: &dyn std::fmt::Display) -> Duration {
+        let msg = format!("{what}: {e}");
+        let mut st = self.state.lock();
+        if st.last_error.as_deref() != Some(msg.as_str()) {
+            warn!("etcd role backend: {msg} (retrying)");
+            st.last_error = Some(msg);
+        }
+        let wait = self.wait;
+        self.wait = (self.wait * 2).min(BACKOFF_MAX);
+        wait
+    }
 }
 
 /// Every node: applies its rows as etcd carries them, until the endpoint
 /// shuts down.
 async fn watch_rows(link: ExternalRole, cfg: EtcdRoleConfig, state: Arc<Mutex<BackendState>>) {
     let me = link.node();
-    let mut backoff = BACKOFF_MIN;
+    let mut retry = Retry::new(state.clone());
     let mut watcher = loop {
         match Watcher::connect(cfg.clone(), link.config().clone(), me).await {
             Ok(w) => break w,
@@ -156,17 +178,15 @@ async fn watch_rows(link: ExternalRole, cfg: EtcdRoleConfig, state: Arc<Mutex<Ba
                 if link.is_closed() {
                     return;
                 }
-                note_error(&state, "connecting the watcher", &e);
-                sleep(backoff).await;
-                backoff = next_backoff(backoff);
+                sleep(retry.failed("connecting the watcher", &e)).await;
             }
         }
     };
-    backoff = BACKOFF_MIN;
+    retry.reset();
     loop {
         match watcher.next().await {
             Ok(WatchEvent::Applied { view, .. }) => {
-                backoff = BACKOFF_MIN;
+                retry.reset();
                 if link.apply(view).await.is_err() {
                     return;
                 }
@@ -179,9 +199,7 @@ async fn watch_rows(link: ExternalRole, cfg: EtcdRoleConfig, state: Arc<Mutex<Ba
                 if link.is_closed() {
                     return;
                 }
-                note_error(&state, "watching the table row", &e);
-                sleep(backoff).await;
-                backoff = next_backoff(backoff);
+                sleep(retry.failed("watching the table row", &e)).await;
             }
         }
     }
@@ -214,7 +232,7 @@ async fn campaign_forever(
     let me = link.node();
     let role = link.config().clone();
     let mut held = Held::new();
-    let mut backoff = BACKOFF_MIN;
+    let mut retry = Retry::new(state.clone());
     loop {
         // Connect and campaign, keeping the reports that arrive meanwhile.
         let campaign = async {
@@ -242,13 +260,11 @@ async fn campaign_forever(
         let mut leader = match won {
             Ok(l) => l,
             Err((what, e)) => {
-                note_error(&state, what, &e);
-                sleep(backoff).await;
-                backoff = next_backoff(backoff);
+                sleep(retry.failed(what, &e)).await;
                 continue;
             }
         };
-        backoff = BACKOFF_MIN;
+        retry.reset();
         let epoch = leader.epoch();
         info!(node = %me, epoch, "elected role server through etcd");
         // The reports of the last refreshes seed the first table.

@@ -191,8 +191,10 @@ pub async fn failover_round(
     let struck = Instant::now();
     let old_backend = match fault {
         Fault::EmbeddedKill | Fault::EtcdKill => {
-            let b = (!backends.is_empty()).then(|| backends.remove(0));
-            drop(b);
+            // Node 1's backend goes as a crash would: no resignation.
+            if !backends.is_empty() {
+                drop(backends.remove(0));
+            }
             eps.remove(0).shutdown().await;
             None
         }
@@ -218,10 +220,7 @@ pub async fn failover_round(
     sleep(Duration::from_millis(200)).await;
     stop.store(true, Ordering::Relaxed);
     let (calls_ok, calls_failed) = calls.await.map_err(|e| e.to_string())?;
-    let old_end = old_backend.as_ref().and_then(|b| b.state().last_end);
-    if let Some(b) = old_backend {
-        drop(b);
-    }
+    let old_end = old_backend.and_then(|b| b.state().last_end);
     for b in backends {
         b.stop().await;
     }

@@ -209,10 +209,6 @@ fn clock(shared: &Shared) -> Time {
 }
 
 impl Task {
-    fn role(&self) -> &RoleShared {
-        &self.rs
-    }
-
     fn send(&self, to: NodeId, msg: &RoleMessage) {
         let mut buf = Vec::new();
         role::encode(msg, &mut buf);
@@ -262,7 +258,7 @@ impl Task {
             }
             RoleMessage::Table(_) if self.external => {
                 debug!(%from, "routing table pushed over a session refused: the external backend is the only source");
-                self.role().status.lock().tables_rejected += 1;
+                self.rs.status.lock().tables_rejected += 1;
             }
             RoleMessage::Table(view) => {
                 self.accept(from, view);
@@ -324,7 +320,7 @@ impl Task {
                     c.handle_epoch(epoch);
                 }
                 debug!(%from, error = %e, "routing table refused");
-                self.role().status.lock().tables_rejected += 1;
+                self.rs.status.lock().tables_rejected += 1;
             }
         }
     }
@@ -343,14 +339,14 @@ impl Task {
                 .fold(0u8, |m, p| m | (1u8 << p.network));
             avoid.insert(r.to, mask);
         }
-        let old = std::mem::replace(&mut *self.role().avoid.lock(), avoid.clone());
+        let old = std::mem::replace(&mut *self.rs.avoid.lock(), avoid.clone());
         for peer in old.keys().chain(avoid.keys()) {
             if let Some(h) = self.shared.session(*peer) {
                 let mask = avoid.get(peer).copied().unwrap_or(0);
                 h.with(&self.shared, |g, _| g.core.set_avoided_networks(mask));
             }
         }
-        let mut st = self.role().status.lock();
+        let mut st = self.rs.status.lock();
         st.table = Some(view);
         st.applied_at = Some(self.shared.now());
         st.tables_applied += 1;
@@ -445,7 +441,7 @@ impl Task {
         self.reporter.handle_held(self.gate.held());
         if let Some(r) = self.reporter.poll_report(now) {
             let msg = RoleMessage::Report(r);
-            let candidates = self.role().cfg.candidates.clone();
+            let candidates = self.rs.cfg.candidates.clone();
             for c in candidates {
                 if c == self.me {
                     self.handle(c, msg.clone());
@@ -453,7 +449,7 @@ impl Task {
                     self.send(c, &msg);
                 }
             }
-            self.role().status.lock().reports_sent += 1;
+            self.rs.status.lock().reports_sent += 1;
         }
         // The candidacy.
         if let Some(c) = &mut self.candidacy {
@@ -505,7 +501,7 @@ impl Task {
         }
         if ticked || stopped {
             // The status snapshot (O(matrix)): on the timer only.
-            let mut st = self.role().status.lock();
+            let mut st = self.rs.status.lock();
             st.serving = (!stopped).then(|| s.epoch());
             st.matrix = matrix_rows(s.matrix(), now);
         }
