@@ -21,6 +21,8 @@
 //! # key_file = "node-{node}-key.pem"  #   (etcd's --client-cert-auth; `{node}`: its id),
 //! #                                   #   relative to this file,
 //! # server_name = "etcd"       # and the name etcd's certificate carries
+//! # user = "surelink"          # etcd auth: the user (`{node}`: its id) and a file
+//! # password_file = "etcd-password"  #   holding its password (one line)
 //!
 //! [[nodes]]
 //! node = 1
@@ -183,6 +185,8 @@ struct EtcdSection {
     cert_file: Option<PathBuf>,
     key_file: Option<PathBuf>,
     server_name: Option<String>,
+    user: Option<String>,
+    password_file: Option<PathBuf>,
 }
 
 /// `[role.etcd]`: where the etcd backend keeps the cluster's election and
@@ -202,6 +206,11 @@ pub(crate) struct EtcdSettings {
     pub(crate) cert_file: Option<PathBuf>,
     pub(crate) key_file: Option<PathBuf>,
     pub(crate) server_name: Option<String>,
+    /// etcd authentication: the user, and the file holding its password
+    /// (resolved against the cluster file's directory); `{node}` in
+    /// either stands for the node's id.
+    pub(crate) user: Option<String>,
+    pub(crate) password_file: Option<PathBuf>,
     /// The `[role.etcd]` line, for errors found later.
     pub(crate) line: usize,
 }
@@ -356,6 +365,12 @@ impl Cluster {
                         message: "`cert_file` and `key_file` go together".into(),
                     });
                 }
+                if e.user.is_some() != e.password_file.is_some() {
+                    return Err(ClusterFileError::Etcd {
+                        line: l,
+                        message: "`user` and `password_file` go together".into(),
+                    });
+                }
                 if e.ca_file.is_none() && (e.cert_file.is_some() || e.server_name.is_some()) {
                     return Err(ClusterFileError::Etcd {
                         line: l,
@@ -372,6 +387,8 @@ impl Cluster {
                     cert_file: e.cert_file.as_ref().map(|p| base.join(p)),
                     key_file: e.key_file.as_ref().map(|p| base.join(p)),
                     server_name: e.server_name.clone(),
+                    user: e.user.clone(),
+                    password_file: e.password_file.as_ref().map(|p| base.join(p)),
                     line: l,
                 })
             }
@@ -585,6 +602,9 @@ node = 100
         let e = Cluster::parse(&file(&tls("ca_file = \"ca\"\ncert_file = \"c\""), NODES))
             .expect_err("cert without key");
         assert!(e.to_string().contains("go together"), "{e}");
+        let e =
+            Cluster::parse(&file(&tls("user = \"u\""), NODES)).expect_err("user without password");
+        assert!(e.to_string().contains("`password_file`"), "{e}");
         let e = Cluster::parse(&file(&tls("server_name = \"etcd\""), NODES))
             .expect_err("tls without ca");
         assert!(e.to_string().contains("ca_file"), "{e}");
@@ -655,5 +675,37 @@ node = 100
                 .expect_err("not built");
             assert!(e.to_string().contains("`etcd` feature"), "{e}");
         }
+    }
+
+    /// etcd users: `{node}` in the user and the password file gives each
+    /// node its own; the password file's final newline is not part of
+    /// the password; a missing file names the line.
+    #[cfg(feature = "etcd")]
+    #[test]
+    fn etcd_users_and_password_files() {
+        let dir = std::env::temp_dir().join(format!("surelink-cf-auth-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::write(dir.join("pw-2"), "s3cret\n").expect("password");
+        let text = file(
+            "candidates = [1]\nbackend = \"etcd\"\n[role.etcd]\nendpoints = [\"http://e:2379\"]\nuser = \"node-{node}\"\npassword_file = \"pw-{node}\"",
+            NODES,
+        );
+        let c = Cluster::parse_in(&text, &dir).expect("per-node files are not read here");
+        let cfg = crate::role_backend::etcd_config(&c, Some(NodeId(2)))
+            .expect("etcd")
+            .expect("node 2's settings");
+        let auth = cfg.auth.expect("auth");
+        assert_eq!(
+            (auth.user.as_str(), auth.password.as_str()),
+            ("node-2", "s3cret")
+        );
+        let e = crate::role_backend::etcd_config(&c, Some(NodeId(3)))
+            .expect("etcd")
+            .expect_err("node 3 has no password file");
+        assert!(
+            matches!(e, ClusterFileError::Etcd { line: 6, .. }) && e.to_string().contains("pw-3"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

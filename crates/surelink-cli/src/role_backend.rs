@@ -25,7 +25,8 @@ pub(crate) enum RoleBackendError {
     Start(#[from] surelink_role_etcd::StartError),
 }
 
-/// `{node}` in a client certificate's or key's path: each node's own.
+/// `{node}` in a client certificate's or key's path, the etcd user or its
+/// password file: each node's own.
 #[cfg(feature = "etcd")]
 const NODE_PLACEHOLDER: &str = "{node}";
 
@@ -33,7 +34,7 @@ const NODE_PLACEHOLDER: &str = "{node}";
 /// (reads the TLS files it names; `None`: the file is being checked, not
 /// used by a node — per-node files are not read then).
 #[cfg(feature = "etcd")]
-fn etcd_config(
+pub(crate) fn etcd_config(
     cluster: &Cluster,
     node: Option<surelink::proto::NodeId>,
 ) -> Option<Result<surelink_role_etcd::EtcdRoleConfig, ClusterFileError>> {
@@ -87,6 +88,22 @@ fn etcd_config(
         })();
         match tls {
             Ok(t) => c.tls = Some(t),
+            Err(e) => return Some(Err(e)),
+        }
+    }
+    if let (Some(user), Some(file)) = (&s.user, &s.password_file) {
+        let user = match node {
+            Some(n) => user.replace(NODE_PLACEHOLDER, &n.0.to_string()),
+            None => user.replace(NODE_PLACEHOLDER, "0"),
+        };
+        match per_node(file, "stand-in") {
+            // One line; an editor's final newline is not part of it.
+            Ok(p) => {
+                c.auth = Some(surelink_role_etcd::EtcdAuth {
+                    user,
+                    password: p.trim_end_matches(['\n', '\r']).to_string(),
+                })
+            }
             Err(e) => return Some(Err(e)),
         }
     }

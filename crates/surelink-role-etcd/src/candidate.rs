@@ -75,6 +75,13 @@ pub(crate) async fn connect_client(cfg: &EtcdRoleConfig) -> Result<Client, Conne
     if let Some(t) = &cfg.tls {
         opts = opts.with_tls(t.options());
     }
+    if let Some(a) = &cfg.auth {
+        // etcd's tokens expire (5 min by default); a long-lived role
+        // service fetches a new one when a request meets an expired one.
+        opts = opts
+            .with_user(a.user.clone(), a.password.clone())
+            .with_auto_token_refresh(true);
+    }
     timeout(
         cfg.connect_timeout,
         Client::connect(&cfg.endpoints, Some(opts)),

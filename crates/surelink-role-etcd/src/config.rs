@@ -35,6 +35,31 @@ pub struct EtcdRoleConfig {
     pub max_txn_ops: usize,
     /// TLS to etcd (`https://` endpoints); `None`: plain `http://`.
     pub tls: Option<EtcdTls>,
+    /// etcd user and password, where etcd's authentication is on
+    /// (`etcdctl auth enable`); `None`: anonymous, or the client
+    /// certificate's common name as the user.
+    pub auth: Option<EtcdAuth>,
+}
+
+/// An etcd user's name and password. The user needs read-write on the
+/// cluster's prefix (`etcdctl role grant-permission <role> --prefix
+/// readwrite <prefix>/`). Without TLS the password crosses the network in
+/// clear text, as with any etcd client.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdAuth {
+    /// The etcd user.
+    pub user: String,
+    /// Its password.
+    pub password: String,
+}
+
+impl std::fmt::Debug for EtcdAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password.
+        f.debug_struct("EtcdAuth")
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
 }
 
 /// TLS to etcd: whom to trust, and this node's client certificate for
@@ -95,6 +120,7 @@ impl EtcdRoleConfig {
             request_timeout: Duration::from_secs(1),
             max_txn_ops: 128,
             tls: None,
+            auth: None,
         }
     }
 
@@ -177,6 +203,14 @@ impl EtcdRoleConfig {
                 return Err(EtcdConfigError::BadServerName);
             }
         }
+        if let Some(a) = &self.auth {
+            if a.user.is_empty() || a.user.contains(char::is_whitespace) {
+                return Err(EtcdConfigError::BadUser);
+            }
+            if a.password.is_empty() {
+                return Err(EtcdConfigError::EmptyPassword);
+            }
+        }
         Ok(())
     }
 
@@ -225,6 +259,12 @@ pub enum EtcdConfigError {
     /// The TLS server name is empty or holds whitespace.
     #[error("the TLS server name must be a host name")]
     BadServerName,
+    /// The etcd user name is empty or holds whitespace.
+    #[error("the etcd user name must be non-empty and hold no whitespace")]
+    BadUser,
+    /// The etcd password is empty.
+    #[error("the etcd password is empty")]
+    EmptyPassword,
     /// The key prefix is empty, does not start with `/`, ends with `/` or
     /// holds whitespace.
     #[error("etcd key prefix {0:?} must start with `/`, not end with `/`, and hold no whitespace")]

@@ -64,8 +64,9 @@
 //!   endpoints, a CA to trust, a client certificate for etcd's
 //!   `--client-cert-auth`) nodes talk only to the real etcd and etcd
 //!   only to holders of certificates it trusts; without it, whoever can
-//!   reach etcd can write rows. Password authentication is not wired (use
-//!   client certificates; their common name is the etcd user). A row's
+//!   reach etcd can write rows. Where etcd's authentication is on, nodes
+//!   log in as a user ([`EtcdAuth`], a password; tokens are renewed as
+//!   they expire) or as their client certificate's common name. A row's
 //!   writer is not checked by the nodes: a
 //!   row can only have reached etcd through a transaction conditioned on
 //!   the election key of its epoch ([`ElectedGate`]).
@@ -95,7 +96,7 @@ pub mod testing;
 mod watcher;
 
 pub use candidate::{CampaignError, Candidate, ConnectError};
-pub use config::{EtcdConfigError, EtcdRoleConfig, EtcdTls};
+pub use config::{EtcdAuth, EtcdConfigError, EtcdRoleConfig, EtcdTls};
 pub use gate::ElectedGate;
 pub use leader::{Leader, LeaderEnd, LeaderStats, PublishError, Published};
 pub use node::{BackendState, EtcdBackend, StartError};

@@ -5,7 +5,7 @@ use std::time::Duration;
 use surelink_proto::role::{RoleConfig, RoleConfigError};
 use surelink_proto::NodeId;
 use surelink_role_etcd::{
-    Candidate, ConnectError, EtcdConfigError, EtcdRoleConfig, EtcdTls, Watcher,
+    Candidate, ConnectError, EtcdAuth, EtcdConfigError, EtcdRoleConfig, EtcdTls, Watcher,
 };
 
 fn good() -> EtcdRoleConfig {
@@ -91,6 +91,34 @@ fn every_bad_field_has_its_error() {
     assert_eq!(
         with(|t| t.server_name = Some("a b".into())),
         EtcdConfigError::BadServerName
+    );
+    let auth = EtcdAuth {
+        user: "surelink".into(),
+        password: "hunter2".into(),
+    };
+    let mut ok = good();
+    ok.auth = Some(auth.clone());
+    ok.validate().expect("a user and password");
+    assert!(
+        !format!("{ok:?}").contains("hunter2"),
+        "Debug shows no password"
+    );
+    for user in ["", "a b"] {
+        assert_eq!(
+            err(|c| c.auth = Some(EtcdAuth {
+                user: user.into(),
+                password: "p".into()
+            })),
+            EtcdConfigError::BadUser,
+            "{user:?}"
+        );
+    }
+    assert_eq!(
+        err(|c| c.auth = Some(EtcdAuth {
+            user: "u".into(),
+            password: String::new()
+        })),
+        EtcdConfigError::EmptyPassword
     );
     for bad in ["", "/", "surelink", "/surelink/", "/a b"] {
         assert_eq!(

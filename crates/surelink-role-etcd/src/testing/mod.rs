@@ -7,17 +7,20 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::{Client, ConnectOptions, Permission};
 use surelink_proto::secure::TestCa;
 use surelink_proto::ClusterId;
 
-use crate::EtcdTls;
+use crate::{EtcdAuth, EtcdTls};
 use thiserror::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{sleep, timeout, Instant};
+
+/// The password of user `root` in [`EtcdProcess::start_auth`]'s etcd.
+pub const ROOT_PASSWORD: &str = "root-secret";
 
 /// What tests print, and return on, where etcd is not installed.
 pub const SKIPPED: &str = "SKIPPED: etcd not installed (apt-get install etcd-server)";
@@ -32,6 +35,9 @@ pub enum FixtureError {
     /// The throwaway certificates could not be made.
     #[error("etcd fixture certificates: {0}")]
     Cert(String),
+    /// etcd answered but refused to set up users and roles.
+    #[error("etcd fixture: setting up authentication: {0}")]
+    Setup(String),
     /// etcd started but did not answer.
     #[error("etcd did not become ready; its log ends:\n{0}")]
     NotReady(String),
@@ -77,7 +83,43 @@ impl EtcdProcess {
     /// not installed (the caller prints [`SKIPPED`]). Any other failure is
     /// an error: a test must not pass without etcd where it is installed.
     pub async fn start() -> Result<Option<EtcdProcess>, FixtureError> {
-        EtcdProcess::launch(None).await
+        EtcdProcess::launch(None, &[]).await
+    }
+
+    /// Starts etcd with authentication on: user `root` (password
+    /// [`ROOT_PASSWORD`]) and user `surelink` (the returned credentials)
+    /// with read-write on keys under `prefix` only; tokens live
+    /// `token_ttl` (whole seconds, at least 1), so tests see them expire.
+    /// `Ok(None)` if etcd is not installed.
+    pub async fn start_auth(
+        prefix: &str,
+        token_ttl: Duration,
+    ) -> Result<Option<(EtcdProcess, EtcdAuth)>, FixtureError> {
+        let ttl = token_ttl.as_secs().max(1).to_string();
+        let Some(etcd) = EtcdProcess::launch(None, &["--auth-token-ttl", &ttl]).await? else {
+            return Ok(None);
+        };
+        let auth = EtcdAuth {
+            user: "surelink".into(),
+            password: "surelink-secret".into(),
+        };
+        let setup = async {
+            let mut c = Client::connect([etcd.endpoint()], None).await?;
+            c.user_add("root", ROOT_PASSWORD, None).await?;
+            c.user_grant_role("root", "root").await?;
+            c.role_add("surelink").await?;
+            let keys = Permission::read_write(format!("{prefix}/")).with_prefix();
+            c.role_grant_permission("surelink", keys).await?;
+            c.user_add(auth.user.clone(), auth.password.clone(), None)
+                .await?;
+            c.user_grant_role(auth.user.clone(), "surelink").await?;
+            c.auth_enable().await?;
+            Ok::<_, etcd_client::Error>(())
+        };
+        setup
+            .await
+            .map_err(|e| FixtureError::Setup(e.to_string()))?;
+        Ok(Some((etcd, auth)))
     }
 
     /// Starts etcd serving TLS only, with client certificates required
@@ -102,13 +144,14 @@ impl EtcdProcess {
             cert_pem: server.cert_pem,
             key_pem: server.key_pem,
         };
-        Ok(EtcdProcess::launch(Some((files, tls.clone())))
+        Ok(EtcdProcess::launch(Some((files, tls.clone())), &[])
             .await?
             .map(|e| (e, tls)))
     }
 
     async fn launch(
         tls: Option<(ServerTls, EtcdTls)>,
+        extra: &[&str],
     ) -> Result<Option<EtcdProcess>, FixtureError> {
         let Some(bin) = etcd_binary() else {
             return Ok(None);
@@ -157,6 +200,7 @@ impl EtcdProcess {
                     &p,
                 ])
                 .args(["--initial-cluster", &format!("default={p}")])
+                .args(extra)
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
                 .stderr(log)
