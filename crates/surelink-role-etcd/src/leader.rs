@@ -145,7 +145,10 @@ impl Leader {
         };
         #[cfg(feature = "test-util")]
         let nodes = server_cfg.nodes.clone();
-        let server = RoleServer::new(server_cfg, me, epoch, Time::ZERO)?;
+        let mut server = RoleServer::new(server_cfg, me, epoch, Time::ZERO)?;
+        // Rows stay in etcd for nodes that read them later (a restarted
+        // watcher holds no ring): each one whole.
+        server.send_rows_whole();
         Ok(Leader {
             cfg,
             me,
@@ -457,6 +460,7 @@ impl Leader {
             .map(|&n| Push {
                 to: n,
                 view: table.view_for(n),
+                same_ring: None,
             })
             .collect();
         let ended = self.ended;

@@ -6,6 +6,11 @@
 //! cargo run --release -p surelink-sim --example role_scale
 //! cargo run --release -p surelink-sim --example role_scale -- --nodes 10,100,1000,2000 --link-gbps 1 --seconds 10 --seed 14
 //! ```
+//!
+//! Each size runs twice: every row whole (the baseline, the protocol
+//! before rows could leave out the ring) and as the product sends them
+//! (a node that holds the current ring gets its row without it);
+//! `--baseline off` runs the product only.
 
 // Command-line figures to integer settings.
 #![allow(clippy::cast_possible_truncation)]
@@ -142,6 +147,7 @@ fn detail(r: &ScaleReport, cfg: &ScaleConfig) {
 fn main() {
     let mut nodes = vec![10usize, 100, 1000];
     let mut base = ScaleConfig::new(0);
+    let mut baseline_too = true;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let v = args.next().unwrap_or_default();
@@ -153,9 +159,10 @@ fn main() {
             }
             "--send-us" => base.send_overhead = Duration::from_micros(v.parse().unwrap_or(5)),
             "--seed" => base.seed = v.parse().unwrap_or(14),
+            "--baseline" => baseline_too = v != "off",
             _ => {
                 eprintln!(
-                    "usage: role_scale [--nodes 10,100,1000] [--seconds 10] [--link-gbps 10] [--send-us 5] [--seed 14]"
+                    "usage: role_scale [--nodes 10,100,1000] [--seconds 10] [--link-gbps 10] [--send-us 5] [--seed 14] [--baseline on|off]"
                 );
                 std::process::exit(2);
             }
@@ -171,27 +178,39 @@ fn main() {
         base.send_overhead,
         base.link_bits_per_sec as f64 / 1e9,
     );
+    // Each size twice in this run: the baseline sends every row whole
+    // (the ring in each), the product leaves out a ring the node holds.
+    let modes: &[(&str, bool)] = if baseline_too {
+        &[("whole", true), ("same-ring", false)]
+    } else {
+        &[("same-ring", false)]
+    };
     let mut reports = Vec::new();
     for n in nodes {
-        let cfg = ScaleConfig {
-            nodes: n,
-            ..base.clone()
-        };
-        let r = run_with_progress(cfg.clone(), &mut |p| {
-            eprintln!(
-                "  n={n}: {:>2} s simulated, {:.1} s real, version {}, {} queued",
-                p.simulated.as_secs(),
-                p.real.as_secs_f64(),
-                p.version,
-                p.queued
-            );
-        });
-        detail(&r, &cfg);
-        reports.push(r);
+        for &(mode, whole_rows) in modes {
+            let cfg = ScaleConfig {
+                nodes: n,
+                whole_rows,
+                ..base.clone()
+            };
+            let r = run_with_progress(cfg.clone(), &mut |p| {
+                eprintln!(
+                    "  n={n} ({mode} rows): {:>2} s simulated, {:.1} s real, version {}, {} queued",
+                    p.simulated.as_secs(),
+                    p.real.as_secs_f64(),
+                    p.version,
+                    p.queued
+                );
+            });
+            println!("  n={n}, {mode} rows:");
+            detail(&r, &cfg);
+            reports.push((mode, r));
+        }
     }
     println!();
     println!(
-        "{:>6} {:>7} {:>7} {:>7} {:>8} {:>8} {:>9} {:>10} {:>9} {:>6} {:>8} {:>8}",
+        "{:>9} {:>6} {:>7} {:>7} {:>7} {:>8} {:>8} {:>9} {:>10} {:>9} {:>6} {:>8} {:>8}",
+        "rows",
         "nodes",
         "cpu%",
         "cpu%max",
@@ -205,8 +224,30 @@ fn main() {
         "push p50",
         "push max"
     );
-    for r in &reports {
-        println!("{}", row(r));
+    for (mode, r) in &reports {
+        println!("{mode:>9} {}", row(r));
+    }
+    if baseline_too {
+        println!();
+        println!("same-ring rows vs whole rows, same run (ratio < 1: less):");
+        for pair in reports.chunks(2) {
+            let [(_, whole), (_, same)] = pair else {
+                continue;
+            };
+            let push_max = |r: &ScaleReport| {
+                r.push_times(Duration::from_secs(1), r.simulated)
+                    .0
+                    .last()
+                    .map_or(f64::NAN, Duration::as_secs_f64)
+            };
+            println!(
+                "  n={}: server bytes out in its busiest 1 s {:.3}, push max {:.3}, CPU busiest 1 s {:.3}",
+                same.nodes,
+                same.server_out_max() as f64 / whole.server_out_max().max(1) as f64,
+                push_max(same) / push_max(whole),
+                same.cpu_percent().1 / whole.cpu_percent().1,
+            );
+        }
     }
     println!(
         "(cpu% of one core: mean / busiest 1 s; busy%: CPU + modelled writes, busiest 1 s; \

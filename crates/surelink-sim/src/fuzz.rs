@@ -289,6 +289,13 @@ pub fn role_messages(data: &[u8]) {
             Ok(RoleMessage::Table(view)) => {
                 let _ = gate.apply(from, view);
             }
+            Ok(RoleMessage::TableSameRing {
+                view,
+                ring_len,
+                ring_digest,
+            }) => {
+                let _ = gate.apply_same_ring(from, view, ring_len, ring_digest);
+            }
             Ok(RoleMessage::Report(r)) => {
                 let _ = server.handle_report(now, from, &r);
             }
@@ -373,12 +380,20 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
         "role_messages" => {
             use surelink_proto::role::{self, RoleMessage, RoleServer};
             if let Ok(mut s) = RoleServer::new(role_config(), NodeId(1), 1, Time::ZERO) {
-                let mut d = Vec::new();
                 if let Some(p) = s.poll_push(Time::ZERO, Some(Time::MAX)) {
-                    role::encode(&RoleMessage::Table(p.view), &mut d);
+                    // The whole row, then the same row without its ring.
+                    let mut d = Vec::new();
+                    for m in [
+                        RoleMessage::Table(p.view.clone()),
+                        RoleMessage::same_ring(p.view),
+                    ] {
+                        let mut b = Vec::new();
+                        role::encode(&m, &mut b);
+                        d.push(u8::try_from(b.len()).unwrap_or(u8::MAX));
+                        d.extend_from_slice(&b);
+                    }
+                    v.push(d);
                 }
-                d.insert(0, u8::try_from(d.len()).unwrap_or(u8::MAX));
-                v.push(d);
             }
         }
         "datagrams" => {

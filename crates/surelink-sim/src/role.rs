@@ -29,7 +29,7 @@ use std::time::Duration;
 use surelink_proto::detector::{DetectorConfig, Fence};
 use surelink_proto::role::{
     self, Candidacy, CandidacyAction, Reporter, RoleConfig, RoleEvent, RoleMessage, RoleServer,
-    Sighting, TableGate, TableView,
+    Sighting, TableGate,
 };
 use surelink_proto::{NodeId, Time};
 
@@ -56,6 +56,22 @@ pub enum RoleFault {
         dur: Duration,
         /// Node index.
         node: usize,
+    },
+    /// The path between `a` and `b` on `network` is down from `at` for
+    /// `dur` (the other network still carries everything): both ends'
+    /// detectors see it and their reports say so — a route changes, the
+    /// ring does not.
+    PathDown {
+        /// When.
+        at: Duration,
+        /// How long.
+        dur: Duration,
+        /// One end (node index).
+        a: usize,
+        /// The other end.
+        b: usize,
+        /// The network (0 or 1).
+        network: u8,
     },
     /// Node `node` crashes at `at` and restarts, empty, `down` later.
     Crash {
@@ -118,6 +134,14 @@ pub struct RoleOutcome {
     pub last_apply: Time,
     /// Messages that failed to decode (must be 0).
     pub decode_errors: u64,
+    /// Rows sent without their ring (the node held it).
+    pub same_ring_rows: u64,
+    /// Rows applied whose ring is not the one their server pushed with
+    /// that `(epoch, version)` (must be 0: a ring left out is filled in
+    /// only with the very ring it was computed with).
+    pub wrong_rings: u64,
+    /// `(server, epoch, version, ring digest)` of every row pushed.
+    pushed_rings: HashSet<(NodeId, u64, u64, u64)>,
     /// Times a node connected to a serving server for
     /// [`RoleScenario::reach_bound`] did not hold the version that server
     /// had that long before (the first few; must be empty).
@@ -163,6 +187,8 @@ struct Node {
     /// Last time a heartbeat from each peer arrived.
     heard: Vec<Time>,
     dead: Vec<bool>,
+    /// `(peer, network)` paths its detector sees down.
+    paths_down: HashSet<(usize, u8)>,
     /// What this node reports: the product's reporter.
     reporter: Reporter,
     inbox: VecDeque<(usize, Vec<u8>)>,
@@ -179,10 +205,26 @@ impl Node {
         now: Time,
         index: usize,
         from: NodeId,
-        view: TableView,
+        row: RoleMessage,
         out: &mut RoleOutcome,
     ) -> (u64, u64) {
-        if let Ok(a) = self.gate.apply(from, view) {
+        let result = match row {
+            RoleMessage::Table(view) => self.gate.apply(from, view),
+            RoleMessage::TableSameRing {
+                view,
+                ring_len,
+                ring_digest,
+            } => self.gate.apply_same_ring(from, view, ring_len, ring_digest),
+            _ => return self.gate.held(),
+        };
+        if let Ok(a) = result {
+            let ring = self
+                .gate
+                .current()
+                .map_or(0, |t| role::ring_digest(&t.ring));
+            if !out.pushed_rings.contains(&(from, a.epoch, a.version, ring)) {
+                out.wrong_rings += 1;
+            }
             out.applied.push(AppliedTable {
                 at: now,
                 node: index,
@@ -302,6 +344,7 @@ impl RoleScenario {
             server: None,
             heard: vec![now; self.nodes],
             dead: vec![false; self.nodes],
+            paths_down: HashSet::new(),
             reporter: {
                 // Sessions are modelled as always connected: every path up.
                 let mut r = Reporter::new(&cfg, id, now);
@@ -335,9 +378,9 @@ impl RoleScenario {
             .faults
             .iter()
             .map(|f| match f {
-                RoleFault::Partition { at, dur, .. } | RoleFault::Pause { at, dur, .. } => {
-                    *at + *dur
-                }
+                RoleFault::Partition { at, dur, .. }
+                | RoleFault::Pause { at, dur, .. }
+                | RoleFault::PathDown { at, dur, .. } => *at + *dur,
                 RoleFault::Crash { at, down, .. } => *at + *down,
             })
             .map(|d| Time::ZERO + d)
@@ -388,6 +431,44 @@ impl RoleScenario {
                     continue;
                 }
                 n.running = !paused;
+            }
+            // Path faults: each end's detector sees them (a paused process
+            // sees them when it runs again).
+            let paths_down: HashSet<(usize, usize, u8)> = self
+                .faults
+                .iter()
+                .filter_map(|f| match f {
+                    RoleFault::PathDown {
+                        at,
+                        dur,
+                        a,
+                        b,
+                        network,
+                    } if t >= *at && t < *at + *dur => {
+                        Some([(*a, *b, *network), (*b, *a, *network)])
+                    }
+                    _ => None,
+                })
+                .flatten()
+                .collect();
+            for (i, n) in nodes.iter_mut().enumerate().filter(|(_, n)| n.running) {
+                for j in 0..self.nodes {
+                    for network in 0..2u8 {
+                        let down = paths_down.contains(&(i, j, network));
+                        let was = n.paths_down.contains(&(j, network));
+                        if down == was {
+                            continue;
+                        }
+                        let peer = NodeId(j as u64 + 1);
+                        n.reporter.handle_sighting(if down {
+                            n.paths_down.insert((j, network));
+                            Sighting::PathDown { peer, network }
+                        } else {
+                            n.paths_down.remove(&(j, network));
+                            Sighting::PathUp { peer, network }
+                        });
+                    }
+                }
             }
             // A fenced process restarts as a new incarnation (what the
             // shell does: recovery is a new epoch).
@@ -584,8 +665,8 @@ impl RoleScenario {
                 }
             };
             match msg {
-                RoleMessage::Table(view) => {
-                    let (e, v) = nodes[i].apply(now, i, from_id, view, out);
+                row @ (RoleMessage::Table(_) | RoleMessage::TableSameRing { .. }) => {
+                    let (e, v) = nodes[i].apply(now, i, from_id, row, out);
                     if let Some(c) = nodes[i].cand.as_mut() {
                         c.handle_epoch(e);
                     }
@@ -640,13 +721,19 @@ impl RoleScenario {
             }
             while let Some(p) = s.poll_push(now, t_valid) {
                 out.pushes.push((now, i, p.view.epoch));
+                let ring = p
+                    .same_ring
+                    .map_or_else(|| role::ring_digest(&p.view.ring), |(_, d)| d);
+                out.pushed_rings
+                    .insert((me, p.view.epoch, p.view.version, ring));
                 let to = (p.to.0 - 1) as usize;
                 if to == i {
-                    let (e, v) = nodes[i].apply(now, i, me, p.view, out);
+                    let (e, v) = nodes[i].apply(now, i, me, p.into_message(), out);
                     s.handle_ack(me, e, v);
                 } else {
+                    out.same_ring_rows += u64::from(p.same_ring.is_some());
                     let mut b = Vec::new();
-                    role::encode(&RoleMessage::Table(p.view), &mut b);
+                    role::encode(&p.into_message(), &mut b);
                     wire.push_back((now + DELAY, i, to, Some(b)));
                 }
             }

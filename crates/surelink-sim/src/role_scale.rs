@@ -46,7 +46,7 @@ use rand_chacha::ChaCha8Rng;
 use surelink_proto::detector::DetectorConfig;
 use surelink_proto::role::{
     self, MemberState, PathStatus, PeerReport, RoleConfig, RoleEvent, RoleMessage, RoleServer,
-    StatusReport, TableGate, TableView,
+    StatusReport, TableGate,
 };
 use surelink_proto::{secure, wire, NodeId, Time};
 
@@ -91,6 +91,10 @@ pub struct ScaleConfig {
     pub death: Option<Duration>,
     /// Seed of the report phases, the fault nodes and the detection jitter.
     pub seed: u64,
+    /// Every row sent whole (the baseline: the protocol before rows left
+    /// out a ring the node holds); `false`, the product: a node that
+    /// acknowledged the current ring gets its row without it.
+    pub whole_rows: bool,
 }
 
 impl ScaleConfig {
@@ -111,6 +115,7 @@ impl ScaleConfig {
             deaf: Some((Duration::from_secs(2), Duration::from_secs(5))),
             death: Some(Duration::from_secs(6)),
             seed: 14,
+            whole_rows: false,
         }
     }
 
@@ -287,7 +292,19 @@ impl Run {
 
     /// Offers a pushed row to node `i`'s gate: the version applied, if
     /// any, and the `(epoch, version)` it then holds.
-    fn apply(&mut self, i: usize, view: TableView) -> (Option<u64>, (u64, u64)) {
+    fn apply(&mut self, i: usize, row: RoleMessage) -> (Option<u64>, (u64, u64)) {
+        let (view, same_ring) = match row {
+            RoleMessage::Table(view) => (view, None),
+            RoleMessage::TableSameRing {
+                view,
+                ring_len,
+                ring_digest,
+            } => (view, Some((ring_len, ring_digest))),
+            _ => {
+                self.out.decode_errors += 1;
+                return (None, self.nodes[i].gate.held());
+            }
+        };
         let deaf = self.out.deaf_node;
         let last_net = self.role.networks.saturating_sub(1);
         let n = &mut self.nodes[i];
@@ -298,7 +315,11 @@ impl Run {
                 !view.usable(NodeId(d as u64 + 1), last_net)
             }
         });
-        let applied = n.gate.apply(NodeId(1), view).ok().map(|a| a.version);
+        let applied = match same_ring {
+            None => n.gate.apply(NodeId(1), view),
+            Some((len, digest)) => n.gate.apply_same_ring(NodeId(1), view, len, digest),
+        };
+        let applied = applied.ok().map(|a| a.version);
         if applied.is_some() {
             n.avoided_deaf |= avoids;
         }
@@ -312,11 +333,11 @@ impl Run {
         // The node's decode and apply take real time: they delay the
         // apply and the ack.
         let start = Instant::now();
-        let Ok(RoleMessage::Table(view)) = role::decode(&bytes) else {
+        let Ok(row) = role::decode(&bytes) else {
             self.out.decode_errors += 1;
             return;
         };
-        let (applied, (epoch, version)) = self.apply(i, view);
+        let (applied, (epoch, version)) = self.apply(i, row);
         let done = now + start.elapsed();
         if let Some(v) = applied {
             self.nodes[i].applied.push((done, v));
@@ -412,11 +433,12 @@ impl Run {
             let (push, mut cost) = timed(|| {
                 server.poll_push(now, Some(Time::MAX)).map(|p| {
                     let to = usize::try_from(p.to.0 - 1).unwrap_or(usize::MAX);
+                    let msg = p.into_message();
                     if to == 0 {
-                        (to, None, Some(p.view))
+                        (to, None, Some(msg))
                     } else {
                         let mut b = Vec::new();
-                        role::encode(&RoleMessage::Table(p.view), &mut b);
+                        role::encode(&msg, &mut b);
                         (to, Some(b), None)
                     }
                 })
@@ -572,8 +594,11 @@ pub fn run(cfg: ScaleConfig) -> ScaleReport {
 #[allow(clippy::expect_used)]
 pub fn run_with_progress(cfg: ScaleConfig, progress: &mut dyn FnMut(&Progress)) -> ScaleReport {
     let role = cfg.role_config();
-    let server = RoleServer::new(role.clone(), NodeId(1), 1, Time::ZERO)
+    let mut server = RoleServer::new(role.clone(), NodeId(1), 1, Time::ZERO)
         .expect("a valid role configuration");
+    if cfg.whole_rows {
+        server.send_rows_whole();
+    }
     let buckets = usize::try_from(cfg.run.as_nanos() / BUCKET.as_nanos()).unwrap_or(0) + 1;
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let n = cfg.nodes;

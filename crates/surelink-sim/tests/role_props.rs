@@ -53,13 +53,22 @@ fn fault(partitions: bool) -> impl Strategy<Value = RoleFault> {
         .prop_map(|(at, dur, node)| RoleFault::Pause { at, dur, node });
     let crash = (at.clone(), dur.clone(), node.clone())
         .prop_map(|(at, down, node)| RoleFault::Crash { at, down, node });
+    let path = (at.clone(), dur.clone(), node.clone(), node.clone(), 0u8..2)
+        .prop_filter("two ends", |(_, _, a, b, _)| a != b)
+        .prop_map(|(at, dur, a, b, network)| RoleFault::PathDown {
+            at,
+            dur,
+            a,
+            b,
+            network,
+        });
     let part = (at, dur, node.clone(), node)
         .prop_filter("two sides", |(_, _, a, b)| a != b)
         .prop_map(|(at, dur, a, b)| RoleFault::Partition { at, dur, a, b });
     if partitions {
-        prop_oneof![pause, crash, part].boxed()
+        prop_oneof![pause, crash, path, part].boxed()
     } else {
-        prop_oneof![pause, crash].boxed()
+        prop_oneof![pause, crash, path].boxed()
     }
 }
 
@@ -90,6 +99,12 @@ fn check_per_node(s: &RoleScenario, o: &RoleOutcome) -> Result<(), String> {
         return Err(format!(
             "{} role messages failed to decode",
             o.decode_errors
+        ));
+    }
+    if o.wrong_rings > 0 {
+        return Err(format!(
+            "{} rows applied with a ring their server did not push them with",
+            o.wrong_rings
         ));
     }
     Ok(())
@@ -248,6 +263,30 @@ fn a_partition_heals_and_the_table_follows_within_the_bound() {
         first.at <= Time::from_millis(900) + s.reach_bound(),
         "{first:?}"
     );
+}
+
+#[test]
+fn a_path_fault_sends_rows_without_the_ring() {
+    // Nodes 2 and 3's path on network 1 fails: their route changes, the
+    // ring does not, and nodes that acknowledged it get rows without it —
+    // each filled in with the right ring (`check_per_node`).
+    let s = RoleScenario {
+        nodes: NODES,
+        candidates: CANDIDATES,
+        faults: vec![RoleFault::PathDown {
+            at: Duration::from_millis(600),
+            dur: Duration::from_millis(700),
+            a: 2,
+            b: 3,
+            network: 1,
+        }],
+        run: Duration::from_millis(2500),
+    };
+    let o = s.run();
+    check_per_node(&s, &o).unwrap();
+    check_converge_bound(&s, &o).unwrap();
+    check_converged(&o).unwrap();
+    assert!(o.same_ring_rows > 0, "no row went without its ring");
 }
 
 /// How close random cases come to the bounds: the largest time from a

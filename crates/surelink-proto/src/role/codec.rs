@@ -7,6 +7,7 @@
 //! | 1 | report | reporter u64, seq u64, watched u32, held epoch u64, held version u64, peers u16, peers × (peer u64, alive u8, networks u8, networks × (status u8, rtt_us u32)) |
 //! | 2 | table | role u64, epoch u64, version u64, node u64, routes u16, routes × (to u64, paths u8, paths × (network u8, status u8, weight u8)), ring u16, ring × (node u64, state u8) |
 //! | 3 | ack | epoch u64, version u64 (the table the node now holds) |
+//! | 4 | table, same ring | as tag 2 up to the routes, then ring members u16, ring digest u64 (the ring the node holds: [`ring_digest`]) |
 //!
 //! Decoding is bounded: counts are checked against the bytes left before
 //! anything is allocated, and every byte must be consumed.
@@ -17,7 +18,7 @@ use thiserror::Error;
 use crate::ids::NodeId;
 
 use super::matrix::{PathStatus, PeerReport, StatusReport};
-use super::table::{MemberState, PathChoice, RingMember, Route, TableView};
+use super::table::{ring_digest, MemberState, PathChoice, RingMember, Route, TableView};
 use super::MAX_NETWORKS;
 
 /// Largest encoded role message accepted (a table for ~30 000 nodes' ring,
@@ -31,6 +32,17 @@ pub enum RoleMessage {
     Report(StatusReport),
     /// A node's row of the routing table, from the role server.
     Table(TableView),
+    /// A node's row without its ring: the ring is the one the node holds
+    /// (the role server knows the node acknowledged a version with this
+    /// ring). A row is then tens of bytes instead of 9 per cluster node.
+    TableSameRing {
+        /// The row; its `ring` is empty.
+        view: TableView,
+        /// How many members the ring has.
+        ring_len: u16,
+        /// [`ring_digest`] of the ring.
+        ring_digest: u64,
+    },
     /// The `(epoch, version)` a node holds after a push (applied or not):
     /// tells the role server to stop re-pushing, or that a newer epoch
     /// exists.
@@ -88,33 +100,68 @@ pub fn encode(msg: &RoleMessage, out: &mut Vec<u8>) {
         }
         RoleMessage::Table(t) => {
             out.put_u8(2);
-            out.put_u64(t.role.0);
-            out.put_u64(t.epoch);
-            out.put_u64(t.version);
-            out.put_u64(t.node.0);
-            let routes = &t.routes[..t.routes.len().min(usize::from(u16::MAX))];
-            out.put_u16(u16::try_from(routes.len()).unwrap_or(u16::MAX));
-            for r in routes {
-                out.put_u64(r.to.0);
-                let paths = &r.paths[..r.paths.len().min(MAX_NETWORKS)];
-                out.put_u8(u8::try_from(paths.len()).unwrap_or(0));
-                for p in paths {
-                    out.put_u8(p.network);
-                    out.put_u8(p.status as u8);
-                    out.put_u8(p.weight);
-                }
-            }
-            let ring = &t.ring[..t.ring.len().min(usize::from(u16::MAX))];
+            put_row_head(t, out);
+            let ring = ring_part(&t.ring);
             out.put_u16(u16::try_from(ring.len()).unwrap_or(u16::MAX));
             for m in ring {
                 out.put_u64(m.node.0);
                 out.put_u8(m.state as u8);
             }
         }
+        RoleMessage::TableSameRing {
+            view,
+            ring_len,
+            ring_digest,
+        } => {
+            out.put_u8(4);
+            put_row_head(view, out);
+            out.put_u16(*ring_len);
+            out.put_u64(*ring_digest);
+        }
         RoleMessage::Ack { epoch, version } => {
             out.put_u8(3);
             out.put_u64(*epoch);
             out.put_u64(*version);
+        }
+    }
+}
+
+/// The members of `ring` a row carries (a ring count is a u16).
+fn ring_part(ring: &[RingMember]) -> &[RingMember] {
+    &ring[..ring.len().min(usize::from(u16::MAX))]
+}
+
+impl RoleMessage {
+    /// `view` without its ring, for a node that holds that ring.
+    pub fn same_ring(mut view: TableView) -> RoleMessage {
+        let ring = ring_part(&view.ring);
+        let ring_len = u16::try_from(ring.len()).unwrap_or(u16::MAX);
+        let ring_digest = ring_digest(ring);
+        view.ring = Vec::new();
+        RoleMessage::TableSameRing {
+            view,
+            ring_len,
+            ring_digest,
+        }
+    }
+}
+
+/// A row's fields up to its routes (tags 2 and 4).
+fn put_row_head(t: &TableView, out: &mut Vec<u8>) {
+    out.put_u64(t.role.0);
+    out.put_u64(t.epoch);
+    out.put_u64(t.version);
+    out.put_u64(t.node.0);
+    let routes = &t.routes[..t.routes.len().min(usize::from(u16::MAX))];
+    out.put_u16(u16::try_from(routes.len()).unwrap_or(u16::MAX));
+    for r in routes {
+        out.put_u64(r.to.0);
+        let paths = &r.paths[..r.paths.len().min(MAX_NETWORKS)];
+        out.put_u8(u8::try_from(paths.len()).unwrap_or(0));
+        for p in paths {
+            out.put_u8(p.network);
+            out.put_u8(p.status as u8);
+            out.put_u8(p.weight);
         }
     }
 }
@@ -125,6 +172,54 @@ fn need(b: &[u8], n: usize) -> Result<(), RoleDecodeError> {
     } else {
         Ok(())
     }
+}
+
+/// A row's fields up to its routes (tags 2 and 4); the ring left empty.
+fn get_row_head(b: &mut &[u8]) -> Result<TableView, RoleDecodeError> {
+    need(b, 34)?;
+    let role = NodeId(b.get_u64());
+    let epoch = b.get_u64();
+    let version = b.get_u64();
+    let node = NodeId(b.get_u64());
+    let count = usize::from(b.get_u16());
+    need(b, count.saturating_mul(9))?;
+    let mut routes = Vec::with_capacity(count);
+    for _ in 0..count {
+        need(b, 9)?;
+        let to = NodeId(b.get_u64());
+        let n = usize::from(b.get_u8());
+        if n > MAX_NETWORKS {
+            return Err(RoleDecodeError::BadField("paths"));
+        }
+        need(b, n * 3)?;
+        let mut paths = Vec::with_capacity(n);
+        for _ in 0..n {
+            let network = b.get_u8();
+            let status =
+                PathStatus::from_u8(b.get_u8()).ok_or(RoleDecodeError::BadField("path status"))?;
+            paths.push(PathChoice {
+                network,
+                status,
+                weight: b.get_u8(),
+            });
+        }
+        routes.push(Route {
+            from: node,
+            to,
+            paths,
+        });
+    }
+    if routes.windows(2).any(|w| w[0].to >= w[1].to) {
+        return Err(RoleDecodeError::BadField("routes not sorted"));
+    }
+    Ok(TableView {
+        role,
+        epoch,
+        version,
+        node,
+        routes,
+        ring: Vec::new(),
+    })
 }
 
 /// Decodes one role message; the whole of `buf` must be it.
@@ -179,42 +274,7 @@ pub fn decode(mut buf: &[u8]) -> Result<RoleMessage, RoleDecodeError> {
             })
         }
         2 => {
-            need(b, 34)?;
-            let role = NodeId(b.get_u64());
-            let epoch = b.get_u64();
-            let version = b.get_u64();
-            let node = NodeId(b.get_u64());
-            let count = usize::from(b.get_u16());
-            need(b, count.saturating_mul(9))?;
-            let mut routes = Vec::with_capacity(count);
-            for _ in 0..count {
-                need(b, 9)?;
-                let to = NodeId(b.get_u64());
-                let n = usize::from(b.get_u8());
-                if n > MAX_NETWORKS {
-                    return Err(RoleDecodeError::BadField("paths"));
-                }
-                need(b, n * 3)?;
-                let mut paths = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let network = b.get_u8();
-                    let status = PathStatus::from_u8(b.get_u8())
-                        .ok_or(RoleDecodeError::BadField("path status"))?;
-                    paths.push(PathChoice {
-                        network,
-                        status,
-                        weight: b.get_u8(),
-                    });
-                }
-                routes.push(Route {
-                    from: node,
-                    to,
-                    paths,
-                });
-            }
-            if routes.windows(2).any(|w| w[0].to >= w[1].to) {
-                return Err(RoleDecodeError::BadField("routes not sorted"));
-            }
+            let mut view = get_row_head(b)?;
             need(b, 2)?;
             let count = usize::from(b.get_u16());
             need(b, count.saturating_mul(9))?;
@@ -225,14 +285,17 @@ pub fn decode(mut buf: &[u8]) -> Result<RoleMessage, RoleDecodeError> {
                     .ok_or(RoleDecodeError::BadField("member state"))?;
                 ring.push(RingMember { node, state });
             }
-            RoleMessage::Table(TableView {
-                role,
-                epoch,
-                version,
-                node,
-                routes,
-                ring,
-            })
+            view.ring = ring;
+            RoleMessage::Table(view)
+        }
+        4 => {
+            let view = get_row_head(b)?;
+            need(b, 10)?;
+            RoleMessage::TableSameRing {
+                view,
+                ring_len: b.get_u16(),
+                ring_digest: b.get_u64(),
+            }
         }
         3 => {
             need(b, 16)?;

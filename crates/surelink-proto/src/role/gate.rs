@@ -4,7 +4,7 @@ use thiserror::Error;
 
 use crate::ids::NodeId;
 
-use super::table::TableView;
+use super::table::{ring_digest, TableView};
 use super::RoleConfig;
 
 /// What applying a table did.
@@ -58,6 +58,16 @@ pub enum TableRejected {
         held_epoch: u64,
         /// The held table's version.
         held_version: u64,
+    },
+    /// A row without its ring, and the ring held is not the one it was
+    /// computed with (the node missed a change, or holds none): the role
+    /// server sends the whole row when the node's acknowledgement shows it.
+    #[error("table ({epoch}, {version}) leaves out a ring this node does not hold")]
+    RingNotHeld {
+        /// The table's epoch.
+        epoch: u64,
+        /// The table's version.
+        version: u64,
     },
 }
 
@@ -127,5 +137,31 @@ impl TableGate {
         };
         self.current = Some(view);
         Ok(applied)
+    }
+
+    /// A row without its ring ([`RoleMessage::TableSameRing`]): applied as
+    /// [`TableGate::apply`] with the ring this node holds, if that ring
+    /// has `ring_len` members and digest `ring_digest`.
+    ///
+    /// [`RoleMessage::TableSameRing`]: super::RoleMessage::TableSameRing
+    pub fn apply_same_ring(
+        &mut self,
+        from: NodeId,
+        mut view: TableView,
+        ring_len: u16,
+        digest: u64,
+    ) -> Result<Applied, TableRejected> {
+        let held = self
+            .current
+            .as_ref()
+            .filter(|t| t.ring.len() == usize::from(ring_len) && ring_digest(&t.ring) == digest);
+        let Some(held) = held else {
+            return Err(TableRejected::RingNotHeld {
+                epoch: view.epoch,
+                version: view.version,
+            });
+        };
+        view.ring = held.ring.clone();
+        self.apply(from, view)
     }
 }

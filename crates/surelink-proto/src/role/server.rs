@@ -7,18 +7,40 @@ use thiserror::Error;
 use crate::ids::NodeId;
 use crate::time::Time;
 
+use super::codec::RoleMessage;
 use super::matrix::{Matrix, StatusReport};
-use super::table::{compute, MemberState, RoutingTable, TableView};
+use super::table::{compute, ring_digest, MemberState, RoutingTable, TableView};
 use super::{RoleConfig, RoleConfigError};
 
-/// A row to send: the shell sends `view` to `to` on its session (or
-/// applies it locally when `to` is this node).
+/// A row to send: the shell sends [`Push::into_message`] to `to` on its
+/// session, or applies it locally when `to` is this node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Push {
     /// The node.
     pub to: NodeId,
-    /// Its row of the current table.
+    /// Its row of the current table; the ring left empty when
+    /// `same_ring` is set.
     pub view: TableView,
+    /// `Some((ring members, ring digest))`: `to` acknowledged a version of
+    /// this epoch with the current ring, so the row goes without it
+    /// ([`RoleMessage::TableSameRing`]). Never set once
+    /// [`RoleServer::send_rows_whole`] is called.
+    pub same_ring: Option<(u16, u64)>,
+}
+
+impl Push {
+    /// The message to send: the row whole, or without the ring the node
+    /// holds (tens of bytes instead of 9 per cluster node).
+    pub fn into_message(self) -> RoleMessage {
+        match self.same_ring {
+            None => RoleMessage::Table(self.view),
+            Some((ring_len, ring_digest)) => RoleMessage::TableSameRing {
+                view: self.view,
+                ring_len,
+                ring_digest,
+            },
+        }
+    }
 }
 
 /// What reaches a role server from the nodes, through the shell: the
@@ -92,6 +114,13 @@ pub struct RoleServer {
     due: VecDeque<NodeId>,
     /// Nodes the current table marks down.
     down: HashSet<NodeId>,
+    /// The version whose ring is the current one: a node that acknowledged
+    /// it or later holds the ring.
+    ring_since: u64,
+    /// The current ring's member count and digest.
+    ring_id: (u16, u64),
+    /// Rows always go whole (a store nodes read rows from later).
+    whole_rows: bool,
     next_refresh: Time,
     /// Missed `t_valid` or stepped down: pushes nothing, for good.
     stopped: bool,
@@ -131,6 +160,9 @@ impl RoleServer {
             nodes,
             due: VecDeque::new(),
             down: HashSet::new(),
+            ring_since: 0,
+            ring_id: (0, 0),
+            whole_rows: false,
             stopped: false,
             events: VecDeque::new(),
         })
@@ -276,9 +308,17 @@ impl RoleServer {
             .filter(|m| m.state == MemberState::Down)
             .map(|m| m.node)
             .collect();
+        self.table.version += 1;
+        if self.table.version == 1 || ring != self.table.ring {
+            self.ring_since = self.table.version;
+            let carried = &ring[..ring.len().min(usize::from(u16::MAX))];
+            self.ring_id = (
+                u16::try_from(carried.len()).unwrap_or(u16::MAX),
+                ring_digest(carried),
+            );
+        }
         self.table.routes = routes;
         self.table.ring = ring;
-        self.table.version += 1;
         self.events.push_back(RoleEvent::TableChanged {
             version: self.table.version,
         });
@@ -312,12 +352,27 @@ impl RoleServer {
                 continue;
             }
             p.last = Some(now);
+            if !self.whole_rows && p.acked >= self.ring_since {
+                return Some(Push {
+                    to: node,
+                    view: self.table.view_without_ring(node),
+                    same_ring: Some(self.ring_id),
+                });
+            }
             return Some(Push {
                 to: node,
                 view: self.table.view_for(node),
+                same_ring: None,
             });
         }
         None
+    }
+
+    /// Every row from now on goes whole, its ring in it: for a store that
+    /// keeps rows for nodes to read later (etcd), where a reader may hold
+    /// no ring.
+    pub fn send_rows_whole(&mut self) {
+        self.whole_rows = true;
     }
 
     /// The next event.

@@ -81,6 +81,25 @@ pub struct RingMember {
     pub state: MemberState,
 }
 
+/// A digest of a ring: FNV-1a over each member's id and state. A row that
+/// leaves its ring out ([`RoleMessage::TableSameRing`]) names the ring by
+/// it, and a node fills in the ring it holds only if the digests agree —
+/// whatever the node applied in between (another epoch, a restarted role
+/// server), it never pairs a row with a ring it was not computed with.
+///
+/// [`RoleMessage::TableSameRing`]: super::RoleMessage::TableSameRing
+pub fn ring_digest(ring: &[RingMember]) -> u64 {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for m in ring {
+        for b in m.node.0.to_be_bytes().into_iter().chain([m.state as u8]) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(PRIME);
+        }
+    }
+    h
+}
+
 /// The whole cluster's table, as the role server holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RoutingTable {
@@ -105,6 +124,14 @@ impl RoutingTable {
     /// `node`'s row: what is pushed to it.
     pub fn view_for(&self, node: NodeId) -> TableView {
         TableView {
+            ring: self.ring.clone(),
+            ..self.view_without_ring(node)
+        }
+    }
+
+    /// `node`'s row with its ring left empty (for a node that holds it).
+    pub fn view_without_ring(&self, node: NodeId) -> TableView {
+        TableView {
             role: self.role,
             epoch: self.epoch,
             version: self.version,
@@ -115,7 +142,7 @@ impl RoutingTable {
                 .filter(|r| r.from == node)
                 .cloned()
                 .collect(),
-            ring: self.ring.clone(),
+            ring: Vec::new(),
         }
     }
 }

@@ -450,9 +450,11 @@ fn message() -> impl Strategy<Value = RoleMessage> {
             0..20,
         ),
         prop::collection::vec((any::<u64>(), 0u8..3), 0..20),
-    )
-        .prop_map(|(role, epoch, version, node, routes, ring)| {
-            RoleMessage::Table(TableView {
+    );
+    // Whole rows, and rows without their ring.
+    let table =
+        (table, any::<bool>()).prop_map(|((role, epoch, version, node, routes, ring), same)| {
+            let view = TableView {
                 role: NodeId(role),
                 epoch,
                 version,
@@ -479,7 +481,12 @@ fn message() -> impl Strategy<Value = RoleMessage> {
                         state: MemberState::from_u8(s).unwrap_or(MemberState::Up),
                     })
                     .collect(),
-            })
+            };
+            if same {
+                RoleMessage::same_ring(view)
+            } else {
+                RoleMessage::Table(view)
+            }
         });
     let ack = (any::<u64>(), any::<u64>())
         .prop_map(|(epoch, version)| RoleMessage::Ack { epoch, version });
@@ -537,4 +544,159 @@ fn elected_ownership_lets_any_candidate_own_any_epoch_but_only_upwards() {
     ));
     assert!(gate.apply(NodeId(1), row(1, 9, 1)).is_ok());
     assert_eq!(gate.held(), (9, 1));
+}
+
+/// Rows leave out the ring a node acknowledged: whole until the node's
+/// ack shows the current ring, whole again once the ring changes or the
+/// node restarts; never with `send_rows_whole`.
+#[test]
+fn rows_leave_out_a_ring_the_node_acknowledged() {
+    let mut s = RoleServer::new(cfg(), A, 1, ms(0)).unwrap();
+    drain(&mut s, ms(0), ms(10_000));
+    // Everyone reports: every member up (a new ring: whole rows).
+    for n in [A, B, C] {
+        s.handle_report(ms(1), n, &report(n, 1, Vec::new()))
+            .unwrap();
+    }
+    let v1 = drain(&mut s, ms(1), ms(10_000));
+    assert!(v1
+        .iter()
+        .all(|p| p.same_ring.is_none() && p.view.ring.len() == 3 && p.view.version == 2));
+    s.handle_ack(B, 1, 2);
+    // A route change, the ring unchanged: B's row goes without the ring,
+    // C (no ack yet) gets it whole.
+    s.handle_report(
+        ms(10),
+        B,
+        &report(B, 2, vec![peer(C, PathStatus::Down, PathStatus::Up)]),
+    )
+    .unwrap();
+    let v2 = drain(&mut s, ms(10), ms(10_000));
+    let to = |v: &[Push], n: NodeId| v.iter().find(|p| p.to == n).cloned().unwrap();
+    let b2 = to(&v2, B);
+    assert_eq!(b2.view.version, 3);
+    assert!(b2.view.ring.is_empty());
+    let (len, digest) = b2.same_ring.expect("B holds the ring");
+    assert_eq!(usize::from(len), v1[0].view.ring.len());
+    assert_eq!(digest, ring_digest(&v1[0].view.ring));
+    assert!(to(&v2, C).same_ring.is_none());
+    // On the wire it is tens of bytes; B's gate fills in the ring it holds.
+    let mut whole = Vec::new();
+    encode(&RoleMessage::Table(to(&v1, B).view), &mut whole);
+    let mut gate = TableGate::new(cfg(), B);
+    gate.apply(A, to(&v1, B).view).unwrap();
+    let msg = b2.into_message();
+    let mut bytes = Vec::new();
+    encode(&msg, &mut bytes);
+    assert_eq!(decode(&bytes), Ok(msg.clone()));
+    let RoleMessage::TableSameRing {
+        view,
+        ring_len,
+        ring_digest: d,
+    } = msg
+    else {
+        panic!("not a same-ring row: {msg:?}");
+    };
+    let applied = gate.apply_same_ring(A, view, ring_len, d).unwrap();
+    assert_eq!(applied.version, 3);
+    assert_eq!(gate.current().unwrap().ring, v1[0].view.ring);
+    assert!(!gate.current().unwrap().usable(C, 0));
+
+    // The ring changes (C stops reporting, A and B report it dead): whole
+    // rows until acknowledged.
+    s.handle_ack(B, 1, 3);
+    s.handle_ack(C, 1, 3);
+    let dead = PeerReport {
+        peer: C,
+        alive: false,
+        networks: vec![(PathStatus::Down, 0), (PathStatus::Down, 0)],
+    };
+    s.handle_report(ms(20), A, &report(A, 2, vec![dead.clone()]))
+        .unwrap();
+    s.handle_report(ms(20), B, &report(B, 3, vec![dead]))
+        .unwrap();
+    let v3 = drain(&mut s, ms(20), ms(10_000));
+    assert!(!v3.is_empty());
+    assert!(
+        v3.iter().all(|p| p.same_ring.is_none()),
+        "the ring changed: {v3:?}"
+    );
+    assert_ne!(ring_digest(&v3[0].view.ring), digest);
+    // A restarted node holds nothing: whole again.
+    s.handle_ack(B, 1, 4);
+    s.handle_node_restarted(B);
+    let after = drain(&mut s, ms(30), ms(10_000));
+    assert!(to(&after, B).same_ring.is_none());
+
+    // A server whose rows stay in a store sends every row whole.
+    let mut w = RoleServer::new(cfg(), A, 1, ms(0)).unwrap();
+    w.send_rows_whole();
+    drain(&mut w, ms(0), ms(10_000));
+    w.handle_ack(B, 1, 1);
+    w.handle_report(
+        ms(10),
+        B,
+        &report(B, 1, vec![peer(C, PathStatus::Down, PathStatus::Up)]),
+    )
+    .unwrap();
+    assert!(drain(&mut w, ms(10), ms(10_000))
+        .iter()
+        .all(|p| p.same_ring.is_none() && p.view.ring.len() == 3));
+}
+
+/// A row without its ring is applied only over the very ring it names.
+#[test]
+fn a_row_without_its_ring_needs_that_ring() {
+    let ring = |s: MemberState| {
+        vec![
+            RingMember {
+                node: A,
+                state: MemberState::Up,
+            },
+            RingMember { node: B, state: s },
+        ]
+    };
+    let mut gate = TableGate::new(cfg(), C);
+    let up = ring(MemberState::Up);
+    let (len, digest) = (2, ring_digest(&up));
+    // Nothing held.
+    assert_eq!(
+        gate.apply_same_ring(A, view(A, 1, 2, C), len, digest),
+        Err(TableRejected::RingNotHeld {
+            epoch: 1,
+            version: 2
+        })
+    );
+    // Another ring held (B down): refused, nothing changes.
+    let mut first = view(A, 1, 1, C);
+    first.ring = ring(MemberState::Down);
+    gate.apply(A, first).unwrap();
+    assert!(matches!(
+        gate.apply_same_ring(A, view(A, 1, 2, C), len, digest),
+        Err(TableRejected::RingNotHeld { .. })
+    ));
+    assert_eq!(gate.held(), (1, 1));
+    // The same digest but another count: refused.
+    let mut second = view(A, 1, 2, C);
+    second.ring = up.clone();
+    gate.apply(A, second).unwrap();
+    assert!(matches!(
+        gate.apply_same_ring(A, view(A, 1, 3, C), 3, digest),
+        Err(TableRejected::RingNotHeld { .. })
+    ));
+    // The ring it names: applied with it; the usual rules still hold.
+    gate.apply_same_ring(A, view(A, 1, 3, C), len, digest)
+        .unwrap();
+    assert_eq!(gate.current().unwrap().ring, up);
+    assert!(matches!(
+        gate.apply_same_ring(A, view(A, 1, 3, C), len, digest),
+        Err(TableRejected::Stale { .. })
+    ));
+    assert!(matches!(
+        gate.apply_same_ring(B, view(B, 1, 4, C), len, digest),
+        Err(TableRejected::NotOwner { .. })
+    ));
+    // Digests differ with any member's state or id.
+    assert_ne!(ring_digest(&up), ring_digest(&ring(MemberState::Suspect)));
+    assert_ne!(ring_digest(&up), ring_digest(&up[..1]));
 }

@@ -256,12 +256,12 @@ impl Task {
                     s.handle_ack(from, epoch, version);
                 }
             }
-            RoleMessage::Table(_) if self.external => {
+            RoleMessage::Table(_) | RoleMessage::TableSameRing { .. } if self.external => {
                 debug!(%from, "routing table pushed over a session refused: the external backend is the only source");
                 self.rs.status.lock().tables_rejected += 1;
             }
-            RoleMessage::Table(view) => {
-                self.accept(from, view);
+            RoleMessage::Table(_) | RoleMessage::TableSameRing { .. } => {
+                self.accept(from, msg);
                 let (epoch, version) = self.gate.held();
                 let ack = RoleMessage::Ack { epoch, version };
                 if from == self.me {
@@ -287,14 +287,25 @@ impl Task {
     /// as if that writer had pushed it.
     fn apply_external(&mut self, view: TableView) {
         let writer = view.role;
-        self.accept(writer, view);
+        self.accept(writer, RoleMessage::Table(view));
     }
 
-    /// Applies a row through the gate (newer only) and, if taken, as path
-    /// policy.
-    fn accept(&mut self, from: NodeId, view: TableView) {
-        let epoch = view.epoch;
-        match self.gate.apply(from, view) {
+    /// Applies a row (a `Table` or `TableSameRing` message) through the
+    /// gate (newer only) and, if taken, as path policy.
+    fn accept(&mut self, from: NodeId, msg: RoleMessage) {
+        let (epoch, result) = match msg {
+            RoleMessage::Table(view) => (view.epoch, self.gate.apply(from, view)),
+            RoleMessage::TableSameRing {
+                view,
+                ring_len,
+                ring_digest,
+            } => (
+                view.epoch,
+                self.gate.apply_same_ring(from, view, ring_len, ring_digest),
+            ),
+            _ => return,
+        };
+        match result {
             Ok(a) => {
                 if let Some(c) = &mut self.candidacy {
                     c.handle_epoch(a.epoch);
@@ -513,10 +524,12 @@ impl Task {
             self.server = Some(s);
         }
         for p in pushes {
-            if p.to == self.me {
-                self.handle(p.to, RoleMessage::Table(p.view));
+            let to = p.to;
+            let msg = p.into_message();
+            if to == self.me {
+                self.handle(to, msg);
             } else {
-                self.send(p.to, &RoleMessage::Table(p.view));
+                self.send(to, &msg);
             }
         }
     }
