@@ -181,9 +181,9 @@ fn main() {
     // Each size twice in this run: the baseline sends every row whole
     // (the ring in each), the product leaves out a ring the node holds.
     let modes: &[(&str, bool)] = if baseline_too {
-        &[("whole", true), ("same-ring", false)]
+        &[("whole", true), ("delta", false)]
     } else {
-        &[("same-ring", false)]
+        &[("delta", false)]
     };
     let mut reports = Vec::new();
     for n in nodes {
@@ -229,7 +229,7 @@ fn main() {
     }
     if baseline_too {
         println!();
-        println!("same-ring rows vs whole rows, same run (ratio < 1: less):");
+        println!("ring-delta rows vs whole rows, same run (ratio < 1: less):");
         for pair in reports.chunks(2) {
             let [(_, whole), (_, same)] = pair else {
                 continue;

@@ -289,12 +289,8 @@ pub fn role_messages(data: &[u8]) {
             Ok(RoleMessage::Table(view)) => {
                 let _ = gate.apply(from, view);
             }
-            Ok(RoleMessage::TableSameRing {
-                view,
-                ring_len,
-                ring_digest,
-            }) => {
-                let _ = gate.apply_same_ring(from, view, ring_len, ring_digest);
+            Ok(RoleMessage::TableRingDelta { view, ring }) => {
+                let _ = gate.apply_ring_delta(from, view, &ring);
             }
             Ok(RoleMessage::Report(r)) => {
                 let _ = server.handle_report(now, from, &r);
@@ -378,15 +374,31 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
             v.push(b"some plaintext to seal in pieces".to_vec());
         }
         "role_messages" => {
-            use surelink_proto::role::{self, RoleMessage, RoleServer};
+            use surelink_proto::role::{self, RoleMessage, RoleServer, TableView};
             if let Ok(mut s) = RoleServer::new(role_config(), NodeId(1), 1, Time::ZERO) {
                 if let Some(p) = s.poll_push(Time::ZERO, Some(Time::MAX)) {
-                    // The whole row, then the same row without its ring.
+                    // The whole row, then the next version with one
+                    // member's state changed, as a ring delta.
+                    let mut next = p.view.clone();
+                    next.version += 1;
+                    if let Some(m) = next.ring.first_mut() {
+                        m.state = role::MemberState::Down;
+                    }
+                    let delta = role::RingDelta::between(&p.view.ring, &next.ring);
                     let mut d = Vec::new();
                     for m in [
-                        RoleMessage::Table(p.view.clone()),
-                        RoleMessage::same_ring(p.view),
-                    ] {
+                        Some(RoleMessage::Table(p.view)),
+                        delta.map(|ring| RoleMessage::TableRingDelta {
+                            view: TableView {
+                                ring: Vec::new(),
+                                ..next
+                            },
+                            ring,
+                        }),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    {
                         let mut b = Vec::new();
                         role::encode(&m, &mut b);
                         d.push(u8::try_from(b.len()).unwrap_or(u8::MAX));

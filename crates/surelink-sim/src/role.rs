@@ -134,8 +134,14 @@ pub struct RoleOutcome {
     pub last_apply: Time,
     /// Messages that failed to decode (must be 0).
     pub decode_errors: u64,
-    /// Rows sent without their ring (the node held it).
-    pub same_ring_rows: u64,
+    /// Rows sent with their ring as changes to the one the node held.
+    pub delta_rows: u64,
+    /// Of those, rows that changed the ring (a member's state).
+    pub ring_change_rows: u64,
+    /// Rows with ring changes a node holding a table could not apply: it
+    /// did not hold their base ring (must be 0 — each costs the node a
+    /// refresh).
+    pub ring_not_held: u64,
     /// Rows applied whose ring is not the one their server pushed with
     /// that `(epoch, version)` (must be 0: a ring left out is filled in
     /// only with the very ring it was computed with).
@@ -210,13 +216,18 @@ impl Node {
     ) -> (u64, u64) {
         let result = match row {
             RoleMessage::Table(view) => self.gate.apply(from, view),
-            RoleMessage::TableSameRing {
-                view,
-                ring_len,
-                ring_digest,
-            } => self.gate.apply_same_ring(from, view, ring_len, ring_digest),
+            RoleMessage::TableRingDelta { view, ring } => {
+                self.gate.apply_ring_delta(from, view, &ring)
+            }
             _ => return self.gate.held(),
         };
+        // (A process that restarted holds no table; the changes it gets
+        // before the server learns of the restart are refused, rightly.)
+        if matches!(result, Err(role::TableRejected::RingNotHeld { .. }))
+            && self.gate.current().is_some()
+        {
+            out.ring_not_held += 1;
+        }
         if let Ok(a) = result {
             let ring = self
                 .gate
@@ -665,7 +676,7 @@ impl RoleScenario {
                 }
             };
             match msg {
-                row @ (RoleMessage::Table(_) | RoleMessage::TableSameRing { .. }) => {
+                row @ (RoleMessage::Table(_) | RoleMessage::TableRingDelta { .. }) => {
                     let (e, v) = nodes[i].apply(now, i, from_id, row, out);
                     if let Some(c) = nodes[i].cand.as_mut() {
                         c.handle_epoch(e);
@@ -722,8 +733,9 @@ impl RoleScenario {
             while let Some(p) = s.poll_push(now, t_valid) {
                 out.pushes.push((now, i, p.view.epoch));
                 let ring = p
-                    .same_ring
-                    .map_or_else(|| role::ring_digest(&p.view.ring), |(_, d)| d);
+                    .ring_delta
+                    .as_ref()
+                    .map_or_else(|| role::ring_digest(&p.view.ring), |d| d.digest);
                 out.pushed_rings
                     .insert((me, p.view.epoch, p.view.version, ring));
                 let to = (p.to.0 - 1) as usize;
@@ -731,7 +743,9 @@ impl RoleScenario {
                     let (e, v) = nodes[i].apply(now, i, me, p.into_message(), out);
                     s.handle_ack(me, e, v);
                 } else {
-                    out.same_ring_rows += u64::from(p.same_ring.is_some());
+                    out.delta_rows += u64::from(p.ring_delta.is_some());
+                    out.ring_change_rows +=
+                        u64::from(p.ring_delta.as_ref().is_some_and(|d| !d.changes.is_empty()));
                     let mut b = Vec::new();
                     role::encode(&p.into_message(), &mut b);
                     wire.push_back((now + DELAY, i, to, Some(b)));

@@ -293,13 +293,9 @@ impl Run {
     /// Offers a pushed row to node `i`'s gate: the version applied, if
     /// any, and the `(epoch, version)` it then holds.
     fn apply(&mut self, i: usize, row: RoleMessage) -> (Option<u64>, (u64, u64)) {
-        let (view, same_ring) = match row {
+        let (view, ring_delta) = match row {
             RoleMessage::Table(view) => (view, None),
-            RoleMessage::TableSameRing {
-                view,
-                ring_len,
-                ring_digest,
-            } => (view, Some((ring_len, ring_digest))),
+            RoleMessage::TableRingDelta { view, ring } => (view, Some(ring)),
             _ => {
                 self.out.decode_errors += 1;
                 return (None, self.nodes[i].gate.held());
@@ -315,9 +311,9 @@ impl Run {
                 !view.usable(NodeId(d as u64 + 1), last_net)
             }
         });
-        let applied = match same_ring {
+        let applied = match ring_delta {
             None => n.gate.apply(NodeId(1), view),
-            Some((len, digest)) => n.gate.apply_same_ring(NodeId(1), view, len, digest),
+            Some(d) => n.gate.apply_ring_delta(NodeId(1), view, &d),
         };
         let applied = applied.ok().map(|a| a.version);
         if applied.is_some() {

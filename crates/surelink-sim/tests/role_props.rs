@@ -101,6 +101,12 @@ fn check_per_node(s: &RoleScenario, o: &RoleOutcome) -> Result<(), String> {
             o.decode_errors
         ));
     }
+    if o.ring_not_held > 0 {
+        return Err(format!(
+            "{} rows with ring changes found no base ring at their node",
+            o.ring_not_held
+        ));
+    }
     if o.wrong_rings > 0 {
         return Err(format!(
             "{} rows applied with a ring their server did not push them with",
@@ -266,10 +272,10 @@ fn a_partition_heals_and_the_table_follows_within_the_bound() {
 }
 
 #[test]
-fn a_path_fault_sends_rows_without_the_ring() {
+fn a_path_fault_sends_rows_with_the_ring_as_changes() {
     // Nodes 2 and 3's path on network 1 fails: their route changes, the
-    // ring does not, and nodes that acknowledged it get rows without it —
-    // each filled in with the right ring (`check_per_node`).
+    // ring does not, and nodes that acknowledged it get rows with no ring
+    // changes — each filled in with the right ring (`check_per_node`).
     let s = RoleScenario {
         nodes: NODES,
         candidates: CANDIDATES,
@@ -286,7 +292,28 @@ fn a_path_fault_sends_rows_without_the_ring() {
     check_per_node(&s, &o).unwrap();
     check_converge_bound(&s, &o).unwrap();
     check_converged(&o).unwrap();
-    assert!(o.same_ring_rows > 0, "no row went without its ring");
+    assert!(o.delta_rows > 0, "no row went with its ring as changes");
+}
+
+#[test]
+fn a_paused_node_comes_back_as_ring_changes() {
+    // Node 5 pauses past the stale window and the detector's peer window:
+    // its ring state changes (suspect, down, up again) and the nodes that
+    // acknowledged the ring before get the changed member only.
+    let s = RoleScenario {
+        nodes: NODES,
+        candidates: CANDIDATES,
+        faults: vec![RoleFault::Pause {
+            at: Duration::from_millis(600),
+            dur: Duration::from_millis(2500),
+            node: 4,
+        }],
+        run: Duration::from_millis(5000),
+    };
+    let o = s.run();
+    check_per_node(&s, &o).unwrap();
+    check_converged(&o).unwrap();
+    assert!(o.ring_change_rows > 0, "no row changed the ring as changes");
 }
 
 /// How close random cases come to the bounds: the largest time from a

@@ -87,3 +87,28 @@ fn a_healthy_cluster_costs_an_empty_report_per_refresh_whatever_its_size() {
         assert_eq!(r.holding_final, r.live);
     }
 }
+
+/// Rows carrying the ring as changes: every version still reaches every
+/// live node, and the server sends a fraction of the bytes of whole rows
+/// (same faults, same seed).
+#[test]
+fn ring_deltas_carry_the_same_tables_in_fewer_bytes() {
+    let whole = run(ScaleConfig {
+        whole_rows: true,
+        ..ScaleConfig::new(40)
+    });
+    let delta = run(ScaleConfig::new(40));
+    for r in [&whole, &delta] {
+        assert_eq!(r.decode_errors, 0);
+        assert_eq!(r.holding_final, r.live, "{r:?}");
+        assert_eq!(r.push_times(Duration::ZERO, r.simulated).1, 0);
+        assert_eq!(r.saw_death, r.live);
+        assert_eq!(r.avoided_deaf, 40);
+    }
+    let (whole_down, _) = whole.down_per_node();
+    let (delta_down, _) = delta.down_per_node();
+    assert!(
+        delta_down < whole_down / 2.0,
+        "down B/node/s: delta {delta_down:.0} vs whole {whole_down:.0}"
+    );
+}

@@ -7,7 +7,7 @@
 //! | 1 | report | reporter u64, seq u64, watched u32, held epoch u64, held version u64, peers u16, peers × (peer u64, alive u8, networks u8, networks × (status u8, rtt_us u32)) |
 //! | 2 | table | role u64, epoch u64, version u64, node u64, routes u16, routes × (to u64, paths u8, paths × (network u8, status u8, weight u8)), ring u16, ring × (node u64, state u8) |
 //! | 3 | ack | epoch u64, version u64 (the table the node now holds) |
-//! | 4 | table, same ring | as tag 2 up to the routes, then ring members u16, ring digest u64 (the ring the node holds: [`ring_digest`]) |
+//! | 4 | table, ring as changes | as tag 2 up to the routes, then base ring digest u64, changes u16, changes × (node u64, state u8), ring digest u64 ([`RingDelta`]) |
 //!
 //! Decoding is bounded: counts are checked against the bytes left before
 //! anything is allocated, and every byte must be consumed.
@@ -18,7 +18,7 @@ use thiserror::Error;
 use crate::ids::NodeId;
 
 use super::matrix::{PathStatus, PeerReport, StatusReport};
-use super::table::{ring_digest, MemberState, PathChoice, RingMember, Route, TableView};
+use super::table::{MemberState, PathChoice, RingDelta, RingMember, Route, TableView};
 use super::MAX_NETWORKS;
 
 /// Largest encoded role message accepted (a table for ~30 000 nodes' ring,
@@ -32,16 +32,14 @@ pub enum RoleMessage {
     Report(StatusReport),
     /// A node's row of the routing table, from the role server.
     Table(TableView),
-    /// A node's row without its ring: the ring is the one the node holds
-    /// (the role server knows the node acknowledged a version with this
-    /// ring). A row is then tens of bytes instead of 9 per cluster node.
-    TableSameRing {
+    /// A node's row with its ring as the changes to a ring the node holds
+    /// (the role server knows which from the node's acknowledgements): tens
+    /// of bytes instead of 9 per cluster node.
+    TableRingDelta {
         /// The row; its `ring` is empty.
         view: TableView,
-        /// How many members the ring has.
-        ring_len: u16,
-        /// [`ring_digest`] of the ring.
-        ring_digest: u64,
+        /// The ring.
+        ring: RingDelta,
     },
     /// The `(epoch, version)` a node holds after a push (applied or not):
     /// tells the role server to stop re-pushing, or that a newer epoch
@@ -101,22 +99,14 @@ pub fn encode(msg: &RoleMessage, out: &mut Vec<u8>) {
         RoleMessage::Table(t) => {
             out.put_u8(2);
             put_row_head(t, out);
-            let ring = ring_part(&t.ring);
-            out.put_u16(u16::try_from(ring.len()).unwrap_or(u16::MAX));
-            for m in ring {
-                out.put_u64(m.node.0);
-                out.put_u8(m.state as u8);
-            }
+            put_members(&t.ring, out);
         }
-        RoleMessage::TableSameRing {
-            view,
-            ring_len,
-            ring_digest,
-        } => {
+        RoleMessage::TableRingDelta { view, ring } => {
             out.put_u8(4);
             put_row_head(view, out);
-            out.put_u16(*ring_len);
-            out.put_u64(*ring_digest);
+            out.put_u64(ring.base);
+            put_members(&ring.changes, out);
+            out.put_u64(ring.digest);
         }
         RoleMessage::Ack { epoch, version } => {
             out.put_u8(3);
@@ -126,24 +116,28 @@ pub fn encode(msg: &RoleMessage, out: &mut Vec<u8>) {
     }
 }
 
-/// The members of `ring` a row carries (a ring count is a u16).
-fn ring_part(ring: &[RingMember]) -> &[RingMember] {
-    &ring[..ring.len().min(usize::from(u16::MAX))]
+/// Ring members: a u16 count (at most `u16::MAX` carried), then each.
+fn put_members(ring: &[RingMember], out: &mut Vec<u8>) {
+    let ring = &ring[..ring.len().min(usize::from(u16::MAX))];
+    out.put_u16(u16::try_from(ring.len()).unwrap_or(u16::MAX));
+    for m in ring {
+        out.put_u64(m.node.0);
+        out.put_u8(m.state as u8);
+    }
 }
 
-impl RoleMessage {
-    /// `view` without its ring, for a node that holds that ring.
-    pub fn same_ring(mut view: TableView) -> RoleMessage {
-        let ring = ring_part(&view.ring);
-        let ring_len = u16::try_from(ring.len()).unwrap_or(u16::MAX);
-        let ring_digest = ring_digest(ring);
-        view.ring = Vec::new();
-        RoleMessage::TableSameRing {
-            view,
-            ring_len,
-            ring_digest,
-        }
+fn get_members(b: &mut &[u8]) -> Result<Vec<RingMember>, RoleDecodeError> {
+    need(b, 2)?;
+    let count = usize::from(b.get_u16());
+    need(b, count.saturating_mul(9))?;
+    let mut ring = Vec::with_capacity(count);
+    for _ in 0..count {
+        let node = NodeId(b.get_u64());
+        let state =
+            MemberState::from_u8(b.get_u8()).ok_or(RoleDecodeError::BadField("member state"))?;
+        ring.push(RingMember { node, state });
     }
+    Ok(ring)
 }
 
 /// A row's fields up to its routes (tags 2 and 4).
@@ -275,26 +269,22 @@ pub fn decode(mut buf: &[u8]) -> Result<RoleMessage, RoleDecodeError> {
         }
         2 => {
             let mut view = get_row_head(b)?;
-            need(b, 2)?;
-            let count = usize::from(b.get_u16());
-            need(b, count.saturating_mul(9))?;
-            let mut ring = Vec::with_capacity(count);
-            for _ in 0..count {
-                let node = NodeId(b.get_u64());
-                let state = MemberState::from_u8(b.get_u8())
-                    .ok_or(RoleDecodeError::BadField("member state"))?;
-                ring.push(RingMember { node, state });
-            }
-            view.ring = ring;
+            view.ring = get_members(b)?;
             RoleMessage::Table(view)
         }
         4 => {
             let view = get_row_head(b)?;
-            need(b, 10)?;
-            RoleMessage::TableSameRing {
+            need(b, 8)?;
+            let base = b.get_u64();
+            let changes = get_members(b)?;
+            need(b, 8)?;
+            RoleMessage::TableRingDelta {
                 view,
-                ring_len: b.get_u16(),
-                ring_digest: b.get_u64(),
+                ring: RingDelta {
+                    base,
+                    changes,
+                    digest: b.get_u64(),
+                },
             }
         }
         3 => {

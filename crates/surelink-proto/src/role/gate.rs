@@ -1,10 +1,12 @@
 //! A node's side: which pushed tables it applies.
 
+use std::collections::VecDeque;
+
 use thiserror::Error;
 
 use crate::ids::NodeId;
 
-use super::table::{ring_digest, TableView};
+use super::table::{ring_digest, RingDelta, RingMember, TableView};
 use super::RoleConfig;
 
 /// What applying a table did.
@@ -59,10 +61,11 @@ pub enum TableRejected {
         /// The held table's version.
         held_version: u64,
     },
-    /// A row without its ring, and the ring held is not the one it was
-    /// computed with (the node missed a change, or holds none): the role
-    /// server sends the whole row when the node's acknowledgement shows it.
-    #[error("table ({epoch}, {version}) leaves out a ring this node does not hold")]
+    /// A row whose ring comes as changes to a ring this node does not hold
+    /// (it missed a change, or holds none), or that do not make the ring
+    /// they name: the role server sends the whole row when the node's
+    /// acknowledgement shows what it holds.
+    #[error("table ({epoch}, {version}) changes a ring this node does not hold")]
     RingNotHeld {
         /// The table's epoch.
         epoch: u64,
@@ -71,12 +74,19 @@ pub enum TableRejected {
     },
 }
 
+/// Rings a node keeps to apply ring changes against: the server names
+/// the ring it last saw acknowledged, and a newer version may already have
+/// arrived meanwhile.
+const RING_HISTORY: usize = 8;
+
 /// The table a node holds and the rule for replacing it.
 #[derive(Clone, Debug)]
 pub struct TableGate {
     cfg: RoleConfig,
     me: NodeId,
     current: Option<TableView>,
+    /// The last distinct rings held, by digest, oldest first.
+    rings: VecDeque<(u64, Vec<RingMember>)>,
 }
 
 impl TableGate {
@@ -86,6 +96,7 @@ impl TableGate {
             cfg,
             me,
             current: None,
+            rings: VecDeque::new(),
         }
     }
 
@@ -135,33 +146,44 @@ impl TableGate {
             epoch: view.epoch,
             version: view.version,
         };
+        let digest = ring_digest(&view.ring);
+        if self.rings.back().is_none_or(|(d, _)| *d != digest) {
+            if self.rings.len() == RING_HISTORY {
+                self.rings.pop_front();
+            }
+            self.rings.push_back((digest, view.ring.clone()));
+        }
         self.current = Some(view);
         Ok(applied)
     }
 
-    /// A row without its ring ([`RoleMessage::TableSameRing`]): applied as
-    /// [`TableGate::apply`] with the ring this node holds, if that ring
-    /// has `ring_len` members and digest `ring_digest`.
+    /// A row whose ring comes as changes
+    /// ([`RoleMessage::TableRingDelta`]): applied as [`TableGate::apply`]
+    /// with the ring the changes make of their base ring — if this node
+    /// held that ring lately (its last few distinct rings are kept: a
+    /// newer version may have arrived after the acknowledgement the server
+    /// went by) and they make the ring they name.
     ///
-    /// [`RoleMessage::TableSameRing`]: super::RoleMessage::TableSameRing
-    pub fn apply_same_ring(
+    /// [`RoleMessage::TableRingDelta`]: super::RoleMessage::TableRingDelta
+    pub fn apply_ring_delta(
         &mut self,
         from: NodeId,
         mut view: TableView,
-        ring_len: u16,
-        digest: u64,
+        delta: &RingDelta,
     ) -> Result<Applied, TableRejected> {
-        let held = self
-            .current
-            .as_ref()
-            .filter(|t| t.ring.len() == usize::from(ring_len) && ring_digest(&t.ring) == digest);
-        let Some(held) = held else {
+        let ring = self
+            .rings
+            .iter()
+            .rev()
+            .find(|(d, _)| *d == delta.base)
+            .and_then(|(_, base)| delta.apply_to(base));
+        let Some(ring) = ring else {
             return Err(TableRejected::RingNotHeld {
                 epoch: view.epoch,
                 version: view.version,
             });
         };
-        view.ring = held.ring.clone();
+        view.ring = ring;
         self.apply(from, view)
     }
 }

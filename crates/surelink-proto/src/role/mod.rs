@@ -61,7 +61,9 @@ pub use gate::{Applied, TableGate, TableRejected};
 pub use matrix::{Matrix, MatrixEntry, PathStatus, PeerReport, StatusReport};
 pub use reporter::{round_rtt, Reporter, Sighting};
 pub use server::{Push, ReportRejected, RoleEvent, RoleInput, RoleServer};
-pub use table::{ring_digest, MemberState, PathChoice, RingMember, Route, RoutingTable, TableView};
+pub use table::{
+    ring_digest, MemberState, PathChoice, RingDelta, RingMember, Route, RoutingTable, TableView,
+};
 
 /// A network's index in the cluster file (0 = the first network).
 pub type NetworkIndex = u8;

@@ -9,7 +9,9 @@ use crate::time::Time;
 
 use super::codec::RoleMessage;
 use super::matrix::{Matrix, StatusReport};
-use super::table::{compute, ring_digest, MemberState, RoutingTable, TableView};
+use super::table::{
+    compute, ring_digest, MemberState, RingDelta, RingMember, RoutingTable, TableView,
+};
 use super::{RoleConfig, RoleConfigError};
 
 /// A row to send: the shell sends [`Push::into_message`] to `to` on its
@@ -19,28 +21,39 @@ pub struct Push {
     /// The node.
     pub to: NodeId,
     /// Its row of the current table; the ring left empty when
-    /// `same_ring` is set.
+    /// `ring_delta` is set.
     pub view: TableView,
-    /// `Some((ring members, ring digest))`: `to` acknowledged a version of
-    /// this epoch with the current ring, so the row goes without it
-    /// ([`RoleMessage::TableSameRing`]). Never set once
+    /// The ring as changes to the one `to` acknowledged in this epoch
+    /// (none if the ring did not change), when the server still knows that
+    /// ring ([`RoleMessage::TableRingDelta`]). Never set once
     /// [`RoleServer::send_rows_whole`] is called.
-    pub same_ring: Option<(u16, u64)>,
+    pub ring_delta: Option<RingDelta>,
 }
 
 impl Push {
-    /// The message to send: the row whole, or without the ring the node
-    /// holds (tens of bytes instead of 9 per cluster node).
+    /// The message to send: the row whole, or with its ring as changes to
+    /// the ring the node holds.
     pub fn into_message(self) -> RoleMessage {
-        match self.same_ring {
+        match self.ring_delta {
             None => RoleMessage::Table(self.view),
-            Some((ring_len, ring_digest)) => RoleMessage::TableSameRing {
+            Some(ring) => RoleMessage::TableRingDelta {
                 view: self.view,
-                ring_len,
-                ring_digest,
+                ring,
             },
         }
     }
+}
+
+/// Rings of recent versions kept to send changes against: a node that
+/// acknowledged an older one gets its row whole.
+const RING_HISTORY: usize = 8;
+
+/// A ring the table had from version `since` on.
+#[derive(Clone, Debug)]
+struct RingVersion {
+    since: u64,
+    digest: u64,
+    ring: Vec<RingMember>,
 }
 
 /// What reaches a role server from the nodes, through the shell: the
@@ -99,6 +112,8 @@ pub enum ReportRejected {
 struct NodePush {
     /// Version the node acknowledged in this epoch.
     acked: u64,
+    /// Digest of that version's ring, if still in the history.
+    ring: Option<u64>,
     /// When its row last went out.
     last: Option<Time>,
 }
@@ -114,11 +129,10 @@ pub struct RoleServer {
     due: VecDeque<NodeId>,
     /// Nodes the current table marks down.
     down: HashSet<NodeId>,
-    /// The version whose ring is the current one: a node that acknowledged
-    /// it or later holds the ring.
-    ring_since: u64,
-    /// The current ring's member count and digest.
-    ring_id: (u16, u64),
+    /// The last rings, oldest first; the current one last.
+    rings: VecDeque<RingVersion>,
+    /// Changes from a base ring (by digest) to the current one, as sent.
+    deltas: HashMap<u64, RingDelta>,
     /// Rows always go whole (a store nodes read rows from later).
     whole_rows: bool,
     next_refresh: Time,
@@ -160,8 +174,8 @@ impl RoleServer {
             nodes,
             due: VecDeque::new(),
             down: HashSet::new(),
-            ring_since: 0,
-            ring_id: (0, 0),
+            rings: VecDeque::new(),
+            deltas: HashMap::new(),
             whole_rows: false,
             stopped: false,
             events: VecDeque::new(),
@@ -258,7 +272,15 @@ impl RoleServer {
         }
         if epoch == self.table.epoch {
             if let Some(p) = self.nodes.get_mut(&from) {
-                p.acked = p.acked.max(version);
+                if version > p.acked {
+                    p.acked = version;
+                    p.ring = self
+                        .rings
+                        .iter()
+                        .rev()
+                        .find(|r| r.since <= version)
+                        .map(|r| r.digest);
+                }
             }
         }
     }
@@ -310,12 +332,15 @@ impl RoleServer {
             .collect();
         self.table.version += 1;
         if self.table.version == 1 || ring != self.table.ring {
-            self.ring_since = self.table.version;
-            let carried = &ring[..ring.len().min(usize::from(u16::MAX))];
-            self.ring_id = (
-                u16::try_from(carried.len()).unwrap_or(u16::MAX),
-                ring_digest(carried),
-            );
+            if self.rings.len() == RING_HISTORY {
+                self.rings.pop_front();
+            }
+            self.rings.push_back(RingVersion {
+                since: self.table.version,
+                digest: ring_digest(&ring),
+                ring: ring.clone(),
+            });
+            self.deltas.clear();
         }
         self.table.routes = routes;
         self.table.ring = ring;
@@ -352,17 +377,29 @@ impl RoleServer {
                 continue;
             }
             p.last = Some(now);
-            if !self.whole_rows && p.acked >= self.ring_since {
-                return Some(Push {
+            let delta = p.ring.filter(|_| !self.whole_rows).and_then(|base| {
+                if let Some(d) = self.deltas.get(&base) {
+                    return Some(d.clone());
+                }
+                let (old, current) = (
+                    self.rings.iter().find(|r| r.digest == base)?,
+                    self.rings.back()?,
+                );
+                let d = RingDelta::between(&old.ring, &current.ring)?;
+                self.deltas.insert(base, d.clone());
+                Some(d)
+            });
+            return Some(match delta {
+                Some(d) => Push {
                     to: node,
                     view: self.table.view_without_ring(node),
-                    same_ring: Some(self.ring_id),
-                });
-            }
-            return Some(Push {
-                to: node,
-                view: self.table.view_for(node),
-                same_ring: None,
+                    ring_delta: Some(d),
+                },
+                None => Push {
+                    to: node,
+                    view: self.table.view_for(node),
+                    ring_delta: None,
+                },
             });
         }
         None

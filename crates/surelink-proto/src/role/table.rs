@@ -82,12 +82,11 @@ pub struct RingMember {
 }
 
 /// A digest of a ring: FNV-1a over each member's id and state. A row that
-/// leaves its ring out ([`RoleMessage::TableSameRing`]) names the ring by
-/// it, and a node fills in the ring it holds only if the digests agree —
-/// whatever the node applied in between (another epoch, a restarted role
-/// server), it never pairs a row with a ring it was not computed with.
-///
-/// [`RoleMessage::TableSameRing`]: super::RoleMessage::TableSameRing
+/// carries its ring as changes ([`RingDelta`]) names by it the ring the
+/// changes apply to and the ring they make, and a node uses the ring it
+/// holds only if the digests agree — whatever the node applied in between
+/// (another epoch, a restarted role server), it never pairs a row with a
+/// ring it was not computed with.
 pub fn ring_digest(ring: &[RingMember]) -> u64 {
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -98,6 +97,53 @@ pub fn ring_digest(ring: &[RingMember]) -> u64 {
         }
     }
     h
+}
+
+/// A row's ring as the changes to a ring the node holds
+/// ([`RoleMessage::TableRingDelta`](super::RoleMessage::TableRingDelta)):
+/// tens of bytes instead of 9 per cluster node when one member's state
+/// changed, none when the ring did not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RingDelta {
+    /// [`ring_digest`] of the ring the changes apply to.
+    pub base: u64,
+    /// The members whose state differs from the base ring's.
+    pub changes: Vec<RingMember>,
+    /// [`ring_digest`] of the ring they make.
+    pub digest: u64,
+}
+
+impl RingDelta {
+    /// The changes from `base` to `ring` (both the cluster's nodes in
+    /// order), or `None` if their members differ.
+    pub fn between(base: &[RingMember], ring: &[RingMember]) -> Option<RingDelta> {
+        if base.len() != ring.len() || base.iter().zip(ring).any(|(a, b)| a.node != b.node) {
+            return None;
+        }
+        Some(RingDelta {
+            base: ring_digest(base),
+            changes: base
+                .iter()
+                .zip(ring)
+                .filter(|(a, b)| a.state != b.state)
+                .map(|(_, b)| *b)
+                .collect(),
+            digest: ring_digest(ring),
+        })
+    }
+
+    /// The ring these changes make of `held`, if `held` is their base and
+    /// the result is the ring they name.
+    pub fn apply_to(&self, held: &[RingMember]) -> Option<Vec<RingMember>> {
+        if ring_digest(held) != self.base {
+            return None;
+        }
+        let mut ring = held.to_vec();
+        for c in &self.changes {
+            ring.iter_mut().find(|m| m.node == c.node)?.state = c.state;
+        }
+        (ring_digest(&ring) == self.digest).then_some(ring)
+    }
 }
 
 /// The whole cluster's table, as the role server holds it.

@@ -483,7 +483,19 @@ fn message() -> impl Strategy<Value = RoleMessage> {
                     .collect(),
             };
             if same {
-                RoleMessage::same_ring(view)
+                // The ring as changes (its members), against an arbitrary base.
+                let ring = RingDelta {
+                    base: version ^ epoch,
+                    digest: ring_digest(&view.ring),
+                    changes: view.ring,
+                };
+                RoleMessage::TableRingDelta {
+                    view: TableView {
+                        ring: Vec::new(),
+                        ..view
+                    },
+                    ring,
+                }
             } else {
                 RoleMessage::Table(view)
             }
@@ -546,66 +558,71 @@ fn elected_ownership_lets_any_candidate_own_any_epoch_but_only_upwards() {
     assert_eq!(gate.held(), (9, 1));
 }
 
-/// Rows leave out the ring a node acknowledged: whole until the node's
-/// ack shows the current ring, whole again once the ring changes or the
-/// node restarts; never with `send_rows_whole`.
+/// Rows carry their ring as changes to the ring the node acknowledged:
+/// whole until the node's ack shows a ring the server still knows; none
+/// when the ring did not change, the changed members when it did; whole
+/// again when the node restarts; never with `send_rows_whole`.
 #[test]
-fn rows_leave_out_a_ring_the_node_acknowledged() {
+fn rows_carry_their_ring_as_changes_to_the_acknowledged_one() {
     let mut s = RoleServer::new(cfg(), A, 1, ms(0)).unwrap();
     drain(&mut s, ms(0), ms(10_000));
-    // Everyone reports: every member up (a new ring: whole rows).
+    // Everyone reports: every member up (the first ring B acknowledges).
     for n in [A, B, C] {
         s.handle_report(ms(1), n, &report(n, 1, Vec::new()))
             .unwrap();
     }
-    let v1 = drain(&mut s, ms(1), ms(10_000));
-    assert!(v1
+    let v2 = drain(&mut s, ms(1), ms(10_000));
+    assert!(v2
         .iter()
-        .all(|p| p.same_ring.is_none() && p.view.ring.len() == 3 && p.view.version == 2));
+        .all(|p| p.ring_delta.is_none() && p.view.ring.len() == 3 && p.view.version == 2));
+    let to = |v: &[Push], n: NodeId| v.iter().find(|p| p.to == n).cloned().unwrap();
+    let mut gate = TableGate::new(cfg(), B);
+    gate.apply(A, to(&v2, B).view).unwrap();
     s.handle_ack(B, 1, 2);
-    // A route change, the ring unchanged: B's row goes without the ring,
-    // C (no ack yet) gets it whole.
+    let ring2 = v2[0].view.ring.clone();
+
+    // A route change, the ring unchanged: B gets no ring changes, C (no
+    // ack yet) the whole row.
     s.handle_report(
         ms(10),
         B,
         &report(B, 2, vec![peer(C, PathStatus::Down, PathStatus::Up)]),
     )
     .unwrap();
-    let v2 = drain(&mut s, ms(10), ms(10_000));
-    let to = |v: &[Push], n: NodeId| v.iter().find(|p| p.to == n).cloned().unwrap();
-    let b2 = to(&v2, B);
-    assert_eq!(b2.view.version, 3);
-    assert!(b2.view.ring.is_empty());
-    let (len, digest) = b2.same_ring.expect("B holds the ring");
-    assert_eq!(usize::from(len), v1[0].view.ring.len());
-    assert_eq!(digest, ring_digest(&v1[0].view.ring));
-    assert!(to(&v2, C).same_ring.is_none());
-    // On the wire it is tens of bytes; B's gate fills in the ring it holds.
+    let v3 = drain(&mut s, ms(10), ms(10_000));
+    let b3 = to(&v3, B);
+    assert_eq!(b3.view.version, 3);
+    assert!(b3.view.ring.is_empty());
+    let d = b3.ring_delta.clone().expect("B holds the ring");
+    assert!(d.changes.is_empty());
+    assert_eq!(
+        (d.base, d.digest),
+        (ring_digest(&ring2), ring_digest(&ring2))
+    );
+    assert!(to(&v3, C).ring_delta.is_none());
+    // On the wire: fewer bytes; B's gate fills in the ring it holds.
     let mut whole = Vec::new();
-    encode(&RoleMessage::Table(to(&v1, B).view), &mut whole);
-    let mut gate = TableGate::new(cfg(), B);
-    gate.apply(A, to(&v1, B).view).unwrap();
-    let msg = b2.into_message();
+    encode(&RoleMessage::Table(to(&v3, C).view), &mut whole);
+    let msg = b3.into_message();
     let mut bytes = Vec::new();
     encode(&msg, &mut bytes);
+    assert!(
+        bytes.len() < whole.len(),
+        "{} vs {}",
+        bytes.len(),
+        whole.len()
+    );
     assert_eq!(decode(&bytes), Ok(msg.clone()));
-    let RoleMessage::TableSameRing {
-        view,
-        ring_len,
-        ring_digest: d,
-    } = msg
-    else {
-        panic!("not a same-ring row: {msg:?}");
+    let RoleMessage::TableRingDelta { view, ring } = msg else {
+        panic!("not a ring delta: {msg:?}");
     };
-    let applied = gate.apply_same_ring(A, view, ring_len, d).unwrap();
-    assert_eq!(applied.version, 3);
-    assert_eq!(gate.current().unwrap().ring, v1[0].view.ring);
+    assert_eq!(gate.apply_ring_delta(A, view, &ring).unwrap().version, 3);
+    assert_eq!(gate.current().unwrap().ring, ring2);
     assert!(!gate.current().unwrap().usable(C, 0));
-
-    // The ring changes (C stops reporting, A and B report it dead): whole
-    // rows until acknowledged.
     s.handle_ack(B, 1, 3);
-    s.handle_ack(C, 1, 3);
+
+    // The ring changes (A and B report C dead): B, which acknowledged the
+    // old ring, gets C's new state only; C (never acknowledged) gets it whole.
     let dead = PeerReport {
         peer: C,
         alive: false,
@@ -615,18 +632,29 @@ fn rows_leave_out_a_ring_the_node_acknowledged() {
         .unwrap();
     s.handle_report(ms(20), B, &report(B, 3, vec![dead]))
         .unwrap();
-    let v3 = drain(&mut s, ms(20), ms(10_000));
-    assert!(!v3.is_empty());
-    assert!(
-        v3.iter().all(|p| p.same_ring.is_none()),
-        "the ring changed: {v3:?}"
+    let v4 = drain(&mut s, ms(20), ms(10_000));
+    let b4 = to(&v4, B);
+    let d = b4.ring_delta.clone().expect("changes to the ring B holds");
+    assert_eq!(
+        d.changes,
+        vec![RingMember {
+            node: C,
+            state: MemberState::Down
+        }]
     );
-    assert_ne!(ring_digest(&v3[0].view.ring), digest);
+    let RoleMessage::TableRingDelta { view, ring } = b4.into_message() else {
+        panic!("not a ring delta");
+    };
+    gate.apply_ring_delta(A, view, &ring).unwrap();
+    assert_eq!(gate.current().unwrap().ring, to(&v4, C).view.ring);
+    assert_eq!(gate.current().unwrap().member(C), Some(MemberState::Down));
+    assert!(to(&v4, C).ring_delta.is_none());
+
     // A restarted node holds nothing: whole again.
     s.handle_ack(B, 1, 4);
     s.handle_node_restarted(B);
     let after = drain(&mut s, ms(30), ms(10_000));
-    assert!(to(&after, B).same_ring.is_none());
+    assert!(to(&after, B).ring_delta.is_none());
 
     // A server whose rows stay in a store sends every row whole.
     let mut w = RoleServer::new(cfg(), A, 1, ms(0)).unwrap();
@@ -641,12 +669,13 @@ fn rows_leave_out_a_ring_the_node_acknowledged() {
     .unwrap();
     assert!(drain(&mut w, ms(10), ms(10_000))
         .iter()
-        .all(|p| p.same_ring.is_none() && p.view.ring.len() == 3));
+        .all(|p| p.ring_delta.is_none() && p.view.ring.len() == 3));
 }
 
-/// A row without its ring is applied only over the very ring it names.
+/// Ring changes are applied only to the very ring they name, and only if
+/// they make the ring they name.
 #[test]
-fn a_row_without_its_ring_needs_that_ring() {
+fn ring_changes_need_their_base_ring() {
     let ring = |s: MemberState| {
         vec![
             RingMember {
@@ -656,47 +685,79 @@ fn a_row_without_its_ring_needs_that_ring() {
             RingMember { node: B, state: s },
         ]
     };
-    let mut gate = TableGate::new(cfg(), C);
     let up = ring(MemberState::Up);
-    let (len, digest) = (2, ring_digest(&up));
+    let down = ring(MemberState::Down);
+    let to_down = RingDelta::between(&up, &down).unwrap();
+    assert_eq!(to_down.changes, vec![down[1]]);
+    assert_eq!(to_down.apply_to(&up), Some(down.clone()));
+    assert_eq!(to_down.apply_to(&down), None, "not its base");
+    assert_eq!(RingDelta::between(&up, &up[..1]), None, "other members");
+    let mut gate = TableGate::new(cfg(), C);
     // Nothing held.
     assert_eq!(
-        gate.apply_same_ring(A, view(A, 1, 2, C), len, digest),
+        gate.apply_ring_delta(A, view(A, 1, 2, C), &to_down),
         Err(TableRejected::RingNotHeld {
             epoch: 1,
             version: 2
         })
     );
-    // Another ring held (B down): refused, nothing changes.
+    // Another ring held: refused, nothing changes.
     let mut first = view(A, 1, 1, C);
-    first.ring = ring(MemberState::Down);
+    first.ring = ring(MemberState::Suspect);
     gate.apply(A, first).unwrap();
     assert!(matches!(
-        gate.apply_same_ring(A, view(A, 1, 2, C), len, digest),
+        gate.apply_ring_delta(A, view(A, 1, 2, C), &to_down),
         Err(TableRejected::RingNotHeld { .. })
     ));
     assert_eq!(gate.held(), (1, 1));
-    // The same digest but another count: refused.
     let mut second = view(A, 1, 2, C);
     second.ring = up.clone();
     gate.apply(A, second).unwrap();
+    // Changes that do not make the ring they name (a bad or hostile
+    // server), or name a node not in the ring: refused.
+    let lying = RingDelta {
+        digest: ring_digest(&up),
+        ..to_down.clone()
+    };
     assert!(matches!(
-        gate.apply_same_ring(A, view(A, 1, 3, C), 3, digest),
+        gate.apply_ring_delta(A, view(A, 1, 3, C), &lying),
         Err(TableRejected::RingNotHeld { .. })
     ));
-    // The ring it names: applied with it; the usual rules still hold.
-    gate.apply_same_ring(A, view(A, 1, 3, C), len, digest)
-        .unwrap();
-    assert_eq!(gate.current().unwrap().ring, up);
+    let stranger = RingDelta {
+        changes: vec![RingMember {
+            node: NodeId(9),
+            state: MemberState::Down,
+        }],
+        ..to_down.clone()
+    };
     assert!(matches!(
-        gate.apply_same_ring(A, view(A, 1, 3, C), len, digest),
+        gate.apply_ring_delta(A, view(A, 1, 3, C), &stranger),
+        Err(TableRejected::RingNotHeld { .. })
+    ));
+    // The right base: applied; the usual rules still hold.
+    gate.apply_ring_delta(A, view(A, 1, 3, C), &to_down)
+        .unwrap();
+    assert_eq!(gate.current().unwrap().ring, down);
+    // Changes against a ring held a version ago (the server had not seen
+    // the newer acknowledgement yet): still applied, to that ring.
+    let suspect = ring(MemberState::Suspect);
+    let from_up = RingDelta::between(&up, &suspect).unwrap();
+    gate.apply_ring_delta(A, view(A, 1, 4, C), &from_up)
+        .unwrap();
+    assert_eq!(gate.current().unwrap().ring, suspect);
+    let back = RingDelta::between(&suspect, &down).unwrap();
+    gate.apply_ring_delta(A, view(A, 1, 5, C), &back).unwrap();
+    assert_eq!(gate.current().unwrap().ring, down);
+    let same = RingDelta::between(&down, &down).unwrap();
+    assert!(matches!(
+        gate.apply_ring_delta(A, view(A, 1, 5, C), &same),
         Err(TableRejected::Stale { .. })
     ));
     assert!(matches!(
-        gate.apply_same_ring(B, view(B, 1, 4, C), len, digest),
+        gate.apply_ring_delta(B, view(B, 1, 6, C), &same),
         Err(TableRejected::NotOwner { .. })
     ));
     // Digests differ with any member's state or id.
-    assert_ne!(ring_digest(&up), ring_digest(&ring(MemberState::Suspect)));
+    assert_ne!(ring_digest(&up), ring_digest(&down));
     assert_ne!(ring_digest(&up), ring_digest(&up[..1]));
 }

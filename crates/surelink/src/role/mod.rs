@@ -256,11 +256,11 @@ impl Task {
                     s.handle_ack(from, epoch, version);
                 }
             }
-            RoleMessage::Table(_) | RoleMessage::TableSameRing { .. } if self.external => {
+            RoleMessage::Table(_) | RoleMessage::TableRingDelta { .. } if self.external => {
                 debug!(%from, "routing table pushed over a session refused: the external backend is the only source");
                 self.rs.status.lock().tables_rejected += 1;
             }
-            RoleMessage::Table(_) | RoleMessage::TableSameRing { .. } => {
+            RoleMessage::Table(_) | RoleMessage::TableRingDelta { .. } => {
                 self.accept(from, msg);
                 let (epoch, version) = self.gate.held();
                 let ack = RoleMessage::Ack { epoch, version };
@@ -290,19 +290,14 @@ impl Task {
         self.accept(writer, RoleMessage::Table(view));
     }
 
-    /// Applies a row (a `Table` or `TableSameRing` message) through the
+    /// Applies a row (a `Table` or `TableRingDelta` message) through the
     /// gate (newer only) and, if taken, as path policy.
     fn accept(&mut self, from: NodeId, msg: RoleMessage) {
         let (epoch, result) = match msg {
             RoleMessage::Table(view) => (view.epoch, self.gate.apply(from, view)),
-            RoleMessage::TableSameRing {
-                view,
-                ring_len,
-                ring_digest,
-            } => (
-                view.epoch,
-                self.gate.apply_same_ring(from, view, ring_len, ring_digest),
-            ),
+            RoleMessage::TableRingDelta { view, ring } => {
+                (view.epoch, self.gate.apply_ring_delta(from, view, &ring))
+            }
             _ => return,
         };
         match result {
