@@ -460,7 +460,7 @@ impl Leader {
             .map(|&n| Push {
                 to: n,
                 view: table.view_for(n),
-                same_ring: None,
+                ring_delta: None,
             })
             .collect();
         let ended = self.ended;

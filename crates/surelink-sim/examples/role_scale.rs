@@ -8,9 +8,9 @@
 //! ```
 //!
 //! Each size runs twice: every row whole (the baseline, the protocol
-//! before rows could leave out the ring) and as the product sends them
-//! (a node that holds the current ring gets its row without it);
-//! `--baseline off` runs the product only.
+//! before rows carried ring deltas) and as the product sends them (the
+//! ring as changes to the one the node acknowledged); `--baseline off`
+//! runs the product only.
 
 // Command-line figures to integer settings.
 #![allow(clippy::cast_possible_truncation)]
@@ -179,7 +179,7 @@ fn main() {
         base.link_bits_per_sec as f64 / 1e9,
     );
     // Each size twice in this run: the baseline sends every row whole
-    // (the ring in each), the product leaves out a ring the node holds.
+    // (the ring in each), the product sends the ring's changes only.
     let modes: &[(&str, bool)] = if baseline_too {
         &[("whole", true), ("delta", false)]
     } else {

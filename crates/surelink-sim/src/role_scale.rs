@@ -91,9 +91,9 @@ pub struct ScaleConfig {
     pub death: Option<Duration>,
     /// Seed of the report phases, the fault nodes and the detection jitter.
     pub seed: u64,
-    /// Every row sent whole (the baseline: the protocol before rows left
-    /// out a ring the node holds); `false`, the product: a node that
-    /// acknowledged the current ring gets its row without it.
+    /// Every row sent whole (the baseline: the protocol before ring
+    /// deltas); `false`, the product: a node gets the ring as changes to
+    /// the one it acknowledged.
     pub whole_rows: bool,
 }
 
