@@ -7,7 +7,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use surelink::proto::NodeId;
 use surelink::NetEvent;
@@ -99,7 +99,8 @@ pub(crate) async fn role_server(args: &RoleServerArgs) -> Result<()> {
 fn get(addr: SocketAddr, path: &str) -> Result<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
         .with_context(|| format!("connecting to {addr}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    // A frozen process accepts (the kernel does) but never answers.
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
     write!(
         s,
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
@@ -143,10 +144,24 @@ pub(crate) fn status(args: &StatusArgs) -> Result<()> {
             "give --cluster FILE (asks every node with a metrics address) or --addr HOST:PORT"
         ),
     };
+    // Every node at once: a frozen node costs its timeout once, not once
+    // per node after it.
+    let answers: Vec<Result<String>> = std::thread::scope(|s| {
+        let asks: Vec<_> = targets
+            .iter()
+            .map(|(_, addr)| s.spawn(move || get(*addr, "/role")))
+            .collect();
+        asks.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow!("the request panicked")))
+            })
+            .collect()
+    });
     let mut failed = 0;
-    for (name, addr) in &targets {
+    for ((name, addr), answer) in targets.iter().zip(answers) {
         println!("== {name} ({addr})");
-        match get(*addr, "/role") {
+        match answer {
             Ok(body) => print!("{body}"),
             Err(e) => {
                 failed += 1;

@@ -483,11 +483,18 @@ impl RoleScenario {
             }
             // A fenced process restarts as a new incarnation (what the
             // shell does: recovery is a new epoch).
+            // Its candidacy goes on through `Candidacy::handle_fenced`,
+            // the transition the shell makes on `NetEvent::Fenced`.
             for i in 0..nodes.len() {
                 if nodes[i].running && nodes[i].fence.is_fenced() {
                     let inc = nodes[i].incarnation + 1;
+                    let cand = nodes[i].cand.take();
                     nodes[i] = self.fresh_node(i, now, &det);
                     nodes[i].incarnation = inc;
+                    if let Some(mut c) = cand {
+                        c.handle_fenced(now);
+                        nodes[i].cand = Some(c);
+                    }
                     restarted[i] = true;
                 }
             }

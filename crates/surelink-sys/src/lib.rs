@@ -5,8 +5,8 @@
 //!   count with every datagram (`SO_RXQ_OVFL`) and the software TX
 //!   timestamp of every datagram it sends (`SO_TIMESTAMPING`, read from the
 //!   socket's error queue).
-//! - [`counters`]: the system's UDP receive errors (`/proc/net/snmp`) and an
-//!   interface's `rx_dropped`.
+//! - [`counters`]: an interface's `rx_dropped` (the device's and the per-CPU
+//!   backlogs' drops).
 //! - [`cpu`]: pinning the calling thread to one CPU, so a barrier can be sent
 //!   through each CPU's receive backlog in turn.
 //!

@@ -41,7 +41,7 @@ use surelink_sys::{counters, cpu, HeartbeatSocket, TxTimestamp};
 
 /// How long a blocked reader waits before looking at the closed flag.
 const READ_POLL: Duration = Duration::from_millis(50);
-/// How often the checker reads the system's drop counters between barriers.
+/// How often the checker reads the interfaces' drop counters between barriers.
 const SYSTEM_COUNTERS_EVERY: Duration = Duration::from_millis(100);
 /// How long the sender waits for the kernel's TX timestamps of one round.
 const TIMESTAMP_WAIT: Duration = Duration::from_millis(2);
@@ -167,7 +167,7 @@ pub(crate) struct Detector {
     dests: Mutex<BTreeMap<(NodeId, usize), SocketAddr>>,
     /// When traffic last arrived per (peer, network), ns on the gate's clock.
     heard: Mutex<BTreeMap<(NodeId, usize), Arc<AtomicU64>>>,
-    /// The system drop counters' last sum and when it was read.
+    /// The interfaces' drop counters' last sum and when it was read.
     system_drops: Mutex<(u64, Option<Time>)>,
     signals: mpsc::UnboundedSender<Signal>,
     delays: [AtomicU64; 3],
@@ -835,12 +835,22 @@ impl Detector {
         }
     }
 
-    /// Every receive drop counter we can see, summed: the sockets'
-    /// `SO_RXQ_OVFL` (free: it comes with each datagram), the system's UDP
-    /// receive errors and the interfaces' `rx_dropped` (files: read when a
-    /// barrier returns, `fresh`, and otherwise at most every
+    /// Every receive drop counter that a heartbeat of ours may be in,
+    /// summed: the sockets' `SO_RXQ_OVFL` (the socket's own `sk_drops`,
+    /// free: it comes with each datagram) and the interfaces' `rx_dropped`
+    /// (the device and the per-CPU backlogs; files: read when a barrier
+    /// returns, `fresh`, and otherwise at most every
     /// [`SYSTEM_COUNTERS_EVERY`]). Only changes matter. An unreadable
     /// counter counts as a change (no report on a guess).
+    ///
+    /// Not the host's UDP counters (`RcvbufErrors`/`InErrors` in
+    /// `/proc/net/snmp`): every drop at the UDP layer of a datagram bound
+    /// for our socket also counts in that socket's `sk_drops`; what they
+    /// add is other sockets' drops, and a datagram whose checksum failed
+    /// (as a heartbeat it would fail its MAC too: loss on the way). With
+    /// them, any socket of the host that overflows — a frozen peer on the
+    /// same host among them — held back every report for as long as it
+    /// dropped.
     fn drop_total(&self, ovfl: &[u64], fresh: bool) -> u64 {
         let now = self.gate.now();
         let mut sys = lock(&self.system_drops);
@@ -849,10 +859,7 @@ impl Detector {
                 .1
                 .is_none_or(|at| now.saturating_since(at) >= SYSTEM_COUNTERS_EVERY)
         {
-            let mut total = match counters::udp_receive_errors() {
-                Ok(n) => n,
-                Err(_) => now.as_nanos(),
-            };
+            let mut total = 0u64;
             for i in &self.interfaces {
                 match counters::interface_rx_dropped(i) {
                     Ok(n) => total = total.wrapping_add(n),

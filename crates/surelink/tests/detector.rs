@@ -196,6 +196,61 @@ async fn vanished_peer_is_reported_dead_quickly() {
     assert!(after < Duration::from_millis(500), "took {after:?}");
 }
 
+/// Another socket on this host whose owner stopped reading (a frozen
+/// process, a stuck agent) drops datagrams all the time. None of them can
+/// be our heartbeats, so they must not hold back the report of a peer that
+/// vanished: counting every UDP drop of the host (`/proc/net/snmp`) made
+/// a frozen peer on the same host, whose own socket overflows, never
+/// reported dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_sockets_drops_do_not_hide_a_vanished_peer() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let (server, client) = pair(DetectorMode::SafeTimer).await;
+    // A socket nobody reads, with a small buffer, flooded from another.
+    let sink = socket2::Socket::new(
+        socket2::Domain::IPV4,
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )
+    .unwrap();
+    sink.set_recv_buffer_size(4096).unwrap();
+    sink.bind(
+        &"127.0.0.1:0"
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+            .into(),
+    )
+    .unwrap();
+    let sink_addr = sink.local_addr().unwrap().as_socket().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let flood = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..20 {
+                    let _ = tx.send_to(&[0u8; 512], sink_addr);
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    let mut events = server.events();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let gone = Instant::now();
+    drop(client);
+    let after = dead_after(&mut events, gone).await;
+    stop.store(true, Ordering::Relaxed);
+    flood.join().unwrap();
+    drop(sink);
+    let d = server.stats().detector.unwrap();
+    let after = after.unwrap_or_else(|| {
+        panic!("the vanished client was never reported dead while another socket dropped datagrams: {d:?}")
+    });
+    assert!(after < Duration::from_millis(500), "took {after:?}: {d:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_peer_stays_dead() {
     // Traffic first, so the connections have stamped the paths as heard:

@@ -31,6 +31,8 @@ pub struct Candidacy {
     /// nodes' reports for the newest epoch (a restarted process must not
     /// claim one below a serving server's).
     listen_until: Time,
+    /// How long a starting (or restarting) candidate listens.
+    listen: Duration,
     serving: Option<u64>,
 }
 
@@ -44,8 +46,22 @@ impl Candidacy {
             seen_epoch: 0,
             dead: HashSet::new(),
             listen_until: now + listen,
+            listen,
             serving: None,
         }
+    }
+
+    /// This process fenced itself (SafeTimer: a heartbeat missed its
+    /// deadline, so peers may have reported it dead and another candidate
+    /// may be taking over) and goes on as a new incarnation: it serves
+    /// nothing and listens again before it claims an epoch, as a restarted
+    /// process does, keeping the epochs it has seen. Without this, the
+    /// owner of the newest epoch would claim the next one at once — while
+    /// its fence is still shut, so that server is fenced too, and so on —
+    /// or take the role back from a successor it has not heard of yet.
+    pub fn handle_fenced(&mut self, now: Time) {
+        self.serving = None;
+        self.listen_until = now + self.listen;
     }
 
     /// An epoch this node learned of (a table it applied, an ack that

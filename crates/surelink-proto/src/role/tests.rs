@@ -375,6 +375,36 @@ fn candidates_take_over_in_order_once_the_owner_is_dead() {
 }
 
 #[test]
+fn a_fenced_owner_listens_before_it_claims_again() {
+    let listen = Duration::from_millis(300);
+    let mut a = Candidacy::new(cfg(), A, ms(0), listen);
+    assert_eq!(
+        a.poll(ms(300)),
+        Some(CandidacyAction::TakeOver { epoch: 1 })
+    );
+    // A froze past its t_valid: its server stopped, it is a new
+    // incarnation. It does not claim the next epoch at once (the fence may
+    // still be shut, and B may be taking over)...
+    a.handle_fenced(ms(5000));
+    assert_eq!(a.serving(), None);
+    assert_eq!(a.poll(ms(5000)), None);
+    assert_eq!(a.poll(ms(5299)), None);
+    // ...and, having heard meanwhile that B took epoch 2 and B is alive,
+    // never: B goes on.
+    a.handle_epoch(2);
+    assert_eq!(a.poll(ms(5300)), None);
+    assert_eq!(a.poll(ms(9000)), None);
+    // Had nobody taken over, it goes on after listening, one epoch up.
+    let mut a = Candidacy::new(cfg(), A, ms(0), listen);
+    assert!(a.poll(ms(300)).is_some());
+    a.handle_fenced(ms(5000));
+    assert_eq!(
+        a.poll(ms(5300)),
+        Some(CandidacyAction::TakeOver { epoch: 4 })
+    );
+}
+
+#[test]
 fn decoding_rejects_bad_input_with_typed_errors() {
     assert_eq!(decode(&[]), Err(RoleDecodeError::Truncated));
     assert_eq!(decode(&[9]), Err(RoleDecodeError::UnknownTag(9)));

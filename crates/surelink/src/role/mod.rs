@@ -399,6 +399,20 @@ impl Task {
                 }
                 Some(Sighting::PeerAlive(*peer))
             }
+            NetEvent::Fenced { .. } => {
+                // A new incarnation: whatever it served ends (its pushes
+                // were already gated by t_valid), and it listens before it
+                // claims again — as the simulator's restarted process does.
+                let now = clock(&self.shared);
+                if self.server.take().is_some() {
+                    warn!("role server ended: this process fenced itself");
+                    self.rs.status.lock().serving = None;
+                }
+                if let Some(c) = &mut self.candidacy {
+                    c.handle_fenced(now);
+                }
+                None
+            }
             NetEvent::SessionEnded {
                 peer,
                 reason: SessionEndReason::PeerRestarted { .. },
@@ -457,8 +471,14 @@ impl Task {
             }
             self.rs.status.lock().reports_sent += 1;
         }
-        // The candidacy.
-        if let Some(c) = &mut self.candidacy {
+        // The candidacy; never while the send fence is shut (a server
+        // started then would be fenced at its first push).
+        let shut = self
+            .shared
+            .detector
+            .as_ref()
+            .is_some_and(|d| d.gate.t_valid().is_none_or(|t| now >= t));
+        if let Some(c) = self.candidacy.as_mut().filter(|_| !shut) {
             if let Some(CandidacyAction::TakeOver { epoch }) = c.poll(now) {
                 let started = RoleServer::new(self.rs.cfg.clone(), self.me, epoch, now);
                 match started {
@@ -490,6 +510,7 @@ impl Task {
             pushes.push(p);
         }
         let mut stopped = false;
+        let mut fenced = false;
         while let Some(e) = s.poll_event() {
             match e {
                 RoleEvent::TableChanged { version } => {
@@ -498,6 +519,7 @@ impl Task {
                 RoleEvent::Fenced => {
                     warn!(epoch = s.epoch(), "role server fenced (t_valid passed)");
                     stopped = true;
+                    fenced = true;
                 }
                 RoleEvent::SteppedDown { newer } => {
                     info!(epoch = s.epoch(), newer, "role server stepped down");
@@ -513,7 +535,11 @@ impl Task {
         }
         if stopped {
             if let Some(c) = &mut self.candidacy {
-                c.handle_server_stopped();
+                if fenced {
+                    c.handle_fenced(now);
+                } else {
+                    c.handle_server_stopped();
+                }
             }
         } else {
             self.server = Some(s);

@@ -1,0 +1,163 @@
+//! The role server's process frozen (SIGSTOP, as a cgroup freeze or a long
+//! GC pause does), on the example cache cluster, four `surelink` processes
+//! on one host. The other candidate must take over once SafeTimer reports
+//! the frozen one dead — although the frozen process's own heartbeat socket
+//! overflows meanwhile, on this very host — and the thawed process, fenced
+//! by its missed deadlines, must come back as a standby: it neither takes
+//! the role back nor claims epoch after epoch while its fence is shut.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn examples() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/cache")
+}
+
+/// A node's name, the (role server, epoch) of its table, the epoch it serves.
+type Held = (String, (u64, u64), Option<u64>);
+
+/// Per node that answered `surelink status`: its name, the (role server,
+/// epoch) of the table it holds, and the epoch it serves, if any.
+/// (`only`: ask that node alone; a frozen node costs a status call its
+/// 2 s read timeout.)
+fn status_of(dir: &Path, only: Option<u64>) -> (String, Vec<Held>) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_surelink"));
+    cmd.args(["status", "--cluster"])
+        .arg(dir.join("cluster.toml"));
+    if let Some(n) = only {
+        cmd.args(["--node", &n.to_string()]);
+    }
+    let out = cmd.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let num = |s: &str| s.trim_end_matches(',').parse::<u64>().ok();
+    let mut nodes = Vec::new();
+    for block in text.split("== ").skip(1) {
+        let name = block.split(" (").next().unwrap_or("").to_string();
+        let mut table = None;
+        let mut serving = None;
+        for l in block.lines() {
+            if let Some(rest) = l.strip_prefix("table: role server node ") {
+                let w: Vec<&str> = rest.split_whitespace().collect();
+                if let (Some(role), Some(epoch)) = (num(w[0]), w.get(2).and_then(|e| num(e))) {
+                    table = Some((role, epoch));
+                }
+            }
+            if let Some(rest) = l.strip_prefix("serving as role server, epoch ") {
+                serving = num(rest);
+            }
+        }
+        if let Some(t) = table {
+            nodes.push((name, t, serving));
+        }
+    }
+    (text, nodes)
+}
+
+fn status(dir: &Path) -> (String, Vec<Held>) {
+    status_of(dir, None)
+}
+
+fn until<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(t) = f() {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill {sig} {pid}");
+}
+
+#[test]
+fn a_frozen_role_server_is_replaced_and_comes_back_as_a_standby() {
+    let dir = examples();
+    let procs = common::Procs(vec![
+        common::start_cache(&dir, "node", "node1.toml"),
+        common::start_cache(&dir, "node", "node2.toml"),
+        common::start_cache(&dir, "node", "node3.toml"),
+        common::start_cache(&dir, "proxy", "proxy.toml"),
+    ]);
+    let node1 = procs.0[0].1.id();
+    until("node 1's table everywhere", Duration::from_secs(30), || {
+        let (_, nodes) = status(&dir);
+        (nodes.len() == 4
+            && nodes.iter().all(|n| n.1 == (1, 1))
+            && nodes.iter().filter(|n| n.2 == Some(1)).count() == 1)
+            .then_some(())
+    });
+    // Freeze the role server for 4 s: twice the detector's peer window.
+    let frozen = Instant::now();
+    signal(node1, "-STOP");
+    // Timed on the proxy (a status call to the frozen node would wait out
+    // its read timeout); then the others.
+    let took = until(
+        "node 2's table on the proxy",
+        Duration::from_secs(4),
+        || {
+            let (_, nodes) = status_of(&dir, Some(100));
+            nodes
+                .first()
+                .filter(|n| n.1 .0 == 2)
+                .map(|n| (frozen.elapsed(), n.1 .1))
+        },
+    );
+    let (took, epoch) = took;
+    eprintln!(
+        "role server frozen: node 2's table (epoch {epoch}) on the proxy {took:?} after the freeze"
+    );
+    assert_eq!(epoch, 2, "node 2 claims the next epoch it owns");
+    for n in [2, 3] {
+        let (text, nodes) = status_of(&dir, Some(n));
+        let serving = (n == 2).then_some(2);
+        assert!(
+            nodes
+                .first()
+                .is_some_and(|x| x.1 == (2, 2) && x.2 == serving),
+            "node {n} during the freeze:\n{text}"
+        );
+    }
+    let hold = Duration::from_secs(4).saturating_sub(frozen.elapsed());
+    std::thread::sleep(hold);
+    signal(node1, "-CONT");
+    let thawed = Instant::now();
+    // The thawed process applies node 2's table and serves nothing.
+    until("node 1 back as a standby", Duration::from_secs(10), || {
+        let (_, nodes) = status(&dir);
+        (nodes.len() == 4 && nodes.iter().all(|n| n.1 == (2, 2))).then_some(())
+    });
+    eprintln!(
+        "thawed node 1 holds node 2's table {:?} after SIGCONT",
+        thawed.elapsed()
+    );
+    // And stays one: for 2 s more, one server, node 2, epoch 2, everywhere.
+    let settled = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < settled {
+        let (text, nodes) = status(&dir);
+        let serving: Vec<_> = nodes.iter().filter_map(|n| n.2).collect();
+        assert!(
+            nodes.iter().all(|n| n.1 == (2, 2)) && serving == vec![2],
+            "after the thaw:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The cache answers through it all.
+    until("a set through the proxy", Duration::from_secs(5), || {
+        (common::ask("127.0.0.1:11311", b"set after 0 0 2\r\nok\r\n", b"\r\n").as_deref()
+            == Some(b"STORED\r\n"))
+        .then_some(())
+    });
+    drop(procs);
+}
