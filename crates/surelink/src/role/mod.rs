@@ -473,11 +473,7 @@ impl Task {
         }
         // The candidacy; never while the send fence is shut (a server
         // started then would be fenced at its first push).
-        let shut = self
-            .shared
-            .detector
-            .as_ref()
-            .is_some_and(|d| d.gate.t_valid().is_none_or(|t| now >= t));
+        let shut = self.t_valid().is_none_or(|t| now >= t);
         if let Some(c) = self.candidacy.as_mut().filter(|_| !shut) {
             if let Some(CandidacyAction::TakeOver { epoch }) = c.poll(now) {
                 let started = RoleServer::new(self.rs.cfg.clone(), self.me, epoch, now);
@@ -496,14 +492,20 @@ impl Task {
         self.serve(now, ticked);
     }
 
+    /// This process's send fence (SafeTimer), on [`clock`]'s time; no
+    /// limit without a detector.
+    fn t_valid(&self) -> Option<Time> {
+        match &self.shared.detector {
+            Some(d) => d.gate.t_valid(),
+            None => Some(Time::from_nanos(u64::MAX)),
+        }
+    }
+
     fn serve(&mut self, now: Time, ticked: bool) {
         let Some(mut s) = self.server.take() else {
             return;
         };
-        let t_valid = match &self.shared.detector {
-            Some(d) => d.gate.t_valid(),
-            None => Some(Time::from_nanos(u64::MAX)),
-        };
+        let t_valid = self.t_valid();
         s.handle_timeout(now);
         let mut pushes = Vec::new();
         while let Some(p) = s.poll_push(now, t_valid) {
