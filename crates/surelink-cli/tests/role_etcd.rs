@@ -132,17 +132,6 @@ fn status(dir: &Path) -> (String, Vec<(u64, u64)>, Vec<u64>) {
     (text, tables, serving)
 }
 
-fn until<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(t) = f() {
-            return t;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn nodes_elect_through_etcd_and_fail_over() {
     let dir = std::env::temp_dir().join(format!("surelink-role-etcd-{}", std::process::id()));
@@ -161,13 +150,13 @@ fn nodes_elect_through_etcd_and_fail_over() {
     ] {
         procs.0.push(common::start_cache(&dir, kind, f));
     }
-    until("a set through the proxy", Duration::from_secs(30), || {
+    common::until("a set through the proxy", Duration::from_secs(30), || {
         (ask(b"set hello 0 0 5\r\nworld\r\n", b"\r\n").as_deref() == Some(b"STORED\r\n"))
             .then_some(())
     });
     // Every node, the proxy included, holds the elected candidate's table;
     // that candidate says it serves, through the external backend.
-    let (leader, epoch) = until(
+    let (leader, epoch) = common::until(
         "one elected table everywhere",
         Duration::from_secs(20),
         || {
@@ -187,7 +176,7 @@ fn nodes_elect_through_etcd_and_fail_over() {
     let killed = Instant::now();
     procs.kill(&format!("node{leader}.toml"));
     let other = 3 - leader;
-    let took = until("the next leader's table", Duration::from_secs(20), || {
+    let took = common::until("the next leader's table", Duration::from_secs(20), || {
         let (_, tables, serving) = status(&dir);
         (tables.len() == 3
             && tables.iter().all(|t| t.0 == other && t.1 > epoch)
@@ -203,7 +192,7 @@ fn nodes_elect_through_etcd_and_fail_over() {
         "{}",
         String::from_utf8_lossy(&got)
     );
-    until("a set after the failover", Duration::from_secs(10), || {
+    common::until("a set after the failover", Duration::from_secs(10), || {
         (ask(b"set after 0 0 2\r\nok\r\n", b"\r\n").as_deref() == Some(b"STORED\r\n")).then_some(())
     });
     drop(procs);

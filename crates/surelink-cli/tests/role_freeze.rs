@@ -62,17 +62,6 @@ fn status(dir: &Path) -> (String, Vec<Held>) {
     status_of(dir, None)
 }
 
-fn until<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(t) = f() {
-            return t;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 fn signal(pid: u32, sig: &str) {
     let ok = Command::new("kill")
         .args([sig, &pid.to_string()])
@@ -91,7 +80,7 @@ fn a_frozen_role_server_is_replaced_and_comes_back_as_a_standby() {
         common::start_cache(&dir, "proxy", "proxy.toml"),
     ]);
     let node1 = procs.0[0].1.id();
-    until("node 1's table everywhere", Duration::from_secs(30), || {
+    common::until("node 1's table everywhere", Duration::from_secs(30), || {
         let (_, nodes) = status(&dir);
         (nodes.len() == 4
             && nodes.iter().all(|n| n.1 == (1, 1))
@@ -103,7 +92,7 @@ fn a_frozen_role_server_is_replaced_and_comes_back_as_a_standby() {
     signal(node1, "-STOP");
     // Timed on the proxy (a status call to the frozen node would wait out
     // its read timeout); then the others.
-    let took = until(
+    let took = common::until(
         "node 2's table on the proxy",
         Duration::from_secs(4),
         || {
@@ -134,7 +123,7 @@ fn a_frozen_role_server_is_replaced_and_comes_back_as_a_standby() {
     signal(node1, "-CONT");
     let thawed = Instant::now();
     // The thawed process applies node 2's table and serves nothing.
-    until("node 1 back as a standby", Duration::from_secs(10), || {
+    common::until("node 1 back as a standby", Duration::from_secs(10), || {
         let (_, nodes) = status(&dir);
         (nodes.len() == 4 && nodes.iter().all(|n| n.1 == (2, 2))).then_some(())
     });
@@ -154,7 +143,7 @@ fn a_frozen_role_server_is_replaced_and_comes_back_as_a_standby() {
         std::thread::sleep(Duration::from_millis(200));
     }
     // The cache answers through it all.
-    until("a set through the proxy", Duration::from_secs(5), || {
+    common::until("a set through the proxy", Duration::from_secs(5), || {
         (common::ask("127.0.0.1:11311", b"set after 0 0 2\r\nok\r\n", b"\r\n").as_deref()
             == Some(b"STORED\r\n"))
         .then_some(())

@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Named child processes, killed and reaped when dropped (also when the
 /// test fails).
@@ -30,6 +30,19 @@ impl Drop for Procs {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// Polls `f` every 100 ms until it gives a value; fails the test naming
+/// `what` if none came within `within`.
+pub(crate) fn until<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(t) = f() {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
