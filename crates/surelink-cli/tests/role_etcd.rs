@@ -106,29 +106,12 @@ fn ask(req: &[u8], end: &[u8]) -> Option<Vec<u8>> {
     common::ask("127.0.0.1:11511", req, end)
 }
 
-/// `surelink status --cluster`: per node asked, the (role server, epoch)
-/// of the table it holds, and the epochs served.
+/// `surelink status --cluster`: the text, per node asked the (role
+/// server, epoch) of the table it holds, and the epochs served.
 fn status(dir: &Path) -> (String, Vec<(u64, u64)>, Vec<u64>) {
-    let out = Command::new(env!("CARGO_BIN_EXE_surelink"))
-        .args(["status", "--cluster"])
-        .arg(dir.join("cluster.toml"))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let num = |s: &str| s.trim_end_matches(',').parse::<u64>().ok();
-    let mut tables = Vec::new();
-    let mut serving = Vec::new();
-    for l in text.lines() {
-        if let Some(rest) = l.strip_prefix("table: role server node ") {
-            let w: Vec<&str> = rest.split_whitespace().collect();
-            if let (Some(role), Some(epoch)) = (num(w[0]), w.get(2).and_then(|e| num(e))) {
-                tables.push((role, epoch));
-            }
-        }
-        if let Some(rest) = l.strip_prefix("serving as role server, epoch ") {
-            serving.extend(num(rest));
-        }
-    }
+    let (text, nodes) = common::role_status(dir, None);
+    let tables = nodes.iter().map(|n| n.1).collect();
+    let serving = nodes.iter().filter_map(|n| n.2).collect();
     (text, tables, serving)
 }
 

@@ -10,56 +10,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn examples() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/cache")
-}
-
-/// A node's name, the (role server, epoch) of its table, the epoch it serves.
-type Held = (String, (u64, u64), Option<u64>);
-
-/// Per node that answered `surelink status`: its name, the (role server,
-/// epoch) of the table it holds, and the epoch it serves, if any.
-/// (`only`: ask that node alone; a frozen node costs a status call its
-/// 2 s read timeout.)
-fn status_of(dir: &Path, only: Option<u64>) -> (String, Vec<Held>) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_surelink"));
-    cmd.args(["status", "--cluster"])
-        .arg(dir.join("cluster.toml"));
-    if let Some(n) = only {
-        cmd.args(["--node", &n.to_string()]);
-    }
-    let out = cmd.output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let num = |s: &str| s.trim_end_matches(',').parse::<u64>().ok();
-    let mut nodes = Vec::new();
-    for block in text.split("== ").skip(1) {
-        let name = block.split(" (").next().unwrap_or("").to_string();
-        let mut table = None;
-        let mut serving = None;
-        for l in block.lines() {
-            if let Some(rest) = l.strip_prefix("table: role server node ") {
-                let w: Vec<&str> = rest.split_whitespace().collect();
-                if let (Some(role), Some(epoch)) = (num(w[0]), w.get(2).and_then(|e| num(e))) {
-                    table = Some((role, epoch));
-                }
-            }
-            if let Some(rest) = l.strip_prefix("serving as role server, epoch ") {
-                serving = num(rest);
-            }
-        }
-        if let Some(t) = table {
-            nodes.push((name, t, serving));
-        }
-    }
-    (text, nodes)
-}
-
-fn status(dir: &Path) -> (String, Vec<Held>) {
-    status_of(dir, None)
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -81,7 +37,7 @@ fn a_frozen_role_server_is_replaced_and_comes_back_as_a_standby() {
     ]);
     let node1 = procs.0[0].1.id();
     common::until("node 1's table everywhere", Duration::from_secs(30), || {
-        let (_, nodes) = status(&dir);
+        let (_, nodes) = common::role_status(&dir, None);
         (nodes.len() == 4
             && nodes.iter().all(|n| n.1 == (1, 1))
             && nodes.iter().filter(|n| n.2 == Some(1)).count() == 1)
@@ -96,7 +52,7 @@ fn a_frozen_role_server_is_replaced_and_comes_back_as_a_standby() {
         "node 2's table on the proxy",
         Duration::from_secs(4),
         || {
-            let (_, nodes) = status_of(&dir, Some(100));
+            let (_, nodes) = common::role_status(&dir, Some(100));
             nodes
                 .first()
                 .filter(|n| n.1 .0 == 2)
@@ -109,7 +65,7 @@ fn a_frozen_role_server_is_replaced_and_comes_back_as_a_standby() {
     );
     assert_eq!(epoch, 2, "node 2 claims the next epoch it owns");
     for n in [2, 3] {
-        let (text, nodes) = status_of(&dir, Some(n));
+        let (text, nodes) = common::role_status(&dir, Some(n));
         let serving = (n == 2).then_some(2);
         assert!(
             nodes
@@ -124,7 +80,7 @@ fn a_frozen_role_server_is_replaced_and_comes_back_as_a_standby() {
     let thawed = Instant::now();
     // The thawed process applies node 2's table and serves nothing.
     common::until("node 1 back as a standby", Duration::from_secs(10), || {
-        let (_, nodes) = status(&dir);
+        let (_, nodes) = common::role_status(&dir, None);
         (nodes.len() == 4 && nodes.iter().all(|n| n.1 == (2, 2))).then_some(())
     });
     eprintln!(
@@ -134,7 +90,7 @@ fn a_frozen_role_server_is_replaced_and_comes_back_as_a_standby() {
     // And stays one: for 2 s more, one server, node 2, epoch 2, everywhere.
     let settled = Instant::now() + Duration::from_secs(2);
     while Instant::now() < settled {
-        let (text, nodes) = status(&dir);
+        let (text, nodes) = common::role_status(&dir, None);
         let serving: Vec<_> = nodes.iter().filter_map(|n| n.2).collect();
         assert!(
             nodes.iter().all(|n| n.1 == (2, 2)) && serving == vec![2],

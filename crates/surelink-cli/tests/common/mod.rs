@@ -46,6 +46,49 @@ pub(crate) fn until<T>(what: &str, within: Duration, mut f: impl FnMut() -> Opti
     }
 }
 
+/// What `surelink status` says of one node: its name, the (role server,
+/// epoch) of the table it holds, the epoch it serves.
+pub(crate) type Held = (String, (u64, u64), Option<u64>);
+
+/// `surelink status --cluster <dir>/cluster.toml` (`only`: that node
+/// alone; a frozen node costs a status call its 2 s read timeout): the
+/// text, and per node that holds a table, what it holds.
+pub(crate) fn role_status(dir: &Path, only: Option<u64>) -> (String, Vec<Held>) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_surelink"));
+    cmd.args(["status", "--cluster"])
+        .arg(dir.join("cluster.toml"));
+    if let Some(n) = only {
+        cmd.args(["--node", &n.to_string()]);
+    }
+    let out = cmd.output().expect("running surelink status");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let num = |s: &str| s.trim_end_matches(',').parse::<u64>().ok();
+    // One block per node, each opened by a `== <name> (<addr>)` line.
+    type Block = (String, Option<(u64, u64)>, Option<u64>);
+    let mut blocks: Vec<Block> = Vec::new();
+    for l in text.lines() {
+        if let Some(head) = l.strip_prefix("== ") {
+            let name = head.split(" (").next().unwrap_or("").to_string();
+            blocks.push((name, None, None));
+        } else if let Some(b) = blocks.last_mut() {
+            if let Some(rest) = l.strip_prefix("table: role server node ") {
+                let w: Vec<&str> = rest.split_whitespace().collect();
+                if let (Some(role), Some(epoch)) = (num(w[0]), w.get(2).and_then(|e| num(e))) {
+                    b.1 = Some((role, epoch));
+                }
+            }
+            if let Some(rest) = l.strip_prefix("serving as role server, epoch ") {
+                b.2 = num(rest);
+            }
+        }
+    }
+    let nodes = blocks
+        .into_iter()
+        .filter_map(|(name, t, serving)| t.map(|t| (name, t, serving)))
+        .collect();
+    (text, nodes)
+}
+
 /// `surelink cache <kind> --config <dir>/<file>` as a child process named
 /// `file`.
 pub(crate) fn start_cache(dir: &Path, kind: &str, file: &str) -> (String, Child) {
