@@ -15,7 +15,7 @@ use crate::config::{ConfigError, EndpointConfig};
 use crate::error::{AddPathError, PathError, SendError};
 use crate::event::Event;
 use crate::ids::{CallId, ChannelId, Epoch, MessageId, NodeId, PathId, SessionId};
-use crate::router::{HelloRoute, OpenError, Router};
+use crate::router::{OpenError, Router, SessionTable};
 use crate::rpc::{CallOptions, Priority, RemoteError};
 use crate::session::{CompleteError, Input, LocalIdentity, Session, SessionStats};
 use crate::time::Time;
@@ -161,7 +161,7 @@ impl Endpoint {
             return Err(AddPathError::Duplicate(path));
         }
         match peer {
-            None => self.router.add_unbound_path(now, path),
+            None => self.router.add_unbound_path(now, path, None),
             Some(node) => {
                 let slot = self.open(now, node).map_err(|e| match e {
                     OpenError::SelfSession(n) => AddPathError::SelfDial(n),
@@ -174,6 +174,21 @@ impl Endpoint {
                 Ok(())
             }
         }
+    }
+
+    /// An accepted transport whose own handshake proved it comes from
+    /// `node` (mutual TLS, a Noise handshake): as [`Endpoint::add_path`]
+    /// with no peer, but a HELLO naming another node is refused.
+    pub fn add_authenticated_path(
+        &mut self,
+        now: Time,
+        path: PathId,
+        node: NodeId,
+    ) -> Result<(), AddPathError> {
+        if self.paths.contains_key(&path) || self.router.is_unbound(path) {
+            return Err(AddPathError::Duplicate(path));
+        }
+        self.router.add_unbound_path(now, path, Some(node))
     }
 
     /// The transport under `path` failed (connection reset, or the failure
@@ -254,71 +269,26 @@ impl Endpoint {
                     }
                 }
             };
-            self.route_hello(now, path, hello.0, &hello.1)?;
+            self.route_hello(now, path, hello.0, hello.1)?;
         }
     }
 
-    /// Routes a HELLO that arrived on `path` (held by `bound`, if any).
+    /// Routes a HELLO that arrived on `path` (held by `bound`, if any):
+    /// the router decides, the decision runs on this endpoint's sessions.
     fn route_hello(
         &mut self,
         now: Time,
         path: PathId,
         bound: Option<usize>,
-        h: &Hello,
+        h: Hello,
     ) -> Result<(), PathError> {
-        let bound_to = bound.and_then(|slot| self.session(slot)).map(Session::peer);
-        let route = match self.router.handle_hello(now, path, bound_to, h) {
-            Ok(r) => r,
-            Err(e) => {
-                if let Some(slot) = bound {
-                    if let Some(s) = self.session_mut(slot) {
-                        s.refuse_path(now, path, e.clone());
-                    }
-                    self.after(slot);
-                }
-                self.take_router_events();
-                return Err(e);
-            }
-        };
-        let slot = match route {
-            HelloRoute::Existing(id) => match self.by_id.get(&id).copied() {
-                Some(slot) => slot,
-                None => return Err(PathError::UnknownPath(path)),
-            },
-            HelloRoute::New { session, replaces } => {
-                if let Some((old, reason)) = replaces {
-                    if let Some(old_slot) = self.by_id.get(&old).copied() {
-                        if let Some(s) = self.session_mut(old_slot) {
-                            s.detach_path(path);
-                            s.supersede(now, reason);
-                        }
-                        self.after(old_slot);
-                    }
-                }
-                self.install(*session)
-            }
-        };
-        if let Some(b) = bound {
-            if b != slot {
-                if let Some(s) = self.session_mut(b) {
-                    s.detach_path(path);
-                }
-            }
-        }
-        self.paths.insert(path, slot);
+        let bound = bound
+            .and_then(|slot| self.session(slot))
+            .map(|s| (s.id(), s.peer()));
+        let decision = self.router.handle_hello(now, path, bound, h);
+        self.take_router_events();
         let network = self.networks.get(&path).copied();
-        let r = match self.session_mut(slot) {
-            Some(s) => {
-                let r = s.handle_hello(now, path, h);
-                if let Some(n) = network {
-                    s.set_path_network(path, n);
-                }
-                r
-            }
-            None => Ok(()),
-        };
-        self.after(slot);
-        r
+        decision.apply(now, network, &mut Slots(self)).map(|_| ())
     }
 
     fn take_router_events(&mut self) {
@@ -604,5 +574,38 @@ impl Endpoint {
     /// Paths known to the endpoint (any state).
     pub fn path_count(&self) -> usize {
         self.paths.len() + self.router.path_count()
+    }
+}
+
+/// The endpoint's sessions as a HELLO decision sees them.
+struct Slots<'a>(&'a mut Endpoint);
+
+impl SessionTable for Slots<'_> {
+    fn with_session(&mut self, id: SessionId, f: &mut dyn FnMut(&mut Session)) -> bool {
+        let Some(slot) = self.0.by_id.get(&id).copied() else {
+            return false;
+        };
+        let Some(s) = self.0.session_mut(slot) else {
+            return false;
+        };
+        f(s);
+        self.0.after(slot);
+        true
+    }
+
+    fn install(&mut self, session: Session) {
+        self.0.install(session);
+    }
+
+    fn path_left(&mut self, id: SessionId, path: PathId) {
+        if self.0.paths.get(&path) == self.0.by_id.get(&id) {
+            self.0.paths.remove(&path);
+        }
+    }
+
+    fn path_joined(&mut self, id: SessionId, path: PathId) {
+        if let Some(slot) = self.0.by_id.get(&id).copied() {
+            self.0.paths.insert(path, slot);
+        }
     }
 }

@@ -103,7 +103,7 @@ pub use event::{Abandoned, Event, PathCloseReason, RejectReason, SessionEndReaso
 pub use ids::{
     CallId, ChannelId, ClusterId, Epoch, MessageId, NodeId, PathId, SessionId, StreamId, StreamKind,
 };
-pub use router::{HelloRoute, OpenError, Router};
+pub use router::{HelloDecision, HelloStep, OpenError, Router, SessionTable};
 pub use session::{
     CompleteError, Input, LocalIdentity, Message, MessageBatch, PathSnapshot, PathStats,
     RoleSendError, Session, SessionStats, ROLE_QUEUE, ROLE_QUEUE_BYTES,

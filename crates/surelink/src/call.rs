@@ -21,7 +21,7 @@ use surelink_proto::rpc::{CallOptions, Priority};
 use surelink_proto::{CallId, ChannelId, MessageId, NodeId};
 
 use crate::error::{CallError, SendError};
-use crate::session::SessionHandle;
+use crate::session::{Output, Reading, SessionHandle};
 use crate::shared::Shared;
 
 /// Refuses a channel the core does not have (before any session work).
@@ -47,9 +47,7 @@ struct Pending {
 impl Drop for Pending {
     fn drop(&mut self) {
         if !self.done {
-            let mut g = self.session.lock();
-            g.waiters.remove(&self.call);
-            g.core.cancel_call(self.call);
+            self.session.cancel_call(self.call);
         }
     }
 }
@@ -95,35 +93,25 @@ pub(crate) async fn call(
     let reply = loop {
         let session = shared.session_for(peer)?;
         let (tx, rx) = oneshot::channel();
-        let (attempt, w) = {
-            let mut g = session.lock();
-            let now = shared.now();
-            let a = if g.core.ended().is_some() {
+        let attempt = session.with_output(shared, Reading::Fresh, |g, now| {
+            let a = if g.is_ended() {
                 Attempt::Ended(body)
             } else {
                 let len = body.len();
-                match g.core.call(now, channel, body, opts) {
-                    Ok(id) => {
-                        g.waiters.insert(id, tx);
-                        Attempt::Sent(id, len)
-                    }
+                match g.call(now, channel, body, opts, tx) {
+                    Ok(id) => Attempt::Sent(id, len),
                     Err(surelink_proto::SendError::Full { message, .. }) => Attempt::Full(message),
                     Err(e) => Attempt::Failed(e),
                 }
             };
             // A high-priority call leaves at once; others at once when the
             // session is idle, else with the calls queued alongside.
-            let write_at = match a {
-                Attempt::Sent(_, _) if opts.priority == Priority::High => Some(now),
-                Attempt::Sent(_, len) => session.write_now(shared, len, Some(now)),
-                _ => Some(now),
+            let out = match a {
+                Attempt::Sent(_, len) if opts.priority != Priority::High => Output::Batched(len),
+                _ => Output::Now,
             };
-            let w = write_at.map(|now| session.drive(&mut g, shared, now));
-            (a, w)
-        };
-        if let Some(w) = w {
-            session.run(shared, w);
-        }
+            (a, out)
+        });
         match attempt {
             Attempt::Sent(call, _) => {
                 break Reply {
@@ -138,7 +126,7 @@ pub(crate) async fn call(
             Attempt::Full(b) => {
                 let len = b.len() + 64;
                 body = b;
-                if tokio::time::timeout_at(deadline, wait_for_room(&session, len))
+                if tokio::time::timeout_at(deadline, session.wait_for_room(len))
                     .await
                     .is_err()
                 {
@@ -156,23 +144,6 @@ pub(crate) async fn call(
         .stats
         .call_done(r.as_ref().ok().map(|_| started.elapsed()));
     r
-}
-
-/// Waits until the session's send buffer has room for `len` bytes (or it
-/// ended). Registration costs a lock, so it happens only here, when a send
-/// found the buffer full; the check after registering closes the race
-/// with a wake-up in between.
-async fn wait_for_room(session: &SessionHandle, len: usize) {
-    let space = session.space.notified();
-    tokio::pin!(space);
-    space.as_mut().enable();
-    {
-        let g = session.lock();
-        if g.core.has_room(len) || g.core.ended().is_some() {
-            return;
-        }
-    }
-    space.await;
 }
 
 /// When a one-way message is written.
@@ -205,21 +176,19 @@ pub(crate) fn send_now(
     flush: Flush,
 ) -> Result<SendNow, SendError> {
     let session = shared.session_for(peer)?;
-    let (r, w) = {
-        let mut g = session.lock();
-        let now = shared.now_cached();
+    session.with_output(shared, Reading::Cached, |g, now| {
         let mut r = Ok(SendNow::Done(None));
         let mut last = None;
         let mut queued = 0usize;
         let mut count = 0u64;
         for m in msgs.by_ref() {
-            if g.core.ended().is_some() {
+            if g.is_ended() {
                 // The session ended under us: the waiting path opens a new one.
                 r = Ok(SendNow::Blocked(m));
                 break;
             }
             let len = m.len();
-            match g.core.send(now, channel, priority, m) {
+            match g.send(now, channel, priority, m) {
                 Ok(id) => {
                     last = Some(id);
                     queued += len;
@@ -239,17 +208,13 @@ pub(crate) fn send_now(
             *l = last;
         }
         shared.stats.messages_sent(count);
-        let write_at = match (count, flush) {
-            (0, _) => None,
-            (_, Flush::Now) => Some(shared.now()),
-            (_, Flush::Batched) => session.write_now(shared, queued, None),
+        let out = match (count, flush) {
+            (0, _) => Output::Skip,
+            (_, Flush::Now) => Output::Now,
+            (_, Flush::Batched) => Output::Batched(queued),
         };
-        (r, write_at.map(|now| session.drive(&mut g, shared, now)))
-    };
-    if let Some(w) = w {
-        session.run(shared, w);
-    }
-    r
+        (r, out)
+    })
 }
 
 /// Queues one-way messages, waiting while the session's send buffer is
@@ -292,7 +257,7 @@ async fn send_waiting(
         }
         let session = shared.session_for(peer)?;
         let len = pending.as_ref().map_or(0, Bytes::len);
-        wait_for_room(&session, len).await;
+        session.wait_for_room(len).await;
         let mut one = pending.take().into_iter();
         match send_now(shared, peer, channel, priority, &mut one, flush)? {
             SendNow::Done(l) => return Ok(l),

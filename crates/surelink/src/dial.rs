@@ -1,7 +1,11 @@
 //! Dialling configured peers and keeping a connection to each on every
 //! network: connect attempts that do not wait for the kernel's SYN
 //! retransmission, and a re-dial policy led by the failure detector (try
-//! at once while the peer is heard, back off while it is silent).
+//! at once while the peer is heard, back off while it is silent). The
+//! [`Dialer`] keeps what dialling remembers between attempts.
+//!
+//! What it does not do: decide which session a dialled connection joins
+//! (the core's router does, through the shell's routing).
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -12,14 +16,91 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use surelink_proto::NodeId;
 
+use crate::config::PeerConfig;
 use crate::conn::{bind_device, configure, start};
+use crate::events::NetEvent;
 use crate::shared::Shared;
+
+/// What dialling remembers between attempts.
+#[derive(Debug, Default)]
+pub(crate) struct Dialer {
+    /// A silent path is heard again (or the process starts a new
+    /// incarnation): dial loops retry at once.
+    redial: Notify,
+    /// Per dialled peer: networks where a connect was refused since it
+    /// was last connected, and whether `PeerRefused` was reported.
+    refused: Mutex<FxHashMap<NodeId, (u64, bool)>>,
+}
+
+impl Dialer {
+    /// Wakes every dial loop waiting to retry: try now.
+    pub(crate) fn redial_now(&self) {
+        self.redial.notify_waiters();
+    }
+
+    /// A connect to `peer` on `network` was refused. Reports
+    /// [`NetEvent::PeerRefused`] when every network of the peer refused
+    /// and no path to it is up.
+    fn refused(&self, shared: &Shared, peer: NodeId, network: usize) {
+        let Some(p) = shared.config.peers.iter().find(|p| p.node == peer) else {
+            return;
+        };
+        let want = p
+            .addrs
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.is_some())
+            .fold(0u64, |m, (i, _)| m | 1u64 << i.min(63));
+        let report = {
+            let mut r = self.refused.lock();
+            let e = r.entry(peer).or_default();
+            e.0 |= 1u64 << network.min(63);
+            let all = e.0 & want == want;
+            if all && !e.1 && shared.events.paths_up(peer) == 0 {
+                e.1 = true;
+                true
+            } else {
+                false
+            }
+        };
+        if report {
+            warn!(%peer, "every network refused our connections: no process listens at the peer's addresses");
+            shared.events.publish(NetEvent::PeerRefused { peer });
+        }
+    }
+
+    /// A connect to `peer` succeeded: refusals start over.
+    fn connected(&self, peer: NodeId) {
+        self.refused.lock().remove(&peer);
+    }
+}
+
+/// Starts keeping connections to `p` on every network this node has a
+/// local address for (and tells the detector where its heartbeats go).
+pub(crate) fn dial_peer(shared: &Arc<Shared>, p: &PeerConfig) {
+    let cfg = &shared.config;
+    for (network, addr) in p.addrs.iter().enumerate() {
+        let (Some(remote), Some(local)) = (addr, cfg.local_addr(network)) else {
+            continue;
+        };
+        if let Some(d) = &shared.detector {
+            // The peer's heartbeat socket shares its listener's port.
+            d.add_destination(p.node, network, *remote);
+        }
+        for _ in 0..cfg.connections_per_network {
+            shared.spawn(dial_loop(shared.clone(), p.node, network, local, *remote));
+        }
+    }
+}
 
 /// How long the first connect attempt waits for the SYN-ACK before a
 /// fresh one joins it.
@@ -100,7 +181,7 @@ pub(crate) async fn dial(
 /// lost: at once while the detector hears the peer there, with capped
 /// exponential backoff while it is silent (and at once when it is heard
 /// again).
-pub(crate) async fn dial_loop(
+async fn dial_loop(
     shared: Arc<Shared>,
     peer: NodeId,
     network: usize,
@@ -131,7 +212,7 @@ pub(crate) async fn dial_loop(
         // A path heard again during a connect: drop it and dial afresh.
         let attempt = tokio::select! {
             r = dial(local, remote, device, cfg.connect_timeout, &heard) => r,
-            _ = shared.redial.notified() => {
+            _ = shared.dialer.redial.notified() => {
                 debug!(%peer, network, "path heard again during a connect: dialling afresh");
                 backoff = cfg.reconnect_initial;
                 continue;
@@ -139,7 +220,7 @@ pub(crate) async fn dial_loop(
         };
         match attempt {
             Ok(mut stream) => {
-                shared.dial_connected(peer);
+                shared.dialer.connected(peer);
                 configure(&stream, &shared);
                 let secured = match &shared.secure {
                     None => Ok(None),
@@ -163,8 +244,9 @@ pub(crate) async fn dial_loop(
                         handshake_refused = true;
                         shared.stats.handshake_failed();
                         if let Some(n) = shared
-                            .log_handshake
-                            .allow(shared.now().since_origin().as_secs())
+                            .logs
+                            .handshake
+                            .allow(shared.clock.now().since_origin().as_secs())
                         {
                             warn!(%peer, network, %remote, error = %e, suppressed = n, "handshake with the dialled peer failed");
                         }
@@ -174,7 +256,7 @@ pub(crate) async fn dial_loop(
             Err(e) => {
                 debug!(%peer, network, %remote, error = %e, "dial failed");
                 if e.kind() == std::io::ErrorKind::ConnectionRefused {
-                    shared.dial_refused(peer, network);
+                    shared.dialer.refused(&shared, peer, network);
                 }
             }
         }
@@ -186,7 +268,7 @@ pub(crate) async fn dial_loop(
             _ = tokio::time::sleep(wait) => if !fast {
                 backoff = (backoff * 2).min(cfg.reconnect_max);
             },
-            _ = shared.redial.notified() => backoff = cfg.reconnect_initial,
+            _ = shared.dialer.redial.notified() => backoff = cfg.reconnect_initial,
         }
     }
 }

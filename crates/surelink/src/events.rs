@@ -6,8 +6,8 @@
 //! event after it: the state is snapshot and the subscription taken under
 //! the same lock that publishing holds, so nothing falls between them.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Mutex;
 
 use tokio::sync::broadcast;
 
@@ -199,13 +199,13 @@ impl EventHub {
     }
 
     pub(crate) fn publish(&self, e: NetEvent) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.state.lock();
         s.apply(&e);
         let _ = self.tx.send(e);
     }
 
     pub(crate) fn subscribe(&self) -> Events {
-        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let s = self.state.lock();
         Events {
             replay: s.replay(),
             rx: self.tx.subscribe(),
@@ -214,7 +214,7 @@ impl EventHub {
 
     /// Working paths to `peer` now.
     pub(crate) fn paths_up(&self, peer: NodeId) -> usize {
-        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let s = self.state.lock();
         s.paths.values().filter(|(p, _)| *p == peer).count()
     }
 }

@@ -60,7 +60,7 @@ async fn answer(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
     let line = String::from_utf8_lossy(line);
     let mut parts = line.split_whitespace();
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let role = shared.role.as_ref().map(|r| r.status(shared.now()));
+    let role = shared.role.as_ref().map(|r| r.status(shared.clock.now()));
     let (status, ctype, body) =
         if method == "GET" && (path == "/metrics" || path.starts_with("/metrics?")) {
             let mut body = shared.snapshot().to_prometheus();

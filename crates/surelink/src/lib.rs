@@ -48,6 +48,7 @@
 //!   benchmarks.
 
 mod call;
+mod clock;
 mod config;
 mod conn;
 mod detector;
@@ -57,6 +58,7 @@ mod error;
 mod events;
 #[cfg(feature = "prometheus")]
 mod exporter;
+mod histogram;
 mod incoming;
 mod ratelog;
 mod role;

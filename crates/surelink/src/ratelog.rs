@@ -15,6 +15,17 @@ pub(crate) struct LogLimit {
     suppressed: AtomicU64,
 }
 
+/// The kinds of line a remote party can cause.
+#[derive(Debug, Default)]
+pub(crate) struct LogLimits {
+    /// Input refused (bad frames, records).
+    pub(crate) refused: LogLimit,
+    /// Handshakes failed.
+    pub(crate) handshake: LogLimit,
+    /// Connections refused at a limit.
+    pub(crate) limits: LogLimit,
+}
+
 /// Lines per second per kind.
 const PER_SECOND: u64 = 5;
 

@@ -20,12 +20,13 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::Arc;
 use std::task::{Poll, Waker};
 use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::FutureExt;
+use parking_lot::{Mutex, RwLock};
 use tokio::task::JoinSet;
 
 use surelink_proto::rpc::{Priority, RemoteError, Scheduler, Ticket, TicketKey};
@@ -141,7 +142,7 @@ impl StartOrder {
             if self.next.load(Ordering::Acquire) == turn {
                 return Poll::Ready(());
             }
-            let mut early = lock(&self.early);
+            let mut early = self.early.lock();
             // Checked again under the lock: `done` stores before it locks.
             if self.next.load(Ordering::Acquire) == turn {
                 return Poll::Ready(());
@@ -158,7 +159,7 @@ impl StartOrder {
     /// `turn` has started: the next one may.
     fn done(&self, turn: u64) {
         self.next.store(turn + 1, Ordering::Release);
-        let mut early = lock(&self.early);
+        let mut early = self.early.lock();
         if let Some(i) = early.iter().position(|(t, _)| *t == turn + 1) {
             early.swap_remove(i).1.wake();
         }
@@ -187,10 +188,6 @@ pub(crate) struct Server {
     max_concurrent: usize,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Server {
     pub(crate) fn new(scheduler: Box<dyn Scheduler<Job>>, max_concurrent: usize) -> Server {
         Server {
@@ -205,14 +202,11 @@ impl Server {
     }
 
     pub(crate) fn set_handler(&self, h: Arc<dyn Handler>) {
-        *self.handler.write().unwrap_or_else(|e| e.into_inner()) = Some(h);
+        *self.handler.write() = Some(h);
     }
 
     fn handler(&self) -> Option<Arc<dyn Handler>> {
-        self.handler
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.handler.read().clone()
     }
 
     /// Queues admitted requests and promotes re-sent ones, then starts what
@@ -229,9 +223,9 @@ impl Server {
         if tickets.is_empty() && promotes.is_empty() {
             return;
         }
-        let now = shared.now_cached();
+        let now = shared.clock.now_cached();
         {
-            let mut q = lock(&shared.server.queue);
+            let mut q = shared.server.queue.lock();
             for t in tickets {
                 let key = TicketKey {
                     session: session.key,
@@ -261,11 +255,11 @@ impl Server {
     pub(crate) fn dispatch(shared: &Arc<Shared>) {
         loop {
             let job = {
-                let mut q = lock(&shared.server.queue);
+                let mut q = shared.server.queue.lock();
                 if q.running >= shared.server.max_concurrent {
                     return;
                 }
-                let now = shared.now_cached();
+                let now = shared.clock.now_cached();
                 let Some(d) = q.scheduler.pop(now) else {
                     return;
                 };
@@ -275,7 +269,7 @@ impl Server {
             };
             let handler = shared.server.handler();
             let sh = shared.clone();
-            let mut tasks = lock(&shared.server.tasks);
+            let mut tasks = shared.server.tasks.lock();
             // Reap what finished, so the set stays the size of the work.
             while tasks.try_join_next().is_some() {}
             tasks.spawn(run(sh, job.0, job.1, handler));
@@ -285,18 +279,18 @@ impl Server {
     /// A session ended: its waiting requests are dropped (never run; the
     /// caller learns the session ended on its side).
     pub(crate) fn remove_session(&self, key: u64) -> usize {
-        lock(&self.queue).scheduler.remove_session(key).len()
+        self.queue.lock().scheduler.remove_session(key).len()
     }
 
     /// Requests waiting and running.
     pub(crate) fn load(&self) -> (usize, usize) {
-        let q = lock(&self.queue);
+        let q = self.queue.lock();
         (q.scheduler.len(), q.running)
     }
 
     /// Stops every running handler (shutdown).
     pub(crate) fn abort_all(&self) {
-        lock(&self.tasks).abort_all();
+        self.tasks.lock().abort_all();
     }
 }
 
@@ -305,7 +299,7 @@ async fn run(shared: Arc<Shared>, job: Job, turn: u64, handler: Option<Arc<dyn H
     let Job { session, ticket } = job;
     session.start_order.wait(turn).await;
     let turn = Turn(&session.start_order, turn);
-    let now = shared.now_cached();
+    let now = shared.clock.now_cached();
     let result = match handler {
         None => Err(RemoteError::NoHandler),
         Some(_) if ticket.deadline.is_some_and(|d| d <= now) => Err(RemoteError::Expired),
@@ -314,7 +308,7 @@ async fn run(shared: Arc<Shared>, job: Job, turn: u64, handler: Option<Arc<dyn H
                 peer: ticket.peer,
                 channel: ticket.channel,
                 priority: ticket.priority,
-                deadline: ticket.deadline.map(|d| shared.instant(d).into_std()),
+                deadline: ticket.deadline.map(|d| shared.clock.instant(d).into_std()),
                 call: ticket.call,
                 body: ticket.body,
             };
@@ -341,6 +335,6 @@ async fn run(shared: Arc<Shared>, job: Job, turn: u64, handler: Option<Arc<dyn H
         Ok(_) => {}
     }
     session.complete(&shared, ticket.call, result);
-    lock(&shared.server.queue).running -= 1;
+    shared.server.queue.lock().running -= 1;
     Server::dispatch(&shared);
 }

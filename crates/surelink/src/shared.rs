@@ -1,6 +1,18 @@
-//! What every task of an endpoint shares: the router (taken only for
-//! handshakes, new and ended sessions), the sessions (each behind its own
-//! lock), the request executor, the incoming queue, events, counters.
+//! What every task of an endpoint shares, and the router's side of it:
+//! the core's [`Router`] (taken only for handshakes, new and ended
+//! sessions) and the session map (each session behind its own lock).
+//!
+//! A HELLO is decided by the core ([`Router::handle_hello`]) and applied
+//! with [`HelloDecision::apply`](surelink_proto::HelloDecision::apply)
+//! through [`ShellSessions`], the shell's [`SessionTable`]: each session
+//! the decision names is locked for its step and driven, the work run
+//! once the router's lock is released. The simulator's endpoint applies
+//! the very same decision through its own table.
+//!
+//! The other parts live in their own modules and keep their own state:
+//! dialling (`dial.rs`), connections (`conn/`), the detector and its
+//! reactions (`detector/`), the request executor (`server.rs`), one-way
+//! message delivery (`incoming.rs`), events, counters and the role task.
 //!
 //! Lock order: router, then a session, then leaf locks (a connection's
 //! write queue, the scheduler, the incoming queue). Nothing takes the
@@ -9,30 +21,31 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+use std::time::Duration;
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, MutexGuard, RwLock};
 
 use bytes::BytesMut;
 use rustc_hash::FxHashMap;
-use tokio::sync::Notify;
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::warn;
 
-use surelink_proto::detector::PathReport;
 use surelink_proto::wire::Hello;
 use surelink_proto::{
-    Epoch, HelloRoute, LocalIdentity, NodeId, OpenError, PathError, PathId, Router, Time,
+    NodeId, OpenError, PathError, PathId, Router, Session, SessionId, SessionTable,
 };
 
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::conn::ConnIo;
-use crate::error::{CallError, SendError};
+use crate::dial::Dialer;
+use crate::error::SendError;
 use crate::events::{EventHub, NetEvent};
 use crate::incoming::IncomingQueue;
-use crate::ratelog::LogLimit;
+use crate::ratelog::LogLimits;
 use crate::server::Server;
-use crate::session::{run_session, SessionHandle, Work};
+use crate::session::{run_session, Output, Reading, SessionHandle, Work};
 use crate::stats::Stats;
 
 /// The router and the transports that have not said who they are.
@@ -45,42 +58,35 @@ pub(crate) struct RouterState {
 /// State shared by the public handles and every task.
 pub(crate) struct Shared {
     pub(crate) config: Config,
+    pub(crate) clock: Clock,
     /// This process's incarnation (a new one after a fence).
     pub(crate) epoch: AtomicU64,
-    base: tokio::time::Instant,
-    router: Mutex<RouterState>,
+    pub(crate) router: Mutex<RouterState>,
     /// The current session per peer node.
     sessions: RwLock<FxHashMap<NodeId, Arc<SessionHandle>>>,
     next_session_key: AtomicU64,
+    next_path: AtomicU64,
+    pub(crate) closed: AtomicBool,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
     pub(crate) server: Server,
     pub(crate) incoming: IncomingQueue,
     pub(crate) events: EventHub,
     pub(crate) stats: Stats,
     /// The failure detector, unless it is off.
     pub(crate) detector: Option<Arc<crate::detector::Detector>>,
-    /// A silent path is heard again: dial loops retry at once.
-    pub(crate) redial: Notify,
-    /// Per dialled peer: networks where a connect was refused since it
-    /// was last connected, and whether `PeerRefused` was reported.
-    refused: Mutex<FxHashMap<NodeId, (u64, bool)>>,
-    next_path: AtomicU64,
-    last_now: AtomicU64,
-    pub(crate) closed: AtomicBool,
-    tasks: Mutex<Vec<JoinHandle<()>>>,
+    pub(crate) dialer: Dialer,
     /// Keys and member list for handshakes; `None` when insecure.
     pub(crate) secure: Option<crate::secure::SecureSetup>,
     /// Limits on accepted connections.
     pub(crate) limits: Arc<crate::secure::ConnLimits>,
     /// Rate limits for log lines a remote party can cause.
-    pub(crate) log_refused: LogLimit,
-    pub(crate) log_handshake: LogLimit,
-    pub(crate) log_limits: LogLimit,
+    pub(crate) logs: LogLimits,
     /// Queued messages wait for the end of the runtime's turn
     /// ([`WriteBatching`](crate::WriteBatching), resolved at bind).
     pub(crate) turn_writes: bool,
     /// Networks this endpoint is silent on (test hook).
     #[cfg(feature = "test-util")]
-    pub(crate) muted: Arc<std::sync::atomic::AtomicU64>,
+    pub(crate) muted: Arc<AtomicU64>,
     /// The role service, when the configuration names one.
     pub(crate) role: Option<Arc<crate::role::RoleShared>>,
 }
@@ -93,10 +99,6 @@ fn turn_writes(policy: crate::WriteBatching) -> bool {
         // `bind` runs inside the runtime that will run the endpoint's tasks.
         _ => tokio::runtime::Handle::try_current().is_ok_and(|h| h.metrics().num_workers() == 1),
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Shared {
@@ -115,7 +117,7 @@ impl Shared {
             .map_or_else(Default::default, |d| d.muted.clone());
         Shared {
             epoch: AtomicU64::new(epoch.0),
-            base: tokio::time::Instant::from_std(base),
+            clock: Clock::new(base),
             router: Mutex::new(RouterState {
                 router,
                 unbound: HashMap::new(),
@@ -123,26 +125,22 @@ impl Shared {
             }),
             sessions: RwLock::new(FxHashMap::default()),
             next_session_key: AtomicU64::new(1),
+            next_path: AtomicU64::new(1),
+            closed: AtomicBool::new(false),
+            tasks: Mutex::new(Vec::new()),
             server,
             incoming,
             events: EventHub::new(),
             stats: Stats::default(),
             detector,
-            redial: Notify::new(),
-            refused: Mutex::new(FxHashMap::default()),
-            next_path: AtomicU64::new(1),
-            last_now: AtomicU64::new(0),
-            closed: AtomicBool::new(false),
-            tasks: Mutex::new(Vec::new()),
+            dialer: Dialer::default(),
             secure: crate::secure::SecureSetup::from_config(&config),
             limits: Arc::new(crate::secure::ConnLimits::new(
                 config.max_connections,
                 config.max_connections_per_ip,
                 config.max_handshaking,
             )),
-            log_refused: LogLimit::default(),
-            log_handshake: LogLimit::default(),
-            log_limits: LogLimit::default(),
+            logs: LogLimits::default(),
             turn_writes: turn_writes(config.write_batching),
             #[cfg(feature = "test-util")]
             muted,
@@ -154,59 +152,6 @@ impl Shared {
         }
     }
 
-    /// A connect to `peer` on `network` was refused. Reports
-    /// [`NetEvent::PeerRefused`] when every network of the peer refused
-    /// and no path to it is up.
-    pub(crate) fn dial_refused(&self, peer: NodeId, network: usize) {
-        let Some(p) = self.config.peers.iter().find(|p| p.node == peer) else {
-            return;
-        };
-        let want = p
-            .addrs
-            .iter()
-            .enumerate()
-            .filter(|(_, a)| a.is_some())
-            .fold(0u64, |m, (i, _)| m | 1u64 << i.min(63));
-        let report = {
-            let mut r = lock(&self.refused);
-            let e = r.entry(peer).or_default();
-            e.0 |= 1u64 << network.min(63);
-            let all = e.0 & want == want;
-            if all && !e.1 && self.events.paths_up(peer) == 0 {
-                e.1 = true;
-                true
-            } else {
-                false
-            }
-        };
-        if report {
-            warn!(%peer, "every network refused our connections: no process listens at the peer's addresses");
-            self.events.publish(NetEvent::PeerRefused { peer });
-        }
-    }
-
-    /// A connect to `peer` succeeded: refusals start over.
-    pub(crate) fn dial_connected(&self, peer: NodeId) {
-        lock(&self.refused).remove(&peer);
-    }
-
-    /// The core's clock: time since the endpoint started.
-    pub(crate) fn now(&self) -> Time {
-        let t = u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.last_now.fetch_max(t, Ordering::Relaxed);
-        Time::from_nanos(t)
-    }
-
-    /// The last time read by `now`: good enough for queueing (the core only
-    /// keeps its clock monotonic with it), and free.
-    pub(crate) fn now_cached(&self) -> Time {
-        Time::from_nanos(self.last_now.load(Ordering::Relaxed))
-    }
-
-    pub(crate) fn instant(&self, t: Time) -> tokio::time::Instant {
-        self.base + t.since_origin()
-    }
-
     pub(crate) fn next_path_id(&self) -> PathId {
         PathId(self.next_path.fetch_add(1, Ordering::Relaxed))
     }
@@ -214,25 +159,30 @@ impl Shared {
     /// Spawns a task that is aborted when the endpoint shuts down.
     pub(crate) fn spawn(&self, fut: impl Future<Output = ()> + Send + 'static) {
         let handle = tokio::spawn(fut);
-        let mut tasks = lock(&self.tasks);
+        let mut tasks = self.tasks.lock();
         tasks.retain(|t| !t.is_finished());
         tasks.push(handle);
     }
 
     pub(crate) fn abort_tasks(&self) {
-        for t in lock(&self.tasks).drain(..) {
+        for t in self.tasks.lock().drain(..) {
             t.abort();
         }
         self.server.abort_all();
     }
 
     fn router(&self) -> MutexGuard<'_, RouterState> {
-        lock(&self.router)
+        self.router.lock()
     }
 
     /// The sessions now (a copy of the map's values).
     pub(crate) fn sessions(&self) -> Vec<Arc<SessionHandle>> {
         self.sessions.read().values().cloned().collect()
+    }
+
+    /// Takes every session out of the map (a new incarnation starts).
+    pub(crate) fn take_sessions(&self) -> Vec<Arc<SessionHandle>> {
+        self.sessions.write().drain().map(|(_, h)| h).collect()
     }
 
     /// The current session with `peer`, if any.
@@ -245,9 +195,8 @@ impl Shared {
     }
 
     /// Makes a session the router opened into a handle and starts its task.
-    fn install(self: &Arc<Self>, core: surelink_proto::Session) -> Arc<SessionHandle> {
+    fn install(self: &Arc<Self>, mut core: Session) -> Arc<SessionHandle> {
         let key = self.next_session_key.fetch_add(1, Ordering::Relaxed);
-        let mut core = core;
         if let Some(r) = &self.role {
             core.set_avoided_networks(r.avoided(core.peer()));
         }
@@ -270,7 +219,7 @@ impl Shared {
         if let Some(h) = self.session(peer) {
             return Ok(h);
         }
-        let now = self.now();
+        let now = self.clock.now();
         let mut r = self.router();
         if let Some(h) = self.session(peer) {
             return Ok(h);
@@ -336,19 +285,20 @@ impl Shared {
             }
         };
         h.with(self, |g, now| {
-            g.core.add_path(now, io.path);
-            g.core
+            g.core().add_path(now, io.path);
+            g.core()
                 .set_path_network(io.path, u8::try_from(io.network).unwrap_or(u8::MAX));
-            g.conns.push(io.clone());
+            g.add_conn(io);
         });
         Some(h)
     }
 
-    /// An accepted connection: its HELLO will say which session it joins.
+    /// An accepted connection: its HELLO will say which session it joins
+    /// (and must name the node its handshake proved, if it had one).
     pub(crate) fn add_accepted(&self, io: &Arc<ConnIo>) {
-        let now = self.now();
+        let now = self.clock.now();
         let mut r = self.router();
-        match r.router.add_unbound_path(now, io.path) {
+        match r.router.add_unbound_path(now, io.path, io.authenticated) {
             Ok(()) => {
                 r.unbound.insert(io.path, io.clone());
             }
@@ -404,7 +354,7 @@ impl Shared {
         buf: &mut BytesMut,
     ) -> Result<Option<Arc<SessionHandle>>, PathError> {
         let hello = {
-            let now = self.now();
+            let now = self.clock.now();
             let mut r = self.router();
             let res = r.router.handle_unbound_input(now, io.path, buf);
             self.drain_router(&mut r);
@@ -413,87 +363,49 @@ impl Shared {
                 Some(h) => h,
             }
         };
-        self.route_hello(io, None, &hello).map(Some)
+        self.route_hello(io, None, hello).map(Some)
     }
 
-    /// Routes a HELLO that arrived on `io` (held by `bound`, if any) and
-    /// applies the router's decision. Returns the session the path belongs
-    /// to now.
+    /// Routes a HELLO that arrived on `io` (held by `bound`, if any): the
+    /// router decides, the decision runs on the sessions it names. Returns
+    /// the session the path belongs to now.
     pub(crate) fn route_hello(
         self: &Arc<Self>,
         io: &Arc<ConnIo>,
         bound: Option<&Arc<SessionHandle>>,
-        hello: &Hello,
+        hello: Hello,
     ) -> Result<Arc<SessionHandle>, PathError> {
-        let now = self.now();
-        let path = io.path;
-        let mut works: Vec<(Arc<SessionHandle>, Work)> = Vec::new();
+        let now = self.clock.now();
+        let mut table = ShellSessions {
+            shared: self,
+            io,
+            node: hello.node,
+            bound,
+            installed: None,
+            joined: None,
+            works: Vec::new(),
+        };
         let result = {
             let mut r = self.router();
-            // The node a HELLO must name: the session's holding the path,
-            // else the one whose key the handshake proved.
-            let expected = bound.map(|b| b.node).or(io.authenticated);
-            let decision = r.router.handle_hello(now, path, expected, hello);
+            let decision =
+                r.router
+                    .handle_hello(now, io.path, bound.map(|b| (b.id, b.node)), hello);
             self.drain_router(&mut r);
-            let target = match decision {
-                Err(e) => {
-                    if let Some(b) = bound {
-                        let mut g = b.lock();
-                        g.core.refuse_path(now, path, e.clone());
-                        works.push((b.clone(), b.drive(&mut g, self, now)));
-                    }
-                    Err(e)
-                }
-                Ok(HelloRoute::Existing(id)) => match self.session(hello.node) {
-                    Some(h) if h.id == id => Ok(h),
-                    _ => Err(PathError::UnknownPath(path)),
-                },
-                Ok(HelloRoute::New { session, replaces }) => {
-                    if let Some((old_id, reason)) = replaces {
-                        let old = self
-                            .sessions
-                            .read()
-                            .get(&hello.node)
-                            .filter(|h| h.id == old_id)
-                            .cloned();
-                        if let Some(old) = old {
-                            let mut g = old.lock();
-                            g.core.detach_path(path);
-                            g.conns.retain(|c| c.path != path);
-                            g.core.supersede(now, reason);
-                            works.push((old.clone(), old.drive(&mut g, self, now)));
-                        }
-                    }
-                    Ok(self.install(*session))
-                }
-            };
-            match target {
-                Err(e) => Err(e),
-                Ok(t) => {
-                    if let Some(b) = bound.filter(|b| b.key != t.key) {
-                        let mut g = b.lock();
-                        g.core.detach_path(path);
-                        g.conns.retain(|c| c.path != path);
-                        works.push((b.clone(), b.drive(&mut g, self, now)));
-                    }
-                    r.unbound.remove(&path);
-                    let mut g = t.lock();
-                    if !g.conns.iter().any(|c| c.path == path) {
-                        g.conns.push(io.clone());
-                    }
-                    let res = g.core.handle_hello(now, path, hello);
-                    g.core
-                        .set_path_network(path, u8::try_from(io.network).unwrap_or(u8::MAX));
-                    works.push((t.clone(), t.drive(&mut g, self, now)));
-                    drop(g);
-                    res.map(|()| t)
-                }
+            let network = Some(u8::try_from(io.network).unwrap_or(u8::MAX));
+            let result = decision.apply(now, network, &mut table);
+            if table.joined.is_some() {
+                r.unbound.remove(&io.path);
             }
+            result
         };
+        let ShellSessions { joined, works, .. } = table;
         for (h, w) in works {
             h.run(self, w);
         }
-        result
+        let id = result?;
+        joined
+            .filter(|h| h.id == id)
+            .ok_or(PathError::UnknownPath(io.path))
     }
 
     /// An unbound connection ended.
@@ -505,8 +417,8 @@ impl Shared {
     }
 
     /// Closes unbound connections whose handshake timed out.
-    pub(crate) fn router_tick(&self) {
-        let now = self.now();
+    fn router_tick(&self) {
+        let now = self.clock.now();
         let mut r = self.router();
         if r.router.poll_timeout().is_some_and(|t| t <= now) {
             r.router.handle_timeout(now);
@@ -523,8 +435,7 @@ impl Shared {
             .map(|c| (c.clone(), None))
             .collect();
         for h in self.sessions() {
-            let g = h.lock();
-            v.extend(g.conns.iter().map(|c| (c.clone(), Some(h.node))));
+            v.extend(h.conns().into_iter().map(|c| (c, Some(h.node))));
         }
         v
     }
@@ -541,7 +452,7 @@ impl Shared {
         let mut sessions: Vec<_> = self
             .sessions()
             .into_iter()
-            .map(|h| (h.node, h.lock().core.stats()))
+            .map(|h| (h.node, h.stats()))
             .collect();
         sessions.sort_by_key(|(n, _)| *n);
         let mut snap = self.stats.snapshot(sessions);
@@ -552,88 +463,86 @@ impl Shared {
         snap.connections_open = self.limits.open() as u64;
         snap
     }
+}
 
-    /// Acts on a failure-detector report.
-    pub(crate) fn detector_report(&self, report: PathReport) {
-        let event = match report {
-            PathReport::PathDown { watch, last_heard } => {
-                let network = usize::from(watch.network);
-                let mut killed = 0;
-                if let Some(h) = self.session(watch.peer) {
-                    for c in h.lock().conns.iter().filter(|c| c.network == network) {
-                        // The reader sees the end at once and the session
-                        // re-sends this path's in-flight messages elsewhere.
-                        c.kill();
-                        killed += 1;
-                    }
-                }
-                // `last_heard` is on the detector's clock.
-                let now = self.detector.as_ref().map_or(last_heard, |d| d.gate.now());
-                let silent = now.saturating_since(last_heard);
-                warn!(peer = %watch.peer, network, silent_ms = silent.as_millis(), killed, "path silent: failing over");
-                NetEvent::PathSilent {
-                    peer: watch.peer,
-                    network,
-                    silent_for_us: u64::try_from(silent.as_micros()).unwrap_or(u64::MAX),
-                }
-            }
-            PathReport::PathUp { watch } => {
-                info!(peer = %watch.peer, network = watch.network, "path heard again");
-                self.redial.notify_waiters();
-                NetEvent::PathHeard {
-                    peer: watch.peer,
-                    network: usize::from(watch.network),
-                }
-            }
-            PathReport::PeerDown { peer } => {
-                warn!(%peer, "every path to the peer is silent: peer dead");
-                NetEvent::PeerDead { peer }
-            }
-            PathReport::PeerUp { peer } => NetEvent::PeerAlive { peer },
+/// Closes accepted connections whose handshake does not complete in time.
+pub(crate) async fn router_loop(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tick.tick().await;
+        shared.router_tick();
+    }
+}
+
+/// The shell's sessions as one HELLO decision sees them: the session
+/// holding the path, the peer's current one, the one the decision opens.
+/// Each step locks its session and drives it; the work waits in `works`
+/// until the router's lock is released.
+struct ShellSessions<'a> {
+    shared: &'a Arc<Shared>,
+    io: &'a Arc<ConnIo>,
+    /// The node the HELLO names.
+    node: NodeId,
+    bound: Option<&'a Arc<SessionHandle>>,
+    installed: Option<Arc<SessionHandle>>,
+    /// The session the path joined.
+    joined: Option<Arc<SessionHandle>>,
+    works: Vec<(Arc<SessionHandle>, Work)>,
+}
+
+impl ShellSessions<'_> {
+    fn handle(&self, id: SessionId) -> Option<Arc<SessionHandle>> {
+        if let Some(b) = self.bound.filter(|b| b.id == id) {
+            return Some(b.clone());
+        }
+        if let Some(h) = self.installed.as_ref().filter(|h| h.id == id) {
+            return Some(h.clone());
+        }
+        self.shared
+            .sessions
+            .read()
+            .get(&self.node)
+            .filter(|h| h.id == id)
+            .cloned()
+    }
+}
+
+impl SessionTable for ShellSessions<'_> {
+    fn with_session(&mut self, id: SessionId, f: &mut dyn FnMut(&mut Session)) -> bool {
+        let Some(h) = self.handle(id) else {
+            return false;
         };
-        self.events.publish(event);
+        let ((), w) = h.step(self.shared, Reading::Fresh, |g, _| {
+            f(g.core());
+            ((), Output::Now)
+        });
+        if let Some(w) = w {
+            self.works.push((h, w));
+        }
+        true
     }
 
-    /// After the fence closed: end every session, fail every call, and go
-    /// on as a new incarnation so peers learn that this one stopped.
-    pub(crate) fn recover_from_fence(&self) {
-        let old = Epoch(self.epoch.load(Ordering::Relaxed));
-        let new = Epoch(old.0 + 1);
-        let err = CallError::Fenced { epoch: old };
-        let (mut calls_failed, mut abandoned) = (0, 0);
-        {
-            let mut r = self.router();
-            let identity = LocalIdentity {
-                cluster: self.config.cluster,
-                node: self.config.node,
-                epoch: new,
-            };
-            match Router::new(self.config.core.clone(), identity) {
-                Ok(router) => r.router = router,
-                Err(e) => warn!(error = %e, "could not start the new incarnation"),
-            }
-            for (_, io) in r.unbound.drain() {
-                io.kill();
-            }
-            let old_sessions: Vec<Arc<SessionHandle>> =
-                self.sessions.write().drain().map(|(_, h)| h).collect();
-            for h in old_sessions {
-                let (c, a) = h.abandon(&err);
-                calls_failed += c;
-                abandoned += a;
-                self.server.remove_session(h.key);
-            }
-            self.epoch.store(new.0, Ordering::Relaxed);
+    fn install(&mut self, session: Session) {
+        self.installed = Some(self.shared.install(session));
+    }
+
+    fn path_left(&mut self, id: SessionId, path: PathId) {
+        if let Some(h) = self.handle(id) {
+            h.step(self.shared, Reading::Cached, |g, _| {
+                g.remove_conn(path);
+                ((), Output::Skip)
+            });
         }
-        if let Some(d) = &self.detector {
-            d.restart_fence(new);
+    }
+
+    fn path_joined(&mut self, id: SessionId, _path: PathId) {
+        if let Some(h) = self.handle(id) {
+            let io = self.io;
+            h.step(self.shared, Reading::Cached, |g, _| {
+                g.add_conn(io);
+                ((), Output::Skip)
+            });
+            self.joined = Some(h);
         }
-        self.redial.notify_waiters();
-        self.events.publish(NetEvent::Fenced {
-            old_epoch: old,
-            new_epoch: new,
-            calls_failed,
-            abandoned,
-        });
     }
 }

@@ -1,14 +1,14 @@
-//! Counters and histograms: kept here as atomics (cheap on the data path),
+//! Counters and a histogram: kept here as atomics (cheap on the data path),
 //! mirrored to the `metrics` facade for whatever recorder the application
 //! installs, snapshot for `surelink stats`, and rendered as Prometheus text.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
 use std::time::Duration;
 
-use hdrhistogram::Histogram;
 use surelink_proto::{NodeId, SessionStats};
+
+use crate::histogram::Histogram;
 
 /// The endpoint's counters.
 #[derive(Debug)]
@@ -32,7 +32,7 @@ pub(crate) struct Stats {
     /// Times a session task's timer fired (test hook: `Testing`).
     pub(crate) timer_fires: AtomicU64,
     /// Call round trips, microseconds.
-    call_rtt: Mutex<Histogram<u64>>,
+    call_rtt: Histogram,
 }
 
 impl Default for Stats {
@@ -54,11 +54,7 @@ impl Default for Stats {
             handler_errors: AtomicU64::new(0),
             handler_panics: AtomicU64::new(0),
             timer_fires: AtomicU64::new(0),
-            // 1 µs .. 1 h, 3 significant digits; creation cannot fail for
-            // these constants.
-            call_rtt: Mutex::new(
-                Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("constant bounds are valid"),
-            ),
+            call_rtt: Histogram::default(),
         }
     }
 }
@@ -108,10 +104,7 @@ impl Stats {
         match rtt {
             Some(rtt) => {
                 let us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX).max(1);
-                if let Ok(mut h) = self.call_rtt.lock() {
-                    let high = h.high();
-                    let _ = h.record(us.min(high));
-                }
+                self.call_rtt.record(us);
                 metrics::histogram!("surelink_call_seconds").record(rtt.as_secs_f64());
             }
             None => {
@@ -136,15 +129,7 @@ impl Stats {
     }
 
     pub(crate) fn snapshot(&self, sessions: Vec<(NodeId, SessionStats)>) -> StatsSnapshot {
-        let (p50, p99, p999, max) = match self.call_rtt.lock() {
-            Ok(h) if !h.is_empty() => (
-                h.value_at_quantile(0.5),
-                h.value_at_quantile(0.99),
-                h.value_at_quantile(0.999),
-                h.max(),
-            ),
-            _ => (0, 0, 0, 0),
-        };
+        let ([p50, p99, p999], max) = self.call_rtt.quantiles([0.5, 0.99, 0.999]);
         StatsSnapshot {
             messages_sent: self.messages_sent.load(Relaxed),
             messages_received: self.messages_received.load(Relaxed),

@@ -98,7 +98,7 @@ impl Testing<'_> {
     pub fn debug_session(&self, peer: NodeId) -> String {
         self.shared
             .session(peer)
-            .map_or_else(|| "none".into(), |h| h.lock().core.debug_dump())
+            .map_or_else(|| "none".into(), |h| h.debug_dump())
     }
 }
 

@@ -204,7 +204,7 @@ pub(crate) fn matrix_rows(m: &Matrix, now: Time) -> Vec<(NodeId, NodeId, u8, Pat
 fn clock(shared: &Shared) -> Time {
     match &shared.detector {
         Some(d) => d.gate.now(),
-        None => shared.now(),
+        None => shared.clock.now(),
     }
 }
 
@@ -215,7 +215,7 @@ impl Task {
         let b = Bytes::from(buf);
         match self.shared.session_for(to) {
             Ok(h) => {
-                if let Err(e) = h.with(&self.shared, |g, now| g.core.send_role(now, b)) {
+                if let Err(e) = h.with(&self.shared, |g, now| g.core().send_role(now, b)) {
                     debug!(%to, error = %e, "role message not queued");
                 }
             }
@@ -349,12 +349,12 @@ impl Task {
         for peer in old.keys().chain(avoid.keys()) {
             if let Some(h) = self.shared.session(*peer) {
                 let mask = avoid.get(peer).copied().unwrap_or(0);
-                h.with(&self.shared, |g, _| g.core.set_avoided_networks(mask));
+                h.with(&self.shared, |g, _| g.core().set_avoided_networks(mask));
             }
         }
         let mut st = self.rs.status.lock();
         st.table = Some(view);
-        st.applied_at = Some(self.shared.now());
+        st.applied_at = Some(self.shared.clock.now());
         st.tables_applied += 1;
     }
 
@@ -438,7 +438,7 @@ impl Task {
             let Some(h) = self.shared.session(peer) else {
                 continue;
             };
-            let rtts = h.with(&self.shared, |g, _| g.core.network_rtts());
+            let rtts = h.with(&self.shared, |g, _| g.core().network_rtts());
             for (network, rtt) in rtts {
                 let us = u32::try_from(rtt.as_micros()).unwrap_or(u32::MAX);
                 self.reporter.handle_rtt(peer, network, us);

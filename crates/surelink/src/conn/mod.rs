@@ -1,35 +1,35 @@
-//! One TCP connection under a path: socket options, the write queue, and
-//! the reader task that feeds the core.
+//! One TCP connection under a path: its write queue and the task that
+//! finishes writes the socket did not take at once (this file), the reader
+//! that feeds the core (`read.rs`), and opening one — listening, accepting
+//! under the limits, registering a connected stream (`open.rs`).
+//!
+//! What it does not do: frame or number anything (the core does), or
+//! decide which session a connection joins (the router does).
+
+mod open;
+mod read;
 
 use std::collections::VecDeque;
 use std::io;
 use std::net::{Shutdown, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
+use parking_lot::Mutex;
 use socket2::SockRef;
-use tokio::io::AsyncReadExt;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::sync::{oneshot, Notify};
-use tracing::{debug, warn, Instrument};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::Notify;
+use tracing::{debug, warn};
 
+use surelink_proto::secure::Sealer;
 use surelink_proto::{NodeId, PathId};
 
-use surelink_proto::secure::{Opener, Sealer};
-use surelink_proto::Input;
-
 use crate::detector::{Detector, Gate};
-use crate::secure::{ConnSlot, Secured};
-use crate::session::SessionHandle;
-use crate::shared::Shared;
+use crate::secure::ConnSlot;
 
-/// Bytes asked of the kernel per read.
-const READ_CHUNK: usize = 64 * 1024;
+pub(crate) use open::{accept_loop, bind_device, configure, listen, start};
 
 /// The IO half of a connection, shared by the reader task, the writer task
 /// and whoever drives the core (which writes directly when the socket takes it).
@@ -295,7 +295,7 @@ impl ConnIo {
 }
 
 /// Finishes what the socket did not take at once, when it becomes writable.
-async fn write_loop(io: Arc<ConnIo>) {
+pub(super) async fn write_loop(io: Arc<ConnIo>) {
     loop {
         io.wake.notified().await;
         if io.failed.load(Ordering::Relaxed) && !io.has_pending() {
@@ -316,289 +316,5 @@ async fn write_loop(io: Arc<ConnIo>) {
                 tokio::task::yield_now().await;
             }
         }
-    }
-}
-
-/// Reads until the connection ends, feeding its session (or, until its
-/// HELLO binds it, the router); then reports the path down.
-async fn read_loop(
-    shared: Arc<Shared>,
-    io: Arc<ConnIo>,
-    mut reader: OwnedReadHalf,
-    mut bound: Option<Arc<SessionHandle>>,
-    mut opener: Option<(Opener, BytesMut)>,
-) {
-    let mut buf = BytesMut::with_capacity(READ_CHUNK);
-    // The first records may have arrived with the handshake's last message.
-    let mut first = opener.as_ref().is_some_and(|(_, raw)| !raw.is_empty());
-    'read: loop {
-        if !std::mem::take(&mut first) {
-            // Insecure: bytes go straight to `buf`. Otherwise to `raw`,
-            // whose whole records are opened into `buf`.
-            let into = match &mut opener {
-                Some((_, raw)) => raw,
-                None => &mut buf,
-            };
-            if into.capacity() - into.len() < READ_CHUNK / 4 {
-                into.reserve(READ_CHUNK);
-            }
-            match reader.read_buf(into).await {
-                Ok(0) => break,
-                Ok(n) => shared.stats.bytes_received(n),
-                Err(e) => {
-                    debug!(path = %io.path, error = %e, "read failed");
-                    break;
-                }
-            }
-        }
-        let Some((o, raw)) = &mut opener else {
-            if feed(&shared, &io, &mut bound, &mut buf).is_err() {
-                break 'read;
-            }
-            continue;
-        };
-        // Every whole record of this read, opened in place, then one feed:
-        // the session's lock, drive and wake-ups cost far more per call
-        // than copying a record behind the first (which is handed over
-        // without a copy when nothing is left over from the last feed).
-        let opened = o.open(raw, &mut buf);
-        if !buf.is_empty() && feed(&shared, &io, &mut bound, &mut buf).is_err() {
-            break 'read;
-        }
-        if let Err(e) = opened {
-            refused(&shared, &io, &e, "refused a record; closing the connection");
-            break 'read;
-        }
-    }
-    match bound {
-        Some(h) => h.path_down(&shared, io.path),
-        None => shared.unbound_down(io.path),
-    }
-}
-
-/// The connection must close (the reason is logged and counted).
-struct Close;
-
-/// Counts bad input from the peer and logs it, rate-limited.
-fn refused(shared: &Shared, io: &ConnIo, e: &dyn std::fmt::Display, what: &str) {
-    shared.stats.refused_input();
-    if let Some(n) = shared
-        .log_refused
-        .allow(shared.now().since_origin().as_secs())
-    {
-        warn!(path = %io.path, remote = %io.remote, error = %e, suppressed = n, "{what}");
-    }
-}
-
-/// Feeds plaintext to the connection's session (or, until its HELLO binds
-/// it, the router). A HELLO may move the path to another session
-/// mid-buffer: the rest goes to wherever it belongs now.
-fn feed(
-    shared: &Arc<Shared>,
-    io: &Arc<ConnIo>,
-    bound: &mut Option<Arc<SessionHandle>>,
-    buf: &mut BytesMut,
-) -> Result<(), Close> {
-    // Anything (authentic) from the peer counts as a heartbeat for this path.
-    if let (Some(cell), Some(gate)) = (io.heard.get(), &io.gate) {
-        cell.store(gate.now().as_nanos(), Ordering::Relaxed);
-    }
-    loop {
-        let r = match &*bound {
-            Some(h) => match h.input(shared, io.path, buf) {
-                Ok(Input::Done) => return Ok(()),
-                Ok(Input::Hello(hello)) => shared.route_hello(io, Some(h), &hello).map(Some),
-                Err(e) => Err(e),
-            },
-            None => match shared.unbound_input(io, buf) {
-                Ok(None) => return Ok(()),
-                r => r,
-            },
-        };
-        match r {
-            Ok(Some(h)) => *bound = Some(h),
-            Ok(None) => return Ok(()),
-            Err(surelink_proto::PathError::UnknownPath(_)) => return Err(Close),
-            Err(e) => {
-                refused(
-                    shared,
-                    io,
-                    &e,
-                    "refused input from peer; closing the connection",
-                );
-                return Err(Close);
-            }
-        }
-    }
-}
-
-pub(crate) fn configure(stream: &TcpStream, shared: &Shared) {
-    let _ = stream.set_nodelay(true);
-    if let Some(t) = shared.config.tcp_user_timeout {
-        let _ = SockRef::from(stream).set_tcp_user_timeout(Some(t));
-    }
-}
-
-/// Registers a connected stream as a new path and starts its tasks. The
-/// receiver resolves when the connection has ended.
-pub(crate) fn start(
-    shared: &Arc<Shared>,
-    stream: TcpStream,
-    network: usize,
-    peer: Option<NodeId>,
-    secured: Option<Secured>,
-    slot: Option<ConnSlot>,
-) -> io::Result<oneshot::Receiver<()>> {
-    let local = stream.local_addr()?;
-    let remote = stream.peer_addr()?;
-    let path = shared.next_path_id();
-    let (reader, stream) = stream.into_split();
-    if let (Some(s), Some(d)) = (&secured, &shared.detector) {
-        if let Some(x) = &s.exporter {
-            // Mutual TLS: this connection keys heartbeats to its peer.
-            d.add_connection_key(s.peer, x);
-        }
-    }
-    let (authenticated, sealer, opener) = match secured {
-        Some(s) => (Some(s.peer), Some(s.sealer), Some((s.opener, s.leftover))),
-        None => (None, None, None),
-    };
-    let io = Arc::new(ConnIo {
-        path,
-        network,
-        local,
-        remote,
-        stream,
-        pending: Mutex::new(Pending::default()),
-        sealer: sealer.map(Mutex::new),
-        flushing: AtomicBool::new(false),
-        wake: Notify::new(),
-        failed: AtomicBool::new(false),
-        gated: AtomicBool::new(false),
-        peer: AtomicU64::new(peer.map_or(0, |p| p.0)),
-        #[cfg(feature = "test-util")]
-        muted: shared.muted.clone(),
-        gate: shared.detector.as_ref().map(|d| d.gate.clone()),
-        detector: shared.detector.clone(),
-        heard: std::sync::OnceLock::new(),
-        authenticated,
-        _slot: slot,
-        writes: shared.stats.write_counter(),
-    });
-    if let Some(p) = peer {
-        io.set_peer(p);
-    }
-    let (done_tx, done_rx) = oneshot::channel();
-    let bound = match peer {
-        Some(p) => shared.add_dialled(&io, p),
-        None => {
-            shared.add_accepted(&io);
-            None
-        }
-    };
-    // Every event of this connection's tasks carries its path, network and peer address.
-    let span = tracing::info_span!("conn", %path, network, %remote, ?peer);
-    shared.spawn(write_loop(io.clone()).instrument(span.clone()));
-    let sh = shared.clone();
-    shared.spawn(
-        async move {
-            read_loop(sh, io.clone(), reader, bound, opener).await;
-            // The writer finishes what is queued (a CLOSE frame) and stops.
-            io.failed.store(true, Ordering::Relaxed);
-            io.wake.notify_one();
-            let _ = done_tx.send(());
-        }
-        .instrument(span),
-    );
-    Ok(done_rx)
-}
-
-/// Binds `socket` to a network interface (`SO_BINDTODEVICE`), so its
-/// traffic cannot leave by another network's interface.
-pub(crate) fn bind_device(socket: &TcpSocket, device: Option<&str>) -> io::Result<()> {
-    match device {
-        Some(d) => SockRef::from(socket).bind_device(Some(d.as_bytes())),
-        None => Ok(()),
-    }
-}
-
-/// Opens a listening socket on `addr`.
-pub(crate) fn listen(addr: SocketAddr, device: Option<&str>) -> io::Result<TcpListener> {
-    let socket = if addr.is_ipv4() {
-        TcpSocket::new_v4()?
-    } else {
-        TcpSocket::new_v6()?
-    };
-    bind_device(&socket, device)?;
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    socket.listen(1024)
-}
-
-/// Accepts connections on network `network` for ever; each one's
-/// handshake runs in its own task, under the accept limits.
-pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, network: usize) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, from)) => {
-                let slot = match shared.limits.acquire(from.ip()) {
-                    Ok(s) => s,
-                    Err(hit) => {
-                        shared.stats.connection_refused();
-                        if let Some(n) = shared
-                            .log_limits
-                            .allow(shared.now().since_origin().as_secs())
-                        {
-                            warn!(%from, network, limit = %hit, suppressed = n, "connection refused");
-                        }
-                        drop(stream);
-                        continue;
-                    }
-                };
-                let sh = shared.clone();
-                tokio::spawn(async move { accepted(sh, stream, from, network, slot).await });
-            }
-            Err(e) => {
-                warn!(network, error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
-/// An accepted connection: authenticate it (unless insecure), then start it.
-async fn accepted(
-    shared: Arc<Shared>,
-    mut stream: TcpStream,
-    from: SocketAddr,
-    network: usize,
-    mut slot: ConnSlot,
-) {
-    configure(&stream, &shared);
-    let secured = match &shared.secure {
-        None => None,
-        Some(setup) => {
-            let timeout = shared.config.core.handshake_timeout;
-            match crate::secure::handshake(setup, &mut stream, None, timeout).await {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    shared.stats.handshake_failed();
-                    if let Some(n) = shared
-                        .log_handshake
-                        .allow(shared.now().since_origin().as_secs())
-                    {
-                        warn!(%from, network, error = %e, suppressed = n, "handshake failed; connection closed");
-                    }
-                    return;
-                }
-            }
-        }
-    };
-    slot.authenticated();
-    if shared.closed.load(Ordering::Relaxed) {
-        return;
-    }
-    if let Err(e) = start(&shared, stream, network, None, secured, Some(slot)) {
-        debug!(%from, error = %e, "accepted connection vanished");
     }
 }

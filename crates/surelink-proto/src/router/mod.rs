@@ -13,10 +13,9 @@
 //! A HELLO reaches the router from an unbound path
 //! ([`Router::handle_unbound_input`]) or from a session that met it on one
 //! of its paths ([`Session::handle_input`] returns [`Input::Hello`]). The
-//! router decides ([`Router::handle_hello`]) and the driver applies the
-//! decision: hand the HELLO to the existing session, or install the new
-//! session the router made (ending the one it replaces, which gives up the
-//! path).
+//! router decides ([`Router::handle_hello`]) and returns a complete
+//! [`HelloDecision`], which every driver applies with
+//! [`HelloDecision::apply`].
 
 use std::collections::VecDeque;
 
@@ -26,33 +25,38 @@ use rustc_hash::FxHashMap as HashMap;
 use crate::config::{ConfigError, EndpointConfig};
 use crate::error::{AddPathError, HandshakeError, PathError};
 use crate::event::{Event, PathCloseReason, SessionEndReason};
-use crate::handshake::{decide, Current, Decision};
+use crate::handshake::{self, decide, Decision};
 use crate::ids::{Epoch, NodeId, PathId, SessionId};
 use crate::session::{ClosingPath, LocalIdentity, Session};
 use crate::time::Time;
 use crate::wire::{decode, Close, CloseScope, Frame, Hello};
 
-/// What to do with a HELLO.
-#[derive(Debug)]
-#[must_use]
-pub enum HelloRoute {
-    /// Hand it to the current session with the peer (with
-    /// [`Session::handle_hello`]); it binds or attaches the path.
+mod hello;
+
+pub use hello::{HelloDecision, HelloStep, SessionTable};
+
+/// Where a HELLO goes, before it is turned into steps.
+enum Route {
+    /// To the current session with the peer.
     Existing(SessionId),
-    /// The router opened a new session for it. Install it and hand it the
-    /// HELLO. `replaces`: end that session first with
-    /// [`Session::supersede`] and the reason given, after taking the path
-    /// out of it ([`Session::detach_path`]) if it holds it.
+    /// To a session the router just opened, replacing the one named.
     New {
-        /// The new session.
         session: Box<Session>,
-        /// The session it replaces, and why that one ends.
         replaces: Option<(SessionId, SessionEndReason)>,
     },
 }
 
+/// An accepted path that has not said who it is.
 #[derive(Clone, Copy, Debug)]
-struct Route {
+struct Unbound {
+    since: Time,
+    /// The node whose key the transport's handshake proved, if it had one:
+    /// the HELLO must name it.
+    authenticated: Option<NodeId>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Current {
     id: SessionId,
     peer: Option<(Epoch, SessionId)>,
 }
@@ -75,12 +79,12 @@ pub struct Router {
     cfg: EndpointConfig,
     local: LocalIdentity,
     max_body: u32,
-    table: HashMap<NodeId, Route>,
+    table: HashMap<NodeId, Current>,
     /// Per node, the newest (epoch, session) a session of ours was bound to.
     seen: HashMap<NodeId, (Epoch, SessionId)>,
     next_session_id: u64,
-    /// Accepted paths that have not said who they are, since when.
-    unbound: HashMap<PathId, Time>,
+    /// Accepted paths that have not said who they are.
+    unbound: HashMap<PathId, Unbound>,
     closing: VecDeque<ClosingPath>,
     events: VecDeque<Event>,
 }
@@ -122,7 +126,7 @@ impl Router {
         }
         let id = SessionId(self.next_session_id);
         self.next_session_id += 1;
-        self.table.insert(node, Route { id, peer: None });
+        self.table.insert(node, Current { id, peer: None });
         Ok(Session::new(self.cfg.clone(), self.local, id, node, now))
     }
 
@@ -163,11 +167,24 @@ impl Router {
     }
 
     /// An accepted transport: its peer's HELLO will say who it is.
-    pub fn add_unbound_path(&mut self, now: Time, path: PathId) -> Result<(), AddPathError> {
+    /// `authenticated`: the node whose key the transport's own handshake
+    /// proved, if it had one; a HELLO naming another node is refused.
+    pub fn add_unbound_path(
+        &mut self,
+        now: Time,
+        path: PathId,
+        authenticated: Option<NodeId>,
+    ) -> Result<(), AddPathError> {
         if self.unbound.contains_key(&path) {
             return Err(AddPathError::Duplicate(path));
         }
-        self.unbound.insert(path, now);
+        self.unbound.insert(
+            path,
+            Unbound {
+                since: now,
+                authenticated,
+            },
+        );
         Ok(())
     }
 
@@ -183,7 +200,7 @@ impl Router {
     /// lossy transport does that). On error the path is being closed.
     pub fn handle_unbound_input(
         &mut self,
-        now: Time,
+        _now: Time,
         path: PathId,
         buf: &mut BytesMut,
     ) -> Result<Option<Hello>, PathError> {
@@ -216,7 +233,8 @@ impl Router {
                 Ok(None) => return Ok(None),
                 Err(e) => {
                     let e = PathError::from(e);
-                    self.refuse_unbound(now, path, e.clone());
+                    self.unbound.remove(&path);
+                    self.refuse_unbound(path, e.clone());
                     buf.clear();
                     return Err(e);
                 }
@@ -224,52 +242,92 @@ impl Router {
         }
     }
 
-    /// Decides what a HELLO that arrived on `path` means. `bound_to`: the
-    /// node of the session holding `path` (a dialled path, or one already
-    /// bound), `None` for an unbound one. On error an unbound path is
-    /// being closed; a bound one the caller closes with
-    /// [`Session::refuse_path`].
+    /// Decides what a HELLO that arrived on `path` means, as the steps
+    /// the sessions involved take (apply them with
+    /// [`HelloDecision::apply`]). `bound`: the session holding `path` and
+    /// its node (a dialled path, or one a HELLO bound before), `None` for
+    /// an unbound path. A refused unbound path is closed here; a refused
+    /// bound one is closed by its session in the decision's
+    /// [`HelloStep::Refuse`].
     pub fn handle_hello(
         &mut self,
         now: Time,
         path: PathId,
-        bound_to: Option<NodeId>,
-        h: &Hello,
-    ) -> Result<HelloRoute, PathError> {
-        let r = self.route(now, bound_to, h);
-        let unbound = self.unbound.remove(&path).is_some();
-        if let Err(e) = &r {
-            if unbound {
-                self.unbound.insert(path, now);
-                self.refuse_unbound(now, path, e.clone());
+        bound: Option<(SessionId, NodeId)>,
+        hello: Hello,
+    ) -> HelloDecision {
+        let unbound = self.unbound.remove(&path);
+        // The node the HELLO must name: the one the session holding the
+        // path talks to, else the one the transport's handshake proved.
+        let expected = bound
+            .map(|(_, node)| node)
+            .or_else(|| unbound.and_then(|u| u.authenticated));
+        let mut steps = Vec::with_capacity(3);
+        let mut refused = None;
+        match self.route(now, expected, &hello) {
+            Err(e) => {
+                match bound {
+                    Some((session, _)) => steps.push(HelloStep::Refuse {
+                        session,
+                        error: e.clone(),
+                    }),
+                    None if unbound.is_some() => self.refuse_unbound(path, e.clone()),
+                    None => {}
+                }
+                refused = Some(e);
+            }
+            Ok(Route::Existing(id)) => {
+                if let Some((b, _)) = bound.filter(|(b, _)| *b != id) {
+                    steps.push(HelloStep::Detach { session: b });
+                }
+                steps.push(HelloStep::Hello { session: id });
+            }
+            Ok(Route::New { session, replaces }) => {
+                let id = session.id();
+                let old = replaces.as_ref().map(|(old, _)| *old);
+                if let Some((old, reason)) = replaces {
+                    steps.push(HelloStep::Supersede {
+                        session: old,
+                        reason,
+                    });
+                }
+                steps.push(HelloStep::Install(session));
+                // The superseded session gave the path up already.
+                if let Some((b, _)) = bound.filter(|(b, _)| Some(*b) != old) {
+                    steps.push(HelloStep::Detach { session: b });
+                }
+                steps.push(HelloStep::Hello { session: id });
             }
         }
-        r
+        HelloDecision {
+            path,
+            hello,
+            steps,
+            refused,
+        }
     }
 
     fn route(
         &mut self,
         now: Time,
-        bound_to: Option<NodeId>,
+        expected: Option<NodeId>,
         h: &Hello,
-    ) -> Result<HelloRoute, PathError> {
-        let cur = self.table.get(&h.node).map(|r| Current {
+    ) -> Result<Route, PathError> {
+        let cur = self.table.get(&h.node).map(|r| handshake::Current {
             id: r.id,
             peer: r.peer,
         });
         let seen = self.seen.get(&h.node).copied();
         let theirs = (h.epoch, h.session);
-        let replaces = match decide(&self.local, h, bound_to, cur, seen) {
+        let replaces = match decide(&self.local, h, expected, cur, seen) {
             Decision::Reject(e) => return Err(e.into()),
-            Decision::Attach => {
-                return Ok(HelloRoute::Existing(cur.map_or(SessionId(0), |c| c.id)))
-            }
+            Decision::Attach => return Ok(Route::Existing(cur.map_or(SessionId(0), |c| c.id))),
             Decision::Bind => {
                 if let Some(r) = self.table.get_mut(&h.node) {
                     r.peer = Some(theirs);
                 }
                 self.remember(h.node, theirs);
-                return Ok(HelloRoute::Existing(cur.map_or(SessionId(0), |c| c.id)));
+                return Ok(Route::Existing(cur.map_or(SessionId(0), |c| c.id)));
             }
             Decision::Create => None,
             Decision::Replace(reason) => {
@@ -286,7 +344,7 @@ impl Router {
             r.peer = Some(theirs);
         }
         self.remember(h.node, theirs);
-        Ok(HelloRoute::New {
+        Ok(Route::New {
             session: Box::new(s),
             replaces,
         })
@@ -312,11 +370,9 @@ impl Router {
         *e = (*e).max(id);
     }
 
-    /// Closes an unbound path because of `e`, telling the peer why.
-    fn refuse_unbound(&mut self, _now: Time, path: PathId, e: PathError) {
-        if self.unbound.remove(&path).is_none() {
-            return;
-        }
+    /// Closes an unbound path (already out of `unbound`) because of `e`,
+    /// telling the peer why.
+    fn refuse_unbound(&mut self, path: PathId, e: PathError) {
         let close = Close {
             scope: e.close_scope(),
             code: e.close_code(),
@@ -393,7 +449,7 @@ impl Router {
     pub fn poll_timeout(&self) -> Option<Time> {
         self.unbound
             .values()
-            .map(|&since| since + self.cfg.handshake_timeout)
+            .map(|u| u.since + self.cfg.handshake_timeout)
             .min()
     }
 
@@ -402,13 +458,14 @@ impl Router {
         let mut expired: Vec<PathId> = self
             .unbound
             .iter()
-            .filter(|(_, &since)| now >= since + self.cfg.handshake_timeout)
+            .filter(|(_, u)| now >= u.since + self.cfg.handshake_timeout)
             .map(|(&p, _)| p)
             .collect();
         // Map order is random; outputs must not be.
         expired.sort_unstable();
         for path in expired {
-            self.refuse_unbound(now, path, HandshakeError::Timeout.into());
+            self.unbound.remove(&path);
+            self.refuse_unbound(path, HandshakeError::Timeout.into());
         }
     }
 

@@ -1,24 +1,23 @@
-//! The public handle: bind, call, send, serve, receive, observe.
+//! The public handle: bind, the endpoint's identity and peers, events,
+//! counters, shutdown (this file); calls, sends, serving and receiving
+//! (`messages.rs`).
+
+mod messages;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use tracing::{info, warn};
 
-use surelink_proto::rpc::{CallOptions, Priority};
 use surelink_proto::{Epoch, LocalIdentity, NodeId, PathId, Router};
 
-use crate::call::{self, Flush};
 use crate::config::{Config, PeerConfig};
 use crate::conn;
 use crate::detector::{Detector, HeartbeatAuth};
-use crate::error::{BindError, CallError, SendError, TrySendError};
+use crate::error::BindError;
 use crate::events::Events;
-use crate::incoming::Incoming;
-use crate::server::Handler;
 use crate::shared::Shared;
 use crate::stats::StatsSnapshot;
 
@@ -192,7 +191,7 @@ impl Endpoint {
         if let Some(rx) = signals {
             shared.spawn(crate::detector::signal_loop(shared.clone(), rx));
         }
-        shared.spawn(router_loop(shared.clone()));
+        shared.spawn(crate::shared::router_loop(shared.clone()));
         if shared.role.is_some() {
             shared.spawn(crate::role::run(shared.clone()));
         }
@@ -205,35 +204,13 @@ impl Endpoint {
             listen: Arc::new(listen),
         };
         for p in peers {
-            ep.dial_peer(&p);
+            crate::dial::dial_peer(&ep.shared, &p);
         }
         if ep.shared.config.insecure {
             warn!(node = %ep.shared.config.node, "INSECURE: insecure = true — no member authentication and no encryption; anyone who can reach these ports can join as any node and read or alter every message. Use only for benchmarks on a trusted host.");
         }
         info!(node = %ep.shared.config.node, epoch = %epoch, listen = ?ep.listen, protection = %if ep.shared.config.insecure { "none (insecure)".to_string() } else { ep.shared.config.protection.to_string() }, "endpoint up");
         Ok(ep)
-    }
-
-    fn dial_peer(&self, p: &PeerConfig) {
-        let cfg = &self.shared.config;
-        for (network, addr) in p.addrs.iter().enumerate() {
-            let (Some(remote), Some(local)) = (addr, cfg.local_addr(network)) else {
-                continue;
-            };
-            if let Some(d) = &self.shared.detector {
-                // The peer's heartbeat socket shares its listener's port.
-                d.add_destination(p.node, network, *remote);
-            }
-            for _ in 0..cfg.connections_per_network {
-                self.shared.spawn(crate::dial::dial_loop(
-                    self.shared.clone(),
-                    p.node,
-                    network,
-                    local,
-                    *remote,
-                ));
-            }
-        }
     }
 
     /// This node's view of the role service: the routing-table row it
@@ -243,7 +220,7 @@ impl Endpoint {
         self.shared
             .role
             .as_ref()
-            .map(|r| r.status(self.shared.now()))
+            .map(|r| r.status(self.shared.clock.now()))
     }
 
     /// The link for an external role backend (etcd's, say), when the role
@@ -258,7 +235,7 @@ impl Endpoint {
     /// was only known after it bound). Addresses on networks this node has
     /// no local address for are ignored.
     pub fn add_peer(&self, peer: PeerConfig) {
-        self.dial_peer(&peer);
+        crate::dial::dial_peer(&self.shared, &peer);
     }
 
     /// The failure detector's heartbeat addresses (UDP), one per network;
@@ -313,242 +290,6 @@ impl Endpoint {
     /// The listening addresses, one per network, with the ports bound.
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
         self.listen.to_vec()
-    }
-
-    /// Sends `request` to `peer` on `channel` and waits for the reply.
-    ///
-    /// The request is delivered exactly once as long as some path to the
-    /// peer works again within the linger time, whatever happens to the
-    /// connections meanwhile; without a reply after a quarter of `timeout`
-    /// it is sent again with the same id (run at most once). Fails with
-    /// [`CallError::PeerRestarted`] if the peer's process restarts first
-    /// (the request is never replayed into the new process), with
-    /// [`CallError::Remote`] when the handler failed, and with
-    /// [`CallError::Timeout`] after `timeout`.
-    pub async fn call(
-        &self,
-        peer: NodeId,
-        channel: u16,
-        request: Bytes,
-        timeout: Duration,
-    ) -> Result<Bytes, CallError> {
-        call::call(
-            &self.shared,
-            peer,
-            channel,
-            request,
-            &CallOptions::new(timeout),
-        )
-        .await
-    }
-
-    /// A call with explicit options: priority, re-send timeout, deadline.
-    /// A high-priority call travels on the session's priority lane and is
-    /// served before normal requests queued at the server (within the
-    /// server's aging bound); a call without a reply within
-    /// `resend_after` is sent again with the same id (executed at most
-    /// once), with high priority unless `fixed_priority`.
-    ///
-    /// ```no_run
-    /// # async fn f(ep: surelink::Endpoint) -> Result<(), surelink::CallError> {
-    /// use std::time::Duration;
-    /// use surelink::{CallOptions, Priority};
-    /// let opts = CallOptions::new(Duration::from_millis(500)).with_priority(Priority::High);
-    /// let reply = ep.call_with(surelink::proto::NodeId(2), 0, "lease?".into(), &opts).await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn call_with(
-        &self,
-        peer: NodeId,
-        channel: u16,
-        request: Bytes,
-        opts: &CallOptions,
-    ) -> Result<Bytes, CallError> {
-        call::call(&self.shared, peer, channel, request, opts).await
-    }
-
-    /// Sends a one-way message, waiting while the session's send buffer is
-    /// full. A message sent while the session is idle leaves at once; ones
-    /// sent back to back leave together (in BATCH frames) with the
-    /// session's next write.
-    pub async fn send(&self, peer: NodeId, channel: u16, message: Bytes) -> Result<(), SendError> {
-        // The common case waits for nothing: no future state beyond this.
-        match self.send_one_now(peer, channel, message)? {
-            call::SendNow::Done(_) => Ok(()),
-            call::SendNow::Blocked(m) => Box::pin(call::send(
-                &self.shared,
-                peer,
-                channel,
-                Priority::Normal,
-                std::iter::once(m),
-                Flush::Batched,
-            ))
-            .await
-            .map(|_| ()),
-        }
-    }
-
-    /// Sends many one-way messages in order, under one lock: the cheapest
-    /// way to send small messages fast. Waits while the send buffer is
-    /// full; on error, the messages before the failing one were queued.
-    pub async fn send_many(
-        &self,
-        peer: NodeId,
-        channel: u16,
-        messages: impl IntoIterator<Item = Bytes, IntoIter: Send>,
-    ) -> Result<(), SendError> {
-        call::send(
-            &self.shared,
-            peer,
-            channel,
-            Priority::Normal,
-            messages.into_iter(),
-            Flush::Batched,
-        )
-        .await
-        .map(|_| ())
-    }
-
-    /// Sends a one-way message with a priority. A high-priority message
-    /// travels on its own stream, leaves at once, and is handed to the
-    /// receiver's [`recv`](Endpoint::recv) before normal ones waiting there
-    /// (a normal message waits at most the receiver's aging bound behind
-    /// high ones). Order is kept per channel *and* priority.
-    pub async fn send_with(
-        &self,
-        peer: NodeId,
-        channel: u16,
-        message: Bytes,
-        priority: Priority,
-    ) -> Result<(), SendError> {
-        let flush = match priority {
-            Priority::High => Flush::Now,
-            Priority::Normal => Flush::Batched,
-        };
-        call::send(
-            &self.shared,
-            peer,
-            channel,
-            priority,
-            std::iter::once(message),
-            flush,
-        )
-        .await
-        .map(|_| ())
-    }
-
-    /// Sends a one-way message if there is room now; otherwise hands it back.
-    pub fn try_send(&self, peer: NodeId, channel: u16, message: Bytes) -> Result<(), TrySendError> {
-        match self.send_one_now(peer, channel, message)? {
-            call::SendNow::Done(_) => Ok(()),
-            call::SendNow::Blocked(m) => Err(TrySendError::Full(m)),
-        }
-    }
-
-    /// Queues one normal message if it fits now (the fast path of `send`
-    /// and `try_send`).
-    fn send_one_now(
-        &self,
-        peer: NodeId,
-        channel: u16,
-        message: Bytes,
-    ) -> Result<call::SendNow, SendError> {
-        let ch = call::check_channel(&self.shared, channel)?;
-        call::send_now(
-            &self.shared,
-            peer,
-            ch,
-            Priority::Normal,
-            &mut std::iter::once(message),
-            Flush::Batched,
-        )
-    }
-
-    /// Serves requests with `handler` (replacing any earlier one). Each
-    /// request runs in its own task on the endpoint's executor, at most
-    /// `max_concurrent_requests` at once, in the order the scheduler picks
-    /// (hr-net's priorities, round robin between peers).
-    ///
-    /// The handler's future returns the reply (`Bytes`), or a
-    /// `Result<Bytes, E>` whose error (any `E: Into<HandlerError>`) reaches
-    /// the caller as [`CallError::Remote`]. A handler that panics is
-    /// caught: the caller gets [`RemoteError::Panicked`](crate::RemoteError::Panicked)
-    /// and the endpoint carries on.
-    pub fn serve<H: Handler>(&self, handler: H) {
-        self.shared.server.set_handler(Arc::new(handler));
-        crate::server::Server::dispatch(&self.shared);
-    }
-
-    /// The next one-way message, in order per peer, channel and priority.
-    /// `None` once the endpoint is shut down.
-    pub async fn recv(&self) -> Option<Incoming> {
-        let mut one = Vec::with_capacity(1);
-        if self.recv_many(&mut one, 1).await == 0 {
-            return None;
-        }
-        one.pop()
-    }
-
-    /// Waits for one-way messages and appends up to `limit` of them to
-    /// `buf` (in order per peer, channel and priority); returns how many.
-    /// `0` once the endpoint is shut down (or when `limit` is 0). One lock
-    /// for the whole batch: the way to keep up with a peer sending small
-    /// messages fast.
-    ///
-    /// ```no_run
-    /// # async fn f(ep: surelink::Endpoint) {
-    /// let mut batch = Vec::new();
-    /// while ep.recv_many(&mut batch, 256).await > 0 {
-    ///     for m in batch.drain(..) {
-    ///         println!("{} bytes from {}", m.body.len(), m.peer);
-    ///     }
-    /// }
-    /// # }
-    /// ```
-    pub async fn recv_many(&self, buf: &mut Vec<Incoming>, limit: usize) -> usize {
-        if limit == 0 {
-            return 0;
-        }
-        loop {
-            if self.shared.closed.load(Ordering::Relaxed) {
-                return 0;
-            }
-            // Fast path first: registering for a wake-up takes a lock, and a
-            // busy receiver almost always finds messages waiting.
-            let n = self.take_incoming(buf, limit);
-            if n > 0 {
-                return n;
-            }
-            let notified = self.shared.incoming.ready.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            // Re-check after registering: a message queued in between would
-            // otherwise wait for the next one.
-            if self.shared.closed.load(Ordering::Relaxed) {
-                return 0;
-            }
-            let n = self.take_incoming(buf, limit);
-            if n > 0 {
-                return n;
-            }
-            notified.await;
-        }
-    }
-
-    fn take_incoming(&self, buf: &mut Vec<Incoming>, limit: usize) -> usize {
-        let (n, reopened) = self.shared.incoming.take(
-            self.shared.now_cached(),
-            buf,
-            limit,
-            self.shared.config.incoming_per_peer,
-            self.shared.config.incoming_bytes_per_peer,
-        );
-        // Sessions that stopped taking one-way messages for lack of room
-        // take the ones that waited in them now.
-        for s in reopened {
-            s.poke(&self.shared);
-        }
-        n
     }
 
     /// Path and peer events. The subscription first yields a `PathUp` for
@@ -620,13 +361,13 @@ impl Endpoint {
         }
         self.shared.abort_tasks();
         for s in self.shared.sessions() {
-            s.with(&self.shared, |g, now| g.core.close(now));
+            s.with(&self.shared, |g, now| g.core().close(now));
         }
         // Give the CLOSE frames (written above) a moment to leave.
         tokio::time::sleep(Duration::from_millis(20)).await;
         self.shared.incoming.ready.notify_waiters();
         for s in self.shared.sessions() {
-            s.space.notify_waiters();
+            s.wake_senders();
         }
         self.shared.kill_connections();
     }
@@ -637,14 +378,5 @@ impl Endpoint {
         crate::testing::Testing {
             shared: &self.shared,
         }
-    }
-}
-
-/// Closes accepted connections whose handshake does not complete in time.
-async fn router_loop(shared: Arc<Shared>) {
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    loop {
-        tick.tick().await;
-        shared.router_tick();
     }
 }

@@ -1,0 +1,195 @@
+//! Opening connections: listening sockets, the accept loop under the
+//! connection limits, the handshake of an accepted connection, and
+//! registering a connected stream as a new path with its tasks.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use socket2::SockRef;
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{oneshot, Notify};
+use tracing::{debug, warn, Instrument};
+
+use surelink_proto::NodeId;
+
+use super::read::read_loop;
+use super::{write_loop, ConnIo, Pending};
+use crate::secure::{ConnSlot, Secured};
+use crate::shared::Shared;
+
+pub(crate) fn configure(stream: &TcpStream, shared: &Shared) {
+    let _ = stream.set_nodelay(true);
+    if let Some(t) = shared.config.tcp_user_timeout {
+        let _ = SockRef::from(stream).set_tcp_user_timeout(Some(t));
+    }
+}
+
+/// Registers a connected stream as a new path and starts its tasks. The
+/// receiver resolves when the connection has ended.
+pub(crate) fn start(
+    shared: &Arc<Shared>,
+    stream: TcpStream,
+    network: usize,
+    peer: Option<NodeId>,
+    secured: Option<Secured>,
+    slot: Option<ConnSlot>,
+) -> io::Result<oneshot::Receiver<()>> {
+    let local = stream.local_addr()?;
+    let remote = stream.peer_addr()?;
+    let path = shared.next_path_id();
+    let (reader, stream) = stream.into_split();
+    if let (Some(s), Some(d)) = (&secured, &shared.detector) {
+        if let Some(x) = &s.exporter {
+            // Mutual TLS: this connection keys heartbeats to its peer.
+            d.add_connection_key(s.peer, x);
+        }
+    }
+    let (authenticated, sealer, opener) = match secured {
+        Some(s) => (Some(s.peer), Some(s.sealer), Some((s.opener, s.leftover))),
+        None => (None, None, None),
+    };
+    let io = Arc::new(ConnIo {
+        path,
+        network,
+        local,
+        remote,
+        stream,
+        pending: Mutex::new(Pending::default()),
+        sealer: sealer.map(Mutex::new),
+        flushing: AtomicBool::new(false),
+        wake: Notify::new(),
+        failed: AtomicBool::new(false),
+        gated: AtomicBool::new(false),
+        peer: AtomicU64::new(peer.map_or(0, |p| p.0)),
+        #[cfg(feature = "test-util")]
+        muted: shared.muted.clone(),
+        gate: shared.detector.as_ref().map(|d| d.gate.clone()),
+        detector: shared.detector.clone(),
+        heard: std::sync::OnceLock::new(),
+        authenticated,
+        _slot: slot,
+        writes: shared.stats.write_counter(),
+    });
+    if let Some(p) = peer {
+        io.set_peer(p);
+    }
+    let (done_tx, done_rx) = oneshot::channel();
+    let bound = match peer {
+        Some(p) => shared.add_dialled(&io, p),
+        None => {
+            shared.add_accepted(&io);
+            None
+        }
+    };
+    // Every event of this connection's tasks carries its path, network and peer address.
+    let span = tracing::info_span!("conn", %path, network, %remote, ?peer);
+    shared.spawn(write_loop(io.clone()).instrument(span.clone()));
+    let sh = shared.clone();
+    shared.spawn(
+        async move {
+            read_loop(sh, io.clone(), reader, bound, opener).await;
+            // The writer finishes what is queued (a CLOSE frame) and stops.
+            io.failed.store(true, Ordering::Relaxed);
+            io.wake.notify_one();
+            let _ = done_tx.send(());
+        }
+        .instrument(span),
+    );
+    Ok(done_rx)
+}
+
+/// Binds `socket` to a network interface (`SO_BINDTODEVICE`), so its
+/// traffic cannot leave by another network's interface.
+pub(crate) fn bind_device(socket: &TcpSocket, device: Option<&str>) -> io::Result<()> {
+    match device {
+        Some(d) => SockRef::from(socket).bind_device(Some(d.as_bytes())),
+        None => Ok(()),
+    }
+}
+
+/// Opens a listening socket on `addr`.
+pub(crate) fn listen(addr: SocketAddr, device: Option<&str>) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    bind_device(&socket, device)?;
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+/// Accepts connections on network `network` for ever; each one's
+/// handshake runs in its own task, under the accept limits.
+pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, network: usize) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, from)) => {
+                let slot = match shared.limits.acquire(from.ip()) {
+                    Ok(s) => s,
+                    Err(hit) => {
+                        shared.stats.connection_refused();
+                        if let Some(n) = shared
+                            .logs
+                            .limits
+                            .allow(shared.clock.now().since_origin().as_secs())
+                        {
+                            warn!(%from, network, limit = %hit, suppressed = n, "connection refused");
+                        }
+                        drop(stream);
+                        continue;
+                    }
+                };
+                let sh = shared.clone();
+                tokio::spawn(async move { accepted(sh, stream, from, network, slot).await });
+            }
+            Err(e) => {
+                warn!(network, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// An accepted connection: authenticate it (unless insecure), then start it.
+async fn accepted(
+    shared: Arc<Shared>,
+    mut stream: TcpStream,
+    from: SocketAddr,
+    network: usize,
+    mut slot: ConnSlot,
+) {
+    configure(&stream, &shared);
+    let secured = match &shared.secure {
+        None => None,
+        Some(setup) => {
+            let timeout = shared.config.core.handshake_timeout;
+            match crate::secure::handshake(setup, &mut stream, None, timeout).await {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    shared.stats.handshake_failed();
+                    if let Some(n) = shared
+                        .logs
+                        .handshake
+                        .allow(shared.clock.now().since_origin().as_secs())
+                    {
+                        warn!(%from, network, error = %e, suppressed = n, "handshake failed; connection closed");
+                    }
+                    return;
+                }
+            }
+        }
+    };
+    slot.authenticated();
+    if shared.closed.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Err(e) = start(&shared, stream, network, None, secured, Some(slot)) {
+        debug!(%from, error = %e, "accepted connection vanished");
+    }
+}

@@ -1,0 +1,135 @@
+//! The reader of one connection: reads, opens records (unless insecure),
+//! and feeds the plaintext to its session — or, until its HELLO binds it,
+//! to the router — then reports the path down when the connection ends.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use tokio::io::AsyncReadExt;
+use tokio::net::tcp::OwnedReadHalf;
+use tracing::{debug, warn};
+
+use surelink_proto::secure::Opener;
+use surelink_proto::Input;
+
+use super::ConnIo;
+use crate::session::SessionHandle;
+use crate::shared::Shared;
+
+/// Bytes asked of the kernel per read.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Reads until the connection ends, feeding its session (or, until its
+/// HELLO binds it, the router); then reports the path down.
+pub(super) async fn read_loop(
+    shared: Arc<Shared>,
+    io: Arc<ConnIo>,
+    mut reader: OwnedReadHalf,
+    mut bound: Option<Arc<SessionHandle>>,
+    mut opener: Option<(Opener, BytesMut)>,
+) {
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    // The first records may have arrived with the handshake's last message.
+    let mut first = opener.as_ref().is_some_and(|(_, raw)| !raw.is_empty());
+    'read: loop {
+        if !std::mem::take(&mut first) {
+            // Insecure: bytes go straight to `buf`. Otherwise to `raw`,
+            // whose whole records are opened into `buf`.
+            let into = match &mut opener {
+                Some((_, raw)) => raw,
+                None => &mut buf,
+            };
+            if into.capacity() - into.len() < READ_CHUNK / 4 {
+                into.reserve(READ_CHUNK);
+            }
+            match reader.read_buf(into).await {
+                Ok(0) => break,
+                Ok(n) => shared.stats.bytes_received(n),
+                Err(e) => {
+                    debug!(path = %io.path, error = %e, "read failed");
+                    break;
+                }
+            }
+        }
+        let Some((o, raw)) = &mut opener else {
+            if feed(&shared, &io, &mut bound, &mut buf).is_err() {
+                break 'read;
+            }
+            continue;
+        };
+        // Every whole record of this read, opened in place, then one feed:
+        // the session's lock, drive and wake-ups cost far more per call
+        // than copying a record behind the first (which is handed over
+        // without a copy when nothing is left over from the last feed).
+        let opened = o.open(raw, &mut buf);
+        if !buf.is_empty() && feed(&shared, &io, &mut bound, &mut buf).is_err() {
+            break 'read;
+        }
+        if let Err(e) = opened {
+            refused(&shared, &io, &e, "refused a record; closing the connection");
+            break 'read;
+        }
+    }
+    match bound {
+        Some(h) => h.path_down(&shared, io.path),
+        None => shared.unbound_down(io.path),
+    }
+}
+
+/// The connection must close (the reason is logged and counted).
+struct Close;
+
+/// Counts bad input from the peer and logs it, rate-limited.
+fn refused(shared: &Shared, io: &ConnIo, e: &dyn std::fmt::Display, what: &str) {
+    shared.stats.refused_input();
+    if let Some(n) = shared
+        .logs
+        .refused
+        .allow(shared.clock.now().since_origin().as_secs())
+    {
+        warn!(path = %io.path, remote = %io.remote, error = %e, suppressed = n, "{what}");
+    }
+}
+
+/// Feeds plaintext to the connection's session (or, until its HELLO binds
+/// it, the router). A HELLO may move the path to another session
+/// mid-buffer: the rest goes to wherever it belongs now.
+fn feed(
+    shared: &Arc<Shared>,
+    io: &Arc<ConnIo>,
+    bound: &mut Option<Arc<SessionHandle>>,
+    buf: &mut BytesMut,
+) -> Result<(), Close> {
+    // Anything (authentic) from the peer counts as a heartbeat for this path.
+    if let (Some(cell), Some(gate)) = (io.heard.get(), &io.gate) {
+        cell.store(gate.now().as_nanos(), Ordering::Relaxed);
+    }
+    loop {
+        let r = match &*bound {
+            Some(h) => match h.input(shared, io.path, buf) {
+                Ok(Input::Done) => return Ok(()),
+                Ok(Input::Hello(hello)) => shared.route_hello(io, Some(h), hello).map(Some),
+                Err(e) => Err(e),
+            },
+            None => match shared.unbound_input(io, buf) {
+                Ok(None) => return Ok(()),
+                r => r,
+            },
+        };
+        match r {
+            Ok(Some(h)) => *bound = Some(h),
+            Ok(None) => return Ok(()),
+            Err(surelink_proto::PathError::UnknownPath(_)) => return Err(Close),
+            Err(e) => {
+                refused(
+                    shared,
+                    io,
+                    &e,
+                    "refused input from peer; closing the connection",
+                );
+                return Err(Close);
+            }
+        }
+    }
+}

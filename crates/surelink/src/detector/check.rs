@@ -1,0 +1,99 @@
+//! The checker thread: runs the monitor's windows, and before a report
+//! sends barriers through the heartbeat sockets' own queues — one per CPU,
+//! pinned to each in turn, since the kernel queues a packet in the backlog
+//! of the CPU that sent or received it (SafeTimer's receiver side).
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tracing::debug;
+
+use surelink_proto::detector::datagram;
+use surelink_proto::detector::{MonitorAction, Watch};
+use surelink_proto::Time;
+use surelink_sys::cpu;
+
+use super::{random_u64, CheckerState, DelayPoint, Detector, RoundState, Signal};
+
+impl Detector {
+    pub(super) fn checker_thread(self: Arc<Self>) {
+        let cpus = cpu::allowed_cpus().unwrap_or_default();
+        while !self.closed.load(Ordering::Relaxed) {
+            self.stall(DelayPoint::Checker);
+            let now = self.gate.now();
+            let (barrier, next) = {
+                let mut c = self.checker.lock();
+                // Read the drop counters at every check, so a drop is dated
+                // close to when it happened (a later round is not blocked
+                // by a drop long past).
+                let drops = self.drop_total(&c.ovfl, false);
+                c.monitor.handle_drop_count(now, drops);
+                for (&(peer, network), cell) in self.heard.lock().iter() {
+                    let t = cell.load(Ordering::Relaxed);
+                    if let (true, Ok(network)) = (t > 0, u16::try_from(network)) {
+                        c.monitor
+                            .handle_heard(Time::from_nanos(t), Watch { peer, network });
+                    }
+                }
+                c.monitor.handle_timeout(now);
+                let barrier = self.dispatch(&mut c).map(|token| {
+                    let copies = self.networks * cpus.len().max(1);
+                    let wire = random_u64();
+                    c.round = Some(RoundState {
+                        token,
+                        wire,
+                        missing: copies,
+                    });
+                    wire
+                });
+                (barrier, c.monitor.poll_timeout())
+            };
+            if let Some(token) = barrier {
+                self.send_barriers(token, &cpus);
+            }
+            self.sleep_until(next);
+        }
+    }
+
+    /// One barrier per CPU per socket, each sent while pinned to that CPU,
+    /// so it queues behind whatever that CPU's backlog holds.
+    fn send_barriers(&self, token: u64, cpus: &[usize]) {
+        let targets: Vec<SocketAddr> = self.local_addrs();
+        let barrier_from = self.barrier_from.lock().clone();
+        let pinned = cpus.len() > 1;
+        for (copy, &c) in cpus.iter().enumerate() {
+            if pinned {
+                let _ = cpu::pin_to(&[c]);
+            }
+            for (from, to) in barrier_from.iter().zip(&targets) {
+                let b = datagram::encode_barrier(token, u16::try_from(copy).unwrap_or(u16::MAX));
+                if let Err(e) = from.send_to(&b, *to) {
+                    debug!(error = %e, "barrier not sent");
+                }
+            }
+        }
+        if pinned {
+            let _ = cpu::pin_to(cpus);
+        }
+        if cpus.is_empty() {
+            for (from, to) in barrier_from.iter().zip(&targets) {
+                let _ = from.send_to(&datagram::encode_barrier(token, 0), *to);
+            }
+        }
+    }
+
+    /// Forwards the monitor's reports; returns a barrier request if any.
+    pub(super) fn dispatch(&self, c: &mut CheckerState) -> Option<u64> {
+        let mut barrier = None;
+        while let Some(a) = c.monitor.poll_action() {
+            match a {
+                MonitorAction::SendBarrier { token } => barrier = Some(token),
+                MonitorAction::Report(r) => {
+                    let _ = self.signals.send(Signal::Report(r));
+                }
+            }
+        }
+        barrier
+    }
+}

@@ -1,0 +1,491 @@
+//! The failure detector's shell: heartbeat sockets and threads around the
+//! core's [`Fence`] and [`Monitor`] (SafeTimer).
+//!
+//! One UDP socket per network (bound to the TCP listener's address and
+//! port, or an ephemeral port for a pure client) carries heartbeats; a
+//! second socket per network sends barriers to the first. Three kinds of OS
+//! thread, so a saturated async runtime cannot starve them:
+//!
+//! - the *sender* runs the fence: sends each heartbeat to every known peer
+//!   address, reads the kernel's TX timestamps and moves `t_valid`;
+//! - a *reader* per socket feeds heartbeats and barriers to the monitor in
+//!   queue order, with the socket's drop count;
+//! - the *checker* runs the monitor's windows and sends barriers, one per
+//!   CPU (pinned to each in turn, since the kernel queues a packet in the
+//!   backlog of the CPU that sent or received it).
+//!
+//! Reports and the fence's closing go to an async task that acts on the
+//! session: a silent path's connections are shut down (the session re-sends
+//! their in-flight messages elsewhere), a path heard again is re-dialled at
+//! once, and a fenced process starts a new epoch.
+//!
+//! The [`Gate`] is the send fence every socket write passes. The threads
+//! live in `send.rs`, `read.rs` and `check.rs`; what the endpoint does with
+//! their reports and with a closed fence, in `react.rs`.
+//!
+//! What it does not do: decide (the core's [`Fence`] and [`Monitor`] do),
+//! or touch a session (the reactions go through the session's own entry).
+
+mod check;
+mod gate;
+mod react;
+mod read;
+mod send;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use surelink_proto::detector::datagram::{Freshness, HeartbeatKey};
+use surelink_proto::detector::{
+    DetectorConfig, DetectorMode, Fence, Monitor, MonitorStats, PathReport, Watch,
+};
+use surelink_proto::secure::{Keypair, Members, PublicKey};
+use surelink_proto::{ClusterId, Epoch, NodeId, Time};
+use surelink_sys::{counters, HeartbeatSocket};
+
+pub(crate) use gate::Gate;
+pub(crate) use react::signal_loop;
+
+/// How long a blocked reader waits before looking at the closed flag.
+const READ_POLL: Duration = Duration::from_millis(50);
+/// How often the checker reads the interfaces' drop counters between barriers.
+const SYSTEM_COUNTERS_EVERY: Duration = Duration::from_millis(100);
+/// How long the sender waits for the kernel's TX timestamps of one round.
+const TIMESTAMP_WAIT: Duration = Duration::from_millis(2);
+
+/// Where a test or experiment can stall one of the detector's threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DelayPoint {
+    /// The thread that reads heartbeats off the sockets (after it took one
+    /// datagram, before handing it on).
+    Reader,
+    /// The thread that checks windows and sends barriers.
+    Checker,
+    /// The thread that sends heartbeats.
+    Sender,
+}
+
+/// What the threads tell the async side.
+#[derive(Debug)]
+pub(crate) enum Signal {
+    Report(PathReport),
+    Fenced { at: Time, missed_seq: u64 },
+}
+
+/// Detector counters for stats and experiments.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DetectorSnapshot {
+    /// Which detector runs.
+    pub mode: Option<DetectorMode>,
+    /// Heartbeats sent (one per peer address per interval).
+    pub heartbeats_sent: u64,
+    /// Heartbeats received.
+    pub heartbeats_received: u64,
+    /// Heartbeats whose TX timestamp came from the kernel (the rest used
+    /// the time after the send call returned).
+    pub tx_timestamped: u64,
+    /// Times this process fenced itself.
+    pub fences: u64,
+    /// Datagrams refused: heartbeats with a bad tag, from a non-member or
+    /// replayed; barriers not from this process or with a stale token.
+    pub datagrams_refused: u64,
+    /// Microseconds from now until `t_valid` (negative: the gate is shut).
+    pub t_valid_in_us: i64,
+    /// The monitor's counters.
+    pub monitor: MonitorStats,
+}
+
+struct RoundState {
+    token: u64,
+    /// The random token the barriers carry (the monitor's counts from 1;
+    /// a guessable token would let anyone complete a round).
+    wire: u64,
+    /// Barrier copies still to come back.
+    missing: usize,
+}
+
+struct CheckerState {
+    monitor: Monitor,
+    round: Option<RoundState>,
+    /// Latest `SO_RXQ_OVFL` count per socket.
+    ovfl: Vec<u64>,
+    /// Replay protection for authenticated heartbeats.
+    fresh: Freshness,
+}
+
+/// The detector of one endpoint.
+pub(crate) struct Detector {
+    cfg: DetectorConfig,
+    pub(crate) gate: Arc<Gate>,
+    cluster: ClusterId,
+    node: NodeId,
+    epoch: AtomicU64,
+    /// Heartbeat sockets per network; emptied by `close` (closing them).
+    sockets: Mutex<Vec<Arc<HeartbeatSocket>>>,
+    /// The second socket per network that barriers come from.
+    barrier_from: Mutex<Vec<Arc<HeartbeatSocket>>>,
+    networks: usize,
+    interfaces: Vec<String>,
+    checker: Mutex<CheckerState>,
+    fence: Mutex<Fence>,
+    /// Bumped when the fence is replaced after a new epoch.
+    fence_generation: AtomicU64,
+    dests: Mutex<BTreeMap<(NodeId, usize), SocketAddr>>,
+    /// When traffic last arrived per (peer, network), ns on the gate's clock.
+    heard: Mutex<BTreeMap<(NodeId, usize), Arc<AtomicU64>>>,
+    /// The interfaces' drop counters' last sum and when it was read.
+    system_drops: Mutex<(u64, Option<Time>)>,
+    signals: mpsc::UnboundedSender<Signal>,
+    delays: [AtomicU64; 3],
+    closed: AtomicBool,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    heartbeats_sent: AtomicU64,
+    heartbeats_received: AtomicU64,
+    tx_timestamped: AtomicU64,
+    fences: AtomicU64,
+    /// Heartbeat keys per peer, newest first (`None`: insecure, heartbeats
+    /// untagged). With member keys one per member; with mutual TLS one per
+    /// recent connection ([`CONNECTION_KEYS`]).
+    hb_keys: Option<Mutex<BTreeMap<NodeId, Vec<HeartbeatKey>>>>,
+    /// This node's key pair and cluster, to derive keys of members added later.
+    identity: Option<Keypair>,
+    /// Datagrams refused: bad tag, unknown sender, replay, foreign barrier.
+    refused: AtomicU64,
+    /// Networks this endpoint is silent on (test hook: see
+    /// `Testing::mute_network`); shared with the endpoint's connections.
+    #[cfg(feature = "test-util")]
+    pub(crate) muted: Arc<AtomicU64>,
+}
+
+/// Heartbeat keys with mutual TLS: one per connection, this many kept per
+/// peer (a connection per network, plus re-dials in flight).
+const CONNECTION_KEYS: usize = 4;
+
+/// How heartbeats are authenticated.
+#[derive(Clone, Copy)]
+pub(crate) enum HeartbeatAuth<'a> {
+    /// Insecure: untagged.
+    None,
+    /// Per-pair keys from this node's key pair and the members' keys.
+    Members(&'a Keypair, &'a Members),
+    /// Mutual TLS: keys from each connection's exported keying material
+    /// ([`Detector::add_connection_key`]); none for a peer until a
+    /// connection to it finished its handshake.
+    PerConnection,
+}
+
+/// A random u64 (barrier tokens).
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b).is_err() {
+        // No randomness: fall back to the clock (still not a count from 1).
+        return u64::try_from(
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos(),
+        )
+        .unwrap_or(u64::MAX);
+    }
+    u64::from_ne_bytes(b)
+}
+
+impl std::fmt::Debug for Detector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Detector")
+            .field("mode", &self.cfg.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Detector {
+    /// Opens the sockets (one per local address) and starts the threads.
+    /// `None` when the detector is off.
+    /// `auth`: how heartbeats are tagged and checked (see [`HeartbeatAuth`]).
+    pub(crate) fn start(
+        cfg: &DetectorConfig,
+        cluster: ClusterId,
+        node: NodeId,
+        epoch: Epoch,
+        local: &[SocketAddr],
+        auth: HeartbeatAuth<'_>,
+    ) -> std::io::Result<Option<(Arc<Detector>, mpsc::UnboundedReceiver<Signal>)>> {
+        if cfg.mode == DetectorMode::Off {
+            return Ok(None);
+        }
+        let mut sockets = Vec::new();
+        let mut barrier_from = Vec::new();
+        let mut interfaces = Vec::new();
+        for addr in local {
+            let s = HeartbeatSocket::bind(*addr)?;
+            s.set_read_timeout(Some(READ_POLL))?;
+            barrier_from.push(Arc::new(HeartbeatSocket::bind(SocketAddr::new(
+                addr.ip(),
+                0,
+            ))?));
+            if let Some(i) = counters::interface_of(addr.ip()) {
+                if !interfaces.contains(&i) {
+                    interfaces.push(i);
+                }
+            }
+            sockets.push(Arc::new(s));
+        }
+        let gate = Arc::new(Gate::new());
+        let now = gate.now();
+        // The schedule starts when the sender thread does (a cold start
+        // must not count as a missed heartbeat); until then nobody has
+        // heard us, so nobody can report us and the gate stays open.
+        let fence = Fence::new(cfg, now);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let n = sockets.len();
+        let det = Arc::new(Detector {
+            cfg: cfg.clone(),
+            gate,
+            cluster,
+            node,
+            epoch: AtomicU64::new(epoch.0),
+            sockets: Mutex::new(sockets),
+            barrier_from: Mutex::new(barrier_from),
+            networks: n,
+            interfaces,
+            checker: Mutex::new(CheckerState {
+                monitor: Monitor::new(cfg, now),
+                round: None,
+                ovfl: vec![0; n],
+                fresh: Freshness::default(),
+            }),
+            fence: Mutex::new(fence),
+            fence_generation: AtomicU64::new(0),
+            dests: Mutex::new(BTreeMap::new()),
+            heard: Mutex::new(BTreeMap::new()),
+            system_drops: Mutex::new((0, None)),
+            signals: tx,
+            delays: std::array::from_fn(|_| AtomicU64::new(0)),
+            closed: AtomicBool::new(false),
+            threads: Mutex::new(Vec::new()),
+            heartbeats_sent: AtomicU64::new(0),
+            heartbeats_received: AtomicU64::new(0),
+            tx_timestamped: AtomicU64::new(0),
+            fences: AtomicU64::new(0),
+            hb_keys: (!matches!(auth, HeartbeatAuth::None)).then(|| Mutex::new(BTreeMap::new())),
+            identity: match auth {
+                HeartbeatAuth::Members(k, _) => Some(k.clone()),
+                _ => None,
+            },
+            refused: AtomicU64::new(0),
+            #[cfg(feature = "test-util")]
+            muted: Arc::new(AtomicU64::new(0)),
+        });
+        if let HeartbeatAuth::Members(_, members) = auth {
+            for (peer, key) in members.iter() {
+                det.add_member(peer, &key);
+            }
+        }
+        {
+            let drops = det.drop_total(&det.checker.lock().ovfl, true);
+            det.checker.lock().monitor.handle_drop_count(now, drops);
+        }
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+            let h = std::thread::Builder::new().name(name).spawn(f)?;
+            det.threads.lock().push(h);
+            Ok::<_, std::io::Error>(())
+        };
+        let d = det.clone();
+        spawn(
+            "surelink-hb-send".into(),
+            Box::new(move || d.sender_thread()),
+        )?;
+        let d = det.clone();
+        spawn(
+            "surelink-hb-check".into(),
+            Box::new(move || d.checker_thread()),
+        )?;
+        for i in 0..n {
+            let d = det.clone();
+            spawn(
+                format!("surelink-hb-read{i}"),
+                Box::new(move || d.reader_thread(i)),
+            )?;
+        }
+        Ok(Some((det, rx)))
+    }
+
+    /// The heartbeat sockets' addresses, one per network.
+    pub(crate) fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.socks()
+            .iter()
+            .filter_map(|s| s.local_addr().ok())
+            .collect()
+    }
+
+    /// Derives the heartbeat key shared with `peer` (no-op when insecure).
+    pub(crate) fn add_member(&self, peer: NodeId, key: &PublicKey) {
+        let (Some(keys), Some(id)) = (&self.hb_keys, &self.identity) else {
+            return;
+        };
+        if peer == self.node {
+            return;
+        }
+        match id.pair_key(self.cluster, self.node, peer, key, HeartbeatKey::PURPOSE) {
+            Some(k) => {
+                keys.lock().insert(peer, vec![HeartbeatKey::new(&k)]);
+            }
+            None => warn!(%peer, "member key is a low-order point; its heartbeats will be refused"),
+        }
+    }
+
+    /// Mutual TLS: a connection to `peer` finished its handshake; its
+    /// exported keying material keys our heartbeats to `peer` from now on
+    /// (the peer derives the same). The last few stay valid for what
+    /// arrives, so heartbeats cross a re-dial without a gap.
+    pub(crate) fn add_connection_key(&self, peer: NodeId, exported: &[u8; 32]) {
+        let Some(keys) = &self.hb_keys else { return };
+        let mut g = keys.lock();
+        let v = g.entry(peer).or_default();
+        v.insert(0, HeartbeatKey::new(exported));
+        v.truncate(CONNECTION_KEYS);
+    }
+
+    /// Forgets where a peer that left was: no more heartbeats to it. (Its
+    /// replay window stays — bounded by the member list — so its old
+    /// heartbeats cannot be replayed to bring the address back.)
+    pub(crate) fn forget_peer(&self, peer: NodeId) {
+        self.dests.lock().retain(|(p, _), _| *p != peer);
+        self.heard.lock().retain(|(p, _), _| *p != peer);
+    }
+
+    /// Heartbeats for `peer` on `network` go to `addr` (its listener's
+    /// address: the heartbeat socket shares the port).
+    pub(crate) fn add_destination(&self, peer: NodeId, network: usize, addr: SocketAddr) {
+        self.dests.lock().insert((peer, network), addr);
+    }
+
+    /// Whether `peer` is heard on `network` now: its heartbeats (or
+    /// traffic) arrive and the path is not reported silent. A dial loop
+    /// retries at once while this holds: the peer is alive on that network,
+    /// so a failed connect means our way there is cut for now (a one-way
+    /// fault or a route gone), and no "heard again" will come to wake it.
+    pub(crate) fn hears(&self, peer: NodeId, network: usize) -> bool {
+        let Ok(network) = u16::try_from(network) else {
+            return false;
+        };
+        self.checker.lock().monitor.is_down(Watch { peer, network }) == Some(false)
+    }
+
+    /// The cell a connection to `peer` on `network` stamps on every read
+    /// (traffic counts as a heartbeat). An atomic store per read instead of
+    /// a lock; the checker folds the stamps in before every check.
+    pub(crate) fn heard_cell(&self, peer: NodeId, network: usize) -> Arc<AtomicU64> {
+        self.heard
+            .lock()
+            .entry((peer, network))
+            .or_insert_with(|| Arc::new(AtomicU64::new(0)))
+            .clone()
+    }
+
+    /// Stops the threads and closes the sockets before returning, so a new
+    /// endpoint can bind the same addresses at once (as after a crash).
+    pub(crate) fn close(&self) {
+        if self.closed.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        for s in self.socks() {
+            s.shutdown();
+        }
+        let threads: Vec<_> = self.threads.lock().drain(..).collect();
+        let me = std::thread::current().id();
+        for t in &threads {
+            t.thread().unpark();
+        }
+        for t in threads {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+        // The threads are gone: dropping the sockets closes them.
+        self.sockets.lock().clear();
+        self.barrier_from.lock().clear();
+    }
+
+    fn socks(&self) -> Vec<Arc<HeartbeatSocket>> {
+        self.sockets.lock().clone()
+    }
+
+    /// Stalls a thread of the detector for `d` from now.
+    #[cfg(feature = "test-util")]
+    pub(crate) fn inject_delay(&self, point: DelayPoint, d: Duration) {
+        let until = self.gate.now() + d;
+        self.delays[point as usize].store(until.as_nanos(), Ordering::Relaxed);
+    }
+
+    /// Sets the heartbeat sockets' receive buffer.
+    #[cfg(feature = "test-util")]
+    pub(crate) fn set_recv_buffer(&self, bytes: usize) -> std::io::Result<()> {
+        for s in self.socks() {
+            s.set_recv_buffer(bytes)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn snapshot(&self) -> DetectorSnapshot {
+        let now = self.gate.now().as_nanos();
+        let t_valid = self.gate.t_valid.load(Ordering::Acquire);
+        let t_valid_in_us = if t_valid == u64::MAX {
+            i64::MAX
+        } else {
+            let d = i128::from(t_valid) - i128::from(now);
+            i64::try_from(d / 1000).unwrap_or(i64::MIN)
+        };
+        DetectorSnapshot {
+            mode: Some(self.cfg.mode),
+            heartbeats_sent: self.heartbeats_sent.load(Ordering::Relaxed),
+            heartbeats_received: self.heartbeats_received.load(Ordering::Relaxed),
+            tx_timestamped: self.tx_timestamped.load(Ordering::Relaxed),
+            fences: self.fences.load(Ordering::Relaxed),
+            datagrams_refused: self.refused.load(Ordering::Relaxed),
+            t_valid_in_us,
+            monitor: self.checker.lock().monitor.stats(),
+        }
+    }
+
+    /// After a fence: heartbeats carry `epoch` and a fresh schedule starts.
+    pub(crate) fn restart_fence(&self, epoch: Epoch) {
+        self.epoch.store(epoch.0, Ordering::Relaxed);
+        let mut f = self.fence.lock();
+        // Unarmed until a heartbeat of the new incarnation gets out: one
+        // fence per isolation, not one per slack while it lasts.
+        *f = Fence::unarmed(&self.cfg, self.gate.now());
+        self.gate
+            .t_valid
+            .store(f.t_valid().as_nanos(), Ordering::Release);
+        self.fence_generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// Sleeps while an injected delay for `point` lasts.
+    fn stall(&self, point: DelayPoint) {
+        let until = self.delays[point as usize].load(Ordering::Relaxed);
+        loop {
+            let now = self.gate.now().as_nanos();
+            if until <= now || self.closed.load(Ordering::Relaxed) {
+                return;
+            }
+            std::thread::park_timeout(Duration::from_nanos(until - now));
+        }
+    }
+
+    fn sleep_until(&self, t: Time) {
+        let now = self.gate.now();
+        let d = t.saturating_since(now).min(READ_POLL);
+        if !d.is_zero() {
+            // Parked, so `close` can wake us.
+            std::thread::park_timeout(d);
+        }
+    }
+}

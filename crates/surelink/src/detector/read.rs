@@ -1,0 +1,150 @@
+//! A reader thread per heartbeat socket: feeds heartbeats and barriers to
+//! the monitor in queue order, with the socket's drop count, and the drop
+//! counters the barrier check relies on.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::debug;
+
+use surelink_proto::detector::datagram::{self, Datagram, MAX_DATAGRAM};
+use surelink_proto::detector::Watch;
+use surelink_sys::counters;
+
+use super::{DelayPoint, Detector, SYSTEM_COUNTERS_EVERY};
+
+impl Detector {
+    pub(super) fn reader_thread(self: Arc<Self>, network: usize) {
+        let Some(sock) = self.socks().get(network).cloned() else {
+            return;
+        };
+        let mut buf = [0u8; MAX_DATAGRAM + 64];
+        while !self.closed.load(Ordering::Relaxed) {
+            let r = match sock.recv(&mut buf) {
+                Ok(r) => r,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    continue
+                }
+                Err(e) => {
+                    debug!(network, error = %e, "heartbeat read failed");
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            };
+            self.stall(DelayPoint::Reader);
+            let now = self.gate.now();
+            let mut c = self.checker.lock();
+            if let Some(d) = r.drops {
+                c.ovfl[network] = u64::from(d);
+            }
+            let bytes = &buf[..r.len.min(buf.len())];
+            match datagram::decode_datagram(bytes) {
+                Ok(Datagram::Heartbeat {
+                    cluster,
+                    node,
+                    epoch,
+                    seq,
+                }) if cluster == self.cluster && node != self.node => {
+                    let authentic = match &self.hb_keys {
+                        None => true,
+                        Some(keys) => keys.lock().get(&node).is_some_and(|v| {
+                            v.iter().any(|k| datagram::verify_heartbeat(bytes, k))
+                        }),
+                    };
+                    let net = u16::try_from(network).unwrap_or(u16::MAX);
+                    if !authentic
+                        || (self.hb_keys.is_some() && !c.fresh.accept(node, net, epoch, seq))
+                    {
+                        // Forged, from a stranger, or replayed: as if never sent.
+                        self.refused.fetch_add(1, Ordering::Relaxed);
+                        self.dispatch(&mut c);
+                        continue;
+                    }
+                    self.heartbeats_received.fetch_add(1, Ordering::Relaxed);
+                    // Only an authenticated heartbeat's source becomes where
+                    // ours go (one address per member and network).
+                    self.dests.lock().insert((node, network), r.from);
+                    if let Ok(n) = u16::try_from(network) {
+                        c.monitor.handle_heartbeat(
+                            now,
+                            Watch {
+                                peer: node,
+                                network: n,
+                            },
+                            epoch,
+                        );
+                    }
+                }
+                Ok(Datagram::Barrier { token: wire, .. }) => {
+                    // Ours only: from one of our barrier sockets, with this
+                    // round's random token.
+                    let ours = self
+                        .barrier_from
+                        .lock()
+                        .iter()
+                        .any(|s| s.local_addr().is_ok_and(|a| a == r.from));
+                    let done = match &mut c.round {
+                        Some(round) if ours && round.wire == wire => {
+                            round.missing = round.missing.saturating_sub(1);
+                            (round.missing == 0).then_some(round.token)
+                        }
+                        _ => {
+                            self.refused.fetch_add(1, Ordering::Relaxed);
+                            None
+                        }
+                    };
+                    if let Some(token) = done {
+                        c.round = None;
+                        let drops = self.drop_total(&c.ovfl, true);
+                        c.monitor.handle_barrier(now, token, drops);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => debug!(network, from = %r.from, error = %e, "datagram ignored"),
+            }
+            self.dispatch(&mut c);
+        }
+    }
+
+    /// Every receive drop counter that a heartbeat of ours may be in,
+    /// summed: the sockets' `SO_RXQ_OVFL` (the socket's own `sk_drops`,
+    /// free: it comes with each datagram) and the interfaces' `rx_dropped`
+    /// (the device and the per-CPU backlogs; files: read when a barrier
+    /// returns, `fresh`, and otherwise at most every
+    /// [`SYSTEM_COUNTERS_EVERY`]). Only changes matter. An unreadable
+    /// counter counts as a change (no report on a guess).
+    ///
+    /// Not the host's UDP counters (`RcvbufErrors`/`InErrors` in
+    /// `/proc/net/snmp`): every drop at the UDP layer of a datagram bound
+    /// for our socket also counts in that socket's `sk_drops`; what they
+    /// add is other sockets' drops, and a datagram whose checksum failed
+    /// (as a heartbeat it would fail its MAC too: loss on the way). With
+    /// them, any socket of the host that overflows — a frozen peer on the
+    /// same host among them — held back every report for as long as it
+    /// dropped.
+    pub(super) fn drop_total(&self, ovfl: &[u64], fresh: bool) -> u64 {
+        let now = self.gate.now();
+        let mut sys = self.system_drops.lock();
+        if fresh
+            || sys
+                .1
+                .is_none_or(|at| now.saturating_since(at) >= SYSTEM_COUNTERS_EVERY)
+        {
+            let mut total = 0u64;
+            for i in &self.interfaces {
+                match counters::interface_rx_dropped(i) {
+                    Ok(n) => total = total.wrapping_add(n),
+                    Err(_) => total = total.wrapping_add(now.as_nanos()),
+                }
+            }
+            *sys = (total, Some(now));
+        }
+        ovfl.iter().sum::<u64>().wrapping_add(sys.0)
+    }
+}

@@ -1,0 +1,243 @@
+//! The sender thread: runs the fence (SafeTimer's sender side). It sends
+//! each heartbeat to every known peer address, reads the kernel's TX
+//! timestamps as the proof it left in time, and moves `t_valid`; a
+//! heartbeat that missed its deadline closes the fence and tells the
+//! async side (a new incarnation follows).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tracing::debug;
+
+use surelink_proto::detector::datagram;
+use surelink_proto::detector::{DetectorMode, Fence, FenceState};
+use surelink_proto::{Epoch, NodeId, Time};
+use surelink_sys::TxTimestamp;
+
+use super::{DelayPoint, Detector, Signal, TIMESTAMP_WAIT};
+
+impl Detector {
+    pub(super) fn sender_thread(self: Arc<Self>) {
+        let mut stamps = Vec::new();
+        let mut signalled = u64::MAX;
+        let safetimer = self.cfg.mode == DetectorMode::SafeTimer;
+        {
+            let mut f = self.fence.lock();
+            *f = Fence::new(&self.cfg, self.gate.now());
+            if safetimer {
+                self.gate
+                    .t_valid
+                    .store(f.t_valid().as_nanos(), Ordering::Release);
+            }
+        }
+        while !self.closed.load(Ordering::Relaxed) {
+            self.stall(DelayPoint::Sender);
+            let now = self.gate.now();
+            // Everything that reads or writes the fence, and the gate that
+            // mirrors it, happens under the fence lock with the generation
+            // read there: a fence replaced by `restart_fence` meanwhile is
+            // never written back over the new one.
+            let (due, generation) = {
+                let mut f = self.fence.lock();
+                if !safetimer && f.is_fenced() {
+                    // The baseline has no fence: a late thread just starts
+                    // a fresh schedule.
+                    *f = Fence::new(&self.cfg, now);
+                }
+                (
+                    f.poll_heartbeat(now),
+                    self.fence_generation.load(Ordering::Acquire),
+                )
+            };
+            if let Some(due) = due {
+                let sent_at = self.send_heartbeats(due.seq, &mut stamps);
+                let mut f = self.fence.lock();
+                if self.fence_generation.load(Ordering::Acquire) != generation {
+                    continue;
+                }
+                match (safetimer, sent_at) {
+                    (true, Some(t)) => f.handle_sent(due.seq, t),
+                    // Unconfirmed: the fence closes at its deadline.
+                    (true, None) => {}
+                    (false, _) => f.handle_sent(due.seq, Time::ZERO),
+                }
+                if safetimer {
+                    self.gate
+                        .t_valid
+                        .store(f.t_valid().as_nanos(), Ordering::Release);
+                }
+                continue;
+            }
+            let next = {
+                let mut f = self.fence.lock();
+                let generation = self.fence_generation.load(Ordering::Acquire);
+                match f.state(self.gate.now()) {
+                    FenceState::Fenced { at, missed_seq } if safetimer => {
+                        self.gate.t_valid.store(at.as_nanos(), Ordering::Release);
+                        if signalled != generation {
+                            signalled = generation;
+                            self.fences.fetch_add(1, Ordering::Relaxed);
+                            let _ = self.signals.send(Signal::Fenced { at, missed_seq });
+                        }
+                        None
+                    }
+                    _ => f.poll_timeout(),
+                }
+            };
+            match next {
+                Some(t) => self.sleep_until(t),
+                None => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    }
+
+    /// Sends heartbeat `seq` to every known peer address. Returns when it
+    /// provably left the host *for every peer* — per peer the earliest
+    /// confirmed copy (any network), and the latest of those — or `None`
+    /// if some peer got no confirmed copy, which leaves the heartbeat
+    /// unconfirmed (the fence closes at its deadline). A copy is confirmed
+    /// by its kernel TX timestamp; only on a socket without timestamps does
+    /// the time after `sendmsg` returned stand in (the paper's `t_after`).
+    fn send_heartbeats(&self, seq: u64, stamps: &mut Vec<TxTimestamp>) -> Option<Time> {
+        let dests: Vec<((NodeId, usize), SocketAddr)> =
+            self.dests.lock().iter().map(|(k, v)| (*k, *v)).collect();
+        let epoch = Epoch(self.epoch.load(Ordering::Relaxed));
+        // Held for the sends only (no copy of the key map per heartbeat).
+        let keys = self.hb_keys.as_ref().map(|k| k.lock());
+        // Heartbeats of a fenced process must not leave either.
+        if !self.gate.may_send() && self.cfg.mode == DetectorMode::SafeTimer {
+            return None;
+        }
+        if dests.is_empty() {
+            // Nobody to tell, so nobody can report us: the thread ran in
+            // time, which is what the schedule asks.
+            return Some(self.gate.now());
+        }
+        let sockets = self.socks();
+        // Timestamps left from earlier rounds must not confirm this one.
+        for sock in &sockets {
+            stamps.clear();
+            let _ = sock.take_tx_timestamps(stamps);
+        }
+        let round_start = SystemTime::now();
+        let mut confirmed: BTreeMap<NodeId, Option<Time>> =
+            dests.iter().map(|((p, _), _)| (*p, None)).collect();
+        // Per socket: (peer, datagram id) sent, and whether a send failed
+        // (the kernel may have numbered the failed one: ids are then not
+        // trusted for that socket).
+        let mut sent: Vec<Vec<(NodeId, u32)>> = vec![Vec::new(); sockets.len()];
+        let mut failed = vec![false; sockets.len()];
+        #[cfg(feature = "test-util")]
+        let mut lost_on_wire: Vec<NodeId> = Vec::new();
+        for ((peer, network), addr) in dests {
+            let Some(sock) = sockets.get(network) else {
+                continue;
+            };
+            // Silent on this network (test hook): the datagram is lost on
+            // the wire, as in a blackhole; our side did send it in time.
+            #[cfg(feature = "test-util")]
+            if crate::testing::is_muted(&self.muted, network) {
+                lost_on_wire.push(peer);
+                continue;
+            }
+            // Tagged for this peer (a peer without a key gets nothing: it
+            // could not check it, and it is not a member).
+            let key = match &keys {
+                None => None,
+                Some(k) => match k.get(&peer).and_then(|v| v.first()) {
+                    Some(k) => Some(k),
+                    None => continue,
+                },
+            };
+            let hb = datagram::encode_heartbeat(self.cluster, self.node, epoch, seq, key);
+            match sock.send_to(&hb, addr) {
+                Ok(id) => sent[network].push((peer, id)),
+                Err(e) => {
+                    failed[network] = true;
+                    debug!(%addr, error = %e, "heartbeat not sent");
+                }
+            }
+        }
+        // The reader checks tags under this lock: not held while waiting
+        // for TX timestamps.
+        drop(keys);
+        let t_after = self.gate.now();
+        let n_sent: usize = sent.iter().map(Vec::len).sum();
+        self.heartbeats_sent
+            .fetch_add(n_sent as u64, Ordering::Relaxed);
+        let confirm = |c: &mut BTreeMap<NodeId, Option<Time>>, peer: NodeId, at: Time| {
+            if let Some(slot) = c.get_mut(&peer) {
+                *slot = Some(slot.map_or(at, |t| t.min(at)));
+            }
+        };
+        #[cfg(feature = "test-util")]
+        for peer in lost_on_wire {
+            confirm(&mut confirmed, peer, t_after);
+        }
+        for (network, sock) in sockets.iter().enumerate() {
+            if !sock.timestamps_enabled() {
+                for (peer, _) in &sent[network] {
+                    confirm(&mut confirmed, *peer, t_after);
+                }
+            }
+        }
+        let deadline = Instant::now() + TIMESTAMP_WAIT;
+        let mut got: Vec<Vec<TxTimestamp>> = vec![Vec::new(); sockets.len()];
+        loop {
+            for (network, sock) in sockets.iter().enumerate() {
+                if !sock.timestamps_enabled() || sent[network].is_empty() {
+                    continue;
+                }
+                stamps.clear();
+                let _ = sock.take_tx_timestamps(stamps);
+                got[network].extend(stamps.iter().filter(|ts| ts.at >= round_start));
+                if failed[network] {
+                    // Ids not trusted: every copy on this socket counts as
+                    // confirmed only once as many stamps came back, at the
+                    // latest of them.
+                    if got[network].len() >= sent[network].len() {
+                        if let Some(latest) = got[network].iter().map(|ts| ts.at).max() {
+                            let at = self.to_time(latest);
+                            for (peer, _) in &sent[network] {
+                                confirm(&mut confirmed, *peer, at);
+                            }
+                        }
+                    }
+                } else {
+                    for ts in &got[network] {
+                        if let Some((peer, _)) = sent[network].iter().find(|(_, id)| *id == ts.id) {
+                            confirm(&mut confirmed, *peer, self.to_time(ts.at));
+                        }
+                    }
+                }
+            }
+            if confirmed.values().all(Option::is_some) || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        let mut latest = Time::ZERO;
+        for t in confirmed.values() {
+            latest = latest.max((*t)?);
+        }
+        self.tx_timestamped.fetch_add(1, Ordering::Relaxed);
+        Some(latest)
+    }
+
+    /// A kernel wall-clock timestamp on the gate's scale. The wall clock is
+    /// read first: a delay between the two reads then makes the result
+    /// later, never earlier (a late heartbeat is never taken for on time).
+    fn to_time(&self, at: SystemTime) -> Time {
+        let ago = SystemTime::now()
+            .duration_since(at)
+            .unwrap_or(Duration::ZERO);
+        let now = self.gate.now();
+        Time::from_nanos(
+            now.as_nanos()
+                .saturating_sub(u64::try_from(ago.as_nanos()).unwrap_or(u64::MAX)),
+        )
+    }
+}

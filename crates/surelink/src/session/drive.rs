@@ -1,0 +1,260 @@
+//! Driving a session: after every input, under the session's lock, take
+//! what the core produced — frames onto the connections' write queues,
+//! replies to waiting callers, admitted requests to the scheduler, one-way
+//! messages to the incoming queue, role messages to the role task, events
+//! — and leave what must not happen under the lock (socket writes, waking
+//! tasks, publishing events) as [`Work`] for after it.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tracing::{debug, info, warn};
+
+use surelink_proto::rpc::{CallFailure, RemoteError, Ticket};
+use surelink_proto::{CallId, Event, PathCloseReason, SessionEndReason, Time};
+
+use super::{SessionHandle, SessionInner};
+use crate::conn::ConnIo;
+use crate::error::CallError;
+use crate::events::NetEvent;
+use crate::incoming::Incoming;
+use crate::server::Server;
+use crate::shared::Shared;
+
+/// Bytes per `poll_transmit`: big enough to batch, small enough to
+/// interleave paths.
+const TRANSMIT_BUDGET: usize = 256 * 1024;
+
+/// Work found while holding a session's lock, done after releasing it.
+#[derive(Default)]
+pub(crate) struct Work {
+    flush: Vec<Arc<ConnIo>>,
+    close: Vec<Arc<ConnIo>>,
+    events: Vec<NetEvent>,
+    tickets: Vec<Ticket>,
+    promotes: Vec<CallId>,
+    messages: Vec<Incoming>,
+    ended: bool,
+    space: bool,
+    /// Requests were handed to the scheduler: start what can start.
+    dispatch: bool,
+    rearm: bool,
+}
+
+impl SessionHandle {
+    /// Writes what the core wants written, hands out what it delivered,
+    /// and re-arms the timer. Runs with the lock held after every input.
+    /// `now`: a clock read of the caller's, taken under the lock.
+    pub(super) fn drive(
+        self: &Arc<Self>,
+        g: &mut SessionInner,
+        shared: &Shared,
+        now: Time,
+    ) -> Work {
+        let mut w = Work::default();
+        let SessionInner {
+            core, conns, out, ..
+        } = &mut *g;
+        while let Some(path) = core.poll_transmit_gather(now, out, TRANSMIT_BUDGET) {
+            shared.stats.bytes_sent(out.len());
+            match conns.iter().find(|c| c.path == path) {
+                Some(c) => {
+                    c.enqueue_all(out.drain());
+                    if !w.flush.iter().any(|f| Arc::ptr_eq(f, c)) {
+                        w.flush.push(c.clone());
+                    }
+                }
+                None => {
+                    out.drain();
+                }
+            }
+        }
+        if !w.flush.is_empty() {
+            self.last_tx.store(now.as_nanos(), Ordering::Relaxed);
+        }
+        self.unflushed.store(0, Ordering::Relaxed);
+        while let Some(ev) = g.core.poll_event() {
+            self.on_event(g, shared, ev, &mut w);
+        }
+        while let Some(m) = g.core.poll_role() {
+            if let Some(r) = &shared.role {
+                r.deliver(self.node, m);
+            }
+        }
+        // Requests: the core admits up to its per-peer bound.
+        while let Some(t) = g.core.poll_request() {
+            w.tickets.push(t);
+        }
+        self.take_messages(g, shared, &mut w);
+        // Requests likewise reach the scheduler in the order the core
+        // admitted them (starting them waits for `run`).
+        w.dispatch = !w.tickets.is_empty() || !w.promotes.is_empty();
+        Server::enqueue(
+            shared,
+            self,
+            std::mem::take(&mut w.tickets),
+            std::mem::take(&mut w.promotes),
+        );
+        let t = g.core.poll_timeout();
+        if t.is_some() && (g.armed.is_none() || t < g.armed) {
+            g.armed = t;
+            w.rearm = true;
+        }
+        w
+    }
+
+    /// One-way messages: up to this peer's share of the incoming queue.
+    fn take_messages(self: &Arc<Self>, g: &mut SessionInner, shared: &Shared, w: &mut Work) {
+        let bound = shared.config.incoming_per_peer;
+        let byte_bound = shared.config.incoming_bytes_per_peer;
+        let mut room = bound.saturating_sub(self.incoming.load(Ordering::Acquire));
+        let held = self.incoming_bytes.load(Ordering::Acquire);
+        let mut added = 0usize;
+        // In bytes too (memory, not message count, is what a peer could
+        // exhaust); one message is always let through an empty queue.
+        while room > 0 && (held + added < byte_bound || held + added == 0) {
+            let Some(m) = g.core.poll_message() else {
+                break;
+            };
+            added += m.payload.len();
+            w.messages.push(Incoming {
+                peer: m.peer,
+                channel: m.channel,
+                priority: m.priority,
+                body: m.payload,
+            });
+            room -= 1;
+        }
+        if !w.messages.is_empty() {
+            self.incoming.fetch_add(w.messages.len(), Ordering::AcqRel);
+            self.incoming_bytes.fetch_add(added, Ordering::AcqRel);
+            shared.stats.messages_received(w.messages.len());
+            // Queued here, under the session's lock: two drives of one
+            // session (a reader and the session task, say) must hand over
+            // their runs in the order they took them from the core, or a
+            // stream's messages reach `recv` out of order.
+            shared.incoming.push(
+                self,
+                shared.clock.now_cached(),
+                std::mem::take(&mut w.messages),
+            );
+        }
+    }
+
+    fn on_event(&self, g: &mut SessionInner, shared: &Shared, ev: Event, w: &mut Work) {
+        match ev {
+            Event::CallDone { call, result, .. } => {
+                if let Some(tx) = g.waiters.remove(&call) {
+                    let r = result.map_err(|f| match f {
+                        CallFailure::Timeout => CallError::Timeout,
+                        CallFailure::Remote(e) => CallError::Remote(e),
+                        CallFailure::SessionEnded(reason) => {
+                            CallError::from_end(self.node, &reason)
+                        }
+                        // A failure kind newer than this shell.
+                        _ => CallError::Remote(RemoteError::Unknown(0)),
+                    });
+                    let _ = tx.send(r);
+                }
+            }
+            Event::Promote { call, .. } => w.promotes.push(call),
+            Event::PathUp { peer, path } => {
+                let network = g.conns.iter().find(|c| c.path == path).map_or(0, |c| {
+                    c.set_peer(peer);
+                    c.network
+                });
+                info!(%peer, %path, network, "path up");
+                shared.stats.path_up();
+                w.events.push(NetEvent::PathUp {
+                    peer,
+                    path,
+                    network,
+                });
+            }
+            Event::PathClosed {
+                peer,
+                path,
+                reason,
+                resent,
+            } => {
+                let network = match g.conns.iter().position(|c| c.path == path) {
+                    Some(i) => {
+                        let c = g.conns.swap_remove(i);
+                        let n = c.network;
+                        w.close.push(c);
+                        n
+                    }
+                    None => 0,
+                };
+                match &reason {
+                    PathCloseReason::Error(e) => warn!(%path, ?peer, error = %e, "path closed"),
+                    r => info!(%path, ?peer, reason = ?r, resent, "path closed"),
+                }
+                shared.stats.path_down(resent);
+                w.events.push(NetEvent::PathDown {
+                    peer,
+                    path,
+                    network,
+                    resent,
+                    reason: format!("{reason:?}"),
+                });
+            }
+            Event::PeerUp { peer, epoch, .. } => w.events.push(NetEvent::PeerUp { peer, epoch }),
+            Event::PeerUnreachable { peer, .. } => {
+                warn!(%peer, "peer unreachable: no working path");
+                w.events.push(NetEvent::PeerUnreachable { peer });
+            }
+            Event::SessionEnded {
+                peer,
+                reason,
+                abandoned,
+                ..
+            } => {
+                let n: u64 = abandoned.iter().map(|a| a.end - a.start).sum();
+                match reason {
+                    SessionEndReason::ClosedLocally | SessionEndReason::ClosedByPeer { .. } => {
+                        info!(%peer, ?reason, abandoned = n, "session closed");
+                    }
+                    _ => warn!(%peer, ?reason, abandoned = n, "session ended"),
+                }
+                self.ended.store(true, Ordering::Release);
+                w.ended = true;
+                w.space = true;
+                w.events.push(NetEvent::SessionEnded {
+                    peer,
+                    reason,
+                    abandoned: n,
+                });
+            }
+            Event::MessageRejected { peer, reason, .. } => {
+                warn!(%peer, ?reason, "queued message rejected by the peer's limits");
+            }
+            other => debug!(?other, "session event ignored"),
+        }
+    }
+
+    /// Does what `drive` found, outside the lock.
+    pub(crate) fn run(self: &Arc<Self>, shared: &Arc<Shared>, w: Work) {
+        for c in &w.flush {
+            c.flush();
+        }
+        for c in w.close {
+            tokio::spawn(c.close_after_flush());
+        }
+        for e in w.events {
+            shared.events.publish(e);
+        }
+        if w.dispatch {
+            Server::dispatch(shared);
+        }
+        if w.rearm {
+            self.wake.notify_one();
+        }
+        if w.space {
+            self.space.notify_waiters();
+        }
+        if w.ended {
+            shared.session_ended(self);
+        }
+    }
+}
