@@ -23,14 +23,27 @@
 //! # Shape
 //!
 //! quinn's: the core's [`Router`](proto::Router) sits behind one lock and
-//! is taken only for handshakes, new sessions and ended ones; each
-//! [`Session`](proto::Session) has its own lock, its own task for timers and
-//! deferred writes, and its connections. A reader task feeds its
-//! connection's bytes straight into its session and writes what the
-//! session answers; a caller queues its request and writes it itself; a
-//! reply reaches its caller from the reader that received it. Request
-//! handlers run on the endpoint's executor (one task each), in the order
-//! the scheduler picks, never inside a reader or a caller.
+//! is taken only for handshakes, new sessions and ended ones; a HELLO is
+//! decided there and the decision applied with
+//! [`HelloDecision::apply`](proto::HelloDecision::apply), exactly as the
+//! simulator applies it. Each [`Session`](proto::Session) has its own lock,
+//! its own task for timers and deferred writes, and its connections, and
+//! one way in: lock, input, drive, unlock, then the socket writes and
+//! wake-ups. A reader task feeds its connection's bytes straight into its
+//! session and writes what the session answers; a caller queues its
+//! request and writes it itself; a reply reaches its caller from the
+//! reader that received it. Request handlers run on the endpoint's
+//! executor (one task each), in the order the scheduler picks, never
+//! inside a reader or a caller.
+//!
+//! By file: `endpoint/` the public handle; `shared.rs` the router and the
+//! session map; `session/` one session (its entry, drive and task);
+//! `call.rs` calls and sends; `conn/` connections (write queue, reader,
+//! listening and accepting); `dial.rs` dialling; `detector/` SafeTimer's
+//! threads, the send gate and the endpoint's reactions to reports and to a
+//! closed fence; `server.rs` the executor; `incoming.rs` one-way delivery;
+//! `role/` the role service's task; `events.rs`, `stats.rs`,
+//! `exporter.rs` what an operator sees.
 //!
 //! # Stability
 //!
@@ -67,6 +80,7 @@ mod server;
 mod session;
 mod shared;
 mod stats;
+mod sync;
 #[cfg(feature = "test-util")]
 pub mod testing;
 

@@ -20,13 +20,12 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Poll, Waker};
 use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::FutureExt;
-use parking_lot::{Mutex, RwLock};
 use tokio::task::JoinSet;
 
 use surelink_proto::rpc::{Priority, RemoteError, Scheduler, Ticket, TicketKey};
@@ -34,6 +33,7 @@ use surelink_proto::{CallId, ChannelId, NodeId};
 
 use crate::session::SessionHandle;
 use crate::shared::Shared;
+use crate::sync::{lock, read, write};
 
 /// A request handed to a [`Handler`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,7 +142,7 @@ impl StartOrder {
             if self.next.load(Ordering::Acquire) == turn {
                 return Poll::Ready(());
             }
-            let mut early = self.early.lock();
+            let mut early = lock(&self.early);
             // Checked again under the lock: `done` stores before it locks.
             if self.next.load(Ordering::Acquire) == turn {
                 return Poll::Ready(());
@@ -159,7 +159,7 @@ impl StartOrder {
     /// `turn` has started: the next one may.
     fn done(&self, turn: u64) {
         self.next.store(turn + 1, Ordering::Release);
-        let mut early = self.early.lock();
+        let mut early = lock(&self.early);
         if let Some(i) = early.iter().position(|(t, _)| *t == turn + 1) {
             early.swap_remove(i).1.wake();
         }
@@ -202,11 +202,11 @@ impl Server {
     }
 
     pub(crate) fn set_handler(&self, h: Arc<dyn Handler>) {
-        *self.handler.write() = Some(h);
+        *write(&self.handler) = Some(h);
     }
 
     fn handler(&self) -> Option<Arc<dyn Handler>> {
-        self.handler.read().clone()
+        read(&self.handler).clone()
     }
 
     /// Queues admitted requests and promotes re-sent ones, then starts what
@@ -225,7 +225,7 @@ impl Server {
         }
         let now = shared.clock.now_cached();
         {
-            let mut q = shared.server.queue.lock();
+            let mut q = lock(&shared.server.queue);
             for t in tickets {
                 let key = TicketKey {
                     session: session.key,
@@ -255,7 +255,7 @@ impl Server {
     pub(crate) fn dispatch(shared: &Arc<Shared>) {
         loop {
             let job = {
-                let mut q = shared.server.queue.lock();
+                let mut q = lock(&shared.server.queue);
                 if q.running >= shared.server.max_concurrent {
                     return;
                 }
@@ -269,7 +269,7 @@ impl Server {
             };
             let handler = shared.server.handler();
             let sh = shared.clone();
-            let mut tasks = shared.server.tasks.lock();
+            let mut tasks = lock(&shared.server.tasks);
             // Reap what finished, so the set stays the size of the work.
             while tasks.try_join_next().is_some() {}
             tasks.spawn(run(sh, job.0, job.1, handler));
@@ -279,18 +279,18 @@ impl Server {
     /// A session ended: its waiting requests are dropped (never run; the
     /// caller learns the session ended on its side).
     pub(crate) fn remove_session(&self, key: u64) -> usize {
-        self.queue.lock().scheduler.remove_session(key).len()
+        lock(&self.queue).scheduler.remove_session(key).len()
     }
 
     /// Requests waiting and running.
     pub(crate) fn load(&self) -> (usize, usize) {
-        let q = self.queue.lock();
+        let q = lock(&self.queue);
         (q.scheduler.len(), q.running)
     }
 
     /// Stops every running handler (shutdown).
     pub(crate) fn abort_all(&self) {
-        self.tasks.lock().abort_all();
+        lock(&self.tasks).abort_all();
     }
 }
 
@@ -335,6 +335,6 @@ async fn run(shared: Arc<Shared>, job: Job, turn: u64, handler: Option<Arc<dyn H
         Ok(_) => {}
     }
     session.complete(&shared, ticket.call, result);
-    shared.server.queue.lock().running -= 1;
+    lock(&shared.server.queue).running -= 1;
     Server::dispatch(&shared);
 }
