@@ -31,6 +31,7 @@ use crate::text::{split_values, Command, Limits};
 
 /// Why a memcached backend could not be used.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum BackendError {
     /// The backend URL is not `memcached://host:port`.
     #[error("backend {0:?} is not memcached://host:port")]

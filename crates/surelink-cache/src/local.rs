@@ -21,6 +21,7 @@ pub const PROXY_NODE: NodeId = NodeId(100);
 
 /// Starting a local cluster failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LocalError {
     /// An endpoint did not bind.
     #[error("binding node {node}: {source}")]
@@ -46,6 +47,7 @@ pub enum LocalError {
 
 /// What a local cluster's nodes keep items in.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub enum Items {
     /// The embedded store, this many bytes per node.
     Embedded(u64),

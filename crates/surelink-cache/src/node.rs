@@ -27,6 +27,7 @@ pub const CACHE_CHANNEL: u16 = 0;
 
 /// What a node refuses before running anything.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum NodeError {
     /// The request was not one whole memcached command.
     #[error("request is not one memcached command")]

@@ -32,9 +32,27 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use surelink_proto::rpc::Priority;
 use surelink_proto::{
-    ChannelId, ClusterId, EndpointConfig, Epoch, HelloRoute, Input, LocalIdentity, NodeId, PathId,
-    Router, Session, Time,
+    ChannelId, ClusterId, EndpointConfig, Epoch, Input, LocalIdentity, NodeId, PathId, Router,
+    Session, SessionId, SessionTable, Time,
 };
+
+/// The one session of each side, as the router's HELLO decisions see it.
+struct One<'a>(&'a mut Option<Session>);
+
+impl SessionTable for One<'_> {
+    fn with_session(&mut self, id: SessionId, f: &mut dyn FnMut(&mut Session)) -> bool {
+        match self.0.as_mut().filter(|s| s.id() == id) {
+            Some(s) => {
+                f(s);
+                true
+            }
+            None => false,
+        }
+    }
+    fn install(&mut self, session: Session) {
+        *self.0 = Some(session);
+    }
+}
 
 const BATCH: usize = 256;
 
@@ -63,50 +81,43 @@ impl Pair {
         let now = Time::from_millis(1);
         let mut ra = Router::new(cfg.clone(), identity(1)).unwrap();
         let mut rb = Router::new(cfg.clone(), identity(2)).unwrap();
-        let (_, a) = ra.open(now, NodeId(2)).unwrap();
-        let mut a = a.unwrap();
+        let (_, mut a) = ra.open(now, NodeId(2)).unwrap();
         let mut b: Option<Session> = None;
         let mut buf = BytesMut::new();
         for i in 1..=paths {
             let path = PathId(i);
-            a.add_path(now, path);
-            rb.add_unbound_path(now, path).unwrap();
-            while a.poll_transmit(now, &mut buf, 1 << 16).is_some() {}
-            let hello = match b.as_mut() {
-                Some(s) => {
-                    s.add_path(now, path);
-                    match s.handle_input(now, path, &mut buf) {
-                        Ok(Input::Hello(h)) => h,
-                        other => panic!("{other:?}"),
-                    }
-                }
-                None => rb
-                    .handle_unbound_input(now, path, &mut buf)
-                    .unwrap()
-                    .unwrap(),
-            };
-            match rb.handle_hello(now, path, None, &hello).unwrap() {
-                HelloRoute::New { session, .. } => b = Some(*session),
-                HelloRoute::Existing(_) => {}
-            }
+            let sa = a.as_mut().unwrap();
+            sa.add_path(now, path);
+            rb.add_unbound_path(now, path, None).unwrap();
+            while sa.poll_transmit(now, &mut buf, 1 << 16).is_some() {}
+            let hello = rb
+                .handle_unbound_input(now, path, &mut buf)
+                .unwrap()
+                .unwrap();
+            rb.handle_hello(now, path, None, hello)
+                .apply(now, None, &mut One(&mut b))
+                .unwrap();
             let bs = b.as_mut().unwrap();
-            bs.handle_hello(now, path, &hello).unwrap();
             let _ = bs.handle_input(now, path, &mut buf).unwrap();
             // b's HELLO and RESUME back to a, a's RESUME to b.
             for _ in 0..3 {
                 while let Some(p) = bs.poll_transmit(now, &mut buf, 1 << 16) {
-                    if let Ok(Input::Hello(h)) = a.handle_input(now, p, &mut buf) {
-                        let _ = ra.handle_hello(now, p, Some(NodeId(2)), &h).unwrap();
-                        a.handle_hello(now, p, &h).unwrap();
-                        let _ = a.handle_input(now, p, &mut buf).unwrap();
+                    let sa = a.as_mut().unwrap();
+                    if let Ok(Input::Hello(h)) = sa.handle_input(now, p, &mut buf) {
+                        let bound = Some((sa.id(), NodeId(2)));
+                        ra.handle_hello(now, p, bound, h)
+                            .apply(now, None, &mut One(&mut a))
+                            .unwrap();
+                        let _ = a.as_mut().unwrap().handle_input(now, p, &mut buf).unwrap();
                     }
                 }
-                while let Some(p) = a.poll_transmit(now, &mut buf, 1 << 16) {
+                let sa = a.as_mut().unwrap();
+                while let Some(p) = sa.poll_transmit(now, &mut buf, 1 << 16) {
                     let _ = bs.handle_input(now, p, &mut buf).unwrap();
                 }
             }
         }
-        let b = b.unwrap();
+        let (a, b) = (a.unwrap(), b.unwrap());
         assert_eq!(a.active_paths(), paths as usize);
         assert_eq!(b.active_paths(), paths as usize);
         Pair {

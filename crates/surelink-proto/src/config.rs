@@ -121,6 +121,7 @@ impl Default for EndpointConfig {
 
 /// A configuration value that cannot work.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The field must be greater than zero.
     #[error("`{field}` must be greater than zero")]

@@ -77,6 +77,7 @@ id_type!(
 
 /// What a session stream carries, from its [`StreamId`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum StreamKind {
     /// Replies to our peer's requests (and repeated answers to duplicates).
     Reply,

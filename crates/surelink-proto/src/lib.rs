@@ -20,12 +20,16 @@
 //!   peer.
 //! - [`Router`]: which session a path belongs to; a restarted peer (new
 //!   epoch) ends the old session, whose outstanding messages and calls are
-//!   reported, never replayed into the new process.
+//!   reported, never replayed into the new process. A HELLO's whole
+//!   decision is one [`HelloDecision`], which every driver applies with
+//!   [`HelloDecision::apply`] over its own [`SessionTable`].
 //! - [`rpc`]: the client state machine, the [`rpc::Scheduler`] that picks
 //!   which admitted request runs next, and the header codec.
 //! - [`detector`]: the failure detector's logic (SafeTimer).
 //! - [`Endpoint`]: a router and its sessions in one value, for
-//!   single-threaded drivers (the simulator drives exactly this code).
+//!   single-threaded drivers (the simulator drives exactly this code; the
+//!   tokio shell keeps the same router and sessions behind locks and
+//!   applies the same decisions).
 //!
 //! What it does **not** do: read a clock, touch a socket, spawn a task, run
 //! a handler, or decide when a path is dead beyond its own retransmission
@@ -39,7 +43,8 @@
 //! (when to call `handle_timeout`), `poll_event`. After any input, drain
 //! `poll_transmit` and `poll_event`, then re-arm the timer. A multi-threaded
 //! shell keeps each [`Session`] behind its own lock and the [`Router`]
-//! behind another, taken only for handshakes.
+//! behind another, taken only for handshakes; it implements
+//! [`SessionTable`] to apply the router's [`HelloDecision`]s.
 //!
 //! ```
 //! use bytes::{Bytes, BytesMut};
@@ -80,6 +85,18 @@
 //! assert!(at_a.iter().any(|e| matches!(e,
 //!     Event::CallDone { result: Ok(r), .. } if r == "gnip")));
 //! ```
+
+//! # Stability
+//!
+//! Errors, configuration, events and data that later versions may extend
+//! are `#[non_exhaustive]` (match them with a catch-all arm; build
+//! configurations from their defaults). Exhaustive on purpose are the
+//! wire's vocabulary ([`wire::Frame`]) and the decisions a driver must act
+//! on in full — [`Input`], [`detector::PathReport`],
+//! [`detector::MonitorAction`], [`detector::FenceState`], the role
+//! service's messages, inputs, events and candidacy actions,
+//! [`rpc::Priority`]: a new one must break every driver's build rather
+//! than fall into a catch-all arm and be ignored.
 
 mod config;
 pub mod detector;

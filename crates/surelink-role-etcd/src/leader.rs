@@ -19,6 +19,7 @@ use crate::lease::Lease;
 
 /// Why a leader stopped, for good.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LeaderEnd {
     /// Its `t_valid` passed (keep-alives unacknowledged: cut off from
     /// etcd, or etcd said the lease is gone): another candidate may win

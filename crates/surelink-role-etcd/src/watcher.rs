@@ -17,6 +17,7 @@ use crate::gate::ElectedGate;
 
 /// What the watcher saw of its row.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WatchEvent {
     /// A newer row, now held.
     Applied {

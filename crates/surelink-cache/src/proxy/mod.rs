@@ -105,6 +105,7 @@ impl ProxyConfig {
 
 /// A proxy configuration that cannot work.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ProxyConfigError {
     /// No cache node to route to.
     #[error("the proxy needs at least one cache node")]
@@ -119,6 +120,7 @@ pub enum ProxyConfigError {
 
 /// Starting a proxy failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ProxyError {
     /// The configuration is invalid.
     #[error(transparent)]

@@ -11,6 +11,7 @@ pub use parse::{strtoull, Limits, ParseError, Parser, MAX_KEY};
 
 /// A storage command's kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StoreOp {
     /// Store unconditionally.
     Set,
@@ -41,6 +42,7 @@ impl StoreOp {
 
 /// One client request.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Command {
     /// `get`/`gets` (`cas`: with CAS uniques).
     Get {

@@ -43,6 +43,7 @@ impl Default for Limits {
 
 /// The connection must be closed (memcached closes it without a word).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ParseError {
     /// A line longer than 2 KiB without a newline that is not a `get`, or
     /// a `get` line longer than [`Limits::max_get_line`].

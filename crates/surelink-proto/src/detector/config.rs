@@ -6,6 +6,7 @@ use crate::config::ConfigError;
 
 /// Which detector runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum DetectorMode {
     /// SafeTimer: barrier and drop checks before a report, and the sender
     /// fence.

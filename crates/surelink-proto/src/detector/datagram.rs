@@ -33,6 +33,7 @@ pub const MAX_DATAGRAM: usize = HEADER_LEN + HEARTBEAT_BODY;
 
 /// A decoded datagram.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Datagram {
     /// A peer's heartbeat.
     Heartbeat {
@@ -56,6 +57,7 @@ pub enum Datagram {
 
 /// Why a datagram was not understood. Not fatal: the packet is ignored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum DatagramError {
     /// Shorter than its header says, or than the kind needs.
     #[error("datagram of {len} bytes is truncated")]

@@ -11,6 +11,7 @@ use super::{NetworkIndex, MAX_NETWORKS};
 
 /// What a node sees of one path (itself to a peer on one network).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
 pub enum PathStatus {
     /// Heard from recently and carrying traffic.
     Up = 0,

@@ -73,6 +73,7 @@ pub const MAX_NETWORKS: usize = 8;
 
 /// Who may push the tables of a role epoch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Ownership {
     /// The embedded role service: each epoch has exactly one owner,
     /// `candidates[(epoch − 1) mod n]` ([`RoleConfig::owner`]), and

@@ -12,6 +12,7 @@ use super::{NetworkIndex, RoleConfig};
 
 /// Something the node saw of a peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Sighting {
     /// A path (a connection) to `peer` on `network` came up.
     PathUp {

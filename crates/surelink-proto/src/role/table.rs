@@ -52,6 +52,7 @@ impl Route {
 
 /// A ring member's state as the role server sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum MemberState {
     /// Reporting, not reported dead.
     Up = 0,

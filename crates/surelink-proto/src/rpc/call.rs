@@ -28,6 +28,7 @@ use super::Priority;
 
 /// Why a request is sent again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ResendReason {
     /// The reply could not be received (the path it was on failed).
     ReceiveError,
@@ -164,6 +165,7 @@ impl Call<Resend> {
 
 /// An input to [`AnyCall::apply`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CallInput {
     /// Choose a path.
     Select,
@@ -193,6 +195,7 @@ pub struct IllegalTransition {
 
 /// A call in any state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AnyCall {
     /// INIT.
     Init(Call<Init>),

@@ -41,6 +41,7 @@ pub use tls::{node_name, TlsHandshake, TlsSetup, TlsSetupError};
 /// A path handshake of either kind, for callers that run whichever the
 /// configuration chose.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum PathHandshake {
     /// Noise XX with member keys.
     Noise(Box<Handshake>),

@@ -115,8 +115,9 @@ pub enum Input {
     /// Every whole frame was handled; a partial one stays in the buffer.
     Done,
     /// A HELLO (taken off the buffer): route it with
-    /// [`Router::handle_hello`](crate::Router::handle_hello), then hand
-    /// the rest of the buffer in again.
+    /// [`Router::handle_hello`](crate::Router::handle_hello), apply the
+    /// decision, then hand the rest of the buffer to the session that
+    /// holds the path now.
     Hello(Hello),
 }
 

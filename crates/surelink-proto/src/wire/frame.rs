@@ -8,6 +8,7 @@ use crate::ids::{ClusterId, Epoch, NodeId, SessionId, StreamId};
 /// The kind byte of a frame header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
+#[non_exhaustive]
 pub enum FrameKind {
     /// Identity exchange at the start of every path.
     Hello = 0x01,
@@ -132,6 +133,7 @@ pub struct DataFrame {
 
 /// What a CLOSE frame closes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum CloseScope {
     /// Only the path it arrives on.
     Path = 0,

@@ -62,6 +62,7 @@ const TIMESTAMP_WAIT: Duration = Duration::from_millis(2);
 
 /// Where a test or experiment can stall one of the detector's threads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DelayPoint {
     /// The thread that reads heartbeats off the sockets (after it took one
     /// datagram, before handing it on).
