@@ -17,7 +17,9 @@
 //! the cut-off leader stopped before the next one was elected.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use surelink_proto::role::{PathStatus, PeerReport, RoleConfig, StatusReport, TableRejected};
@@ -56,8 +58,8 @@ struct Book {
 
 type Shared = Arc<Mutex<Book>>;
 
-fn book(b: &Shared) -> std::sync::MutexGuard<'_, Book> {
-    b.lock().unwrap_or_else(|e| e.into_inner())
+fn book(b: &Shared) -> parking_lot::MutexGuard<'_, Book> {
+    b.lock()
 }
 
 fn report(seq: u64, nodes: u64) -> StatusReport {
@@ -159,7 +161,7 @@ async fn watch(mut w: Watcher, b: Shared) {
                     bk.backwards += 1;
                 }
             }
-            Ok(WatchEvent::Skipped { .. }) => book(&b).other_skips += 1,
+            Ok(_) => book(&b).other_skips += 1,
             Err(_) => sleep(Duration::from_millis(20)).await,
         }
     }

@@ -15,7 +15,9 @@
 //! it answers.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use etcd_client::{Client, LeaseClient, LeaseKeepAliveStream, LeaseKeeper};
@@ -50,9 +52,7 @@ pub(crate) struct LeaseClock {
 
 impl LeaseClock {
     fn lock(&self) -> MutexGuard<'_, State> {
-        // A poisoned lock only means a panic elsewhere; the state stays
-        // meaningful (each write is one assignment).
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 
     /// The grant (or a keep-alive) sent at `sent` was acknowledged, with
