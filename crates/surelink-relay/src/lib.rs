@@ -228,11 +228,7 @@ impl Links {
     /// returns 0 if it raced a FIN); returns how many. New connections
     /// pass at once; faults in force stay. UDP is not affected.
     pub fn kill(&self) -> usize {
-        self.links
-            .iter()
-            .filter(|l| !l.is_closed())
-            .map(|l| l.kill())
-            .sum()
+        self.links.iter().map(|l| l.kill()).sum()
     }
 
     /// Stops traffic going `dir` (added to the blackholes in force) until

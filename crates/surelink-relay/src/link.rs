@@ -266,11 +266,6 @@ impl Link {
         t.conns.len()
     }
 
-    /// Whether the link is closed (no new task may start).
-    pub(crate) fn is_closed(&self) -> bool {
-        self.tasks.lock().closed
-    }
-
     /// Closes the link: aborts every task and returns them, to be awaited
     /// by a caller that wants the sockets closed when it returns.
     pub(crate) fn close(&self) -> Vec<JoinHandle<()>> {

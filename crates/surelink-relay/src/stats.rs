@@ -115,7 +115,7 @@ pub struct LinkCounters {
 }
 
 /// One link: where it listens and forwards, its faults and counters.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
 pub struct LinkStatus {
     /// The link.

@@ -425,3 +425,49 @@ async fn setup_errors_are_typed() {
     ));
     println!("{}", relay.status()[0]);
 }
+
+#[tokio::test]
+async fn an_upstream_that_restarts_is_reached_again() {
+    // A free port with nobody on it (a node that is down).
+    let up = {
+        let l = TcpListener::bind(any_port(ip(1, 1))).await.unwrap();
+        l.local_addr().unwrap()
+    };
+    let (relay, listen) = relay_to(up).await;
+    let mut c = TcpStream::connect(listen).await.unwrap();
+    assert!(
+        ends(&mut c).await,
+        "a refused upstream connect must end the client's"
+    );
+    let u = UdpSocket::bind(any_port(ip(1, 2))).await.unwrap();
+    u.connect(listen).await.unwrap();
+    for _ in 0..3 {
+        u.send(b"anyone?").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(relay.status()[0].counters.tcp_connect_failed, 1);
+
+    // The node comes back on the same port: TCP and the same UDP client's
+    // socket (which saw ICMP refusals meanwhile) work again.
+    let l = TcpListener::bind(up).await.unwrap();
+    let echo = UdpSocket::bind(up).await.unwrap();
+    tokio::spawn(async move {
+        let mut b = [0u8; 64];
+        while let Ok((n, from)) = echo.recv_from(&mut b).await {
+            let _ = echo.send_to(&b[..n], from).await;
+        }
+    });
+    let _c = TcpStream::connect(listen).await.unwrap();
+    timeout(WAIT, l.accept()).await.unwrap().unwrap();
+    let mut b = [0u8; 16];
+    let mut answered = false;
+    for _ in 0..10 {
+        u.send(b"back?").await.unwrap();
+        if let Ok(Ok(n)) = timeout(Duration::from_millis(100), u.recv(&mut b)).await {
+            assert_eq!(&b[..n], b"back?");
+            answered = true;
+            break;
+        }
+    }
+    assert!(answered, "UDP did not pass after the upstream came back");
+}
