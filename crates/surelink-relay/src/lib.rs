@@ -169,7 +169,8 @@ impl Relay {
     }
 
     /// Closes every listener and connection and waits until their tasks
-    /// have ended (connections end without a reset: a FIN to both sides).
+    /// have ended. Connections are closed, not reset: both sides get a FIN
+    /// (or, where the relay left bytes unread, the kernel's RST).
     pub async fn shutdown(self) {
         let links = std::mem::take(&mut *self.links.lock());
         let handles: Vec<_> = links.iter().flat_map(|l| l.close()).collect();
