@@ -22,6 +22,10 @@
 //! message, with the same copies and `Bytes` slices. The ratio says what the
 //! session adds on top of bare framing.
 //!
+//! The two sessions sit on the test fixture (`surelink_sim::fixture`):
+//! each pump is `World::step` one way, the application's reads, `step`
+//! back, and the due timers.
+//!
 //! Run: `cargo bench -p surelink-proto --bench core`
 
 #![allow(clippy::unwrap_used, clippy::cast_possible_truncation)]
@@ -32,21 +36,12 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use surelink_proto::rpc::Priority;
 use surelink_proto::{
-    ChannelId, ClusterId, EndpointConfig, Epoch, HelloRoute, Input, LocalIdentity, NodeId, PathId,
-    Router, Session, Time,
+    ChannelId, ClusterId, EndpointConfig, Epoch, Event, HelloRoute, Input, LocalIdentity, NodeId,
+    PathError, PathId, Router, Session, Time,
 };
+use surelink_sim::fixture::{Driven, World, A, B};
 
 const BATCH: usize = 256;
-
-struct Pair {
-    a: Session,
-    b: Session,
-    now: Time,
-    buf: BytesMut,
-    delivered: u64,
-    /// Take whole frames with `poll_batch` instead of `poll_message`.
-    by_batch: bool,
-}
 
 fn identity(n: u64) -> LocalIdentity {
     LocalIdentity {
@@ -56,103 +51,138 @@ fn identity(n: u64) -> LocalIdentity {
     }
 }
 
+/// A router and the one session it holds: the glue a shell runs once per
+/// path (a HELLO goes to the router, which names the session; everything
+/// else goes to the session), enough to handshake the two sessions.
+struct Routed {
+    router: Router,
+    session: Option<Session>,
+}
+
+impl Driven for Routed {
+    fn poll_transmit(&mut self, now: Time, buf: &mut BytesMut, max: usize) -> Option<PathId> {
+        self.router
+            .poll_transmit(buf)
+            .or_else(|| self.session.as_mut()?.poll_transmit(now, buf, max))
+    }
+
+    fn handle_input(
+        &mut self,
+        now: Time,
+        path: PathId,
+        buf: &mut BytesMut,
+    ) -> Result<(), PathError> {
+        loop {
+            let bound = self
+                .session
+                .as_ref()
+                .filter(|s| s.has_path(path))
+                .map(Session::peer);
+            let hello = match (bound, self.session.as_mut()) {
+                (Some(_), Some(s)) => match s.handle_input(now, path, buf)? {
+                    Input::Done => return Ok(()),
+                    Input::Hello(h) => h,
+                },
+                _ => match self.router.handle_unbound_input(now, path, buf)? {
+                    None => return Ok(()),
+                    Some(h) => h,
+                },
+            };
+            if let HelloRoute::New { session, .. } =
+                self.router.handle_hello(now, path, bound, &hello)?
+            {
+                self.session = Some(*session);
+            }
+            self.session
+                .as_mut()
+                .unwrap()
+                .handle_hello(now, path, &hello)?;
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        self.session.as_ref().and_then(Session::poll_timeout)
+    }
+
+    fn handle_timeout(&mut self, now: Time) {
+        if let Some(s) = &mut self.session {
+            s.handle_timeout(now);
+        }
+    }
+
+    fn poll_event(&mut self) -> Option<Event> {
+        self.router
+            .poll_event()
+            .or_else(|| self.session.as_mut()?.poll_event())
+    }
+}
+
+struct Pair {
+    /// The sender (A) and the receiver (B), bare sessions on the fixture.
+    w: World<Session>,
+    delivered: u64,
+    /// Take whole frames with `poll_batch` instead of `poll_message`.
+    by_batch: bool,
+}
+
 impl Pair {
     /// Two sessions joined by `paths` paths, after the handshake (the
     /// router glue a shell runs once per path).
     fn new(paths: u64, cfg: &EndpointConfig, by_batch: bool) -> Pair {
         let now = Time::from_millis(1);
         let mut ra = Router::new(cfg.clone(), identity(1)).unwrap();
-        let mut rb = Router::new(cfg.clone(), identity(2)).unwrap();
         let (_, a) = ra.open(now, NodeId(2)).unwrap();
-        let mut a = a.unwrap();
-        let mut b: Option<Session> = None;
-        let mut buf = BytesMut::new();
+        let rb = Router::new(cfg.clone(), identity(2)).unwrap();
+        let routed = |router, session| Routed { router, session };
+        let mut w = World::new(vec![routed(ra, a), routed(rb, None)], now);
+        // Events stay in the sessions, as a shell's would until polled.
+        w.collect_events = false;
         for i in 1..=paths {
             let path = PathId(i);
-            a.add_path(now, path);
-            rb.add_unbound_path(now, path).unwrap();
-            while a.poll_transmit(now, &mut buf, 1 << 16).is_some() {}
-            let hello = match b.as_mut() {
-                Some(s) => {
-                    s.add_path(now, path);
-                    match s.handle_input(now, path, &mut buf) {
-                        Ok(Input::Hello(h)) => h,
-                        other => panic!("{other:?}"),
-                    }
-                }
-                None => rb
-                    .handle_unbound_input(now, path, &mut buf)
-                    .unwrap()
-                    .unwrap(),
-            };
-            match rb.handle_hello(now, path, None, &hello).unwrap() {
-                HelloRoute::New { session, .. } => b = Some(*session),
-                HelloRoute::Existing(_) => {}
-            }
-            let bs = b.as_mut().unwrap();
-            bs.handle_hello(now, path, &hello).unwrap();
-            let _ = bs.handle_input(now, path, &mut buf).unwrap();
-            // b's HELLO and RESUME back to a, a's RESUME to b.
-            for _ in 0..3 {
-                while let Some(p) = bs.poll_transmit(now, &mut buf, 1 << 16) {
-                    if let Ok(Input::Hello(h)) = a.handle_input(now, p, &mut buf) {
-                        let _ = ra.handle_hello(now, p, Some(NodeId(2)), &h).unwrap();
-                        a.handle_hello(now, p, &h).unwrap();
-                        let _ = a.handle_input(now, p, &mut buf).unwrap();
-                    }
-                }
-                while let Some(p) = a.poll_transmit(now, &mut buf, 1 << 16) {
-                    let _ = bs.handle_input(now, p, &mut buf).unwrap();
-                }
-            }
+            w[A].session.as_mut().unwrap().add_path(now, path);
+            w[B].router.add_unbound_path(now, path).unwrap();
+            w.wire((A, path), (B, path));
+            w.settle();
         }
-        let b = b.unwrap();
-        assert_eq!(a.active_paths(), paths as usize);
-        assert_eq!(b.active_paths(), paths as usize);
+        let mut w = w.map(|r| r.session.unwrap());
+        assert_eq!(w[A].active_paths(), paths as usize);
+        assert_eq!(w[B].active_paths(), paths as usize);
+        w.budget = 256 << 10;
         Pair {
-            a,
-            b,
-            now,
-            buf: BytesMut::with_capacity(1 << 20),
+            w,
             delivered: 0,
             by_batch,
         }
     }
 
     fn pump(&mut self) {
-        self.now = Time::from_nanos(self.now.as_nanos() + 1_000);
-        while let Some(path) = self.a.poll_transmit(self.now, &mut self.buf, 256 << 10) {
-            let _ = self.b.handle_input(self.now, path, &mut self.buf).unwrap();
-        }
+        let w = &mut self.w;
+        w.now = Time::from_nanos(w.now.as_nanos() + 1_000);
+        assert_eq!(w.step(A).error, None);
         if self.by_batch {
-            while let Some(batch) = self.b.poll_batch() {
+            while let Some(batch) = w[B].poll_batch() {
                 for (_, _, m) in batch.iter() {
                     self.delivered += 1;
                     black_box(m);
                 }
             }
         } else {
-            while let Some(m) = self.b.poll_message() {
+            while let Some(m) = w[B].poll_message() {
                 self.delivered += 1;
                 black_box(m.payload);
             }
         }
-        while let Some(path) = self.b.poll_transmit(self.now, &mut self.buf, 256 << 10) {
-            let _ = self.a.handle_input(self.now, path, &mut self.buf).unwrap();
-        }
-        while self.a.poll_event().is_some() {}
-        for s in [&mut self.a, &mut self.b] {
-            if s.poll_timeout().is_some_and(|t| t <= self.now) {
-                s.handle_timeout(self.now);
-            }
-        }
+        assert_eq!(w.step(B).error, None);
+        while w[A].poll_event().is_some() {}
+        w.run_timeouts();
     }
 
     fn batch(&mut self, payload: &Bytes) {
+        let now = self.w.now;
         for i in 0..BATCH {
             let ch = ChannelId((i % 4) as u16);
-            self.a
-                .send(self.now, ch, Priority::Normal, payload.clone())
+            self.w[A]
+                .send(now, ch, Priority::Normal, payload.clone())
                 .unwrap();
         }
         self.pump();

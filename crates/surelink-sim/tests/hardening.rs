@@ -376,7 +376,7 @@ fn quiet_paths_are_kept_alive_and_silent_ones_closed() {
             .filter(|e| matches!(e, Event::PathClosed { .. }))
             .count()
     };
-    assert_eq!(closed(&p.events(A)) + closed(&p.events(B)), 0);
+    assert_eq!(closed(p.events(A)) + closed(p.events(B)), 0);
     // Now B goes silent: A's path must close as idle, after the timeout
     // and not before.
     let silent_since = p.now;

@@ -237,7 +237,7 @@ fn garbage_closes_only_its_path() {
     let now = p.now;
     p[B].add_path(now, PathId(9), None).unwrap();
     let mut junk = BytesMut::from(&b"GET / HTTP/1.1\r\n\r\n"[..]);
-    let err = p[B].handle_input(now, PathId(9), &mut junk).unwrap_err();
+    let err = p.input(B, PathId(9), &mut junk).unwrap_err();
     assert!(
         matches!(err, PathError::Decode(wire::DecodeError::Version(b'G'))),
         "{err:?}"
@@ -278,7 +278,7 @@ fn oversized_frame_is_refused_from_its_header() {
     p[B].add_path(now, PathId(1), None).unwrap();
     // Header only: version 1, DATA, flags 0, body length 2^31.
     let mut hdr = BytesMut::from(&[1u8, 3, 0, 0, 0x80, 0, 0, 0][..]);
-    let err = p[B].handle_input(now, PathId(1), &mut hdr).unwrap_err();
+    let err = p.input(B, PathId(1), &mut hdr).unwrap_err();
     assert!(matches!(
         err,
         PathError::Decode(wire::DecodeError::TooLarge {
@@ -364,8 +364,7 @@ fn duplicate_deliveries_are_suppressed() {
     for f in frames {
         f.encode(&mut again);
     }
-    let now = p.now;
-    p[B].handle_input(now, PathId(1), &mut again).unwrap();
+    p.input(B, PathId(1), &mut again).unwrap();
     p.drain_events();
     assert_eq!(p.received(B).len(), 1);
     assert_eq!(
