@@ -22,6 +22,10 @@
 //! message, with the same copies and `Bytes` slices. The ratio says what the
 //! session adds on top of bare framing.
 //!
+//! The two sessions sit on the test fixture (`surelink_sim::fixture`):
+//! each pump is `World::step` one way, the application's reads, `step`
+//! back, and the due timers.
+//!
 //! Run: `cargo bench -p surelink-proto --bench core`
 
 #![allow(clippy::unwrap_used, clippy::cast_possible_truncation)]
@@ -32,11 +36,31 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use surelink_proto::rpc::Priority;
 use surelink_proto::{
-    ChannelId, ClusterId, EndpointConfig, Epoch, Input, LocalIdentity, NodeId, PathId, Router,
-    Session, SessionId, SessionTable, Time,
+    ChannelId, ClusterId, EndpointConfig, Epoch, Event, Input, LocalIdentity, NodeId, PathError,
+    PathId, Router, Session, SessionId, SessionTable, Time,
 };
+use surelink_sim::fixture::{Driven, World, A, B};
 
-/// The one session of each side, as the router's HELLO decisions see it.
+const BATCH: usize = 256;
+
+fn identity(n: u64) -> LocalIdentity {
+    LocalIdentity {
+        cluster: ClusterId(1),
+        node: NodeId(n),
+        epoch: Epoch(1),
+    }
+}
+
+/// A router and the one session it holds: the glue a shell runs once per
+/// path (a HELLO goes to the router, whose decision runs on the session;
+/// everything else goes to the session), enough to handshake the two
+/// sessions.
+struct Routed {
+    router: Router,
+    session: Option<Session>,
+}
+
+/// The one session, as the router's HELLO decisions see it.
 struct One<'a>(&'a mut Option<Session>);
 
 impl SessionTable for One<'_> {
@@ -49,29 +73,70 @@ impl SessionTable for One<'_> {
             None => false,
         }
     }
+
     fn install(&mut self, session: Session) {
         *self.0 = Some(session);
     }
 }
 
-const BATCH: usize = 256;
+impl Driven for Routed {
+    fn poll_transmit(&mut self, now: Time, buf: &mut BytesMut, max: usize) -> Option<PathId> {
+        self.router
+            .poll_transmit(buf)
+            .or_else(|| self.session.as_mut()?.poll_transmit(now, buf, max))
+    }
+
+    fn handle_input(
+        &mut self,
+        now: Time,
+        path: PathId,
+        buf: &mut BytesMut,
+    ) -> Result<(), PathError> {
+        loop {
+            let bound = self
+                .session
+                .as_ref()
+                .filter(|s| s.has_path(path))
+                .map(|s| (s.id(), s.peer()));
+            let hello = match (bound, self.session.as_mut()) {
+                (Some(_), Some(s)) => match s.handle_input(now, path, buf)? {
+                    Input::Done => return Ok(()),
+                    Input::Hello(h) => h,
+                },
+                _ => match self.router.handle_unbound_input(now, path, buf)? {
+                    None => return Ok(()),
+                    Some(h) => h,
+                },
+            };
+            self.router
+                .handle_hello(now, path, bound, hello)
+                .apply(now, None, &mut One(&mut self.session))?;
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        self.session.as_ref().and_then(Session::poll_timeout)
+    }
+
+    fn handle_timeout(&mut self, now: Time) {
+        if let Some(s) = &mut self.session {
+            s.handle_timeout(now);
+        }
+    }
+
+    fn poll_event(&mut self) -> Option<Event> {
+        self.router
+            .poll_event()
+            .or_else(|| self.session.as_mut()?.poll_event())
+    }
+}
 
 struct Pair {
-    a: Session,
-    b: Session,
-    now: Time,
-    buf: BytesMut,
+    /// The sender (A) and the receiver (B), bare sessions on the fixture.
+    w: World<Session>,
     delivered: u64,
     /// Take whole frames with `poll_batch` instead of `poll_message`.
     by_batch: bool,
-}
-
-fn identity(n: u64) -> LocalIdentity {
-    LocalIdentity {
-        cluster: ClusterId(1),
-        node: NodeId(n),
-        epoch: Epoch(1),
-    }
 }
 
 impl Pair {
@@ -80,90 +145,58 @@ impl Pair {
     fn new(paths: u64, cfg: &EndpointConfig, by_batch: bool) -> Pair {
         let now = Time::from_millis(1);
         let mut ra = Router::new(cfg.clone(), identity(1)).unwrap();
-        let mut rb = Router::new(cfg.clone(), identity(2)).unwrap();
-        let (_, mut a) = ra.open(now, NodeId(2)).unwrap();
-        let mut b: Option<Session> = None;
-        let mut buf = BytesMut::new();
+        let (_, a) = ra.open(now, NodeId(2)).unwrap();
+        let rb = Router::new(cfg.clone(), identity(2)).unwrap();
+        let routed = |router, session| Routed { router, session };
+        let mut w = World::new(vec![routed(ra, a), routed(rb, None)], now);
+        // Events stay in the sessions, as a shell's would until polled.
+        w.collect_events = false;
         for i in 1..=paths {
             let path = PathId(i);
-            let sa = a.as_mut().unwrap();
-            sa.add_path(now, path);
-            rb.add_unbound_path(now, path, None).unwrap();
-            while sa.poll_transmit(now, &mut buf, 1 << 16).is_some() {}
-            let hello = rb
-                .handle_unbound_input(now, path, &mut buf)
-                .unwrap()
-                .unwrap();
-            rb.handle_hello(now, path, None, hello)
-                .apply(now, None, &mut One(&mut b))
-                .unwrap();
-            let bs = b.as_mut().unwrap();
-            let _ = bs.handle_input(now, path, &mut buf).unwrap();
-            // b's HELLO and RESUME back to a, a's RESUME to b.
-            for _ in 0..3 {
-                while let Some(p) = bs.poll_transmit(now, &mut buf, 1 << 16) {
-                    let sa = a.as_mut().unwrap();
-                    if let Ok(Input::Hello(h)) = sa.handle_input(now, p, &mut buf) {
-                        let bound = Some((sa.id(), NodeId(2)));
-                        ra.handle_hello(now, p, bound, h)
-                            .apply(now, None, &mut One(&mut a))
-                            .unwrap();
-                        let _ = a.as_mut().unwrap().handle_input(now, p, &mut buf).unwrap();
-                    }
-                }
-                let sa = a.as_mut().unwrap();
-                while let Some(p) = sa.poll_transmit(now, &mut buf, 1 << 16) {
-                    let _ = bs.handle_input(now, p, &mut buf).unwrap();
-                }
-            }
+            w[A].session.as_mut().unwrap().add_path(now, path);
+            w[B].router.add_unbound_path(now, path, None).unwrap();
+            w.wire((A, path), (B, path));
+            w.settle();
         }
-        let (a, b) = (a.unwrap(), b.unwrap());
-        assert_eq!(a.active_paths(), paths as usize);
-        assert_eq!(b.active_paths(), paths as usize);
+        let mut w = w.map(|r| r.session.unwrap());
+        assert_eq!(w[A].active_paths(), paths as usize);
+        assert_eq!(w[B].active_paths(), paths as usize);
+        w.budget = 256 << 10;
         Pair {
-            a,
-            b,
-            now,
-            buf: BytesMut::with_capacity(1 << 20),
+            w,
             delivered: 0,
             by_batch,
         }
     }
 
     fn pump(&mut self) {
-        self.now = Time::from_nanos(self.now.as_nanos() + 1_000);
-        while let Some(path) = self.a.poll_transmit(self.now, &mut self.buf, 256 << 10) {
-            let _ = self.b.handle_input(self.now, path, &mut self.buf).unwrap();
-        }
+        let w = &mut self.w;
+        w.now = Time::from_nanos(w.now.as_nanos() + 1_000);
+        assert_eq!(w.step(A).error, None);
         if self.by_batch {
-            while let Some(batch) = self.b.poll_batch() {
+            while let Some(batch) = w[B].poll_batch() {
                 for (_, _, m) in batch.iter() {
                     self.delivered += 1;
                     black_box(m);
                 }
             }
         } else {
-            while let Some(m) = self.b.poll_message() {
+            while let Some(m) = w[B].poll_message() {
                 self.delivered += 1;
                 black_box(m.payload);
             }
         }
-        while let Some(path) = self.b.poll_transmit(self.now, &mut self.buf, 256 << 10) {
-            let _ = self.a.handle_input(self.now, path, &mut self.buf).unwrap();
-        }
-        while self.a.poll_event().is_some() {}
-        for s in [&mut self.a, &mut self.b] {
-            if s.poll_timeout().is_some_and(|t| t <= self.now) {
-                s.handle_timeout(self.now);
-            }
-        }
+        assert_eq!(w.step(B).error, None);
+        while w[A].poll_event().is_some() {}
+        w.run_timeouts();
     }
 
     fn batch(&mut self, payload: &Bytes) {
+        let now = self.w.now;
         for i in 0..BATCH {
             let ch = ChannelId((i % 4) as u16);
-            self.a
-                .send(self.now, ch, Priority::Normal, payload.clone())
+            self.w[A]
+                .send(now, ch, Priority::Normal, payload.clone())
                 .unwrap();
         }
         self.pump();

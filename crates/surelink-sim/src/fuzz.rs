@@ -9,6 +9,11 @@
 //! preamble and framing around rustls), the record layer, the
 //! detector's datagrams, and the role service's messages. Keys and
 //! certificates are fixed per process so a crash reproduces from its input.
+//!
+//! Endpoints are driven through the [`World`] fixture like every other
+//! test. The handshake targets drive `secure::` initiator and responder
+//! objects, not endpoints: they feed fuzz bytes to one side and need no
+//! shuttle between two.
 
 use std::sync::{Arc, OnceLock};
 
@@ -23,6 +28,8 @@ use surelink_proto::secure::{
 use surelink_proto::{
     ClusterId, Endpoint, EndpointConfig, Epoch, LocalIdentity, NodeId, PathId, Time,
 };
+
+use crate::fixture::World;
 
 /// A fuzz target.
 pub type Target = fn(&[u8]);
@@ -71,48 +78,46 @@ fn identity(n: u64) -> LocalIdentity {
     }
 }
 
+/// Node 2 (index 0) and node 1 (index 1) with the default configuration,
+/// at time zero, path 1 dialled from node 2; events stay in the cores.
+fn dialled() -> Option<World> {
+    let cfg = EndpointConfig::default();
+    let a = Endpoint::new(cfg.clone(), identity(2)).ok()?;
+    let b = Endpoint::new(cfg, identity(1)).ok()?;
+    let mut w = World::new(vec![a, b], Time::ZERO);
+    w.collect_events = false;
+    w.connect(DIALLER, ACCEPTOR, PATH);
+    Some(w)
+}
+
+const DIALLER: usize = 0;
+const ACCEPTOR: usize = 1;
+const PATH: PathId = PathId(1);
+
 /// A session's input: node 2 dials node 1 and its HELLO arrives; then the
 /// fuzz bytes arrive on the same path in chunks, and node 1 answers and
 /// runs its timers.
 pub fn session_input(data: &[u8]) {
-    let cfg = EndpointConfig::default();
-    let (Ok(mut a), Ok(mut b)) = (
-        Endpoint::new(cfg.clone(), identity(2)),
-        Endpoint::new(cfg, identity(1)),
-    ) else {
+    let Some(mut w) = dialled() else {
         return;
     };
-    let now = Time::ZERO;
-    if a.add_path(now, PathId(1), Some(NodeId(1))).is_err()
-        || b.add_path(now, PathId(1), None).is_err()
-    {
-        return;
-    }
-    let mut hello = BytesMut::new();
-    while a.poll_transmit(now, &mut hello, 64 * 1024).is_some() {}
-    let _ = b.handle_input(now, PathId(1), &mut hello);
+    w.flush_from(DIALLER);
+    w.deliver(DIALLER, PATH);
     let mut buf = BytesMut::new();
-    let mut t = now;
     for c in chunks(data) {
         buf.extend_from_slice(c);
-        if b.handle_input(t, PathId(1), &mut buf).is_err() {
+        if w.input(ACCEPTOR, PATH, &mut buf).is_err() {
             break;
         }
-        t = Time::from_millis(t.since_origin().as_millis() as u64 + 7);
-        let mut out = BytesMut::new();
-        while b.poll_transmit(t, &mut out, 64 * 1024).is_some() {
-            out.clear();
-        }
-        while b.poll_event().is_some() {}
+        w.now = Time::from_millis(w.now.since_origin().as_millis() as u64 + 7);
+        // What node 1 answers goes nowhere.
+        w.flush_from(ACCEPTOR);
+        w.clear_queues();
+        let _ = w.take_events(ACCEPTOR);
     }
-    b.handle_timeout(Time::from_millis(60_000));
-    let mut out = BytesMut::new();
-    while b
-        .poll_transmit(Time::from_millis(60_000), &mut out, 64 * 1024)
-        .is_some()
-    {
-        out.clear();
-    }
+    w.now = Time::from_millis(60_000);
+    w.handle_timeout(ACCEPTOR);
+    w.flush_from(ACCEPTOR);
 }
 
 /// Node `n`'s key pair (1 or 2), derived once: a fuzz input should pay for
@@ -309,30 +314,21 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
     match target {
         "frame_decoder" | "session_input" => {
             // What a real peer sends: its HELLO, data, acks, a close.
-            let cfg = EndpointConfig::default();
-            if let (Ok(mut a), Ok(mut b)) = (
-                Endpoint::new(cfg.clone(), identity(2)),
-                Endpoint::new(cfg, identity(1)),
-            ) {
-                let now = Time::ZERO;
-                let _ = a.add_path(now, PathId(1), Some(NodeId(1)));
-                let _ = b.add_path(now, PathId(1), None);
+            if let Some(mut w) = dialled() {
+                let now = w.now;
                 for i in 0..8u8 {
-                    let _ = a.send(
+                    let _ = w[DIALLER].send(
                         now,
                         NodeId(1),
                         surelink_proto::ChannelId(u16::from(i % 2)),
                         bytes::Bytes::from(vec![i; usize::from(i) * 9]),
                     );
                 }
-                let mut wire = BytesMut::new();
-                while a.poll_transmit(now, &mut wire, 64 * 1024).is_some() {}
-                v.push(wire.to_vec());
-                let mut copy = wire.clone();
-                let _ = b.handle_input(now, PathId(1), &mut copy);
-                let mut back = BytesMut::new();
-                while b.poll_transmit(now, &mut back, 64 * 1024).is_some() {}
-                v.push(back.to_vec());
+                w.flush_from(DIALLER);
+                v.push(w.queued(DIALLER, PATH).to_vec());
+                w.deliver(DIALLER, PATH);
+                w.flush_from(ACCEPTOR);
+                v.push(w.queued(ACCEPTOR, PATH).to_vec());
             }
         }
         "handshake" => {

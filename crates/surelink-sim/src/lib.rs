@@ -23,8 +23,11 @@
 //! to check re-sends, priorities and at-most-once through the product's
 //! call table, dispatcher admission and schedulers.
 //!
-//! [`pair::Pair`] is the hand-driven counterpart for targeted tests: two
-//! endpoints whose bytes cross only when the test says so.
+//! [`fixture::World`] is the one driver that moves bytes between core
+//! endpoints: the simulator, the targeted tests (a two-node
+//! [`fixture::World::pair`] whose bytes cross only when the test says so),
+//! the `rpc` scenario, the fuzz targets and the core benchmark all run on
+//! it.
 //!
 //! With [`SimConfig::secure`] set, every connection first runs the
 //! product's Noise handshake and then carries AEAD records (the shell's
@@ -41,8 +44,8 @@
 mod checker;
 pub mod detector;
 mod faults;
+pub mod fixture;
 pub mod fuzz;
-pub mod pair;
 pub mod role;
 pub mod role_scale;
 pub mod rpc;

@@ -1,7 +1,8 @@
 //! Calls through the product's message layer on a virtual clock: the
 //! client's call table, re-sends and overdue handling, the server's
 //! at-most-once admission and duplicate answers all run inside
-//! [`surelink_proto::Session`]s (driven through [`Endpoint`]), and requests
+//! [`surelink_proto::Session`]s (driven through
+//! [`surelink_proto::Endpoint`]s on the [`World`] fixture), and requests
 //! are scheduled by the product's [`Scheduler`] implementations. Nothing
 //! here models the protocol; it only moves bytes, keeps time and plays the
 //! workers.
@@ -17,23 +18,24 @@
 //! for `service` of virtual time. Optionally a second client (node 3, its
 //! own unstalled path) adds background load.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use surelink_proto::rpc::{
     CallFailure, CallOptions, FifoScheduler, Priority, PriorityScheduler, RequestClass, Scheduler,
     Ticket, TicketKey,
 };
-use surelink_proto::{
-    CallId, ChannelId, Endpoint, EndpointConfig, Event, NodeId, PathId, SessionId, Time,
-};
+use surelink_proto::{CallId, ChannelId, EndpointConfig, Event, NodeId, PathId, SessionId, Time};
 
-use crate::pair::identity;
+use crate::fixture::World;
 
 const CLIENT: NodeId = NodeId(1);
 const SERVER: NodeId = NodeId(2);
-const BACKGROUND: NodeId = NodeId(3);
+/// The nodes' places in the world (node ids 1, 2, 3).
+const C: usize = 0;
+const S: usize = 1;
+const BG: usize = 2;
 /// The background client's path.
 const BACKGROUND_PATH: PathId = PathId(10);
 /// Channel of the calls.
@@ -180,24 +182,18 @@ impl RpcScenario {
     /// Runs it.
     #[allow(clippy::too_many_lines)]
     pub fn run(&self) -> RpcOutcome {
-        let cfg = &self.endpoint;
-        let mut client = Endpoint::new(cfg.clone(), identity(CLIENT.0, 1)).expect("config");
-        let mut server = Endpoint::new(cfg.clone(), identity(SERVER.0, 1)).expect("config");
-        let mut background = Endpoint::new(cfg.clone(), identity(BACKGROUND.0, 1)).expect("config");
+        // Client, server and background client, at 1 ms.
+        let mut world = World::endpoints(&self.endpoint, 3);
+        world.latency = self.latency;
+        // Events wait in the core until the loop below takes them.
+        world.collect_events = false;
         let mut out = RpcOutcome::default();
-        let mut now = Time::from_millis(1);
         for p in [PathId(0), PathId(1)] {
-            client.add_path(now, p, Some(SERVER)).expect("path");
-            server.add_path(now, p, None).expect("path");
+            world.connect(C, S, p);
         }
         if self.background_every.is_some() {
-            background
-                .add_path(now, BACKGROUND_PATH, Some(SERVER))
-                .expect("path");
-            server.add_path(now, BACKGROUND_PATH, None).expect("path");
+            world.connect(BG, S, BACKGROUND_PATH);
         }
-        // In flight: (path, to_server) -> (deliver at, bytes).
-        let mut wire: BTreeMap<(PathId, bool), VecDeque<(Time, Bytes)>> = BTreeMap::new();
         // The client's calls: core id -> (our number, body).
         let mut calls: BTreeMap<CallId, (u64, Bytes)> = BTreeMap::new();
         let mut sched = self.scheduler();
@@ -205,8 +201,8 @@ impl RpcScenario {
         let mut running: Vec<Running> = Vec::new();
         let mut admitted = 0u64;
         let mut next_id = 0u64;
-        let mut next_call = now;
-        let mut next_background = now;
+        let mut next_call = world.now;
+        let mut next_background = world.now;
         let end = Time::ZERO + self.run_for;
         let opts = |high: bool| {
             CallOptions::new(self.deadline)
@@ -217,7 +213,8 @@ impl RpcScenario {
                     Priority::Normal
                 })
         };
-        while now <= end {
+        while world.now <= end {
+            let now = world.now;
             // ---- client: start calls ----
             let mut burst = 0;
             while next_id < self.calls && now >= next_call {
@@ -229,7 +226,7 @@ impl RpcScenario {
                 next_id += 1;
                 let high = self.high_every > 0 && id % self.high_every == self.high_every - 1;
                 let body = Bytes::from(id.to_be_bytes().to_vec());
-                match client.call(now, SERVER, ChannelId(CHANNEL), body.clone(), &opts(high)) {
+                match world[C].call(now, SERVER, ChannelId(CHANNEL), body.clone(), &opts(high)) {
                     Ok((_, call)) => {
                         calls.insert(call, (id, body));
                     }
@@ -240,7 +237,7 @@ impl RpcScenario {
             if let Some(every) = self.background_every {
                 if now >= next_background && now < Time::ZERO + self.run_for / 2 {
                     next_background = now + every;
-                    let _ = background.call(
+                    let _ = world[BG].call(
                         now,
                         SERVER,
                         ChannelId(CHANNEL),
@@ -254,7 +251,7 @@ impl RpcScenario {
                 if r.done_at > now {
                     return true;
                 }
-                let _ = server.complete(now, r.session, r.call, Ok(answer(&r.body)));
+                let _ = world[S].complete(now, r.session, r.call, Ok(answer(&r.body)));
                 false
             });
             while running.len() < self.workers {
@@ -286,45 +283,19 @@ impl RpcScenario {
                     done_at: now + self.service,
                 });
             }
-            // ---- network ----
-            for (ep, to_server) in [
-                (&mut client, true),
-                (&mut background, true),
-                (&mut server, false),
-            ] {
-                let mut buf = BytesMut::new();
-                while let Some(path) = ep.poll_transmit(now, &mut buf, 64 << 10) {
-                    let at = now + self.latency;
-                    wire.entry((path, to_server))
-                        .or_default()
-                        .push_back((at, buf.split().freeze()));
-                }
+            // ---- network: what arrived by now, except on stalled paths ----
+            for n in [C, BG, S] {
+                world.flush_from(n);
             }
-            for ((path, to_server), q) in wire.iter_mut() {
-                if self.stalled(*path, now) {
-                    continue;
-                }
-                while q.front().is_some_and(|(t, _)| *t <= now) {
-                    let Some((_, bytes)) = q.pop_front() else {
-                        break;
-                    };
-                    let mut b = BytesMut::from(&bytes[..]);
-                    let to = match (*to_server, *path == BACKGROUND_PATH) {
-                        (true, _) => &mut server,
-                        (false, true) => &mut background,
-                        (false, false) => &mut client,
-                    };
-                    let _ = to.handle_input(now, *path, &mut b);
+            for (from, path) in world.arrived() {
+                if !self.stalled(path, now) {
+                    world.deliver(from, path);
                 }
             }
             // ---- timers ----
-            for ep in [&mut client, &mut server, &mut background] {
-                if ep.poll_timeout().is_some_and(|t| t <= now) {
-                    ep.handle_timeout(now);
-                }
-            }
+            world.run_timeouts();
             // ---- events ----
-            while let Some(e) = server.poll_event() {
+            for e in world.take_events(S) {
                 match e {
                     Event::Request(t) => {
                         let key = TicketKey {
@@ -365,8 +336,8 @@ impl RpcScenario {
                     _ => {}
                 }
             }
-            while background.poll_event().is_some() {}
-            while let Some(e) = client.poll_event() {
+            let _ = world.take_events(BG);
+            for e in world.take_events(C) {
                 let Event::CallDone {
                     call,
                     sends,
@@ -391,9 +362,9 @@ impl RpcScenario {
                     Err(e) => out.failed.push((id, e.to_string())),
                 }
             }
-            now += TICK;
+            world.now += TICK;
         }
-        out.duplicates = server
+        out.duplicates = world[S]
             .session_stats(CLIENT)
             .map_or(0, |s| s.duplicate_requests);
         out

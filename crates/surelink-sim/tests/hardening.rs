@@ -7,62 +7,48 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use surelink_proto::wire::{self, encode_data, AckWriter, CloseCode, Frame, FrameKind};
 use surelink_proto::*;
-use surelink_sim::pair::{identity, Pair, Side};
+use surelink_sim::fixture::{identity, World, A, B};
 
 fn cfg() -> EndpointConfig {
     EndpointConfig::default()
 }
 
-/// Moves everything `from` writes into `to`, dropping frames `drop` picks;
-/// returns the frames seen.
-fn pump(
-    from: &mut Endpoint,
-    to: &mut Endpoint,
-    now: Time,
-    drop: &dyn Fn(&Frame) -> bool,
-) -> Vec<Frame> {
+/// Moves everything node `from` writes to the other end, losing the
+/// frames `drop` picks; returns the frames seen.
+fn pump(p: &mut World, from: usize, drop: &dyn Fn(&Frame) -> bool) -> Vec<Frame> {
     let mut seen = Vec::new();
-    let mut buf = BytesMut::new();
-    while let Some(path) = from.poll_transmit(now, &mut buf, 64 << 10) {
+    let _ = p.step_with(from, |_, buf| {
         let mut out = BytesMut::new();
-        while let Ok(Some(f)) = wire::decode(&mut buf, 1 << 30) {
+        while let Ok(Some(f)) = wire::decode(buf, 1 << 30) {
             if !drop(&f) {
                 f.encode(&mut out);
             }
             seen.push(f);
         }
-        let _ = to.handle_input(now, path, &mut out);
-    }
+        *buf = out;
+    });
     seen
 }
 
-fn events(ep: &mut Endpoint) -> Vec<Event> {
-    std::iter::from_fn(|| ep.poll_event()).collect()
-}
-
-/// Runs every endpoint's output to the endpoint `route` names, a few rounds.
-fn shuttle(eps: &mut [&mut Endpoint], route: &dyn Fn(usize, PathId) -> Option<usize>, now: Time) {
+/// A few rounds in which each of `nodes` in turn writes and what it
+/// writes on `path` arrives; what it writes on other paths is lost.
+fn shuttle(p: &mut World, nodes: &[usize], path: PathId) {
     for _ in 0..8 {
-        for i in 0..eps.len() {
-            let mut buf = BytesMut::new();
-            let mut outs = Vec::new();
-            while let Some(path) = eps[i].poll_transmit(now, &mut buf, 1 << 16) {
-                outs.push((path, buf.split()));
-            }
-            for (path, mut b) in outs {
-                if let Some(j) = route(i, path) {
-                    let _ = eps[j].handle_input(now, path, &mut b);
+        for &n in nodes {
+            let _ = p.step_with(n, |on, buf| {
+                if on != path {
+                    buf.clear();
                 }
-            }
+            });
         }
     }
 }
 
 #[test]
 fn sequence_number_beyond_the_window_is_refused_without_panic() {
-    let mut p = Pair::new(cfg());
-    p.connect(1);
-    p.connect(2);
+    let mut p = World::pair(cfg());
+    p.connect(A, B, PathId(1));
+    p.connect(A, B, PathId(2));
     p.settle();
     let mut buf = BytesMut::new();
     encode_data(
@@ -72,40 +58,38 @@ fn sequence_number_beyond_the_window_is_refused_without_panic() {
         0,
         b"boom",
     );
-    let now = p.now;
-    let err = p.b.handle_input(now, PathId(1), &mut buf).unwrap_err();
+    let err = p.input(B, PathId(1), &mut buf).unwrap_err();
     assert!(matches!(
         err,
         PathError::Protocol(ProtocolViolation::SeqBeyondWindow { seq: u64::MAX, .. })
     ));
     // The session goes on over the other path.
-    p.send_ab(0, b"still here");
+    p.send(A, B, 0, b"still here");
     p.settle();
-    assert_eq!(p.received_b(), vec![Bytes::from_static(b"still here")]);
+    assert_eq!(p.received(B), vec![Bytes::from_static(b"still here")]);
 }
 
 #[test]
 fn a_dial_reaching_the_wrong_node_leaves_every_session_alone() {
     // A <-> B healthy; one message outstanding.
-    let mut p = Pair::new(cfg());
-    p.connect(1);
+    let mut p = World::pair(cfg());
+    p.connect(A, B, PathId(1));
     p.settle();
-    p.send_ab(0, b"x");
+    p.send(A, B, 0, b"x");
     p.flush();
-    let (sid, _) = p.a.session_with(NodeId(2)).unwrap();
+    let (sid, _) = p[A].session_with(NodeId(2)).unwrap();
     // A dials "node 2" again, but the address now belongs to C, which also
     // has its own session with A.
-    let mut c = Endpoint::new(cfg(), identity(3, 77)).unwrap();
+    let c = p.push(Endpoint::new(cfg(), identity(3, 77)).unwrap());
     let now = p.now;
-    p.a.add_path(now, PathId(10), Some(NodeId(2))).unwrap();
-    c.add_path(now, PathId(10), None).unwrap();
-    shuttle(
-        &mut [&mut p.a, &mut c],
-        &|i, path| (path == PathId(10)).then_some(1 - i),
-        now,
-    );
-    let ev_a = events(&mut p.a);
-    let ev_c = events(&mut c);
+    p[A].add_path(now, PathId(10), Some(NodeId(2))).unwrap();
+    p[c].add_path(now, PathId(10), None).unwrap();
+    p.wire((A, PathId(10)), (c, PathId(10)));
+    // What A sees from here on.
+    p.clear_events(A);
+    shuttle(&mut p, &[A, c], PathId(10));
+    let ev_a = p.take_events(A);
+    let ev_c = p.take_events(c);
     assert!(
         !ev_a.iter().any(|e| matches!(e, Event::SessionEnded { .. })),
         "{ev_a:#?}"
@@ -132,24 +116,25 @@ fn a_dial_reaching_the_wrong_node_leaves_every_session_alone() {
             ..
         }
     )));
-    assert_eq!(p.a.session_with(NodeId(2)).unwrap().0, sid);
+    assert_eq!(p[A].session_with(NodeId(2)).unwrap().0, sid);
     p.settle();
-    assert_eq!(p.received_b().len(), 1);
+    assert_eq!(p.received(B).len(), 1);
 }
 
 #[test]
 fn channels_the_peer_does_not_accept_are_rejected_not_fatal() {
     let mut ca = cfg();
     ca.max_channels = 1024;
-    let mut p = Pair::new(ca);
-    p.b = Endpoint::new(cfg(), identity(2, 1)).unwrap(); // 256 channels
-                                                         // Queued before A knows B's limit.
-    p.send_ab(300, b"too high");
-    p.send_ab(0, b"fine");
-    p.connect(1);
+    let mut p = World::pair(ca);
+    // 256 channels.
+    p.replace(B, Endpoint::new(cfg(), identity(2, 1)).unwrap());
+    // Queued before A knows B's limit.
+    p.send(A, B, 300, b"too high");
+    p.send(A, B, 0, b"fine");
+    p.connect(A, B, PathId(1));
     p.settle();
-    assert_eq!(p.received_b(), vec![Bytes::from_static(b"fine")]);
-    assert!(p.events_a.iter().any(|e| matches!(
+    assert_eq!(p.received(B), vec![Bytes::from_static(b"fine")]);
+    assert!(p.events(A).iter().any(|e| matches!(
         e,
         Event::MessageRejected {
             stream,
@@ -158,13 +143,13 @@ fn channels_the_peer_does_not_accept_are_rejected_not_fatal() {
         } if stream.channel() == Some(ChannelId(300))
     )));
     assert!(!p
-        .events_a
+        .events(A)
         .iter()
         .any(|e| matches!(e, Event::PathClosed { .. })));
     // Once the limit is known, `send` refuses at once.
     let now = p.now;
     assert!(matches!(
-        p.a.send(now, NodeId(2), ChannelId(300), Bytes::new()),
+        p[A].send(now, NodeId(2), ChannelId(300), Bytes::new()),
         Err(SendError::ChannelOutOfRange {
             channel: 300,
             max: 256
@@ -174,50 +159,45 @@ fn channels_the_peer_does_not_accept_are_rejected_not_fatal() {
 
 #[test]
 fn a_lost_final_ack_on_a_quiet_channel_is_repaired_while_traffic_flows() {
-    let mut a = Endpoint::new(cfg(), identity(1, 1)).unwrap();
-    let mut b = Endpoint::new(cfg(), identity(2, 1)).unwrap();
-    let mut now = Time::from_millis(1);
-    a.add_path(now, PathId(1), Some(NodeId(2))).unwrap();
-    b.add_path(now, PathId(1), None).unwrap();
+    let mut p = World::pair(cfg());
+    p.connect(A, B, PathId(1));
     let keep = |_: &Frame| false;
     for _ in 0..4 {
-        pump(&mut a, &mut b, now, &keep);
-        pump(&mut b, &mut a, now, &keep);
+        pump(&mut p, A, &keep);
+        pump(&mut p, B, &keep);
     }
-    events(&mut a);
-    events(&mut b);
+    p.take_events(A);
+    p.take_events(B);
     // One message on channel 1; B holds it (its app has not polled yet).
-    a.send(now, NodeId(2), ChannelId(1), Bytes::from_static(b"quiet"))
+    let now = p.now;
+    p[A].send(now, NodeId(2), ChannelId(1), Bytes::from_static(b"quiet"))
         .unwrap();
-    pump(&mut a, &mut b, now, &keep);
-    now += Duration::from_millis(30);
-    b.handle_timeout(now);
-    pump(&mut b, &mut a, now, &keep);
+    pump(&mut p, A, &keep);
+    p.now += Duration::from_millis(30);
+    p.handle_timeout(B);
+    pump(&mut p, B, &keep);
     // The app takes it; the cumulative ACK saying so is lost.
-    assert_eq!(events(&mut b).len(), 1);
-    now += Duration::from_millis(30);
-    b.handle_timeout(now);
-    let lost = pump(&mut b, &mut a, now, &|f| matches!(f, Frame::Ack(_)));
+    assert_eq!(p.take_events(B).len(), 1);
+    p.now += Duration::from_millis(30);
+    p.handle_timeout(B);
+    let lost = pump(&mut p, B, &|f| matches!(f, Frame::Ack(_)));
     assert!(lost.iter().any(|f| matches!(f, Frame::Ack(_))));
     // Traffic continues on channel 0 only.
     for _ in 0..200u64 {
-        now += Duration::from_millis(1);
-        a.send(now, NodeId(2), ChannelId(0), Bytes::from(vec![0u8; 100]))
+        p.now += Duration::from_millis(1);
+        let now = p.now;
+        p[A].send(now, NodeId(2), ChannelId(0), Bytes::from(vec![0u8; 100]))
             .unwrap();
-        for ep in [&mut a, &mut b] {
-            if ep.poll_timeout().is_some_and(|t| t <= now) {
-                ep.handle_timeout(now);
-            }
-        }
-        pump(&mut a, &mut b, now, &keep);
-        events(&mut b);
-        pump(&mut b, &mut a, now, &keep);
-        events(&mut a);
+        p.run_timeouts();
+        pump(&mut p, A, &keep);
+        p.take_events(B);
+        pump(&mut p, B, &keep);
+        p.take_events(A);
     }
-    now += Duration::from_millis(30);
-    b.handle_timeout(now);
-    pump(&mut b, &mut a, now, &keep);
-    let s = a.session_stats(NodeId(2)).unwrap();
+    p.now += Duration::from_millis(30);
+    p.handle_timeout(B);
+    pump(&mut p, B, &keep);
+    let s = p[A].session_stats(NodeId(2)).unwrap();
     assert_eq!(
         s.cache_messages, 0,
         "the quiet channel's message was released: {s:?}"
@@ -226,24 +206,25 @@ fn a_lost_final_ack_on_a_quiet_channel_is_repaired_while_traffic_flows() {
 
 #[test]
 fn a_peer_path_close_is_not_an_input_error() {
-    let mut p = Pair::new(cfg());
-    p.connect(1);
-    p.connect(2);
+    let mut p = World::pair(cfg());
+    p.connect(A, B, PathId(1));
+    p.connect(A, B, PathId(2));
     p.settle();
     let now = p.now;
-    p.a.close_path(now, PathId(1));
-    let mut buf = BytesMut::new();
-    assert_eq!(p.a.poll_transmit(now, &mut buf, 1 << 16), Some(PathId(1)));
-    assert_eq!(p.b.handle_input(now, PathId(1), &mut buf), Ok(()));
+    p[A].close_path(now, PathId(1));
+    let (path, close) = p.transmit(A).unwrap();
+    assert_eq!(path, PathId(1));
+    assert_eq!(p.input(B, path, &mut BytesMut::from(&close[..])), Ok(()));
 }
 
 #[test]
 fn window_probes_back_off_and_carry_no_payload_while_the_peer_app_is_slow() {
-    let mut p = Pair::new(cfg());
-    p.connect(1);
+    let mut p = World::pair(cfg());
+    p.connect(A, B, PathId(1));
     p.settle();
-    p.a.send(
-        p.now,
+    let now = p.now;
+    p[A].send(
+        now,
         NodeId(2),
         ChannelId(0),
         Bytes::from(vec![1u8; 1 << 20]),
@@ -251,32 +232,23 @@ fn window_probes_back_off_and_carry_no_payload_while_the_peer_app_is_slow() {
     .unwrap();
     // B receives the message but its application never polls.
     p.flush();
-    let now = p.now;
     let mut buf = BytesMut::new();
-    for f in p.peek_frames(1, Side::A) {
+    for f in p.peek_frames(A, PathId(1)) {
         f.encode(&mut buf);
     }
-    p.drop_queued(1, Side::A);
-    p.b.handle_input(now, PathId(1), &mut buf).unwrap();
+    p.drop_queued(A, PathId(1));
+    p.input(B, PathId(1), &mut buf).unwrap();
+    p.budget = 1 << 22;
     let mut bytes_a_to_b = 0usize;
     for _ in 0..100 {
         p.now += Duration::from_millis(100);
-        let now = p.now;
-        for ep in [&mut p.a, &mut p.b] {
-            if ep.poll_timeout().is_some_and(|t| t <= now) {
-                ep.handle_timeout(now);
-            }
-        }
-        let mut buf = BytesMut::new();
-        while let Some(path) = p.a.poll_transmit(now, &mut buf, 1 << 22) {
-            bytes_a_to_b += buf.len();
-            p.b.handle_input(now, path, &mut buf).unwrap();
-        }
-        while let Some(path) = p.b.poll_transmit(now, &mut buf, 1 << 22) {
-            p.a.handle_input(now, path, &mut buf).unwrap();
-        }
+        p.run_timeouts();
+        let to_b = p.step(A);
+        assert_eq!(to_b.error, None);
+        bytes_a_to_b += to_b.bytes;
+        assert_eq!(p.step(B).error, None);
     }
-    let s = p.a.session_stats(NodeId(2)).unwrap();
+    let s = p[A].session_stats(NodeId(2)).unwrap();
     assert!(
         (1..=8).contains(&s.probes),
         "probes back off exponentially: {}",
@@ -291,11 +263,11 @@ fn window_probes_back_off_and_carry_no_payload_while_the_peer_app_is_slow() {
 
 #[test]
 fn an_ack_naming_a_stream_twice_is_refused() {
-    let mut p = Pair::new(cfg());
-    p.connect(1);
+    let mut p = World::pair(cfg());
+    p.connect(A, B, PathId(1));
     p.settle();
     for _ in 0..1000 {
-        p.send_ab(0, b"");
+        p.send(A, B, 0, b"");
     }
     p.flush();
     let mut ack = BytesMut::new();
@@ -309,8 +281,7 @@ fn an_ack_naming_a_stream_twice_is_refused() {
         );
     }
     w.finish(&mut ack);
-    let now = p.now;
-    let err = p.a.handle_input(now, PathId(1), &mut ack).unwrap_err();
+    let err = p.input(A, PathId(1), &mut ack).unwrap_err();
     assert_eq!(
         err,
         PathError::Protocol(ProtocolViolation::RepeatedAckStream(4))
@@ -319,62 +290,48 @@ fn an_ack_naming_a_stream_twice_is_refused() {
 
 #[test]
 fn a_late_hello_of_a_dead_session_cannot_bind_a_fresh_one() {
-    let mut a = Endpoint::new(cfg(), identity(1, 1)).unwrap();
-    let mut b = Endpoint::new(cfg(), identity(2, 1)).unwrap();
-    let now = Time::from_millis(1);
+    let mut p = World::pair(cfg());
     // B dials A twice; path 2's HELLO is delayed.
-    b.add_path(now, PathId(1), Some(NodeId(1))).unwrap();
-    b.add_path(now, PathId(2), Some(NodeId(1))).unwrap();
-    a.add_path(now, PathId(1), None).unwrap();
+    p.connect(B, A, PathId(1));
+    let now = p.now;
+    p[B].add_path(now, PathId(2), Some(NodeId(1))).unwrap();
     let mut hello = BytesMut::new();
-    let mut buf = BytesMut::new();
-    while let Some(path) = b.poll_transmit(now, &mut buf, 1 << 16) {
+    let first = p.step_with(B, |path, buf| {
         if path == PathId(2) {
-            hello.extend_from_slice(&buf);
-        } else {
-            a.handle_input(now, path, &mut buf).unwrap();
+            hello.extend_from_slice(buf);
+            buf.clear();
         }
-        buf.clear();
-    }
-    shuttle(
-        &mut [&mut a, &mut b],
-        &|i, p| (p == PathId(1)).then_some(1 - i),
-        now,
-    );
-    events(&mut a);
+    });
+    assert_eq!(first.error, None);
+    shuttle(&mut p, &[A, B], PathId(1));
+    p.take_events(A);
     // B ends the session; A learns it.
-    b.close_session(now, NodeId(1));
-    shuttle(
-        &mut [&mut a, &mut b],
-        &|i, p| (p == PathId(1)).then_some(1 - i),
-        now,
-    );
-    assert!(events(&mut a)
+    p[B].close_session(now, NodeId(1));
+    shuttle(&mut p, &[A, B], PathId(1));
+    assert!(p
+        .take_events(A)
         .iter()
         .any(|e| matches!(e, Event::SessionEnded { .. })));
     // A's application sends again: a fresh session, not yet bound.
-    let id = a
+    let id = p[A]
         .send(now, NodeId(2), ChannelId(0), Bytes::from_static(b"fresh"))
         .unwrap();
     // The delayed HELLO of B's dead session arrives: refused as stale.
-    a.add_path(now, PathId(2), None).unwrap();
-    let err = a.handle_input(now, PathId(2), &mut hello).unwrap_err();
+    p[A].add_path(now, PathId(2), None).unwrap();
+    let err = p.input(A, PathId(2), &mut hello).unwrap_err();
     assert!(
         matches!(err, PathError::Handshake(HandshakeError::Stale { .. })),
         "{err:?}"
     );
     // A's next dial meets B's current state and the fresh message arrives.
-    a.add_path(now, PathId(3), Some(NodeId(2))).unwrap();
-    b.add_path(now, PathId(3), None).unwrap();
-    shuttle(
-        &mut [&mut a, &mut b],
-        &|i, p| (p == PathId(3)).then_some(1 - i),
-        now,
-    );
-    assert!(!events(&mut a)
+    p.connect(A, B, PathId(3));
+    shuttle(&mut p, &[A, B], PathId(3));
+    assert!(!p
+        .take_events(A)
         .iter()
         .any(|e| matches!(e, Event::SessionEnded { session, .. } if *session == id.session)));
-    let got: Vec<_> = events(&mut b)
+    let got: Vec<_> = p
+        .take_events(B)
         .into_iter()
         .filter_map(|e| match e {
             Event::Message(m) => Some(m.payload),
@@ -389,19 +346,22 @@ fn a_late_hello_of_a_dead_session_cannot_bind_a_fresh_one() {
 /// connection without talking) is closed after `path_idle_timeout`.
 #[test]
 fn quiet_paths_are_kept_alive_and_silent_ones_closed() {
-    let mut p = Pair::new(cfg());
-    p.connect(1);
+    let mut p = World::pair(cfg());
+    p.connect(A, B, PathId(1));
     p.settle();
-    assert!(p.events_a.iter().any(|e| matches!(e, Event::PathUp { .. })));
+    assert!(p
+        .events(A)
+        .iter()
+        .any(|e| matches!(e, Event::PathUp { .. })));
     // Ten idle minutes, everything delivered: pings flow, nothing closes.
     let mut pings = 0;
     for _ in 0..600 {
         p.advance(Duration::from_secs(1));
         p.flush();
         pings += p
-            .peek_frames(1, Side::A)
+            .peek_frames(A, PathId(1))
             .iter()
-            .chain(p.peek_frames(1, Side::B).iter())
+            .chain(p.peek_frames(B, PathId(1)).iter())
             .filter(|f| matches!(f, Frame::Ping(_)))
             .count();
         p.settle();
@@ -416,7 +376,7 @@ fn quiet_paths_are_kept_alive_and_silent_ones_closed() {
             .filter(|e| matches!(e, Event::PathClosed { .. }))
             .count()
     };
-    assert_eq!(closed(&p.events_a) + closed(&p.events_b), 0);
+    assert_eq!(closed(p.events(A)) + closed(p.events(B)), 0);
     // Now B goes silent: A's path must close as idle, after the timeout
     // and not before.
     let silent_since = p.now;
@@ -425,10 +385,10 @@ fn quiet_paths_are_kept_alive_and_silent_ones_closed() {
     for _ in 0..75 {
         p.advance(Duration::from_secs(1));
         p.flush();
-        p.drop_queued(1, Side::B);
-        p.deliver(1, Side::A);
+        p.drop_queued(B, PathId(1));
+        p.deliver(A, PathId(1));
         if closed_at.is_none()
-            && p.events_a.iter().any(|e| {
+            && p.events(A).iter().any(|e| {
                 matches!(
                     e,
                     Event::PathClosed {
@@ -450,7 +410,7 @@ fn quiet_paths_are_kept_alive_and_silent_ones_closed() {
         "closed {after:?} after the peer went silent (timeout {timeout:?})"
     );
     assert_eq!(
-        p.a.session_stats(NodeId(2)).map(|s| s.idle_paths_closed),
+        p[A].session_stats(NodeId(2)).map(|s| s.idle_paths_closed),
         Some(1)
     );
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use surelink_proto::wire::{Frame, DATA_FLAG_RETRANSMIT};
 use surelink_proto::*;
-use surelink_sim::pair::{identity, Pair, Side};
+use surelink_sim::fixture::{identity, World, A, B};
 
 fn cfg() -> EndpointConfig {
     EndpointConfig::default()
@@ -27,28 +27,28 @@ fn data_frames(frames: &[Frame]) -> Vec<(u64, u16)> {
 
 #[test]
 fn failed_path_in_flight_is_resent_first_on_the_survivor() {
-    let mut p = Pair::new(cfg());
-    p.connect(1);
-    p.connect(2);
+    let mut p = World::pair(cfg());
+    p.connect(A, B, PathId(1));
+    p.connect(A, B, PathId(2));
     p.settle();
     for _ in 0..5 {
-        p.send_ab(0, b"before");
+        p.send(A, B, 0, b"before");
     }
     p.flush();
     // All five went to one path (balance keeps the last path while light).
-    let (busy, idle) = if data_frames(&p.peek_frames(1, Side::A)).len() == 5 {
+    let (busy, idle) = if data_frames(&p.peek_frames(A, PathId(1))).len() == 5 {
         (1, 2)
     } else {
         (2, 1)
     };
-    assert_eq!(data_frames(&p.peek_frames(busy, Side::A)).len(), 5);
+    assert_eq!(data_frames(&p.peek_frames(A, PathId(busy))).len(), 5);
     // The busy path dies with its bytes; then the app sends more.
-    p.drop_queued(busy, Side::A);
+    p.drop_queued(A, PathId(busy));
     let now = p.now;
-    p.a.handle_path_down(now, PathId(busy));
-    p.send_ab(0, b"after");
+    p[A].handle_path_down(now, PathId(busy));
+    p.send(A, B, 0, b"after");
     p.flush();
-    let frames = data_frames(&p.peek_frames(idle, Side::A));
+    let frames = data_frames(&p.peek_frames(A, PathId(idle)));
     // Re-sends of 0..5 first, flagged, then the new message 5.
     assert_eq!(frames.len(), 6, "{frames:?}");
     for (i, (seq, flags)) in frames.iter().enumerate().take(5) {
@@ -57,68 +57,71 @@ fn failed_path_in_flight_is_resent_first_on_the_survivor() {
     }
     assert_eq!(frames[5], (5, 0));
     p.settle();
-    assert_eq!(p.received_b().len(), 6);
+    assert_eq!(p.received(B).len(), 6);
     let closed = p
-        .events_a
+        .events(A)
         .iter()
         // The five went as one batch: one frame moved.
         .any(|e| matches!(e, Event::PathClosed { resent: 1, .. }));
-    assert!(closed, "{:?}", p.events_a);
+    assert!(closed, "{:?}", p.events(A));
 }
 
 #[test]
 fn resume_resends_exactly_what_is_missing() {
-    let mut p = Pair::new(cfg());
-    p.connect(1);
+    let mut p = World::pair(cfg());
+    p.connect(A, B, PathId(1));
     p.settle();
     for _ in 0..10 {
-        p.send_ab(3, b"m");
+        p.send(A, B, 3, b"m");
     }
     p.flush();
     // B gets the data, but its acknowledgements are lost with the connection.
-    p.deliver(1, Side::A);
+    p.deliver(A, PathId(1));
     p.flush();
-    p.drop_queued(1, Side::B);
-    assert_eq!(p.received_b().len(), 10);
+    p.drop_queued(B, PathId(1));
+    assert_eq!(p.received(B).len(), 10);
     let now = p.now;
-    p.a.handle_path_down(now, PathId(1));
-    p.b.handle_path_down(now, PathId(1));
+    p[A].handle_path_down(now, PathId(1));
+    p[B].handle_path_down(now, PathId(1));
     // Three more while no path exists.
     for _ in 0..3 {
-        p.send_ab(3, b"n");
+        p.send(A, B, 3, b"n");
     }
     // Reconnect: the RESUME tells A that B has 0..10, so only 10..13 go out.
-    p.connect(2);
+    p.connect(A, B, PathId(2));
     p.settle();
-    let received = p.received_b();
+    let received = p.received(B);
     assert_eq!(received.len(), 13);
     p.advance(Duration::from_millis(30)); // let B's delayed ack go out
     p.settle();
-    let stats = p.a.session_stats(NodeId(2)).unwrap();
+    let stats = p[A].session_stats(NodeId(2)).unwrap();
     assert_eq!(stats.resent, 0, "nothing B had was sent again");
     assert_eq!(stats.cache_messages, 0);
-    assert_eq!(p.b.session_stats(NodeId(1)).unwrap().duplicates_received, 0);
+    assert_eq!(
+        p[B].session_stats(NodeId(1)).unwrap().duplicates_received,
+        0
+    );
 }
 
 #[test]
 fn restarted_peer_fails_outstanding_and_gets_nothing_replayed() {
-    let mut p = Pair::new(cfg());
-    p.connect(1);
+    let mut p = World::pair(cfg());
+    p.connect(A, B, PathId(1));
     p.settle();
-    let first = p.send_ab(0, b"delivered");
+    let first = p.send(A, B, 0, b"delivered");
     p.settle();
     p.advance(Duration::from_millis(30)); // its acknowledgement reaches A
     p.settle();
     // Two messages leave A, but B dies before reading them.
-    p.send_ab(0, b"lost-1");
-    p.send_ab(1, b"lost-2");
+    p.send(A, B, 0, b"lost-1");
+    p.send(A, B, 1, b"lost-2");
     p.flush();
-    p.restart_b(cfg());
+    p.restart(B, cfg());
     let now = p.now;
-    p.a.handle_path_down(now, PathId(1));
-    p.connect(2);
+    p[A].handle_path_down(now, PathId(1));
+    p.connect(A, B, PathId(2));
     p.settle();
-    let ended = p.events_a.iter().find_map(|e| match e {
+    let ended = p.events(A).iter().find_map(|e| match e {
         Event::SessionEnded {
             reason,
             abandoned,
@@ -154,17 +157,17 @@ fn restarted_peer_fails_outstanding_and_gets_nothing_replayed() {
         ]
     );
     assert!(
-        p.received_b().is_empty(),
+        p.received(B).is_empty(),
         "nothing replayed into the new process"
     );
     // The new session works and starts numbering afresh.
-    let id = p.send_ab(0, b"fresh");
+    let id = p.send(A, B, 0, b"fresh");
     assert_ne!(id.session, first.session);
     assert_eq!(id.seq, 0);
     // The refused path closed; the shell dials again.
-    p.connect(3);
+    p.connect(A, B, PathId(3));
     p.settle();
-    assert_eq!(p.received_b(), vec![Bytes::from_static(b"fresh")]);
+    assert_eq!(p.received(B), vec![Bytes::from_static(b"fresh")]);
 }
 
 #[test]
@@ -172,75 +175,79 @@ fn full_send_buffer_hands_the_message_back() {
     let mut c = cfg();
     c.max_message_size = 1000;
     c.send_buffer = 4 * (1000 + MESSAGE_OVERHEAD);
-    let mut p = Pair::new(c);
+    let mut p = World::pair(c);
     let big = Bytes::from(vec![7u8; 1000]);
+    let now = p.now;
     for _ in 0..4 {
-        p.a.send(p.now, NodeId(2), ChannelId(0), big.clone())
+        p[A].send(now, NodeId(2), ChannelId(0), big.clone())
             .unwrap();
     }
-    let err =
-        p.a.send(p.now, NodeId(2), ChannelId(0), big.clone())
-            .unwrap_err();
+    let err = p[A]
+        .send(now, NodeId(2), ChannelId(0), big.clone())
+        .unwrap_err();
     assert!(matches!(&err, SendError::Full { buffered, limit, .. } if buffered == limit));
     assert_eq!(err.into_message(), Some(big.clone()));
     // Once the peer has them (and acknowledges, after at most max_ack_delay),
     // there is room again.
-    p.connect(1);
+    p.connect(A, B, PathId(1));
     p.settle();
     p.advance(Duration::from_millis(30));
     p.settle();
-    assert!(p.a.send(p.now, NodeId(2), ChannelId(0), big).is_ok());
+    let now = p.now;
+    assert!(p[A].send(now, NodeId(2), ChannelId(0), big).is_ok());
 }
 
 #[test]
 fn send_errors_are_typed() {
-    let mut p = Pair::new(cfg());
+    let mut p = World::pair(cfg());
     let now = p.now;
     assert!(matches!(
-        p.a.send(now, NodeId(2), ChannelId(999), Bytes::new()),
+        p[A].send(now, NodeId(2), ChannelId(999), Bytes::new()),
         Err(SendError::ChannelOutOfRange { channel: 999, .. })
     ));
     assert!(matches!(
-        p.a.send(now, NodeId(1), ChannelId(0), Bytes::new()),
+        p[A].send(now, NodeId(1), ChannelId(0), Bytes::new()),
         Err(SendError::SelfSend(_))
     ));
     let huge = Bytes::from(vec![0u8; (1 << 20) + 1]);
     assert!(matches!(
-        p.a.send(now, NodeId(2), ChannelId(0), huge),
+        p[A].send(now, NodeId(2), ChannelId(0), huge),
         Err(SendError::TooLarge { .. })
     ));
     assert!(matches!(
-        p.a.add_path(now, PathId(5), Some(NodeId(1))),
+        p[A].add_path(now, PathId(5), Some(NodeId(1))),
         Err(AddPathError::SelfDial(_))
     ));
-    p.a.add_path(now, PathId(5), Some(NodeId(2))).unwrap();
+    p[A].add_path(now, PathId(5), Some(NodeId(2))).unwrap();
     assert_eq!(
-        p.a.add_path(now, PathId(5), Some(NodeId(2))),
+        p[A].add_path(now, PathId(5), Some(NodeId(2))),
         Err(AddPathError::Duplicate(PathId(5)))
     );
 }
 
 #[test]
 fn garbage_closes_only_its_path() {
-    let mut p = Pair::new(cfg());
-    p.connect(1);
-    p.connect(2);
+    let mut p = World::pair(cfg());
+    p.connect(A, B, PathId(1));
+    p.connect(A, B, PathId(2));
     p.settle();
-    p.send_ab(0, b"x");
+    p.send(A, B, 0, b"x");
     p.settle();
     // A raw socket sends junk on a third, accepted connection of B.
     let now = p.now;
-    p.b.add_path(now, PathId(9), None).unwrap();
+    p[B].add_path(now, PathId(9), None).unwrap();
     let mut junk = BytesMut::from(&b"GET / HTTP/1.1\r\n\r\n"[..]);
-    let err = p.b.handle_input(now, PathId(9), &mut junk).unwrap_err();
+    let err = p.input(B, PathId(9), &mut junk).unwrap_err();
     assert!(
         matches!(err, PathError::Decode(wire::DecodeError::Version(b'G'))),
         "{err:?}"
     );
     // B answers with a CLOSE and reports the path closed, with the error.
-    let mut out = BytesMut::new();
-    assert_eq!(p.b.poll_transmit(now, &mut out, 1 << 16), Some(PathId(9)));
-    let close = wire::decode(&mut out, 1 << 20).unwrap().unwrap();
+    let (path, out) = p.transmit(B).unwrap();
+    assert_eq!(path, PathId(9));
+    let close = wire::decode(&mut BytesMut::from(&out[..]), 1 << 20)
+        .unwrap()
+        .unwrap();
     assert!(matches!(
         close,
         Frame::Close(wire::Close {
@@ -249,7 +256,7 @@ fn garbage_closes_only_its_path() {
         })
     ));
     p.drain_events();
-    assert!(p.events_b.iter().any(|e| matches!(
+    assert!(p.events(B).iter().any(|e| matches!(
         e,
         Event::PathClosed {
             path: PathId(9),
@@ -258,20 +265,20 @@ fn garbage_closes_only_its_path() {
         }
     )));
     // The session with A is untouched.
-    p.send_ab(0, b"y");
+    p.send(A, B, 0, b"y");
     p.settle();
-    assert_eq!(p.received_b().len(), 2);
-    assert_eq!(p.a.session_stats(NodeId(2)).unwrap().paths.len(), 2);
+    assert_eq!(p.received(B).len(), 2);
+    assert_eq!(p[A].session_stats(NodeId(2)).unwrap().paths.len(), 2);
 }
 
 #[test]
 fn oversized_frame_is_refused_from_its_header() {
-    let mut p = Pair::new(cfg());
+    let mut p = World::pair(cfg());
     let now = p.now;
-    p.b.add_path(now, PathId(1), None).unwrap();
+    p[B].add_path(now, PathId(1), None).unwrap();
     // Header only: version 1, DATA, flags 0, body length 2^31.
     let mut hdr = BytesMut::from(&[1u8, 3, 0, 0, 0x80, 0, 0, 0][..]);
-    let err = p.b.handle_input(now, PathId(1), &mut hdr).unwrap_err();
+    let err = p.input(B, PathId(1), &mut hdr).unwrap_err();
     assert!(matches!(
         err,
         PathError::Decode(wire::DecodeError::TooLarge {
@@ -283,8 +290,8 @@ fn oversized_frame_is_refused_from_its_header() {
 
 #[test]
 fn wrong_cluster_is_refused() {
-    let mut p = Pair::new(cfg());
-    p.b = Endpoint::new(
+    let mut p = World::pair(cfg());
+    let stranger = Endpoint::new(
         cfg(),
         LocalIdentity {
             cluster: ClusterId(99),
@@ -292,9 +299,10 @@ fn wrong_cluster_is_refused() {
         },
     )
     .unwrap();
-    p.connect(1);
+    p.replace(B, stranger);
+    p.connect(A, B, PathId(1));
     p.settle();
-    assert!(p.events_b.iter().any(|e| matches!(
+    assert!(p.events(B).iter().any(|e| matches!(
         e,
         Event::PathClosed {
             reason: PathCloseReason::Error(PathError::Handshake(
@@ -303,7 +311,7 @@ fn wrong_cluster_is_refused() {
             ..
         }
     )));
-    assert!(p.events_a.iter().any(|e| matches!(
+    assert!(p.events(A).iter().any(|e| matches!(
         e,
         Event::PathClosed {
             reason: PathCloseReason::ClosedByPeer {
@@ -319,57 +327,59 @@ fn wrong_cluster_is_refused() {
 fn stalled_path_times_out_and_its_messages_move() {
     let mut c = cfg();
     c.min_rto = Duration::from_millis(50);
-    let mut p = Pair::new(c);
-    p.connect(1);
-    p.connect(2);
+    let mut p = World::pair(c);
+    p.connect(A, B, PathId(1));
+    p.connect(A, B, PathId(2));
     p.settle();
     for _ in 0..3 {
-        p.send_ab(0, b"s");
+        p.send(A, B, 0, b"s");
     }
     p.flush();
-    let busy = if data_frames(&p.peek_frames(1, Side::A)).len() == 3 {
+    let busy = if data_frames(&p.peek_frames(A, PathId(1))).len() == 3 {
         1
     } else {
         2
     };
     // The busy path silently eats everything (not dead as far as anyone knows).
-    p.drop_queued(busy, Side::A);
+    p.drop_queued(A, PathId(busy));
     p.advance(Duration::from_millis(300));
     p.settle();
-    assert_eq!(p.received_b().len(), 3);
-    let s = p.a.session_stats(NodeId(2)).unwrap();
+    assert_eq!(p.received(B).len(), 3);
+    let s = p[A].session_stats(NodeId(2)).unwrap();
     // Re-sent as the frame they went in (one batch of three).
     assert!(s.timeouts >= 1 && s.resent >= 1, "{s:?}");
 }
 
 #[test]
 fn duplicate_deliveries_are_suppressed() {
-    let mut p = Pair::new(cfg());
-    p.connect(1);
+    let mut p = World::pair(cfg());
+    p.connect(A, B, PathId(1));
     p.settle();
-    p.send_ab(0, b"once");
+    p.send(A, B, 0, b"once");
     p.flush();
-    let frames = p.peek_frames(1, Side::A);
-    p.deliver(1, Side::A);
+    let frames = p.peek_frames(A, PathId(1));
+    p.deliver(A, PathId(1));
     // Replay the same DATA frame (a re-send after a lost ack).
     let mut again = BytesMut::new();
     for f in frames {
         f.encode(&mut again);
     }
-    let now = p.now;
-    p.b.handle_input(now, PathId(1), &mut again).unwrap();
+    p.input(B, PathId(1), &mut again).unwrap();
     p.drain_events();
-    assert_eq!(p.received_b().len(), 1);
-    assert_eq!(p.b.session_stats(NodeId(1)).unwrap().duplicates_received, 1);
+    assert_eq!(p.received(B).len(), 1);
+    assert_eq!(
+        p[B].session_stats(NodeId(1)).unwrap().duplicates_received,
+        1
+    );
 }
 
 #[test]
 fn a_high_priority_message_keeps_its_channel_and_its_header_counts() {
-    let mut p = Pair::new(cfg());
-    p.connect(1);
+    let mut p = World::pair(cfg());
+    p.connect(A, B, PathId(1));
     p.settle();
     let now = p.now;
-    p.a.send_with(
+    p[A].send_with(
         now,
         NodeId(2),
         ChannelId(7),
@@ -379,7 +389,7 @@ fn a_high_priority_message_keeps_its_channel_and_its_header_counts() {
     .unwrap();
     p.settle();
     let got: Vec<(ChannelId, rpc::Priority, Bytes)> = p
-        .events_b
+        .events(B)
         .iter()
         .filter_map(|e| match e {
             Event::Message(m) => Some((m.channel, m.priority, m.payload.clone())),
@@ -398,10 +408,10 @@ fn a_high_priority_message_keeps_its_channel_and_its_header_counts() {
     let mut c = cfg();
     c.max_message_size = 8;
     c.batch_bytes = 64;
-    let mut q = Pair::new(c);
+    let mut q = World::pair(c);
     let now = q.now;
-    let err =
-        q.a.send_with(
+    let err = q[A]
+        .send_with(
             now,
             NodeId(2),
             ChannelId(0),
@@ -414,15 +424,15 @@ fn a_high_priority_message_keeps_its_channel_and_its_header_counts() {
 
 #[test]
 fn role_messages_cross_the_session_ahead_of_data() {
-    let mut p = Pair::new(cfg());
-    p.connect(1);
+    let mut p = World::pair(cfg());
+    p.connect(A, B, PathId(1));
     p.settle();
-    p.send_ab(0, b"data");
+    p.send(A, B, 0, b"data");
     let now = p.now;
-    p.a.send_role(now, NodeId(2), Bytes::from_static(b"table row"))
+    p[A].send_role(now, NodeId(2), Bytes::from_static(b"table row"))
         .expect("queued");
     p.flush();
-    let frames = p.peek_frames(1, Side::A);
+    let frames = p.peek_frames(A, PathId(1));
     let role = frames
         .iter()
         .position(|f| matches!(f, Frame::RouteUpdate(m) if m.as_ref() == b"table row"));
@@ -430,37 +440,37 @@ fn role_messages_cross_the_session_ahead_of_data() {
     assert!(role.is_some() && role < data, "{frames:?}");
     p.settle();
     assert_eq!(
-        p.b.poll_role(),
+        p[B].poll_role(),
         Some((NodeId(1), Bytes::from_static(b"table row")))
     );
-    assert_eq!(p.b.poll_role(), None);
-    assert_eq!(p.received_b().len(), 1);
+    assert_eq!(p[B].poll_role(), None);
+    assert_eq!(p.received(B).len(), 1);
     // Too large for the role protocol: a typed error, nothing queued.
     let big = Bytes::from(vec![0u8; role::MAX_ROLE_MESSAGE + 1]);
     assert!(matches!(
-        p.a.send_role(now, NodeId(2), big),
+        p[A].send_role(now, NodeId(2), big),
         Err(RoleSendError::TooLarge { .. })
     ));
 }
 
 #[test]
 fn role_queue_keeps_the_newest() {
-    let mut p = Pair::new(cfg());
-    p.connect(1);
+    let mut p = World::pair(cfg());
+    p.connect(A, B, PathId(1));
     p.settle();
     let now = p.now;
     for i in 0..(u32::try_from(ROLE_QUEUE).expect("small") + 5) {
-        p.a.send_role(now, NodeId(2), Bytes::from(i.to_be_bytes().to_vec()))
+        p[A].send_role(now, NodeId(2), Bytes::from(i.to_be_bytes().to_vec()))
             .expect("queued");
     }
     p.settle();
-    let got: Vec<u32> = std::iter::from_fn(|| p.b.poll_role())
+    let got: Vec<u32> = std::iter::from_fn(|| p[B].poll_role())
         .map(|(_, m)| u32::from_be_bytes(m.as_ref().try_into().expect("4 bytes")))
         .collect();
     let want: Vec<u32> = (5..u32::try_from(ROLE_QUEUE).expect("small") + 5).collect();
     assert_eq!(got, want);
     assert_eq!(
-        p.a.session_stats(NodeId(2)).expect("session").role_dropped,
+        p[A].session_stats(NodeId(2)).expect("session").role_dropped,
         5
     );
 }
@@ -469,22 +479,22 @@ fn role_queue_keeps_the_newest() {
 /// role messages: long ones are dropped oldest first by bytes too.
 #[test]
 fn role_queue_is_bounded_in_bytes() {
-    let mut p = Pair::new(cfg());
-    p.connect(1);
+    let mut p = World::pair(cfg());
+    p.connect(A, B, PathId(1));
     p.settle();
     let now = p.now;
     // Each a little over a quarter of the bound: three fit.
     let len = ROLE_QUEUE_BYTES / 4 + 1;
     for i in 0..8u8 {
-        p.a.send_role(now, NodeId(2), Bytes::from(vec![i; len]))
+        p[A].send_role(now, NodeId(2), Bytes::from(vec![i; len]))
             .expect("queued");
     }
     assert_eq!(
-        p.a.session_stats(NodeId(2)).expect("session").role_dropped,
+        p[A].session_stats(NodeId(2)).expect("session").role_dropped,
         5
     );
     p.settle();
-    let got: Vec<u8> = std::iter::from_fn(|| p.b.poll_role())
+    let got: Vec<u8> = std::iter::from_fn(|| p[B].poll_role())
         .map(|(_, m)| {
             assert_eq!(m.len(), len);
             m[0]
@@ -495,34 +505,34 @@ fn role_queue_is_bounded_in_bytes() {
 
 #[test]
 fn avoided_network_carries_new_traffic_only_when_nothing_else_can() {
-    let mut p = Pair::new(cfg());
-    p.connect(1);
-    p.connect(2);
+    let mut p = World::pair(cfg());
+    p.connect(A, B, PathId(1));
+    p.connect(A, B, PathId(2));
     // Path 1 (the one light traffic would stay on) is on network 1.
-    p.a.set_path_network(PathId(1), 1);
-    p.a.set_path_network(PathId(2), 0);
+    p[A].set_path_network(PathId(1), 1);
+    p[A].set_path_network(PathId(2), 0);
     p.settle();
     // The table steers A's traffic to B off network 1 (path 1).
-    assert!(p.a.set_avoided_networks(NodeId(2), 0b10));
+    assert!(p[A].set_avoided_networks(NodeId(2), 0b10));
     let mut on_2 = 0;
     for _ in 0..40 {
-        p.send_ab(0, b"steered");
+        p.send(A, B, 0, b"steered");
         p.flush();
-        assert!(data_frames(&p.peek_frames(1, Side::A)).is_empty());
-        on_2 += data_frames(&p.peek_frames(2, Side::A)).len();
-        p.deliver(1, Side::A);
-        p.deliver(2, Side::A);
+        assert!(data_frames(&p.peek_frames(A, PathId(1))).is_empty());
+        on_2 += data_frames(&p.peek_frames(A, PathId(2))).len();
+        p.deliver(A, PathId(1));
+        p.deliver(A, PathId(2));
     }
     assert_eq!(on_2, 40);
     p.settle();
     // Network 0's path fails: the avoided one is better than none.
     let now = p.now;
-    p.a.handle_path_down(now, PathId(2));
-    p.send_ab(0, b"only network 1 left");
+    p[A].handle_path_down(now, PathId(2));
+    p.send(A, B, 0, b"only network 1 left");
     p.flush();
     // (After the re-sends of what B's application had not taken yet.)
-    let frames = data_frames(&p.peek_frames(1, Side::A));
+    let frames = data_frames(&p.peek_frames(A, PathId(1)));
     assert_eq!(frames.last(), Some(&(40, 0)), "{frames:?}");
     p.settle();
-    assert_eq!(p.received_b().len(), 41);
+    assert_eq!(p.received(B).len(), 41);
 }
