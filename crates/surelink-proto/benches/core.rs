@@ -108,9 +108,11 @@ impl Driven for Routed {
                     Some(h) => h,
                 },
             };
-            self.router
-                .handle_hello(now, path, bound, hello)
-                .apply(now, None, &mut One(&mut self.session))?;
+            self.router.handle_hello(now, path, bound, hello).apply(
+                now,
+                None,
+                &mut One(&mut self.session),
+            )?;
         }
     }
 
