@@ -113,6 +113,13 @@ struct Sent {
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// (node, epoch, session): one side of a session.
+type SessionKey = (u64, u64, u64);
+/// (node, epoch, session, call id).
+type CallKey = (u64, u64, u64, u64);
+/// A call as made, and how it ended.
+type CallRecord = (Sent, Option<Result<Bytes, CallFailure>>);
+
 struct Run {
     w: World<Endpoint>,
     cfg: EndpointConfig,
@@ -124,16 +131,16 @@ struct Run {
     /// Messages per tag.
     sent: BTreeMap<Tag, Sent>,
     /// Message tags per sending (node, epoch, session), in order.
-    by_session: BTreeMap<(u64, u64, u64), Vec<Tag>>,
+    by_session: BTreeMap<SessionKey, Vec<Tag>>,
     /// Calls per (caller node, epoch, caller session, call id).
-    calls: BTreeMap<(u64, u64, u64, u64), (Sent, Option<Result<Bytes, CallFailure>>)>,
+    calls: BTreeMap<CallKey, CallRecord>,
     /// Per receiving (node, epoch, session): the peer session heard and
     /// the next place in it expected.
-    heard: BTreeMap<(u64, u64, u64), ((u64, u64), usize)>,
+    heard: BTreeMap<SessionKey, ((u64, u64), usize)>,
     /// Delivered message tags.
     delivered: BTreeSet<Tag>,
     /// Requests run, per receiving (node, epoch, session, call id).
-    ran: BTreeSet<(u64, u64, u64, u64)>,
+    ran: BTreeSet<CallKey>,
 }
 
 fn node_id(n: usize) -> NodeId {
