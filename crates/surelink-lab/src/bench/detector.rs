@@ -1,4 +1,4 @@
-//! `surelink bench --only detector`: the cost of the failure detector.
+//! `surelink-lab bench --only detector`: the cost of the failure detector.
 //!
 //! Two surelink pairs in one process, identical but for the detector: the
 //! default SafeTimer detector (heartbeats every 10 ms on both networks,

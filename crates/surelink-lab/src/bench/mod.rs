@@ -1,4 +1,4 @@
-//! `surelink bench`: surelink against the transports users would pick
+//! `surelink-lab bench`: surelink against the transports users would pick
 //! instead — plain TCP, ZeroMQ and NATS — all on loopback, all measured in
 //! the same process run with the same cases.
 //!
@@ -127,7 +127,7 @@ use surelink_pair::SurelinkStats;
 // Command line and plan
 // ---------------------------------------------------------------------------
 
-/// Options of `surelink bench`.
+/// Options of `surelink-lab bench`.
 #[derive(Args, Debug)]
 pub(crate) struct BenchArgs {
     /// Rounds per case and contender; the report gives the median.
@@ -149,7 +149,7 @@ pub(crate) struct BenchArgs {
     sub: Option<BenchSub>,
 }
 
-/// `surelink bench cache`: the cache cluster's own benchmark.
+/// `surelink-lab bench cache`: the cache cluster's own benchmark.
 #[derive(clap::Subcommand, Debug)]
 enum BenchSub {
     /// The cache cluster against memcached and nutcracker (twemproxy):

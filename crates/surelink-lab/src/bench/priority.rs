@@ -1,4 +1,4 @@
-//! `surelink bench --only priority`: does a high-priority call get through
+//! `surelink-lab bench --only priority`: does a high-priority call get through
 //! a saturated server?
 //!
 //! Two surelink pairs in one process, identical but for the server's

@@ -1,4 +1,4 @@
-//! `surelink demo`: a memcached-compatible cache cluster under fire.
+//! `surelink-lab demo`: a memcached-compatible cache cluster under fire.
 //!
 //! Three cache nodes (embedded store) and a proxy start in this process on
 //! loopback over two networks (127.0.1.x and 127.0.2.x); an open-loop

@@ -1,4 +1,4 @@
-//! `surelink demo`: by default the cache cluster under fire
+//! `surelink-lab demo`: by default the cache cluster under fire
 //! ([`cluster`]); `--stream` the two-endpoint streaming demo ([`stream`]),
 //! `--stream --simulated` the same on the simulator ([`sim`]).
 

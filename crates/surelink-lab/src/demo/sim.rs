@@ -1,4 +1,4 @@
-//! `surelink demo --simulated`: the same story as the demo, on the
+//! `surelink-lab demo --simulated`: the same story as the demo, on the
 //! deterministic simulator (virtual time, a path that goes silent and is
 //! detected, no sockets).
 

@@ -1,4 +1,4 @@
-//! `surelink demo --stream`: two endpoints on real loopback sockets over two networks
+//! `surelink-lab demo --stream`: two endpoints on real loopback sockets over two networks
 //! (127.0.1.x and 127.0.2.x). A client streams one-way messages on four
 //! channels; mid-stream the connections of network 0 are shut down (as
 //! `ss -K` would), later those of network 1. The report says what arrived.

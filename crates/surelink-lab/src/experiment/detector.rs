@@ -1,4 +1,4 @@
-//! `surelink experiment detector`: SafeTimer's Table 1 (false reports
+//! `surelink-lab experiment detector`: SafeTimer's Table 1 (false reports
 //! under injected local delays and drops, and the sender fence) and the
 //! time to detect a real crash or a one-way silent link.
 //!
@@ -17,7 +17,7 @@ use serde_json::Value;
 use super::node::{wall_us, Mode, SENDER};
 use super::procs::{addrs, t, NodeProc};
 
-/// Arguments of `surelink experiment detector`.
+/// Arguments of `surelink-lab experiment detector`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct DetectorArgs {
     /// Directory for detector.json and detector_timeline.png.

@@ -1,4 +1,4 @@
-//! `surelink experiment failover`: a client streaming requests (64 B, one
+//! `surelink-lab experiment failover`: a client streaming requests (64 B, one
 //! per millisecond) to a server in another network namespace; at 2 s a
 //! fault hits network 1 for 3 s. Contenders, same script: surelink (two
 //! paths, heartbeats every 10 ms and 100 ms), plain TCP over network 1, and
@@ -7,7 +7,7 @@
 //! or executed twice) and reordered (reaching the server after a later
 //! one), replies that answer the wrong request, the p99 and the maximum
 //! latency of requests sent during the fault, and a PNG per fault with
-//! every request's latency. Needs root (see `surelink testbed`).
+//! every request's latency. Needs root (see `surelink-lab testbed`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -22,7 +22,7 @@ use super::contenders::{run_once, Bed, Contender, Load, Timing};
 use super::procs::t;
 use crate::testbed::Fault;
 
-/// Arguments of `surelink experiment failover`.
+/// Arguments of `surelink-lab experiment failover`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct FailoverArgs {
     /// Directory for failover.json.

@@ -1,4 +1,4 @@
-//! `surelink experiment flows` (SQR's flow-completion figure): a client
+//! `surelink-lab experiment flows` (SQR's flow-completion figure): a client
 //! sends request flows of 1–100 KiB (sizes log-uniform, the same sequence
 //! for every contender) every 5 ms and the server answers each with 64
 //! bytes; the flow completes when the answer arrives. Each contender runs
@@ -6,7 +6,7 @@
 //! at t = 2 s for 3 s. Reported: flow completion time p50 / p99 / max
 //! (pooled over the repetitions) and flows left unfinished, with and
 //! without the failure; a PNG of every flow's completion time in the
-//! failure runs. Needs root (see `surelink testbed`).
+//! failure runs. Needs root (see `surelink-lab testbed`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -19,7 +19,7 @@ use super::contenders::{run_once, Bed, Contender, Load, Timing, Trace};
 use super::procs::t;
 use crate::testbed::Fault;
 
-/// Arguments of `surelink experiment flows`.
+/// Arguments of `surelink-lab experiment flows`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct FlowsArgs {
     /// Directory for flows.json and the plot.

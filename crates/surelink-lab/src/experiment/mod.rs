@@ -1,4 +1,4 @@
-//! `surelink experiment …`: experiments that run several processes.
+//! `surelink-lab experiment …`: experiments that run several processes.
 //!
 //! - `detector`: SafeTimer's Table 1 and detection times.
 //! - `failover`: failover time under link faults, surelink vs TCP vs MPTCP.
@@ -9,7 +9,7 @@
 //! - `role`: non-local fault notification on three hosts, with and
 //!   without the role service.
 //!
-//! `surelink experiment-node` (hidden) is the process each one starts.
+//! `surelink-lab experiment-node` (hidden) is the process each one starts.
 
 mod contenders;
 pub(crate) mod detector;

@@ -1,4 +1,4 @@
-//! `surelink experiment role` (root): non-local fault notification on a
+//! `surelink-lab experiment role` (root): non-local fault notification on a
 //! three-host network, with the role service and without it.
 //!
 //! ```text
@@ -15,7 +15,7 @@
 //! (and node 1) last sent data to node 2 on network 1 — with the role
 //! service (candidate node 1, defaults) and with every node alone.
 //!
-//! `surelink experiment-role-node` (hidden) is the process on each host.
+//! `surelink-lab experiment-role-node` (hidden) is the process on each host.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -42,7 +42,7 @@ fn ip_of(node: u64, net: usize) -> String {
     format!("10.78.{}.{}", net + 1, node)
 }
 
-/// Arguments of `surelink experiment role`.
+/// Arguments of `surelink-lab experiment role`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct RoleNotifyArgs {
     /// Rounds per arm (with and without the role service).
@@ -50,7 +50,7 @@ pub(crate) struct RoleNotifyArgs {
     rounds: usize,
 }
 
-/// Arguments of `surelink experiment-role-node`.
+/// Arguments of `surelink-lab experiment-role-node`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct RoleNodeArgs {
     /// This node (1..=3).

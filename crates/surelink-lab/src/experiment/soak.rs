@@ -1,4 +1,4 @@
-//! `surelink experiment soak --minutes N`: a sender streams one-way
+//! `surelink-lab experiment soak --minutes N`: a sender streams one-way
 //! messages (1/ms, with `send`, so every one counts) and calls (one per
 //! 5 ms) to a receiver in another namespace while random faults hit both
 //! links: link down, one-way and both-way drop, 10 % loss, connection
@@ -6,7 +6,7 @@
 //! once for at most 1 s. The receiver checks every message arrives
 //! exactly once and in order and every call runs once, in order; the
 //! sender that every call is answered. Any violation fails the run (exit
-//! status 1). Needs root (see `surelink testbed`).
+//! status 1). Needs root (see `surelink-lab testbed`).
 //!
 //! Both nodes run the product's default detector: paths fail over on a
 //! 50 ms window (10 ms heartbeats), and the send slack (1.5 s) is longer
@@ -28,7 +28,7 @@ use super::contenders::{strs, Bed};
 use super::procs::NodeProc;
 use crate::testbed::{self, Fault};
 
-/// Arguments of `surelink experiment soak`.
+/// Arguments of `surelink-lab experiment soak`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct SoakArgs {
     /// How long to inject faults.

@@ -1,4 +1,4 @@
-//! `surelink experiment-tcp-node`: the baselines of the failover
+//! `surelink-lab experiment-tcp-node`: the baselines of the failover
 //! experiment — what an application does today. A plain TCP (or Linux
 //! MPTCP, `--mptcp`: socket protocol 262) server, and a client that sends
 //! a request every `--calls-ms` on one connection and prints a `reply`
@@ -26,7 +26,7 @@ use super::node::wall_us;
 /// Linux's IPPROTO_MPTCP.
 const IPPROTO_MPTCP: i32 = 262;
 
-/// Arguments of `surelink experiment-tcp-node`.
+/// Arguments of `surelink-lab experiment-tcp-node`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct TcpNodeArgs {
     /// Serve echoes on `--local` (else: the client).

@@ -1,4 +1,4 @@
-//! `surelink bench cache`: the cache cluster against what its users run
+//! `surelink-lab bench cache`: the cache cluster against what its users run
 //! instead, through the same open-loop memcached load (`memload`: 64 B
 //! values, 90 % get, Zipf keys; latency from the scheduled time):
 //!
@@ -36,7 +36,7 @@ use procs::{NodeSpec, Proc};
 
 use surelink_lab::host::find_program;
 
-/// Options of `surelink bench cache`.
+/// Options of `surelink-lab bench cache`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct CacheBenchArgs {
     /// Rounds; the report gives medians.
