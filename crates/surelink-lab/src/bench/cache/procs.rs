@@ -260,7 +260,9 @@ pub(super) fn surelink_configs(
 
 /// Starts a cache node for each of `nodes` (in `node_ns`) and the proxy
 /// (in `proxy_ns`), logs in `dir`: this binary's hidden `cache node|proxy`,
-/// the same runners as `surelink cache node|proxy`.
+/// the same runners as `surelink cache node|proxy` — or, with
+/// `SURELINK_BIN=path/to/surelink`, that binary itself (the shipped build,
+/// without the lab's `test-util`).
 pub(super) fn spawn_surelink(
     dir: &Path,
     nodes: &[PathBuf],
@@ -268,7 +270,10 @@ pub(super) fn spawn_surelink(
     node_ns: Option<&str>,
     proxy_ns: Option<&str>,
 ) -> Result<Vec<Proc>> {
-    let me = std::env::current_exe().context("finding the surelink-lab binary")?;
+    let me = match std::env::var_os("SURELINK_BIN") {
+        Some(bin) => PathBuf::from(bin),
+        None => std::env::current_exe().context("finding the surelink-lab binary")?,
+    };
     let args = |kind: &str, f: &Path| {
         vec![
             "cache".to_string(),
