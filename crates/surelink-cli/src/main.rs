@@ -1,39 +1,24 @@
-//! `surelink`: the command-line tool.
+//! `surelink`: the command-line tool — argument parsing and dispatch to
+//! `surelink-node`, which does the work.
 //!
-//! - `demo`: two endpoints, two networks, connections killed mid-stream;
-//!   what arrived (`--simulated` for the deterministic simulator).
 //! - `serve --config F`: an echo server; `call --config F --peer N`: a ping
 //!   client; `stats --metrics ADDR`: a running endpoint's counters.
-//! - `bench`: surelink against plain TCP, ZeroMQ (`--features zeromq`) and
-//!   NATS (a `nats-server` child process), latency and throughput.
-//! - `testbed up|down|fault|undo|pause|resume`: two network namespaces, two
-//!   links, faults on either link, SIGSTOP/SIGCONT of a host (root).
-//! - `experiment detector`: false failure reports under local delays
-//!   (SafeTimer's Table 1), the sender fence, detection times.
-//! - `experiment failover|flows|soak` (root): failover time and flow
-//!   completion times against plain TCP and Linux MPTCP; a soak of random
-//!   faults on both links that fails on any lost, doubled or reordered
-//!   message.
+//! - `cache node|proxy --config F`: the memcached-compatible cache cluster.
+//! - `role-server --config F`: a node whose only job is the role service;
+//!   `status --cluster F`: the role service's view from every node.
+//! - `keygen`: a node key pair; `certs`: a throwaway CA and node
+//!   certificates for trying mutual TLS.
+//!
+//! The demo, benchmarks, experiments and the netns testbed are the lab's
+//! (`cargo run -p surelink-lab -- demo`), not this binary's.
 
-// Reporting code converts counts and durations for display.
-#![allow(clippy::cast_possible_truncation)]
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
 
-mod bench;
-mod cache;
-mod certs;
-mod cluster_file;
-mod config_file;
-mod demo;
-mod experiment;
-mod keys;
-mod memload;
-mod role;
-mod role_backend;
-mod serve;
-mod stats;
-mod testbed;
-
-use clap::{Parser, Subcommand};
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+use surelink_node::surelink::proto::NodeId;
 
 #[derive(Parser)]
 #[command(
@@ -48,113 +33,175 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Two endpoints, two networks, connections killed mid-stream: what arrived?
-    Demo(demo::DemoArgs),
     /// Run an echo server from a TOML configuration.
-    Serve(serve::ServeArgs),
+    Serve(ConfigArg),
     /// The memcached-compatible cache cluster: `node` and `proxy`.
     #[command(subcommand)]
-    Cache(cache::CacheCommand),
+    Cache(CacheCommand),
     /// Call a peer (ping/echo) from a TOML configuration.
-    Call(serve::CallArgs),
+    Call(CallArgs),
     /// Generate a node key pair (the secret to a file, the public key to
     /// paste into every node's `[[members]]`).
-    Keygen(keys::KeygenArgs),
+    Keygen(KeygenArgs),
     /// Generate a throwaway CA and a certificate per node, for trying
     /// mutual TLS (`[tls]`) instead of member keys.
-    Certs(certs::CertsArgs),
+    Certs(CertsArgs),
     /// Print a running endpoint's counters from its metrics port.
-    Stats(stats::StatsArgs),
+    Stats(StatsArgs),
     /// Run a node whose only job is the role service (hr-net's role
     /// server): a candidate from the cluster file.
-    RoleServer(role::RoleServerArgs),
+    RoleServer(RoleServerArgs),
     /// The role service's view from every node: the routing table each
     /// holds, and the path-status matrix on the serving role server.
-    Status(role::StatusArgs),
-    /// Benchmark against plain TCP, ZeroMQ and NATS: round-trip latency and
-    /// throughput.
-    Bench(bench::BenchArgs),
-    /// Network namespaces joined by two links, and faults (needs root).
-    Testbed(testbed::TestbedArgs),
-    /// Multi-process experiments (`detector`).
-    #[command(subcommand)]
-    Experiment(experiment::Experiment),
-    /// One endpoint of an experiment, in its own process (used by
-    /// `experiment`).
-    #[command(hide = true)]
-    ExperimentNode(experiment::node::NodeArgs),
-    /// One node of `experiment role`, inside its host's namespace.
-    #[command(hide = true)]
-    ExperimentRoleNode(experiment::role_notify::RoleNodeArgs),
-    /// The client of `bench cache --failure`, inside the testbed's host a.
-    #[command(hide = true)]
-    BenchCacheClient(bench::cache::failure::ClientArgs),
-    /// A plain TCP / MPTCP baseline node of an experiment (used by
-    /// `experiment failover`).
-    #[command(hide = true)]
-    ExperimentTcpNode(experiment::tcpnode::TcpNodeArgs),
+    Status(StatusArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+#[derive(Args, Debug)]
+struct ConfigArg {
+    /// TOML configuration (see the `config_file` module docs or README).
+    #[arg(long)]
+    config: PathBuf,
+}
+
+#[derive(Subcommand, Debug)]
+enum CacheCommand {
+    /// A cache node: holds items in memory and serves proxies over surelink.
+    Node(CacheConfigArg),
+    /// A proxy: memcached's text protocol on a local port, keys routed to
+    /// the nodes by consistent hashing.
+    Proxy(CacheConfigArg),
+}
+
+#[derive(Args, Debug)]
+struct CacheConfigArg {
+    /// TOML configuration.
+    #[arg(long)]
+    config: PathBuf,
+}
+
+#[derive(Args, Debug)]
+struct CallArgs {
+    /// TOML configuration of this (client) endpoint.
+    #[arg(long)]
+    config: PathBuf,
+    /// The node to call.
+    #[arg(long)]
+    peer: u64,
+    /// Calls to make.
+    #[arg(long, default_value_t = 10)]
+    count: u64,
+    /// Request size in bytes.
+    #[arg(long, default_value_t = 64)]
+    size: usize,
+    /// Pause between calls, milliseconds.
+    #[arg(long, default_value_t = 100)]
+    interval_ms: u64,
+    /// Per-call deadline, milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    timeout_ms: u64,
+}
+
+/// `surelink keygen`.
+#[derive(Args, Debug)]
+struct KeygenArgs {
+    /// Write the secret key to this file (mode 0600; refuses to overwrite)
+    /// and print only the public key. Without it, both are printed.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// `surelink certs`.
+#[derive(Args, Debug)]
+struct CertsArgs {
+    /// Directory to write into (created; existing files are not replaced).
+    #[arg(long)]
+    out: PathBuf,
+    /// The cluster id the certificates name.
+    #[arg(long)]
+    cluster: u64,
+    /// Node ids, comma separated (e.g. 1,2,3).
+    #[arg(long, value_delimiter = ',', required = true)]
+    nodes: Vec<u64>,
+}
+
+#[derive(Args, Debug)]
+struct StatsArgs {
+    /// The endpoint's metrics address (`metrics = ...` in its config).
+    #[arg(long)]
+    metrics: SocketAddr,
+    /// Print the raw Prometheus text.
+    #[arg(long)]
+    raw: bool,
+}
+
+#[derive(Args, Debug)]
+struct RoleServerArgs {
+    /// TOML configuration of this node; it must name a `cluster_file`
+    /// that lists this node among the role-server candidates.
+    #[arg(long)]
+    config: PathBuf,
+}
+
+#[derive(Args, Debug)]
+struct StatusArgs {
+    /// The cluster file: every node with a `metrics` address is asked.
+    #[arg(long)]
+    cluster: Option<PathBuf>,
+    /// Ask only this metrics address (`host:port`).
+    #[arg(long)]
+    addr: Option<SocketAddr>,
+    /// Ask only this node of the cluster file.
+    #[arg(long)]
+    node: Option<u64>,
+}
+
+fn main() -> Result<()> {
     let cli = Cli::parse();
-    // The demo reports the faults it injects itself: the warnings they
-    // cause would bury its report (RUST_LOG still shows them).
-    let default_level = match cli.command {
-        Command::Demo(_) => "error",
-        _ => "warn",
-    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
         .init();
     // Daemons read their runtime's size from their configuration file.
     let (config, default_workers) = match &cli.command {
-        Command::Cache(c) => (Some(c.config()), cache::WORKER_THREADS),
-        Command::Serve(a) => (Some(a.config.as_path()), 2),
-        Command::RoleServer(a) => (Some(a.config.as_path()), 2),
-        Command::Call(a) => (Some(a.config.as_path()), 2),
-        _ => (None, 2),
+        Command::Cache(CacheCommand::Node(a) | CacheCommand::Proxy(a)) => (
+            Some(a.config.as_path()),
+            surelink_node::cache::WORKER_THREADS,
+        ),
+        Command::Serve(ConfigArg { config })
+        | Command::RoleServer(RoleServerArgs { config })
+        | Command::Call(CallArgs { config, .. }) => (
+            Some(config.as_path()),
+            surelink_node::runtime::WORKER_THREADS,
+        ),
+        _ => (None, surelink_node::runtime::WORKER_THREADS),
     };
-    let workers = match config {
-        Some(path) => config_file::runtime(path)?
-            .worker_threads
-            .unwrap_or(default_workers),
-        None => default_workers,
-    };
-    // One worker: a current-thread runtime, whose run queue is plain FIFO
-    // (a multi-thread one with one worker still runs a just-woken task
-    // first, through its LIFO slot) and cheaper per wake-up.
-    let rt = if workers == 1 {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(workers)
-            .enable_all()
-            .build()?
-    };
+    let rt = surelink_node::runtime::for_config(config, default_workers)?;
     rt.block_on(async {
         match cli.command {
-            Command::Demo(a) => demo::run(&a).await,
-            Command::Serve(a) => serve::serve(&a).await,
-            Command::Call(a) => serve::call(&a).await,
-            Command::Keygen(a) => keys::keygen(&a),
-            Command::Certs(a) => certs::certs(&a),
-            Command::Stats(a) => stats::run(&a).await,
-            Command::RoleServer(a) => role::role_server(&a).await,
-            Command::Status(a) => role::status(&a),
-            Command::Bench(a) => bench::run(&a).await,
-            Command::Testbed(a) => testbed::main(&a),
-            Command::Cache(c) => cache::main(&c).await,
-            Command::Experiment(e) => experiment::run(&e).await,
-            Command::ExperimentNode(a) => experiment::node::run(&a).await,
-            Command::ExperimentRoleNode(a) => experiment::role_notify::node(&a).await,
-            Command::ExperimentTcpNode(a) => experiment::tcpnode::run(&a).await,
-            Command::BenchCacheClient(a) => bench::cache::failure::client(&a).await,
+            Command::Serve(a) => surelink_node::serve::serve(&a.config).await?,
+            Command::Call(a) => {
+                let mut opts = surelink_node::call::PingOptions::new(NodeId(a.peer));
+                opts.count = a.count;
+                opts.size = a.size;
+                opts.interval = Duration::from_millis(a.interval_ms);
+                opts.timeout = Duration::from_millis(a.timeout_ms);
+                surelink_node::call::call(&a.config, &opts).await?;
+            }
+            Command::Keygen(a) => surelink_node::keys::keygen(a.out.as_deref())?,
+            Command::Certs(a) => surelink_node::certs::certs(&a.out, a.cluster, &a.nodes)?,
+            Command::Stats(a) => surelink_node::stats::stats(a.metrics, a.raw).await?,
+            Command::RoleServer(a) => surelink_node::role_server::role_server(&a.config).await?,
+            Command::Status(a) => {
+                surelink_node::status::status(a.cluster.as_deref(), a.addr, a.node)?;
+            }
+            Command::Cache(CacheCommand::Node(a)) => surelink_node::cache::node(&a.config).await?,
+            Command::Cache(CacheCommand::Proxy(a)) => {
+                surelink_node::cache::proxy(&a.config).await?;
+            }
         }
+        Ok(())
     })
 }

@@ -1,31 +1,29 @@
 //! What the README tells a newcomer to do: start three cache nodes and a
 //! proxy from `examples/cache/*.toml`, each its own `surelink` process, and
-//! point a memcached client at 127.0.0.1:11311. `memcslap` is used when
-//! installed (SKIPPED otherwise); a raw set/get always runs.
+//! point a memcached client at the proxy (127.0.0.1:11311 in the files; a
+//! temporary copy with every port moved to a free one here, so a user
+//! running the example cluster on this machine sees no clash). `memcslap`
+//! is used when installed (SKIPPED otherwise); a raw set/get always runs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn examples() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/cache")
-}
-
-fn ask(req: &[u8], end: &[u8]) -> Option<Vec<u8>> {
-    common::ask("127.0.0.1:11311", req, end)
-}
+use surelink_lab::child;
 
 #[test]
 fn the_example_cluster_serves_memcached_clients() {
+    let copy = common::example_cluster("cache-examples");
+    let dir = copy.path();
+    let proxy = common::proxy_addr(&copy);
+    let ask = |req: &[u8], end: &[u8]| common::ask(proxy, req, end);
     let _procs = common::Procs(vec![
-        common::start_cache(&examples(), "node", "node1.toml"),
-        common::start_cache(&examples(), "node", "node2.toml"),
-        common::start_cache(&examples(), "node", "node3.toml"),
-        common::start_cache(&examples(), "proxy", "proxy.toml"),
+        common::start_cache(dir, "node", "node1.toml"),
+        common::start_cache(dir, "node", "node2.toml"),
+        common::start_cache(dir, "node", "node3.toml"),
+        common::start_cache(dir, "proxy", "proxy.toml"),
     ]);
     // Up when a set through the proxy is stored on its node.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -47,11 +45,9 @@ fn the_example_cluster_serves_memcached_clients() {
     // holds node 1's table, and `surelink status` shows it.
     let deadline = Instant::now() + Duration::from_secs(20);
     let status = loop {
-        let out = Command::new(env!("CARGO_BIN_EXE_surelink"))
-            .args(["status", "--cluster"])
-            .arg(examples().join("cluster.toml"))
-            .output()
-            .unwrap();
+        let cluster = dir.join("cluster.toml").display().to_string();
+        let out =
+            child::output(&[common::SURELINK, "status", "--cluster", &cluster], None).unwrap();
         let text = String::from_utf8_lossy(&out.stdout).to_string();
         let held = text
             .matches("table: role server node 1, epoch 1, version")
@@ -66,24 +62,23 @@ fn the_example_cluster_serves_memcached_clients() {
         std::thread::sleep(Duration::from_millis(200));
     };
     eprintln!("{status}");
-    let have = Command::new("sh")
-        .args(["-c", "command -v memcslap"])
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let have = surelink_lab::host::find_program("memcslap", &[]).is_some();
     if !have {
         eprintln!("SKIPPED memcslap against the example cluster: not installed (apt-get install libmemcached-tools)");
         return;
     }
     for test in ["set", "get"] {
-        let out = Command::new("memcslap")
-            .args([
-                "--servers=127.0.0.1:11311",
+        let out = child::output(
+            &[
+                "memcslap",
+                &format!("--servers={proxy}"),
                 &format!("--test={test}"),
                 "--concurrency=4",
                 "--execute-number=1000",
-            ])
-            .output()
-            .unwrap();
+            ],
+            None,
+        )
+        .unwrap();
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),

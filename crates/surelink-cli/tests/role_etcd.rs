@@ -2,59 +2,49 @@
 //! `etcd` feature: `cargo test -p surelink-cli --features etcd --test
 //! role_etcd`): a real etcd on loopback serving only TLS and requiring
 //! client certificates (made by `surelink certs`), the example cache
-//! cluster's files with the cluster file switched to the etcd backend over
-//! TLS, each node its own `surelink` process. `surelink status` shows one elected candidate's
-//! table on every node; when that process is killed the other candidate's
-//! table (a higher epoch) reaches the survivors and the proxy keeps
-//! serving. Prints `SKIPPED: …` where etcd is not installed.
+//! cluster's files (a temporary copy on free ports) with the cluster file
+//! switched to the etcd backend over TLS, each node its own `surelink`
+//! process. `surelink status` shows one elected candidate's table on every
+//! node; when that process is killed the other candidate's table (a higher
+//! epoch) reaches the survivors and the proxy keeps serving. Prints
+//! `SKIPPED: …` where etcd is not installed.
 
 #![cfg(feature = "etcd")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use surelink_lab::child::{self, Child, Command, Output};
+use surelink_lab::examples::ExampleCopy;
+use surelink_lab::host::{find_program, free_port};
 
-fn etcd(dir: &Path) -> Option<(Child, u16)> {
-    let have = Command::new("sh")
-        .args(["-c", "command -v etcd"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !have {
+fn etcd(dir: &Path) -> Option<Child> {
+    if find_program("etcd", &[]).is_none() {
         println!("SKIPPED: etcd not installed (apt-get install etcd-server)");
         return None;
     }
     // TLS with client certificates, from `surelink certs`: etcd serves
     // node 99's certificate, each node presents its own (`{node}` in the
     // cluster file's paths).
-    let out = Command::new(env!("CARGO_BIN_EXE_surelink"))
-        .args([
-            "certs",
-            "--cluster",
-            "11",
-            "--nodes",
-            "1,2,3,100,99",
-            "--out",
-        ])
-        .arg(dir.join("tls"))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    let tls_dir = dir.join("tls").display().to_string();
+    child::run(&[
+        common::SURELINK,
+        "certs",
+        "--cluster",
+        "11",
+        "--nodes",
+        "1,2,3,100,99",
+        "--out",
+        &tls_dir,
+    ])
+    .unwrap();
     let tls = |f: &str| dir.join("tls").join(f).display().to_string();
-    let (client, peer) = (free_port(), free_port());
-    let log = std::fs::File::create(dir.join("etcd.log")).unwrap();
-    let child = Command::new("etcd")
+    let client = client_port(dir);
+    let peer = free_port([127, 0, 0, 1].into()).unwrap();
+    let child = Command::new("etcd", "etcd")
         .arg("--name=t")
         .arg(format!("--data-dir={}", dir.join("etcd").display()))
         .arg(format!("--cert-file={}", tls("node-99.crt")))
@@ -70,40 +60,39 @@ fn etcd(dir: &Path) -> Option<(Child, u16)> {
             "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
         ))
         .arg(format!("--initial-cluster=t=http://127.0.0.1:{peer}"))
-        .stdout(Stdio::null())
-        .stderr(log)
+        .stderr(Output::Log(dir.join("etcd.log")))
         .spawn()
         .unwrap();
-    Some((child, client))
+    Some(child)
 }
 
-/// The example cache cluster's files, on other ports, with the cluster
-/// file switched to the etcd backend at `client`.
-fn files(dir: &Path, client: u16) {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/cache");
-    for e in std::fs::read_dir(&src).unwrap() {
-        let p = e.unwrap().path();
-        let mut text = std::fs::read_to_string(&p).unwrap();
-        text = text
-            .replace(":7201", ":7401")
-            .replace("127.0.0.1:921", "127.0.0.1:941")
-            .replace("127.0.0.1:11311", "127.0.0.1:11511");
-        if p.file_name().is_some_and(|n| n == "cluster.toml") {
-            let line = "candidates = [1, 2]            # role-server candidates, in order\n";
-            assert!(text.contains(line), "the example cluster file changed");
-            text = text.replace(
-                line,
-                &format!(
-                    "candidates = [1, 2]\nbackend = \"etcd\"\n\n[role.etcd]\nendpoints = [\"https://127.0.0.1:{client}\"]\nca_file = \"tls/ca.crt\"\ncert_file = \"tls/node-{{node}}.crt\"\nkey_file = \"tls/node-{{node}}.key.pem\"\nserver_name = \"node-99.cluster-11.surelink\"\n"
-                ),
-            );
-        }
-        std::fs::write(dir.join(p.file_name().unwrap()), text).unwrap();
-    }
+/// The client port written into the cluster file by [`files`].
+fn client_port(dir: &Path) -> u16 {
+    let text = std::fs::read_to_string(dir.join("cluster.toml")).unwrap();
+    let url = text
+        .split("https://127.0.0.1:")
+        .nth(1)
+        .expect("the cluster file names etcd");
+    url.split('"').next().unwrap().parse().unwrap()
 }
 
-fn ask(req: &[u8], end: &[u8]) -> Option<Vec<u8>> {
-    common::ask("127.0.0.1:11511", req, end)
+/// The example cache cluster's files (a temporary copy on free ports),
+/// with the cluster file switched to the etcd backend on a free port.
+fn files() -> ExampleCopy {
+    let copy = common::example_cluster("role-etcd");
+    let client = free_port([127, 0, 0, 1].into()).unwrap();
+    let path = copy.path().join("cluster.toml");
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    let line = "candidates = [1, 2]            # role-server candidates, in order\n";
+    assert!(text.contains(line), "the example cluster file changed");
+    text = text.replace(
+        line,
+        &format!(
+            "candidates = [1, 2]\nbackend = \"etcd\"\n\n[role.etcd]\nendpoints = [\"https://127.0.0.1:{client}\"]\nca_file = \"tls/ca.crt\"\ncert_file = \"tls/node-{{node}}.crt\"\nkey_file = \"tls/node-{{node}}.key.pem\"\nserver_name = \"node-99.cluster-11.surelink\"\n"
+        ),
+    );
+    std::fs::write(&path, text).unwrap();
+    copy
 }
 
 /// `surelink status --cluster`: the text, per node asked the (role
@@ -117,21 +106,21 @@ fn status(dir: &Path) -> (String, Vec<(u64, u64)>, Vec<u64>) {
 
 #[test]
 fn nodes_elect_through_etcd_and_fail_over() {
-    let dir = std::env::temp_dir().join(format!("surelink-role-etcd-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let Some((etcd, client)) = etcd(&dir) else {
+    let copy = files();
+    let dir = copy.path();
+    let proxy = common::proxy_addr(&copy);
+    let ask = |req: &[u8], end: &[u8]| common::ask(proxy, req, end);
+    let Some(etcd) = etcd(dir) else {
         return;
     };
-    files(&dir, client);
-    let mut procs = common::Procs(vec![("etcd".into(), etcd)]);
+    let mut procs = common::Procs(vec![etcd]);
     for (kind, f) in [
         ("node", "node1.toml"),
         ("node", "node2.toml"),
         ("node", "node3.toml"),
         ("proxy", "proxy.toml"),
     ] {
-        procs.0.push(common::start_cache(&dir, kind, f));
+        procs.0.push(common::start_cache(dir, kind, f));
     }
     common::until("a set through the proxy", Duration::from_secs(30), || {
         (ask(b"set hello 0 0 5\r\nworld\r\n", b"\r\n").as_deref() == Some(b"STORED\r\n"))
@@ -143,7 +132,7 @@ fn nodes_elect_through_etcd_and_fail_over() {
         "one elected table everywhere",
         Duration::from_secs(20),
         || {
-            let (text, tables, serving) = status(&dir);
+            let (text, tables, serving) = status(dir);
             let first = *tables.first()?;
             (tables.len() == 4
                 && tables.iter().all(|t| *t == first)
@@ -160,7 +149,7 @@ fn nodes_elect_through_etcd_and_fail_over() {
     procs.kill(&format!("node{leader}.toml"));
     let other = 3 - leader;
     let took = common::until("the next leader's table", Duration::from_secs(20), || {
-        let (_, tables, serving) = status(&dir);
+        let (_, tables, serving) = status(dir);
         (tables.len() == 3
             && tables.iter().all(|t| t.0 == other && t.1 > epoch)
             && serving.len() == 1)
@@ -179,5 +168,4 @@ fn nodes_elect_through_etcd_and_fail_over() {
         (ask(b"set after 0 0 2\r\nok\r\n", b"\r\n").as_deref() == Some(b"STORED\r\n")).then_some(())
     });
     drop(procs);
-    let _ = std::fs::remove_dir_all(&dir);
 }

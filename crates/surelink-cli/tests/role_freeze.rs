@@ -1,41 +1,37 @@
 //! The role server's process frozen (SIGSTOP, as a cgroup freeze or a long
-//! GC pause does), on the example cache cluster, four `surelink` processes
-//! on one host. The other candidate must take over once SafeTimer reports
-//! the frozen one dead — although the frozen process's own heartbeat socket
-//! overflows meanwhile, on this very host — and the thawed process, fenced
-//! by its missed deadlines, must come back as a standby: it neither takes
-//! the role back nor claims epoch after epoch while its fence is shut.
+//! GC pause does), on the example cache cluster (a temporary copy on free
+//! ports), four `surelink` processes on one host. The other candidate must
+//! take over once SafeTimer reports the frozen one dead — although the
+//! frozen process's own heartbeat socket overflows meanwhile, on this very
+//! host — and the thawed process, fenced by its missed deadlines, must come
+//! back as a standby: it neither takes the role back nor claims epoch after
+//! epoch while its fence is shut.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn examples() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/cache")
-}
-
 fn signal(pid: u32, sig: &str) {
-    let ok = Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .is_ok_and(|s| s.success());
+    let ok = surelink_lab::child::run(&["kill", sig, &pid.to_string()]).is_ok();
     assert!(ok, "kill {sig} {pid}");
 }
 
 #[test]
 fn a_frozen_role_server_is_replaced_and_comes_back_as_a_standby() {
-    let dir = examples();
+    // A temporary copy on free ports: the example's fixed ports clash with
+    // a user running the example cluster on this machine.
+    let copy = common::example_cluster("role-freeze");
+    let dir = copy.path().to_path_buf();
+    let proxy = common::proxy_addr(&copy);
     let procs = common::Procs(vec![
         common::start_cache(&dir, "node", "node1.toml"),
         common::start_cache(&dir, "node", "node2.toml"),
         common::start_cache(&dir, "node", "node3.toml"),
         common::start_cache(&dir, "proxy", "proxy.toml"),
     ]);
-    let node1 = procs.0[0].1.id();
+    let node1 = procs.0[0].pid();
     common::until("node 1's table everywhere", Duration::from_secs(30), || {
         let (_, nodes) = common::role_status(&dir, None);
         (nodes.len() == 4
@@ -100,7 +96,7 @@ fn a_frozen_role_server_is_replaced_and_comes_back_as_a_standby() {
     }
     // The cache answers through it all.
     common::until("a set through the proxy", Duration::from_secs(5), || {
-        (common::ask("127.0.0.1:11311", b"set after 0 0 2\r\nok\r\n", b"\r\n").as_deref()
+        (common::ask(proxy, b"set after 0 0 2\r\nok\r\n", b"\r\n").as_deref()
             == Some(b"STORED\r\n"))
         .then_some(())
     });

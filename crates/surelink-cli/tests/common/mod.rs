@@ -1,36 +1,43 @@
-//! What the process-level tests share: the netns tests' requirements
-//! check, child processes that die with the test, a memcached request.
-//! (Each test binary uses part of it.)
+//! What the process tests of the `surelink` binary share: the example
+//! cache cluster started from a temporary copy on free ports (the lab's
+//! child-process helper kills every process when the test ends, also when
+//! it fails), `surelink status` parsed, a memcached request. (Each test
+//! binary uses part of it.)
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Named child processes, killed and reaped when dropped (also when the
+use surelink_lab::child::{self, Child, Command};
+use surelink_lab::examples::ExampleCopy;
+
+/// The shipped binary under test.
+pub(crate) const SURELINK: &str = env!("CARGO_BIN_EXE_surelink");
+
+/// Child processes, each killed and reaped when dropped (also when the
 /// test fails).
-pub(crate) struct Procs(pub(crate) Vec<(String, Child)>);
+pub(crate) struct Procs(pub(crate) Vec<Child>);
 
 impl Procs {
     /// Kills the process named `name` now.
     pub(crate) fn kill(&mut self, name: &str) {
-        if let Some(i) = self.0.iter().position(|(n, _)| n == name) {
-            let (_, mut c) = self.0.remove(i);
-            let _ = c.kill();
-            let _ = c.wait();
+        if let Some(i) = self.0.iter().position(|c| c.name() == name) {
+            drop(self.0.remove(i));
         }
     }
 }
 
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for (_, c) in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+/// The example cache cluster's files (`examples/cache`) in a temporary
+/// directory, every port moved to a free one.
+pub(crate) fn example_cluster(name: &str) -> ExampleCopy {
+    ExampleCopy::new("cache", name).expect("copying examples/cache")
+}
+
+/// The example proxy's memcached address in `copy`.
+pub(crate) fn proxy_addr(copy: &ExampleCopy) -> SocketAddr {
+    copy.moved("127.0.0.1:11311").expect("the proxy's listener")
 }
 
 /// Polls `f` every 100 ms until it gives a value; fails the test naming
@@ -54,13 +61,13 @@ pub(crate) type Held = (String, (u64, u64), Option<u64>);
 /// alone; a frozen node costs a status call its 2 s read timeout): the
 /// text, and per node that holds a table, what it holds.
 pub(crate) fn role_status(dir: &Path, only: Option<u64>) -> (String, Vec<Held>) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_surelink"));
-    cmd.args(["status", "--cluster"])
-        .arg(dir.join("cluster.toml"));
-    if let Some(n) = only {
-        cmd.args(["--node", &n.to_string()]);
+    let cluster = dir.join("cluster.toml").display().to_string();
+    let node = only.map(|n| n.to_string());
+    let mut argv = vec![SURELINK, "status", "--cluster", &cluster];
+    if let Some(n) = &node {
+        argv.extend(["--node", n]);
     }
-    let out = cmd.output().expect("running surelink status");
+    let out = child::output(&argv, None).expect("running surelink status");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let num = |s: &str| s.trim_end_matches(',').parse::<u64>().ok();
     // One block per node, each opened by a `== <name> (<addr>)` line.
@@ -91,20 +98,17 @@ pub(crate) fn role_status(dir: &Path, only: Option<u64>) -> (String, Vec<Held>) 
 
 /// `surelink cache <kind> --config <dir>/<file>` as a child process named
 /// `file`.
-pub(crate) fn start_cache(dir: &Path, kind: &str, file: &str) -> (String, Child) {
-    let c = Command::new(env!("CARGO_BIN_EXE_surelink"))
+pub(crate) fn start_cache(dir: &Path, kind: &str, file: &str) -> Child {
+    Command::new(file, SURELINK)
         .args(["cache", kind, "--config"])
         .arg(dir.join(file))
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
         .spawn()
-        .expect("spawning surelink");
-    (file.to_string(), c)
+        .expect("spawning surelink")
 }
 
 /// One memcached text-protocol request to `addr` and its reply up to
 /// `end`, or `None` on any failure.
-pub(crate) fn ask(addr: &str, req: &[u8], end: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn ask(addr: SocketAddr, req: &[u8], end: &[u8]) -> Option<Vec<u8>> {
     let mut s = TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     s.write_all(req).ok()?;
@@ -118,23 +122,4 @@ pub(crate) fn ask(addr: &str, req: &[u8], end: &[u8]) -> Option<Vec<u8>> {
         got.extend_from_slice(&b[..n]);
     }
     Some(got)
-}
-
-/// Why the network-namespace tests cannot run here (not root, or `ip`,
-/// `ss` or `nft` missing), or `None` when they can.
-pub(crate) fn missing_requirements() -> Option<String> {
-    let uid = Command::new("id").arg("-u").output().ok()?;
-    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-        return Some("not root".into());
-    }
-    for tool in ["ip", "ss", "nft"] {
-        let ok = Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !ok {
-            return Some(format!("`{tool}` missing"));
-        }
-    }
-    None
 }

@@ -1,0 +1,62 @@
+//! SafeTimer against a plain timeout, in real processes: the receiver is
+//! stopped with SIGSTOP for 2 s under a 1 s timeout. SafeTimer must never
+//! report the live sender dead; the plain detector reports it (the race
+//! between its threads after SIGCONT decides, so it gets three tries).
+//!
+//! Runs `surelink-lab experiment detector --table-only --fault
+//! receiver-process` (two child processes per detector; SIGSTOP of our own
+//! children needs no root).
+
+#![allow(clippy::unwrap_used)]
+
+fn run_once(dir: &std::path::Path) -> (bool, bool) {
+    let out_dir = dir.display().to_string();
+    if let Err(e) = surelink_lab::child::run(&[
+        env!("CARGO_BIN_EXE_surelink-lab"),
+        "experiment",
+        "detector",
+        "--table-only",
+        "--fault",
+        "receiver-process",
+        "--out",
+        &out_dir,
+    ]) {
+        panic!("experiment failed: {e:#}");
+    }
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("detector.json")).unwrap()).unwrap();
+    let row = |mode: &str| {
+        json["table"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["mode"] == mode)
+            .unwrap_or_else(|| panic!("no {mode} row in {json}"))
+            .clone()
+    };
+    let plain = row("plain")["false_report"].as_bool().unwrap();
+    let safetimer = row("safetimer")["false_report"].as_bool().unwrap();
+    (plain, safetimer)
+}
+
+#[test]
+fn sigstop_of_the_receiver_is_no_false_report_for_safetimer() {
+    let tmp = surelink_lab::examples::TempDir::new("sigstop").unwrap();
+    let dir = tmp.path();
+    let mut plain_reported = false;
+    for attempt in 1..=3 {
+        let (plain, safetimer) = run_once(dir);
+        assert!(
+            !safetimer,
+            "attempt {attempt}: SafeTimer reported the live sender dead after a 2 s SIGSTOP"
+        );
+        if plain {
+            plain_reported = true;
+            break;
+        }
+    }
+    assert!(
+        plain_reported,
+        "the plain timeout detector never reported the false failure in 3 tries"
+    );
+}

@@ -1,0 +1,62 @@
+//! The role service on a real kernel network: three hosts as network
+//! namespaces on two bridged networks (`surelink-lab experiment role`), one
+//! round per arm. Node 2's link to network 1 fails one way while nodes 1
+//! and 3 call it every millisecond: no call may fail, every sender must
+//! stop using network 1 towards node 2, and with the role service node
+//! 3's table must tell it to avoid that network. Default configuration.
+//!
+//! Needs root, `ip`, `ss` and `nft`; without them the test prints a
+//! SKIPPED notice and does nothing (`.ci/run` runs as root and installs
+//! the tools). The experiment removes its namespaces, also on failure.
+
+#![allow(clippy::unwrap_used)]
+
+use surelink_lab::child::{self, Output};
+use surelink_lab::host::netns_unavailable;
+
+#[test]
+fn a_one_way_link_fault_is_avoided_with_and_without_the_role_service() {
+    if let Some(why) = netns_unavailable() {
+        eprintln!("SKIPPED role netns test: {why}");
+        return;
+    }
+    let exp = child::Command::new("experiment role", env!("CARGO_BIN_EXE_surelink-lab"))
+        .args(["experiment", "role", "--rounds", "1"])
+        .stdout(Output::Lines)
+        .spawn()
+        .unwrap();
+    let status = exp.wait().unwrap();
+    let text = exp.lines().join("\n");
+    eprintln!("{text}");
+    assert!(status.success(), "the experiment failed");
+    let listed = child::run(&["ip", "netns", "list"]).unwrap();
+    assert!(
+        !listed.lines().any(|l| l.starts_with("sr-")),
+        "namespaces left behind: {listed}"
+    );
+    let json = text
+        .lines()
+        .find_map(|l| l.strip_prefix("json: "))
+        .expect("a json line");
+    let arms: serde_json::Value = serde_json::from_str(json).unwrap();
+    let arms = arms.as_array().unwrap();
+    assert_eq!(arms.len(), 2);
+    for arm in arms {
+        assert_eq!(arm["failed"], 0, "calls failed: {arm}");
+        for stop in arm["node3_stop_ms"].as_array().unwrap() {
+            // Null: node 3 sent nothing on network 1 after the fault.
+            assert!(
+                stop.as_f64().is_none_or(|ms| ms < 1000.0),
+                "node 3 kept using network 1: {arm}"
+            );
+        }
+        if arm["role"] == true {
+            for t in arm["table_ms"].as_array().unwrap() {
+                assert!(
+                    t.as_f64().is_some_and(|ms| ms < 1000.0),
+                    "the role service's table did not tell node 3 to avoid network 1 in time: {arm}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! `surelink cache node` and `surelink cache proxy`: the memcached-
+//! compatible cache cluster from configuration files (the endpoint's
+//! settings plus a `[cache]` or `[proxy]` section; see [`crate::config_file`]).
+//! Both run until Ctrl-C.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use surelink::proto::NodeId;
+use surelink::Endpoint;
+use surelink_cache::backend::BackendError;
+use surelink_cache::proxy::ProxyError;
+use surelink_cache::text::Limits;
+use surelink_cache::{Proxy, ProxyConfig, Store};
+
+use crate::config_file::{self, LoadError};
+use crate::role_backend::RoleBackendError;
+
+/// Worker threads of a cache daemon's runtime unless `[runtime]` says:
+/// one event loop, as twemproxy runs (and mcrouter by default). With
+/// `WriteBatching::Auto` that also makes the endpoint write what one turn
+/// queued for a peer in one system call. On this project's 2-core VM,
+/// shared with the load, the cluster's context switches per request fell
+/// from 0.78 to 0.30 and its CPU per request by ~40 % against two workers
+/// (docs/cache.md); a daemon with cores to itself can raise it.
+pub const WORKER_THREADS: usize = 1;
+
+/// Why a cache node did not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CacheNodeError {
+    /// The configuration file could not be loaded.
+    #[error(transparent)]
+    Config(#[from] LoadError),
+    /// `[cache] memory_mb = 0`.
+    #[error("[cache] memory_mb must be above zero")]
+    NoMemory,
+    /// `[cache] backend` is not a usable memcached, or does not answer.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// The endpoint (or its role backend) did not start.
+    #[error(transparent)]
+    Bind(#[from] RoleBackendError),
+    /// The metrics port could not be opened.
+    #[error("metrics listener on {addr}")]
+    Metrics {
+        /// The configured address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Ctrl-C could not be waited for.
+    #[error("waiting for Ctrl-C")]
+    Signal(#[source] std::io::Error),
+}
+
+/// Why a cache proxy did not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CacheProxyError {
+    /// The configuration file could not be loaded.
+    #[error(transparent)]
+    Config(#[from] LoadError),
+    /// The file has no `[proxy]` section.
+    #[error("{}: no [proxy] section", path.display())]
+    NoProxySection {
+        /// The configuration file.
+        path: PathBuf,
+    },
+    /// The endpoint (or its role backend) did not start.
+    #[error(transparent)]
+    Bind(#[from] RoleBackendError),
+    /// The metrics port could not be opened.
+    #[error("metrics listener on {addr}")]
+    Metrics {
+        /// The configured address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The proxy's listener did not start.
+    #[error("starting the proxy")]
+    Start(#[source] ProxyError),
+    /// Ctrl-C could not be waited for.
+    #[error("waiting for Ctrl-C")]
+    Signal(#[source] std::io::Error),
+}
+
+/// Runs a cache node from the configuration file `config` until Ctrl-C:
+/// an embedded store of `[cache] memory_mb`, or a local memcached it
+/// fronts (`[cache] backend`).
+pub async fn node(config: &Path) -> Result<(), CacheNodeError> {
+    let mut loaded = config_file::load(config)?;
+    surelink_cache::proxy::tune_endpoint(&mut loaded.config);
+    let cache = loaded.cache.clone().unwrap_or_default();
+    let memory = cache.memory_mb.unwrap_or(64);
+    if memory == 0 {
+        return Err(CacheNodeError::NoMemory);
+    }
+    let limits = Limits {
+        max_item: cache.max_item.unwrap_or(Limits::default().max_item),
+        ..Limits::default()
+    };
+    let metrics = loaded.metrics;
+    let (ep, role) = crate::role_backend::bind(loaded.config, loaded.cluster.as_ref()).await?;
+    serve_metrics(&ep, metrics)
+        .await
+        .map_err(|(addr, source)| CacheNodeError::Metrics { addr, source })?;
+    let what = match &cache.backend {
+        None => {
+            let store = Arc::new(Store::new(memory << 20));
+            surelink_cache::node::serve_store(&ep, store, limits);
+            format!("embedded store of {memory} MiB")
+        }
+        Some(url) => {
+            let addr = surelink_cache::backend::parse_url(url)?;
+            let n = cache.backend_connections.unwrap_or(1);
+            let h = surelink_cache::backend::MemcachedHandler::connect(addr, n, limits).await?;
+            surelink_cache::backend::serve_backend(&ep, h);
+            format!("fronting memcached at {addr} ({n} connection(s))")
+        }
+    };
+    println!(
+        "cache node {} (epoch {}) on {:?}: {what}; Ctrl-C stops",
+        ep.node(),
+        ep.epoch(),
+        ep.local_addrs()
+    );
+    tokio::signal::ctrl_c()
+        .await
+        .map_err(CacheNodeError::Signal)?;
+    role.stop().await;
+    ep.shutdown().await;
+    Ok(())
+}
+
+/// Runs a cache proxy from the configuration file `config` until Ctrl-C:
+/// memcached's text protocol on `[proxy] listen`, keys routed to the
+/// nodes by consistent hashing.
+pub async fn proxy(config: &Path) -> Result<(), CacheProxyError> {
+    let mut loaded = config_file::load(config)?;
+    surelink_cache::proxy::tune_endpoint(&mut loaded.config);
+    let Some(p) = loaded.proxy.clone() else {
+        return Err(CacheProxyError::NoProxySection {
+            path: config.to_path_buf(),
+        });
+    };
+    let nodes: Vec<NodeId> = if p.nodes.is_empty() {
+        loaded.config.peers.iter().map(|x| x.node).collect()
+    } else {
+        p.nodes.iter().map(|&n| NodeId(n)).collect()
+    };
+    let mut cfg = ProxyConfig::new(p.listen, nodes);
+    if let Some(m) = p.max_item {
+        cfg.limits.max_item = m;
+    }
+    if let Some(m) = p.max_clients {
+        cfg.max_clients = m;
+    }
+    if let Some(m) = p.max_pipeline {
+        cfg.max_pipeline = m;
+    }
+    if let Some(ms) = p.call_timeout_ms {
+        cfg.call_timeout = Duration::from_millis(ms);
+    }
+    let metrics = loaded.metrics;
+    let (ep, role) = crate::role_backend::bind(loaded.config, loaded.cluster.as_ref()).await?;
+    let ep = Arc::new(ep);
+    serve_metrics(&ep, metrics)
+        .await
+        .map_err(|(addr, source)| CacheProxyError::Metrics { addr, source })?;
+    let proxy = Proxy::start(ep.clone(), cfg)
+        .await
+        .map_err(CacheProxyError::Start)?;
+    println!(
+        "memcached proxy on {} (surelink node {}); Ctrl-C stops",
+        proxy.local_addr(),
+        ep.node()
+    );
+    tokio::signal::ctrl_c()
+        .await
+        .map_err(CacheProxyError::Signal)?;
+    proxy.stop();
+    role.stop().await;
+    Ok(())
+}
+
+/// Serves `/metrics` (and `/role`, for `surelink status`) when the file
+/// names a `metrics` address.
+async fn serve_metrics(
+    ep: &Endpoint,
+    addr: Option<SocketAddr>,
+) -> Result<(), (SocketAddr, std::io::Error)> {
+    if let Some(m) = addr {
+        let bound = ep.serve_metrics(m).await.map_err(|e| (m, e))?;
+        println!("metrics: http://{bound}/metrics");
+    }
+    Ok(())
+}

@@ -1,0 +1,363 @@
+//! The TOML form of a process's configuration, read by every daemon
+//! (`serve`, `call`, `cache node|proxy`, `role-server`): [`load`] a file,
+//! or [`parse`] text, into a [`Loaded`]. Only syntax and values are
+//! checked here; nothing is bound or dialled.
+//!
+//! ```toml
+//! node = 1
+//! cluster = 7
+//! key_file = "node1.key"          # this node's secret (surelink keygen --out); relative to this file
+//! # protection = "integrity_only"  # default "encrypt"
+//! # insecure = true                # no authentication or encryption: benchmarks only
+//! listen = ["127.0.1.1:7100", "127.0.2.1:7100"]   # one per network
+//! # dial_from = ["127.0.1.9:0", "127.0.2.9:0"]     # clients without listeners
+//! connections_per_network = 1
+//! metrics = "127.0.0.1:9100"                        # optional Prometheus port
+//!
+//! # [tls]                         # instead of key_file and [[members]]: mutual TLS
+//! # cert = "node-1.crt"           # naming node-1.cluster-7.surelink (surelink certs)
+//! # key = "node-1.key.pem"
+//! # ca = "ca.crt"
+//!
+//! [[members]]                     # every node that may connect, and its public key
+//! node = 2
+//! public_key = "…"                # from `surelink keygen`
+//!
+//! [[peers]]                       # nodes this one dials (each needs a member entry)
+//! node = 2
+//! addrs = ["127.0.1.2:7100", "127.0.2.2:7100"]     # "" where not attached
+//!
+//! # max_connections = 1024; max_connections_per_ip = 64; max_handshaking = 128
+//! # write_batching = "auto"       # or "idle", "turn": when queued messages are written
+//!
+//! # [runtime]                     # the process's tokio runtime
+//! # worker_threads = 1            # default: 1 for `cache node|proxy` (one event loop), 2 otherwise
+//!
+//! [core]                                            # all optional
+//! linger_ms = 30000
+//! min_rto_ms = 20                                   # the shell default (core: 200)
+//! send_buffer = 16777216
+//! path_keepalive_ms = 15000                         # PING on a path quiet this long
+//! path_idle_timeout_ms = 60000                      # close a path silent this long
+//!
+//! [detector]                                        # all optional
+//! mode = "safetimer"                                # or "plain", "off"
+//! interval_ms = 10                                  # others scale with it
+//! path_timeout_ms = 50
+//! timeout_ms = 150
+//! send_slack_ms = 100
+//! max_network_delay_ms = 10
+//!
+//! [cache]                                           # `surelink cache node`
+//! memory_mb = 64                                    # item memory (memcached -m)
+//! max_item = 1048576                                # memcached -I
+//! # backend = "memcached://127.0.0.1:11211"         # front a local memcached instead
+//! # backend_connections = 1
+//!
+//! [proxy]                                           # `surelink cache proxy`
+//! listen = "127.0.0.1:11311"                        # memcached clients connect here
+//! nodes = [1, 2, 3]                                 # default: every [[peers]] node
+//! # max_clients = 10000; max_pipeline = 128; call_timeout_ms = 5000
+//! ```
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use surelink::proto::{ClusterId, Epoch, NodeId};
+use surelink::{Config, DetectorConfig, DetectorMode, PeerConfig, Protection, WriteBatching};
+
+use crate::cluster_file::Cluster;
+
+mod error;
+mod schema;
+
+pub use error::{ConfigError, LoadError};
+pub use schema::{CacheSection, ProxySection, RuntimeSection};
+
+/// A parsed configuration plus what only the daemons read.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Loaded {
+    /// The endpoint's configuration, validated.
+    pub config: Config,
+    /// Where to serve Prometheus `/metrics` (and `/role`).
+    pub metrics: Option<SocketAddr>,
+    /// `[cache]`: a cache node's store.
+    pub cache: Option<CacheSection>,
+    /// `[proxy]`: a cache proxy's listener.
+    pub proxy: Option<ProxySection>,
+    /// The cluster file, when the configuration names one.
+    pub cluster: Option<Cluster>,
+}
+
+/// Only the `[runtime]` section of a configuration file, read before the
+/// runtime it describes is built (the whole file is checked afterwards,
+/// by [`load`]).
+pub fn runtime(path: &Path) -> Result<RuntimeSection, LoadError> {
+    #[derive(Deserialize)]
+    struct Only {
+        #[serde(default)]
+        runtime: RuntimeSection,
+    }
+    let text = read(path)?;
+    let invalid = |source| LoadError::Invalid {
+        path: path.to_path_buf(),
+        source,
+    };
+    let only: Only = toml::from_str(&text).map_err(|e| invalid(e.into()))?;
+    only.runtime.check().map_err(invalid)?;
+    Ok(only.runtime)
+}
+
+/// Reads and checks the configuration file `path`; the files it names
+/// (`key_file`, `cluster_file`, `[tls]`) are relative to its directory.
+pub fn load(path: &Path) -> Result<Loaded, LoadError> {
+    let text = read(path)?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    parse(&text, base).map_err(|source| LoadError::Invalid {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn read(path: &Path) -> Result<String, LoadError> {
+    std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Parses a configuration; relative paths (`key_file`, `cluster_file`,
+/// `[tls]`) are taken from `base`.
+pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigError> {
+    let f: schema::File = toml::from_str(text)?;
+    let mut c = Config::new(NodeId(f.node), ClusterId(f.cluster));
+    c.insecure = f.insecure;
+    if let Some(p) = &f.protection {
+        c.protection = match p.as_str() {
+            "encrypt" => Protection::Encrypt,
+            "integrity_only" => Protection::IntegrityOnly,
+            other => return Err(ConfigError::Protection(other.to_string())),
+        };
+    }
+    if let (Some(t), false) = (&f.tls, f.insecure) {
+        let read = |p: &Path, what: &'static str| {
+            let path = base.join(p);
+            std::fs::read(&path).map_err(|source| ConfigError::TlsFile { what, path, source })
+        };
+        c.tls = Some(
+            surelink::proto::secure::TlsSetup::from_pem(
+                c.cluster,
+                c.node,
+                &read(&t.cert, "certificate")?,
+                &read(&t.key, "key")?,
+                &read(&t.ca, "CA bundle")?,
+            )
+            .map_err(ConfigError::Tls)?,
+        );
+    }
+    match (&f.key_file, f.insecure) {
+        (Some(k), _) => {
+            c.identity = Some(crate::keys::read_secret(&base.join(k))?);
+        }
+        (None, false) if f.tls.is_some() => {}
+        (None, false) => return Err(ConfigError::NoKey { node: f.node }),
+        (None, true) => {}
+    }
+    if let Some(k) = &c.identity {
+        c.members
+            .insert(c.node, k.public())
+            .map_err(ConfigError::OwnKey)?;
+    }
+    for m in &f.members {
+        let key = crate::keys::parse_public(&m.public_key, &format!("member {}", m.node))?;
+        c.members
+            .insert(NodeId(m.node), key)
+            .map_err(|source| ConfigError::Member {
+                node: m.node,
+                source,
+            })?;
+    }
+    if let Some(v) = f.max_connections {
+        c.max_connections = v;
+    }
+    if let Some(v) = f.max_connections_per_ip {
+        c.max_connections_per_ip = v;
+    }
+    if let Some(v) = f.max_handshaking {
+        c.max_handshaking = v;
+    }
+    if let Some(w) = &f.write_batching {
+        c.write_batching = match w.as_str() {
+            "auto" => WriteBatching::Auto,
+            "idle" => WriteBatching::Idle,
+            "turn" => WriteBatching::Turn,
+            other => return Err(ConfigError::WriteBatching(other.to_string())),
+        };
+    }
+    f.runtime.check()?;
+    c.epoch = f.epoch.map(Epoch);
+    c.listen = f.listen;
+    c.dial_from = f.dial_from;
+    c.devices = f
+        .devices
+        .into_iter()
+        .map(|d| (!d.is_empty()).then_some(d))
+        .collect();
+    if let Some(n) = f.connections_per_network {
+        c.connections_per_network = n;
+    }
+    let ms = Duration::from_millis;
+    if let Some(v) = f.reconnect_initial_ms {
+        c.reconnect_initial = ms(v);
+    }
+    if let Some(v) = f.reconnect_max_ms {
+        c.reconnect_max = ms(v);
+    }
+    if let Some(v) = f.tcp_user_timeout_ms {
+        c.tcp_user_timeout = (v > 0).then(|| ms(v));
+    }
+    for p in f.peers {
+        let addrs = parse_addrs(&p.addrs)
+            .map_err(|addr| ConfigError::PeerAddress { node: p.node, addr })?;
+        c.peers.push(PeerConfig::new(NodeId(p.node), addrs));
+    }
+    core(&mut c, f.core);
+    detector(&mut c, f.detector)?;
+    let cluster = match &f.cluster_file {
+        Some(p) => {
+            let path = base.join(p);
+            let cl =
+                Cluster::load(&path).map_err(|source| ConfigError::ClusterFile { path, source })?;
+            join_cluster(&mut c, &cl)?;
+            Some(cl)
+        }
+        None => None,
+    };
+    c.validate()?;
+    Ok(Loaded {
+        config: c,
+        metrics: f.metrics,
+        cache: f.cache,
+        proxy: f.proxy,
+        cluster,
+    })
+}
+
+/// `[core]`: the protocol core's settings (every one optional).
+fn core(c: &mut Config, core: schema::Core) {
+    let ms = Duration::from_millis;
+    let k = &mut c.core;
+    if let Some(v) = core.max_message_size {
+        k.max_message_size = v;
+    }
+    if let Some(v) = core.send_buffer {
+        k.send_buffer = v;
+    }
+    if let Some(v) = core.recv_window {
+        k.recv_window = v;
+    }
+    if let Some(v) = core.max_channels {
+        k.max_channels = v;
+    }
+    if let Some(v) = core.linger_ms {
+        k.linger = ms(v);
+    }
+    if let Some(v) = core.min_rto_ms {
+        k.min_rto = ms(v);
+    }
+    if let Some(v) = core.max_rto_ms {
+        k.max_rto = ms(v);
+    }
+    if let Some(v) = core.max_ack_delay_us {
+        k.max_ack_delay = Duration::from_micros(v);
+    }
+    if let Some(v) = core.handshake_timeout_ms {
+        k.handshake_timeout = ms(v);
+    }
+    if let Some(v) = core.path_keepalive_ms {
+        k.path_keepalive = ms(v);
+    }
+    if let Some(v) = core.path_idle_timeout_ms {
+        k.path_idle_timeout = ms(v);
+    }
+}
+
+/// `[detector]`: `interval_ms` first (the others scale with it), then the
+/// mode and each window given.
+fn detector(c: &mut Config, d: schema::Detector) -> Result<(), ConfigError> {
+    let ms = Duration::from_millis;
+    if let Some(h) = d.interval_ms {
+        let mode = c.detector.mode;
+        c.detector = DetectorConfig::with_interval(ms(h));
+        c.detector.mode = mode;
+    }
+    if let Some(m) = d.mode {
+        c.detector.mode = match m.as_str() {
+            "safetimer" => DetectorMode::SafeTimer,
+            "plain" => DetectorMode::Plain,
+            "off" => DetectorMode::Off,
+            other => return Err(ConfigError::DetectorMode(other.to_string())),
+        };
+    }
+    let det = &mut c.detector;
+    for (v, field) in [
+        (d.path_timeout_ms, &mut det.path_timeout),
+        (d.timeout_ms, &mut det.timeout),
+        (d.send_slack_ms, &mut det.send_slack),
+        (d.max_network_delay_ms, &mut det.max_network_delay),
+        (d.check_every_ms, &mut det.check_every),
+        (d.barrier_timeout_ms, &mut det.barrier_timeout),
+    ] {
+        if let Some(v) = v {
+            *field = ms(v);
+        }
+    }
+    Ok(())
+}
+
+/// A node's address per network (`""` where it is not attached); the
+/// text that does not parse as the error.
+pub fn parse_addrs(list: &[String]) -> Result<Vec<Option<SocketAddr>>, String> {
+    list.iter()
+        .map(|a| match a.as_str() {
+            "" => Ok(None),
+            a => a.parse().map(Some).map_err(|_| a.to_string()),
+        })
+        .collect()
+}
+
+/// What a cluster file adds to a node's configuration: every node's key
+/// as a member, a peer entry for each node it dials, the role service.
+fn join_cluster(c: &mut Config, cl: &Cluster) -> Result<(), ConfigError> {
+    if cl.cluster != c.cluster.0 {
+        return Err(ConfigError::OtherCluster {
+            file: cl.cluster,
+            node: c.cluster.0,
+        });
+    }
+    if cl.node(c.node).is_none() {
+        return Err(ConfigError::NotInCluster(c.node));
+    }
+    for n in &cl.nodes {
+        if let Some(k) = n.public_key {
+            // The same key twice is fine; another key for a node (or this
+            // node's key file disagreeing with the cluster file) is not.
+            c.members
+                .insert(n.node, k)
+                .map_err(|source| ConfigError::ClusterKey {
+                    node: n.node,
+                    source,
+                })?;
+        }
+    }
+    for n in cl.dials(c.node) {
+        if !c.peers.iter().any(|p| p.node == n.node) {
+            c.peers.push(PeerConfig::new(n.node, n.addrs.clone()));
+        }
+    }
+    c.role = Some(cl.role.clone());
+    Ok(())
+}

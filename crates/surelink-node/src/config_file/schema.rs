@@ -1,0 +1,171 @@
+//! The serde form of a configuration file: every field the file may
+//! hold, unknown ones refused. [`super::parse`] turns it into a
+//! [`surelink::Config`]; nothing here checks values.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::ConfigError;
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub(super) struct File {
+    pub(super) node: u64,
+    pub(super) cluster: u64,
+    pub(super) epoch: Option<u64>,
+    #[serde(default)]
+    pub(super) listen: Vec<SocketAddr>,
+    #[serde(default)]
+    pub(super) dial_from: Vec<SocketAddr>,
+    /// Interface per network ("" for none).
+    #[serde(default)]
+    pub(super) devices: Vec<String>,
+    pub(super) connections_per_network: Option<usize>,
+    pub(super) reconnect_initial_ms: Option<u64>,
+    pub(super) reconnect_max_ms: Option<u64>,
+    pub(super) tcp_user_timeout_ms: Option<u64>,
+    pub(super) metrics: Option<SocketAddr>,
+    pub(super) key_file: Option<PathBuf>,
+    /// The cluster file (nodes, keys, role service); relative to this file.
+    pub(super) cluster_file: Option<PathBuf>,
+    #[serde(default)]
+    pub(super) insecure: bool,
+    pub(super) protection: Option<String>,
+    pub(super) max_connections: Option<usize>,
+    pub(super) max_connections_per_ip: Option<usize>,
+    pub(super) max_handshaking: Option<usize>,
+    /// `auto`, `idle` or `turn` (see `surelink::WriteBatching`).
+    pub(super) write_batching: Option<String>,
+    #[serde(default)]
+    pub(super) runtime: RuntimeSection,
+    #[serde(default)]
+    pub(super) members: Vec<Member>,
+    #[serde(default)]
+    pub(super) peers: Vec<Peer>,
+    #[serde(default)]
+    pub(super) core: Core,
+    #[serde(default)]
+    pub(super) detector: Detector,
+    pub(super) tls: Option<Tls>,
+    /// `surelink cache node`: the node's store.
+    pub(super) cache: Option<CacheSection>,
+    /// `surelink cache proxy`: where clients connect and which nodes serve.
+    pub(super) proxy: Option<ProxySection>,
+}
+
+/// `[runtime]`: the process's tokio runtime.
+#[derive(Deserialize, Debug, Clone, Default)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct RuntimeSection {
+    /// Threads that run the endpoint's tasks (default: the command's).
+    pub worker_threads: Option<usize>,
+}
+
+impl RuntimeSection {
+    /// Most worker threads accepted (well beyond any machine's cores).
+    pub const MAX_WORKERS: usize = 1024;
+
+    pub(super) fn check(&self) -> Result<(), ConfigError> {
+        match self.worker_threads {
+            Some(n) if !(1..=Self::MAX_WORKERS).contains(&n) => Err(ConfigError::WorkerThreads {
+                value: n,
+                max: Self::MAX_WORKERS,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// `[cache]`: a cache node's store.
+#[derive(Deserialize, Debug, Clone, Default)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct CacheSection {
+    /// Memory for items, MiB (memcached's `-m`, default 64).
+    pub memory_mb: Option<u64>,
+    /// Largest item, bytes (memcached's `-I`, default 1 MiB).
+    pub max_item: Option<usize>,
+    /// `memcached://host:port`: front that memcached instead of holding
+    /// items (default: the embedded store).
+    pub backend: Option<String>,
+    /// Pipelined connections to the backend memcached (default 1).
+    pub backend_connections: Option<usize>,
+}
+
+/// `[proxy]`: the memcached-protocol listener of a proxy.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct ProxySection {
+    /// Where memcached clients connect.
+    pub listen: SocketAddr,
+    /// The cache nodes (default: every `[[peers]]` entry).
+    #[serde(default)]
+    pub nodes: Vec<u64>,
+    /// Largest item, bytes (default: the proxy's).
+    pub max_item: Option<usize>,
+    /// Most client connections at once (default: the proxy's).
+    pub max_clients: Option<usize>,
+    /// Most requests of one client in flight (default: the proxy's).
+    pub max_pipeline: Option<usize>,
+    /// A request's deadline at the nodes, ms (default: the proxy's).
+    pub call_timeout_ms: Option<u64>,
+}
+
+/// Mutual TLS instead of member keys (paths relative to the file).
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Tls {
+    /// This node's certificate chain, PEM, leaf first.
+    pub(super) cert: PathBuf,
+    /// Its private key, PEM.
+    pub(super) key: PathBuf,
+    /// The CA certificates to trust, PEM.
+    pub(super) ca: PathBuf,
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Detector {
+    pub(super) mode: Option<String>,
+    pub(super) interval_ms: Option<u64>,
+    pub(super) path_timeout_ms: Option<u64>,
+    pub(super) timeout_ms: Option<u64>,
+    pub(super) send_slack_ms: Option<u64>,
+    pub(super) max_network_delay_ms: Option<u64>,
+    pub(super) check_every_ms: Option<u64>,
+    pub(super) barrier_timeout_ms: Option<u64>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Member {
+    pub(super) node: u64,
+    pub(super) public_key: String,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Peer {
+    pub(super) node: u64,
+    pub(super) addrs: Vec<String>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Core {
+    pub(super) max_message_size: Option<u32>,
+    pub(super) send_buffer: Option<u64>,
+    pub(super) recv_window: Option<u32>,
+    pub(super) max_channels: Option<u32>,
+    pub(super) linger_ms: Option<u64>,
+    pub(super) min_rto_ms: Option<u64>,
+    pub(super) max_rto_ms: Option<u64>,
+    pub(super) max_ack_delay_us: Option<u64>,
+    pub(super) handshake_timeout_ms: Option<u64>,
+    pub(super) path_keepalive_ms: Option<u64>,
+    pub(super) path_idle_timeout_ms: Option<u64>,
+}

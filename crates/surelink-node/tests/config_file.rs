@@ -1,0 +1,221 @@
+//! The configuration file as a library user sees it: good files give a
+//! validated configuration, bad ones a typed error whose message says what
+//! to change. The example files are read from temporary copies.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use surelink_node::config_file::{self, ConfigError, LoadError, Loaded};
+use surelink_node::error_chain;
+use surelink_node::keys::KeyFileError;
+use surelink_node::surelink::proto::NodeId;
+use surelink_node::surelink::{DetectorMode, WriteBatching};
+
+fn parse(text: &str) -> Result<Loaded, ConfigError> {
+    config_file::parse(&format!("insecure = true\n{text}"), Path::new("."))
+}
+
+#[test]
+fn keys_and_members_are_read_and_required() {
+    let dir = common::TempDir::new("cfg-keys");
+    surelink_node::keys::make_key_dir(dir.path(), &[NodeId(1), NodeId(2)]).unwrap();
+    let pub2 = std::fs::read_to_string(dir.path().join("node-2.pub")).unwrap();
+    let text = format!(
+        "node = 1\ncluster = 7\nkey_file = \"node-1.key\"\nlisten = [\"127.0.1.1:7100\"]\n\
+         [[members]]\nnode = 2\npublic_key = \"{}\"\n\
+         [[peers]]\nnode = 2\naddrs = [\"127.0.1.2:7100\"]\n",
+        pub2.trim()
+    );
+    let l = config_file::parse(&text, dir.path()).unwrap();
+    assert!(l.config.identity.is_some());
+    assert_eq!(l.config.members.len(), 2);
+    assert!(!l.config.insecure);
+    // No key file and not insecure: refused with the way out named.
+    let err = config_file::parse("node = 1\ncluster = 7\n", dir.path()).unwrap_err();
+    assert!(matches!(err, ConfigError::NoKey { node: 1 }), "{err:?}");
+    assert!(error_chain(&err).contains("surelink keygen"), "{err}");
+    // A dialled peer without a member key: refused.
+    let err = config_file::parse(
+        "node = 1\ncluster = 7\nkey_file = \"node-1.key\"\nlisten = [\"127.0.1.1:7100\"]\n\
+         [[peers]]\nnode = 2\naddrs = [\"127.0.1.2:7100\"]\n",
+        dir.path(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, ConfigError::Invalid(_)), "{err:?}");
+    assert!(error_chain(&err).contains("no public key"), "{err}");
+    let err = config_file::parse(
+        "node = 1\ncluster = 7\nkey_file = \"node-1.key\"\n[[members]]\nnode = 2\npublic_key = \"xyz\"\n",
+        dir.path(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, ConfigError::Key(KeyFileError::Public { .. })),
+        "{err:?}"
+    );
+    assert!(error_chain(&err).contains("member 2"), "{err}");
+    // A key file that is not there: named.
+    let err = config_file::parse(
+        "node = 3\ncluster = 7\nkey_file = \"node-3.key\"\n",
+        dir.path(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, ConfigError::Key(KeyFileError::ReadSecret { .. })),
+        "{err:?}"
+    );
+    assert!(error_chain(&err).contains("node-3.key"), "{err}");
+}
+
+#[test]
+fn parses_the_documented_example_and_refuses_typos() {
+    let ok = r#"
+        node = 1
+        cluster = 7
+        listen = ["127.0.1.1:7100", "127.0.2.1:7100"]
+        metrics = "127.0.0.1:9100"
+        [[peers]]
+        node = 2
+        addrs = ["127.0.1.2:7100", ""]
+        [core]
+        linger_ms = 5000
+    "#;
+    let l = parse(ok).unwrap();
+    assert_eq!(l.config.peers[0].addrs[1], None);
+    assert_eq!(l.config.core.linger, Duration::from_secs(5));
+    assert!(l.metrics.is_some());
+    let err = parse("node = 1\ncluster = 7\nlisten_typo = []\n").unwrap_err();
+    assert!(matches!(err, ConfigError::Syntax(_)), "{err:?}");
+    let err = parse("node = 0\ncluster = 7\n").unwrap_err();
+    assert!(
+        matches!(err, ConfigError::Invalid(_)),
+        "node 0 is refused by validation: {err:?}"
+    );
+    let err =
+        parse("node = 1\ncluster = 7\n[[peers]]\nnode = 2\naddrs = [\"nope\"]\n").unwrap_err();
+    assert!(
+        matches!(&err, ConfigError::PeerAddress { node: 2, addr } if addr == "nope"),
+        "{err:?}"
+    );
+    assert!(error_chain(&err).contains("bad address"));
+    let l =
+        parse("node = 1\ncluster = 7\n[detector]\nmode = \"plain\"\ninterval_ms = 100\n").unwrap();
+    assert_eq!(l.config.detector.mode, DetectorMode::Plain);
+    assert_eq!(l.config.detector.timeout, Duration::from_millis(1500));
+    // A window the fence cannot back is refused.
+    let err = parse("node = 1\ncluster = 7\n[detector]\ntimeout_ms = 20\n").unwrap_err();
+    assert!(matches!(err, ConfigError::Invalid(_)), "{err:?}");
+    assert!(error_chain(&err).contains("detector.timeout"), "{err}");
+    let err = parse("node = 1\ncluster = 7\n[detector]\nmode = \"fast\"\n").unwrap_err();
+    assert!(
+        matches!(&err, ConfigError::DetectorMode(m) if m == "fast"),
+        "{err:?}"
+    );
+    let err = parse("node = 1\ncluster = 7\nprotection = \"none\"\n").unwrap_err();
+    assert!(matches!(err, ConfigError::Protection(_)), "{err:?}");
+}
+
+#[test]
+fn runtime_threads_and_write_batching_are_read_and_checked() {
+    let l = parse("node = 1\ncluster = 7\n").unwrap();
+    assert_eq!(l.config.write_batching, WriteBatching::Auto);
+    let text = "node = 1\ncluster = 7\nwrite_batching = \"turn\"\n[runtime]\nworker_threads = 4\n";
+    let l = parse(text).unwrap();
+    assert_eq!(l.config.write_batching, WriteBatching::Turn);
+    // The runtime's size is read on its own, before the runtime exists.
+    let dir = common::TempDir::new("cfg-runtime");
+    let file = dir.path().join("rt.toml");
+    std::fs::write(&file, text).unwrap();
+    assert_eq!(config_file::runtime(&file).unwrap().worker_threads, Some(4));
+    std::fs::write(&file, "[runtime]\nworker_threads = 0\n").unwrap();
+    let err = config_file::runtime(&file).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LoadError::Invalid {
+                source: ConfigError::WorkerThreads { value: 0, .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(error_chain(&err).contains("must be 1..=1024"), "{err}");
+    let err = config_file::runtime(&dir.path().join("missing.toml")).unwrap_err();
+    assert!(matches!(err, LoadError::Read { .. }), "{err:?}");
+    let err = parse("node = 1\ncluster = 7\n[runtime]\nworker_threads = 0\n").unwrap_err();
+    assert!(
+        error_chain(&err).contains("runtime.worker_threads"),
+        "{err}"
+    );
+    let err = parse("node = 1\ncluster = 7\nwrite_batching = \"sometimes\"\n").unwrap_err();
+    assert!(matches!(err, ConfigError::WriteBatching(_)), "{err:?}");
+    assert!(error_chain(&err).contains("auto, idle or turn"), "{err}");
+    let err = parse("node = 1\ncluster = 7\n[runtime]\nthreads = 2\n").unwrap_err();
+    assert!(matches!(err, ConfigError::Syntax(_)), "{err:?}");
+}
+
+/// Every example file loads as shipped (from a temporary copy): the
+/// cluster file joins each cache process to the others, the proxy dials
+/// the three nodes.
+#[test]
+fn the_example_files_load() {
+    let dir = common::TempDir::new("cfg-examples");
+    common::copy_examples(dir.path());
+    for f in ["server.toml", "client.toml"] {
+        let l = config_file::load(&dir.path().join(f)).unwrap();
+        assert!(l.config.identity.is_some(), "{f}");
+    }
+    let cache = dir.path().join("cache");
+    for n in 1..=3u64 {
+        let l = config_file::load(&cache.join(format!("node{n}.toml"))).unwrap();
+        assert_eq!(l.config.node, NodeId(n));
+        assert!(l.cache.is_some() && l.metrics.is_some());
+        let cluster = l.cluster.expect("names the cluster file");
+        assert_eq!(cluster.nodes.len(), 4);
+        // Each node dials the nodes listed before it.
+        assert_eq!(
+            cluster.dials(NodeId(n)).count(),
+            usize::try_from(n - 1).unwrap()
+        );
+        assert!(l.config.role.is_some());
+    }
+    let l = config_file::load(&cache.join("proxy.toml")).unwrap();
+    let proxy = l.proxy.expect("[proxy]");
+    assert!(proxy.nodes.is_empty(), "default: every peer");
+    let mut peers: Vec<u64> = l.config.peers.iter().map(|p| p.node.0).collect();
+    peers.sort_unstable();
+    assert_eq!(peers, vec![1, 2, 3]);
+    // The cluster file of another cluster is refused, naming both ids.
+    let other = std::fs::read_to_string(cache.join("cluster.toml"))
+        .unwrap()
+        .replace("cluster = 11", "cluster = 12");
+    std::fs::write(cache.join("cluster.toml"), other).unwrap();
+    let err = config_file::load(&cache.join("node1.toml")).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LoadError::Invalid {
+                source: ConfigError::OtherCluster { file: 12, node: 11 },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // A missing cluster file is named.
+    std::fs::remove_file(cache.join("cluster.toml")).unwrap();
+    let err = config_file::load(&cache.join("node1.toml")).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LoadError::Invalid {
+                source: ConfigError::ClusterFile { .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(error_chain(&err).contains("cluster.toml"), "{err}");
+}
