@@ -3,6 +3,11 @@
 //! each on both — what the demo, the tests and `bench cache` start.
 //! Every endpoint has a fresh key pair and the others' public keys, and
 //! the product's default configuration.
+//!
+//! The nodes start first ([`LocalCluster::bind_nodes`]); the proxy then
+//! dials each node at the addresses its caller names
+//! ([`LocalNodes::start_proxy`]) — the nodes' own, or a fault-injecting
+//! relay's in front of them, as the demo does.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -125,6 +130,87 @@ async fn bind_node(
     Ok(())
 }
 
+/// The cache nodes of a cluster whose proxy has not started yet.
+pub struct LocalNodes {
+    nodes: Vec<NodeSlot>,
+    members: Members,
+    proxy_keys: Keypair,
+    items: Items,
+    role: Option<RoleConfig>,
+}
+
+/// A node's own listen addresses in `addrs` (as from [`LocalNodes::addrs`]).
+fn direct_addrs(addrs: &[(NodeId, Vec<SocketAddr>)], id: NodeId) -> Vec<SocketAddr> {
+    addrs
+        .iter()
+        .find(|(n, _)| *n == id)
+        .map(|(_, a)| a.clone())
+        .unwrap_or_default()
+}
+
+impl LocalNodes {
+    /// Each node's listen addresses, one per network.
+    pub fn addrs(&self) -> Vec<(NodeId, Vec<SocketAddr>)> {
+        self.nodes
+            .iter()
+            .map(|s| (s.id, s.listen.clone()))
+            .collect()
+    }
+
+    /// Starts the proxy endpoint, dialling node `id` at `dial(id)` (one
+    /// address per network), and the memcached-protocol proxy on
+    /// `listen`; returns once the proxy has both paths to every node.
+    pub async fn start_proxy(
+        self,
+        listen: SocketAddr,
+        dial: impl Fn(NodeId) -> Vec<SocketAddr>,
+    ) -> Result<LocalCluster, LocalError> {
+        let LocalNodes {
+            nodes,
+            members,
+            proxy_keys,
+            items,
+            role,
+        } = self;
+        let mut pc = Config::new(PROXY_NODE, ClusterId(9));
+        crate::proxy::tune_endpoint(&mut pc);
+        pc.identity = Some(proxy_keys);
+        pc.members = members.clone();
+        pc.dial_from = vec![addr(1, 2, 0), addr(2, 2, 0)];
+        pc.role = role.clone();
+        pc.peers = nodes
+            .iter()
+            .map(|s| PeerConfig::new(s.id, dial(s.id).into_iter().map(Some).collect()))
+            .collect();
+        let proxy_ep = Arc::new(
+            Endpoint::bind(pc)
+                .await
+                .map_err(|source| LocalError::Bind {
+                    node: PROXY_NODE,
+                    source,
+                })?,
+        );
+        for s in &nodes {
+            if !proxy_ep
+                .wait_for_paths(s.id, 2, Duration::from_secs(10))
+                .await
+            {
+                return Err(LocalError::NoPaths(s.id));
+            }
+        }
+        let ids = nodes.iter().map(|s| s.id).collect();
+        let proxy = Proxy::start(proxy_ep.clone(), ProxyConfig::new(listen, ids)).await?;
+        Ok(LocalCluster {
+            nodes,
+            members,
+            proxy_ep,
+            proxy,
+            items,
+            role,
+        })
+    }
+}
+
 /// Peer entries for the nodes in `before` (a node dials those listed
 /// before it, so each pair of nodes has one session).
 fn earlier_peers(before: &[NodeSlot]) -> Vec<PeerConfig> {
@@ -164,6 +250,17 @@ impl LocalCluster {
         listen: SocketAddr,
         role: bool,
     ) -> Result<LocalCluster, LocalError> {
+        let nodes = Self::bind_nodes(n, items, role).await?;
+        let direct = nodes.addrs();
+        nodes
+            .start_proxy(listen, |id| direct_addrs(&direct, id))
+            .await
+    }
+
+    /// Binds the `n` cache nodes (and the role service with `role`, as
+    /// [`LocalCluster::start_full`]); the proxy starts with
+    /// [`LocalNodes::start_proxy`].
+    pub async fn bind_nodes(n: u64, items: Items, role: bool) -> Result<LocalNodes, LocalError> {
         if let Items::Memcached(a) = &items {
             if a.is_empty() {
                 return Err(
@@ -199,39 +296,10 @@ impl LocalCluster {
             let r = role.as_ref().map(|r| (r, peers));
             bind_node(&mut nodes[i], &members, &items, r).await?;
         }
-        let mut pc = Config::new(PROXY_NODE, ClusterId(9));
-        crate::proxy::tune_endpoint(&mut pc);
-        pc.identity = Some(proxy_keys);
-        pc.members = members.clone();
-        pc.dial_from = vec![addr(1, 2, 0), addr(2, 2, 0)];
-        pc.role = role.clone();
-        pc.peers = nodes
-            .iter()
-            .map(|s| PeerConfig::new(s.id, s.listen.iter().copied().map(Some).collect()))
-            .collect();
-        let proxy_ep = Arc::new(
-            Endpoint::bind(pc)
-                .await
-                .map_err(|source| LocalError::Bind {
-                    node: PROXY_NODE,
-                    source,
-                })?,
-        );
-        for s in &nodes {
-            if !proxy_ep
-                .wait_for_paths(s.id, 2, Duration::from_secs(10))
-                .await
-            {
-                return Err(LocalError::NoPaths(s.id));
-            }
-        }
-        let ids = nodes.iter().map(|s| s.id).collect();
-        let proxy = Proxy::start(proxy_ep.clone(), ProxyConfig::new(listen, ids)).await?;
-        Ok(LocalCluster {
+        Ok(LocalNodes {
             nodes,
             members,
-            proxy_ep,
-            proxy,
+            proxy_keys,
             items,
             role,
         })

@@ -158,6 +158,11 @@ impl Relay {
         self.select(|l| l.info.id == id)
     }
 
+    /// The links named in `ids` (those that exist).
+    pub fn links(&self, ids: &[LinkId]) -> Links {
+        self.select(|l| ids.contains(&l.info.id))
+    }
+
     /// Every link's addresses, by id.
     pub fn infos(&self) -> Vec<LinkInfo> {
         self.all().infos()

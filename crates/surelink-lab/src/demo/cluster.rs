@@ -1,15 +1,19 @@
 //! `surelink-lab demo`: a memcached-compatible cache cluster under fire.
 //!
 //! Three cache nodes (embedded store) and a proxy start in this process on
-//! loopback over two networks (127.0.1.x and 127.0.2.x); an open-loop
+//! loopback over two networks (127.0.1.x and 127.0.2.x); the proxy reaches
+//! each node through a relay on each network (`surelink-relay`: TCP and
+//! the heartbeats' UDP), which is where the faults are made — the product
+//! runs as it ships, with no hook in its socket path. An open-loop
 //! memcached-protocol load (`memload`: 90 % get, 10 % set, Zipf keys)
 //! runs through the proxy while faults hit, at fixed fractions of the run:
 //!
-//! - 20 %: every connection of network 0 killed (as `ss -K`);
-//! - 35–50 %: the proxy silent one way on network 1 (its packets there
-//!   lost; the nodes' still arrive);
-//! - 65 %: node 2 killed (its items are gone with it);
-//! - 85 %: node 2 restarted, empty.
+//! - 20 %: every connection of network 0 reset, both ends (as `ss -K`);
+//! - 35–50 %: network 1 silent from the proxy to the nodes (its bytes held,
+//!   its heartbeats lost; the nodes' still arrive);
+//! - 65 %: node 2 killed (its items are gone with it; its addresses refuse
+//!   connections, as its host's kernel would);
+//! - 85 %: node 2 restarted, empty, on the same addresses.
 //!
 //! The report: ops/s and latency per phase, errors, misses the fabric
 //! caused (must be 0: the load knows what it set) apart from misses of
@@ -28,6 +32,7 @@ use surelink::proto::NodeId;
 use surelink::NetEvent;
 use surelink_cache::local::LocalCluster;
 use surelink_cache::Ring;
+use surelink_relay::{Direction, LinkSpec, Links, Relay};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -83,19 +88,13 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     let d = seconds as f64;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
-    let cluster = LocalCluster::start_full(
-        3,
-        surelink_cache::local::Items::Embedded(256 << 20),
-        "127.0.0.1:0".parse()?,
-        true,
-    )
-    .await
-    .context("starting the cluster on 127.0.1.x / 127.0.2.x")?;
+    let (cluster, relay) = start_cluster().await?;
     let addr = cluster.proxy.local_addr();
     println!("surelink demo: a memcached-compatible cache cluster under fire");
     println!(
         "  3 cache nodes (embedded store) and a proxy on {addr}, in this process, over two networks (127.0.1.x, 127.0.2.x); default configuration"
     );
+    println!("  the proxy reaches every node through a TCP/UDP relay on each network: the faults are made there");
     println!("  role service on: candidates node 1, node 2 (hr-net's role server pushes routing tables and the ring view)");
     let cfg = LoadConfig {
         addr,
@@ -120,11 +119,11 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
         pre.as_secs_f64() * 1000.0
     );
     println!(
-        "    {:>5.1} s  every connection of network 0 killed (as `ss -K`)",
+        "    {:>5.1} s  every connection of network 0 reset, both ends (as `ss -K`)",
         0.2 * d
     );
     println!(
-        "    {:>5.1} s  the proxy silent on network 1 one way (its packets lost) for {:.1} s",
+        "    {:>5.1} s  network 1 silent from the proxy to the nodes (its bytes held, its heartbeats lost) for {:.1} s",
         0.35 * d,
         0.15 * d
     );
@@ -137,7 +136,7 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     let start = Instant::now() + Duration::from_millis(100);
     let progress = Arc::new(Progress::default());
     let (stop_tx, stop_rx) = oneshot::channel();
-    let faults = tokio::spawn(faults(cluster, start, d, stop_rx));
+    let faults = tokio::spawn(faults(cluster, relay.clone(), start, d, stop_rx));
     let bar = spawn_bar(start, seconds, progress.clone());
     let samples = load.run(start, progress.clone()).await;
     bar.abort();
@@ -152,6 +151,7 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     );
     let ring = Ring::new(&cluster.node_ids());
     cluster.shutdown().await;
+    relay.shutdown().await;
 
     // Keys whose items died with the victim.
     let lost: Vec<bool> = (0..args.keys)
@@ -307,10 +307,87 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     Ok(())
 }
 
+/// The relay's links in front of the nodes: one per node and network, on
+/// 127.0.N.100 (free ports), leaving from 127.0.N.101 towards the node.
+#[derive(Clone)]
+struct DemoRelay {
+    relay: std::sync::Arc<Relay>,
+    /// The links to each node.
+    to: Vec<(NodeId, Links)>,
+}
+
+impl DemoRelay {
+    fn network(&self, n: usize) -> Links {
+        self.relay.network(n)
+    }
+
+    fn to_node(&self, node: NodeId) -> Option<&Links> {
+        self.to.iter().find(|(n, _)| *n == node).map(|(_, l)| l)
+    }
+
+    async fn shutdown(self) {
+        if let Ok(r) = std::sync::Arc::try_unwrap(self.relay) {
+            r.shutdown().await;
+        }
+    }
+}
+
+/// The nodes, a relay link in front of each of their addresses, and the
+/// proxy dialling the links.
+async fn start_cluster() -> Result<(LocalCluster, DemoRelay)> {
+    let nodes =
+        LocalCluster::bind_nodes(3, surelink_cache::local::Items::Embedded(256 << 20), true)
+            .await
+            .context("starting the cache nodes on 127.0.1.x / 127.0.2.x")?;
+    let relay = Relay::new();
+    let ip = |net: usize, host: u8| {
+        std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, net as u8 + 1, host))
+    };
+    let mut via = Vec::new();
+    let mut to = Vec::new();
+    for (node, addrs) in nodes.addrs() {
+        let mut ids = Vec::new();
+        let mut dial = Vec::new();
+        for (net, &upstream) in addrs.iter().enumerate() {
+            let spec = LinkSpec::new(net, std::net::SocketAddr::new(ip(net, 100), 0), upstream)
+                .from_ip(ip(net, 101));
+            let info = relay
+                .add_link(spec)
+                .await
+                .with_context(|| format!("a relay link to node {node} on network {net}"))?;
+            ids.push(info.id);
+            dial.push(info.listen);
+        }
+        via.push((node, dial));
+        to.push((node, ids));
+    }
+    let to = to
+        .into_iter()
+        .map(|(node, ids)| (node, relay.links(&ids)))
+        .collect();
+    let cluster = nodes
+        .start_proxy("127.0.0.1:0".parse()?, |id| {
+            via.iter()
+                .find(|(n, _)| *n == id)
+                .map(|(_, a)| a.clone())
+                .unwrap_or_default()
+        })
+        .await
+        .context("starting the proxy through the relay")?;
+    Ok((
+        cluster,
+        DemoRelay {
+            relay: std::sync::Arc::new(relay),
+            to,
+        },
+    ))
+}
+
 /// Runs the fault schedule against the cluster and watches the proxy's
 /// events until told to stop; gives the cluster back.
 async fn faults(
     mut cluster: LocalCluster,
+    relay: DemoRelay,
     start: Instant,
     d: f64,
     mut stop: oneshot::Receiver<()>,
@@ -333,19 +410,23 @@ async fn faults(
                 match step {
                     0 => {
                         tl.kill_net0 = t;
-                        tl.connections_killed = cluster.proxy_ep.testing().kill_network(0);
+                        tl.connections_killed = relay.network(0).kill();
                     }
                     1 => {
                         tl.mute.0 = t;
-                        cluster.proxy_ep.testing().mute_network(1, true);
+                        relay.network(1).blackhole(Direction::Up);
                     }
                     2 => {
-                        cluster.proxy_ep.testing().mute_network(1, false);
+                        relay.network(1).heal();
                         tl.mute.1 = t;
                     }
                     3 => {
                         tl.kill_node = t;
                         cluster.kill_node(VICTIM);
+                        // Its host no longer listens: connects are refused.
+                        if let Some(l) = relay.to_node(VICTIM) {
+                            l.refuse();
+                        }
                     }
                     _ => {
                         tl.restart_node = t;
@@ -353,6 +434,9 @@ async fn faults(
                             .restart_node(VICTIM)
                             .await
                             .context("restarting node 2")?;
+                        if let Some(l) = relay.to_node(VICTIM) {
+                            l.heal();
+                        }
                     }
                 }
             }

@@ -1,7 +1,9 @@
-//! `surelink-lab demo --stream`: two endpoints on real loopback sockets over two networks
-//! (127.0.1.x and 127.0.2.x). A client streams one-way messages on four
-//! channels; mid-stream the connections of network 0 are shut down (as
-//! `ss -K` would), later those of network 1. The report says what arrived.
+//! `surelink-lab demo --stream`: two endpoints on real loopback sockets
+//! over two networks (127.0.1.x and 127.0.2.x), the client reaching the
+//! server through a TCP/UDP relay on each (`surelink-relay`). A client
+//! streams one-way messages on four channels; mid-stream the relay resets
+//! every connection of network 0 (as `ss -K` would, both ends), later
+//! those of network 1. The report says what arrived.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -12,9 +14,10 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use super::DemoArgs;
 use surelink::proto::NodeId;
-use surelink::testing::{Loopback, LoopbackPair};
-use surelink::NetEvent;
+use surelink::testing::Loopback;
+use surelink::{Endpoint, NetEvent, PeerConfig};
 use surelink_lab::lock;
+use surelink_relay::{LinkSpec, Relay};
 use tokio::time::Instant;
 
 const SERVER: NodeId = NodeId(1);
@@ -40,8 +43,7 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     if !(args.fail_at >= 0.0 && args.down_for > 0.0 && second_kill < seconds as f64) {
         bail!("both kills (--fail-at, --fail-at + --down-for) must fall inside the stream (--seconds)");
     }
-    let LoopbackPair { server, client } = Loopback::new()
-        .start()
+    let (server, client, relay) = start()
         .await
         .context("starting two endpoints on 127.0.1.x and 127.0.2.x")?;
     let mut events = client.events();
@@ -58,11 +60,11 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
         args.interval_us, seconds
     );
     println!(
-        "  t={:.3}s  kill every connection on network 0 (socket shutdown, as `ss -K`)",
+        "  t={:.3}s  reset every connection on network 0, both ends (as `ss -K`)",
         args.fail_at
     );
     println!(
-        "  t={:.3}s  kill every connection on network 1",
+        "  t={:.3}s  reset every connection on network 1",
         second_kill
     );
 
@@ -100,14 +102,13 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
         })
     };
     let killer = {
-        let client = client.clone();
-        let server = server.clone();
+        let (net0, net1) = (relay.network(0), relay.network(1));
         let (a, b) = (args.fail_at, second_kill);
         tokio::spawn(async move {
             tokio::time::sleep_until(start + Duration::from_secs_f64(a)).await;
-            let k0 = client.testing().kill_network(0);
+            let k0 = net0.kill();
             tokio::time::sleep_until(start + Duration::from_secs_f64(b)).await;
-            let k1 = server.testing().kill_network(1);
+            let k1 = net1.kill();
             (k0, k1)
         })
     };
@@ -208,9 +209,39 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     let ok = lost == 0 && s.duplicated == 0 && s.out_of_order == 0;
     client.shutdown().await;
     server.shutdown().await;
+    relay.shutdown().await;
     if !ok {
         bail!("the demo lost, doubled or reordered messages");
     }
     println!("  every message arrived exactly once and in order per channel");
     Ok(())
+}
+
+/// The server (node 1) on 127.0.1.1 and 127.0.2.1, a relay link in front
+/// of each of its addresses (on 127.0.N.100, leaving from 127.0.N.101),
+/// and the client (node 2) dialling the links; both paths up on both.
+async fn start() -> Result<(Endpoint, Endpoint, Relay)> {
+    let lb = Loopback::new();
+    let server = Endpoint::bind(lb.server)
+        .await
+        .context("binding the server")?;
+    let relay = Relay::new();
+    let mut via = Vec::new();
+    for (net, upstream) in server.local_addrs().into_iter().enumerate() {
+        let ip = |host| std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, net as u8 + 1, host));
+        let spec =
+            LinkSpec::new(net, std::net::SocketAddr::new(ip(100), 0), upstream).from_ip(ip(101));
+        via.push(Some(
+            relay.add_link(spec).await.context("a relay link")?.listen,
+        ));
+    }
+    let mut cc = lb.client;
+    cc.peers = vec![PeerConfig::new(server.node(), via)];
+    let client = Endpoint::bind(cc).await.context("binding the client")?;
+    for (ep, peer) in [(&client, server.node()), (&server, client.node())] {
+        if !ep.wait_for_paths(peer, 2, Duration::from_secs(10)).await {
+            bail!("node {}: both paths did not come up within 10 s", ep.node());
+        }
+    }
+    Ok((server, client, relay))
 }
