@@ -137,11 +137,12 @@ mod tests {
                 "{f} still names a 921x metrics port"
             );
         }
-        // The same address moved alike in every file; dial-from ports stay 0.
+        // The nodes' addresses live in the cluster file alone; dial-from
+        // ports stay 0.
         let cluster = std::fs::read_to_string(copy.path().join("cluster.toml"))?;
         let proxy_file = std::fs::read_to_string(copy.path().join("proxy.toml"))?;
         assert!(cluster.contains(&format!("\"{node1}\"")));
-        assert!(proxy_file.contains(&format!("\"{node1}\"")));
+        assert!(proxy_file.contains(&format!("\"{proxy}\"")));
         assert!(proxy_file.contains("\"127.0.1.10:0\""));
         assert!(copy.path().join("node1.key").exists());
         Ok(())

@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use surelink::proto::NodeId;
 use surelink::Endpoint;
 use surelink_cache::backend::BackendError;
 use surelink_cache::proxy::ProxyError;
@@ -137,8 +136,8 @@ pub async fn node(config: &Path) -> Result<(), CacheNodeError> {
 }
 
 /// Runs a cache proxy from the configuration file `config` until Ctrl-C:
-/// memcached's text protocol on `[proxy] listen`, keys routed to the
-/// nodes by consistent hashing.
+/// memcached's text protocol on `[proxy] listen`, keys routed by
+/// consistent hashing to the nodes of its ring ([`config_file::Loaded::ring`]).
 pub async fn proxy(config: &Path) -> Result<(), CacheProxyError> {
     let mut loaded = config_file::load(config)?;
     surelink_cache::proxy::tune_endpoint(&mut loaded.config);
@@ -147,12 +146,7 @@ pub async fn proxy(config: &Path) -> Result<(), CacheProxyError> {
             path: config.to_path_buf(),
         });
     };
-    let nodes: Vec<NodeId> = if p.nodes.is_empty() {
-        loaded.config.peers.iter().map(|x| x.node).collect()
-    } else {
-        p.nodes.iter().map(|&n| NodeId(n)).collect()
-    };
-    let mut cfg = ProxyConfig::new(p.listen, nodes);
+    let mut cfg = ProxyConfig::new(p.listen, loaded.ring());
     if let Some(m) = p.max_item {
         cfg.limits.max_item = m;
     }

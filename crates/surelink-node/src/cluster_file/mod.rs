@@ -35,10 +35,15 @@
 //! public_key = "…"
 //! ```
 //!
-//! A node's own file names it with `cluster_file = "cluster.toml"`: the
-//! cluster file adds every node's key to its members, makes it dial every
-//! node listed *before* it that has addresses (so each pair has one side
-//! that dials), and turns the role service on. Errors name the line.
+//! A process's own file names it with `cluster_file = "cluster.toml"` and
+//! says only what is its own (node id, key file, its role's section): the
+//! cluster file gives it the cluster id, its listen and metrics addresses
+//! (its own `addrs` and `metrics` here, unless its file overrides them),
+//! every node's key as a member, the nodes to dial — a cache proxy (a
+//! file with `[proxy]`) every node with addresses, any other process
+//! every node listed *before* it that has addresses (so each pair has one
+//! side that dials) — and turns the role service on (the rules:
+//! `config_file/join.rs`). Errors name the line.
 
 use std::net::SocketAddr;
 use std::ops::Range;

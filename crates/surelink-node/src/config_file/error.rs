@@ -1,10 +1,12 @@
 //! What can be wrong with a configuration file ([`ConfigError`]) and with
 //! loading one from disk ([`LoadError`]). Messages say what to change.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use surelink::proto::secure::{MemberError, TlsSetupError};
 use surelink::proto::NodeId;
+use surelink::PublicKey;
 
 use crate::cluster_file::ClusterFileError;
 use crate::keys::KeyFileError;
@@ -84,19 +86,112 @@ pub enum ConfigError {
         /// What is wrong with it.
         source: ClusterFileError,
     },
-    /// The cluster file is another cluster's.
-    #[error("the cluster file is for cluster {file}, this node is in cluster {node}")]
+    /// Neither `cluster` nor a `cluster_file` that gives it.
+    #[error("`cluster = <id>` is required (or `cluster_file = \"…\"`, whose cluster it then is)")]
+    NoCluster,
+    /// `cluster` names another cluster than the cluster file.
+    #[error("cluster = {own}, but the cluster file {} is cluster {cluster}'s: remove `cluster` from this file (the cluster file gives it), or name this cluster's file", cluster_file.display())]
     OtherCluster {
-        /// The cluster file's id.
-        file: u64,
-        /// This node's.
-        node: u64,
+        /// The cluster file.
+        cluster_file: PathBuf,
+        /// What this file says.
+        own: u64,
+        /// What the cluster file says.
+        cluster: u64,
     },
     /// This node is not in its cluster file.
-    #[error("node {0} is not listed in the cluster file")]
-    NotInCluster(NodeId),
-    /// A node's key in the cluster file conflicts with a member entry (or
-    /// with this node's key file).
+    #[error("node {node} is not listed in the cluster file {}: add a [[nodes]] entry for it there (node = {node}, its addrs and public_key), or correct `node`", cluster_file.display())]
+    NotInCluster {
+        /// This node.
+        node: NodeId,
+        /// The cluster file.
+        cluster_file: PathBuf,
+    },
+    /// A `[[members]]` entry gives another key than the cluster file.
+    #[error("[[members]] node {node} has public_key \"{own}\", but the cluster file {} gives \"{cluster}\": remove this [[members]] entry (members come from the cluster file), or correct the wrong key", cluster_file.display())]
+    MemberKey {
+        /// The member.
+        node: NodeId,
+        /// The key this file gives it.
+        own: PublicKey,
+        /// The key the cluster file gives it.
+        cluster: PublicKey,
+        /// The cluster file.
+        cluster_file: PathBuf,
+    },
+    /// A `[[peers]]` entry gives other addresses than the cluster file.
+    #[error("[[peers]] node {node} has addrs {}, but the cluster file {} gives {}: remove this [[peers]] entry (peers come from the cluster file), or correct the wrong addresses", show_addrs(own), cluster_file.display(), show_addrs(cluster))]
+    PeerAddrs {
+        /// The peer.
+        node: NodeId,
+        /// Its addresses in this file, per network.
+        own: Vec<Option<SocketAddr>>,
+        /// Its addresses in the cluster file, per network.
+        cluster: Vec<Option<SocketAddr>>,
+        /// The cluster file.
+        cluster_file: PathBuf,
+    },
+    /// `key_file` holds another node's secret than the cluster file's key
+    /// for this node.
+    #[error("key_file {} has public key \"{own}\", but the cluster file {} gives node {node} \"{cluster}\": point key_file at node {node}'s secret, or set public_key = \"{own}\" in its [[nodes]] entry", key_file.display(), cluster_file.display())]
+    KeyFileMismatch {
+        /// This node.
+        node: NodeId,
+        /// The key file.
+        key_file: PathBuf,
+        /// Its public key.
+        own: PublicKey,
+        /// This node's key in the cluster file.
+        cluster: PublicKey,
+        /// The cluster file.
+        cluster_file: PathBuf,
+    },
+    /// This node has no key in the cluster file, so no other node would
+    /// accept it.
+    #[error("node {node} has no public_key in the cluster file {}, so the other nodes would refuse it: add public_key = \"{own}\" (this node's key_file's) to its [[nodes]] entry", cluster_file.display())]
+    OwnKeyMissing {
+        /// This node.
+        node: NodeId,
+        /// Its public key (from `key_file`).
+        own: PublicKey,
+        /// The cluster file.
+        cluster_file: PathBuf,
+    },
+    /// A node this one dials has no key, in the cluster file or here.
+    #[error("node {node}, which this node dials, has no public_key in the cluster file {}: add its public key (`surelink keygen` printed it) to its [[nodes]] entry", cluster_file.display())]
+    PeerKeyMissing {
+        /// The node dialled.
+        node: NodeId,
+        /// The cluster file.
+        cluster_file: PathBuf,
+    },
+    /// This node's addresses in the cluster file skip a network, which a
+    /// listener cannot (`listen[i]` is network `i`).
+    #[error("node {node} has no address on network {network} in the cluster file {} but one on a later network: give `listen = [...]` (one address per network) in this file", cluster_file.display())]
+    ListenGap {
+        /// This node.
+        node: NodeId,
+        /// The first network without an address.
+        network: usize,
+        /// The cluster file.
+        cluster_file: PathBuf,
+    },
+    /// A `[proxy] nodes` entry the proxy cannot reach.
+    #[error("[proxy] nodes lists node {node}, which {reason} in the cluster file {}: remove it from `nodes`, or give it its addrs there", cluster_file.display())]
+    ProxyNode {
+        /// The node.
+        node: NodeId,
+        /// What is wrong.
+        reason: &'static str,
+        /// The cluster file.
+        cluster_file: PathBuf,
+    },
+    /// A proxy without a cache node to route to.
+    #[error("[proxy] has no cache node to route to: give the cache nodes their addrs in the cluster file (or, without one, list them as [[peers]])")]
+    ProxyNoNodes,
+    /// A node's key in the cluster file cannot be a member (two nodes
+    /// share it, or an own `[[members]]` entry gives that key to another
+    /// node).
     #[error("cluster file: node {node}'s key")]
     ClusterKey {
         /// The node.
@@ -130,4 +225,13 @@ pub enum LoadError {
         /// What is wrong with it.
         source: ConfigError,
     },
+}
+
+/// Addresses per network as the files write them: `["a:1", ""]`.
+fn show_addrs(list: &[Option<SocketAddr>]) -> String {
+    let each: Vec<String> = list
+        .iter()
+        .map(|a| a.map_or_else(|| "\"\"".to_string(), |a| format!("\"{a}\"")))
+        .collect();
+    format!("[{}]", each.join(", "))
 }

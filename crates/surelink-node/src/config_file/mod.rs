@@ -3,10 +3,29 @@
 //! or [`parse`] text, into a [`Loaded`]. Only syntax and values are
 //! checked here; nothing is bound or dialled.
 //!
+//! In a cluster, a process's file names the cluster file and says only
+//! what is its own; the cluster file gives the cluster id, this node's
+//! listen and metrics addresses, every node's key (the members), whom to
+//! dial (the peers) and the role service ([`crate::cluster_file`]; the
+//! rules, and how entries that repeat it are checked, are in `join.rs`):
+//!
 //! ```toml
 //! node = 1
-//! cluster = 7
 //! key_file = "node1.key"          # this node's secret (surelink keygen --out); relative to this file
+//! cluster_file = "cluster.toml"   # relative to this file
+//! # listen = [...]                # default: this node's addrs in the cluster file (where the
+//! # metrics = "…"                 #   others dial it), metrics likewise; set to bind other ones
+//!
+//! [cache]                         # or [proxy], or nothing (serve, role-server)
+//! memory_mb = 64
+//! ```
+//!
+//! Without a cluster file, the file lists everything itself:
+//!
+//! ```toml
+//! node = 1
+//! cluster = 7                     # required without cluster_file
+//! key_file = "node1.key"
 //! # protection = "integrity_only"  # default "encrypt"
 //! # insecure = true                # no authentication or encryption: benchmarks only
 //! listen = ["127.0.1.1:7100", "127.0.2.1:7100"]   # one per network
@@ -26,7 +45,11 @@
 //! [[peers]]                       # nodes this one dials (each needs a member entry)
 //! node = 2
 //! addrs = ["127.0.1.2:7100", "127.0.2.2:7100"]     # "" where not attached
+//! ```
 //!
+//! Either way, any process may also set:
+//!
+//! ```toml
 //! # max_connections = 1024; max_connections_per_ip = 64; max_handshaking = 128
 //! # write_batching = "auto"       # or "idle", "turn": when queued messages are written
 //!
@@ -56,24 +79,33 @@
 //!
 //! [proxy]                                           # `surelink cache proxy`
 //! listen = "127.0.0.1:11311"                        # memcached clients connect here
-//! nodes = [1, 2, 3]                                 # default: every [[peers]] node
+//! nodes = [1, 2, 3]                                 # default: every peer (with a cluster
+//!                                                   #   file: every node there with addrs)
 //! # max_clients = 10000; max_pipeline = 128; call_timeout_ms = 5000
 //! ```
+//!
+//! A file written before cluster files said less still loads: entries
+//! that repeat the cluster file (`cluster`, `listen`, `metrics`, a
+//! `[[members]]` key, a `[[peers]]` entry) are accepted with one warning
+//! naming them; one that contradicts it is refused, naming both values.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 use surelink::proto::{ClusterId, Epoch, NodeId};
 use surelink::{Config, DetectorConfig, DetectorMode, PeerConfig, Protection, WriteBatching};
+use tracing::warn;
 
 use crate::cluster_file::Cluster;
 
 mod error;
+mod join;
 mod schema;
 
 pub use error::{ConfigError, LoadError};
+pub use join::Redundant;
 pub use schema::{CacheSection, ProxySection, RuntimeSection};
 
 /// A parsed configuration plus what only the daemons read.
@@ -90,6 +122,24 @@ pub struct Loaded {
     pub proxy: Option<ProxySection>,
     /// The cluster file, when the configuration names one.
     pub cluster: Option<Cluster>,
+    /// Where it was read from.
+    pub cluster_file: Option<PathBuf>,
+    /// The entries of the file that only repeat the cluster file
+    /// (accepted; the loader warns once).
+    pub redundant: Vec<Redundant>,
+}
+
+impl Loaded {
+    /// A proxy's ring: `[proxy] nodes`, or else every peer (with a
+    /// cluster file, every node there with addresses); empty without a
+    /// `[proxy]` section.
+    pub fn ring(&self) -> Vec<NodeId> {
+        match &self.proxy {
+            None => Vec::new(),
+            Some(p) if p.nodes.is_empty() => self.config.peers.iter().map(|x| x.node).collect(),
+            Some(p) => p.nodes.iter().map(|&n| NodeId(n)).collect(),
+        }
+    }
 }
 
 /// Only the `[runtime]` section of a configuration file, read before the
@@ -116,10 +166,12 @@ pub fn runtime(path: &Path) -> Result<RuntimeSection, LoadError> {
 pub fn load(path: &Path) -> Result<Loaded, LoadError> {
     let text = read(path)?;
     let base = path.parent().unwrap_or(Path::new("."));
-    parse(&text, base).map_err(|source| LoadError::Invalid {
+    let loaded = parse_only(&text, base).map_err(|source| LoadError::Invalid {
         path: path.to_path_buf(),
         source,
-    })
+    })?;
+    warn_redundant(&path.display().to_string(), &loaded);
+    Ok(loaded)
 }
 
 fn read(path: &Path) -> Result<String, LoadError> {
@@ -132,8 +184,43 @@ fn read(path: &Path) -> Result<String, LoadError> {
 /// Parses a configuration; relative paths (`key_file`, `cluster_file`,
 /// `[tls]`) are taken from `base`.
 pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigError> {
+    let loaded = parse_only(text, base)?;
+    warn_redundant("the configuration", &loaded);
+    Ok(loaded)
+}
+
+/// One warning listing the entries of `file` that only repeat its cluster
+/// file.
+fn warn_redundant(file: &str, l: &Loaded) {
+    if let (false, Some(cf)) = (l.redundant.is_empty(), &l.cluster_file) {
+        let list: Vec<String> = l.redundant.iter().map(ToString::to_string).collect();
+        warn!(
+            "{file}: {} only repeat the cluster file {}: they can be removed",
+            list.join(", "),
+            cf.display()
+        );
+    }
+}
+
+fn parse_only(text: &str, base: &Path) -> Result<Loaded, ConfigError> {
     let f: schema::File = toml::from_str(text)?;
-    let mut c = Config::new(NodeId(f.node), ClusterId(f.cluster));
+    let mut redundant = Vec::new();
+    let cluster_file = match &f.cluster_file {
+        Some(p) => {
+            let path = base.join(p);
+            match Cluster::load(&path) {
+                Ok(cl) => Some((path, cl)),
+                Err(source) => return Err(ConfigError::ClusterFile { path, source }),
+            }
+        }
+        None => None,
+    };
+    let cluster = match (&cluster_file, f.cluster) {
+        (Some((path, cl)), own) => join::cluster_id(own, cl, path, &mut redundant)?,
+        (None, Some(id)) => id,
+        (None, None) => return Err(ConfigError::NoCluster),
+    };
+    let mut c = Config::new(NodeId(f.node), ClusterId(cluster));
     c.insecure = f.insecure;
     if let Some(p) = &f.protection {
         c.protection = match p.as_str() {
@@ -171,6 +258,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigError> {
             .insert(c.node, k.public())
             .map_err(ConfigError::OwnKey)?;
     }
+    let mut members = Vec::with_capacity(f.members.len());
     for m in &f.members {
         let key = crate::keys::parse_public(&m.public_key, &format!("member {}", m.node))?;
         c.members
@@ -179,6 +267,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigError> {
                 node: m.node,
                 source,
             })?;
+        members.push((NodeId(m.node), key));
     }
     if let Some(v) = f.max_connections {
         c.max_connections = v;
@@ -199,7 +288,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigError> {
     }
     f.runtime.check()?;
     c.epoch = f.epoch.map(Epoch);
-    c.listen = f.listen;
+    c.listen = f.listen.clone().unwrap_or_default();
     c.dial_from = f.dial_from;
     c.devices = f
         .devices
@@ -226,24 +315,35 @@ pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigError> {
     }
     core(&mut c, f.core);
     detector(&mut c, f.detector)?;
-    let cluster = match &f.cluster_file {
-        Some(p) => {
-            let path = base.join(p);
-            let cl =
-                Cluster::load(&path).map_err(|source| ConfigError::ClusterFile { path, source })?;
-            join_cluster(&mut c, &cl)?;
-            Some(cl)
+    let mut metrics = f.metrics;
+    if let Some((path, cl)) = &cluster_file {
+        let own = join::Own {
+            listen: f.listen.as_deref(),
+            metrics: f.metrics,
+            members: &members,
+            key_file: f.key_file.as_deref(),
+            proxy: f.proxy.is_some(),
+        };
+        metrics = join::join(&mut c, &own, cl, path, &mut redundant)?;
+        if let Some(p) = &f.proxy {
+            join::check_ring(&p.nodes, cl, path)?;
         }
-        None => None,
-    };
+    }
     c.validate()?;
-    Ok(Loaded {
+    let (cluster_file, cluster) = cluster_file.unzip();
+    let loaded = Loaded {
         config: c,
-        metrics: f.metrics,
+        metrics,
         cache: f.cache,
         proxy: f.proxy,
         cluster,
-    })
+        cluster_file,
+        redundant,
+    };
+    if loaded.proxy.is_some() && loaded.ring().is_empty() {
+        return Err(ConfigError::ProxyNoNodes);
+    }
+    Ok(loaded)
 }
 
 /// `[core]`: the protocol core's settings (every one optional).
@@ -327,37 +427,4 @@ pub fn parse_addrs(list: &[String]) -> Result<Vec<Option<SocketAddr>>, String> {
             a => a.parse().map(Some).map_err(|_| a.to_string()),
         })
         .collect()
-}
-
-/// What a cluster file adds to a node's configuration: every node's key
-/// as a member, a peer entry for each node it dials, the role service.
-fn join_cluster(c: &mut Config, cl: &Cluster) -> Result<(), ConfigError> {
-    if cl.cluster != c.cluster.0 {
-        return Err(ConfigError::OtherCluster {
-            file: cl.cluster,
-            node: c.cluster.0,
-        });
-    }
-    if cl.node(c.node).is_none() {
-        return Err(ConfigError::NotInCluster(c.node));
-    }
-    for n in &cl.nodes {
-        if let Some(k) = n.public_key {
-            // The same key twice is fine; another key for a node (or this
-            // node's key file disagreeing with the cluster file) is not.
-            c.members
-                .insert(n.node, k)
-                .map_err(|source| ConfigError::ClusterKey {
-                    node: n.node,
-                    source,
-                })?;
-        }
-    }
-    for n in cl.dials(c.node) {
-        if !c.peers.iter().any(|p| p.node == n.node) {
-            c.peers.push(PeerConfig::new(n.node, n.addrs.clone()));
-        }
-    }
-    c.role = Some(cl.role.clone());
-    Ok(())
 }

@@ -13,10 +13,12 @@ use super::ConfigError;
 #[serde(deny_unknown_fields)]
 pub(super) struct File {
     pub(super) node: u64,
-    pub(super) cluster: u64,
+    /// Required without a cluster file; with one, its cluster (and then
+    /// redundant here).
+    pub(super) cluster: Option<u64>,
     pub(super) epoch: Option<u64>,
-    #[serde(default)]
-    pub(super) listen: Vec<SocketAddr>,
+    /// `None`: this node's `addrs` in the cluster file (none without one).
+    pub(super) listen: Option<Vec<SocketAddr>>,
     #[serde(default)]
     pub(super) dial_from: Vec<SocketAddr>,
     /// Interface per network ("" for none).
@@ -26,6 +28,7 @@ pub(super) struct File {
     pub(super) reconnect_initial_ms: Option<u64>,
     pub(super) reconnect_max_ms: Option<u64>,
     pub(super) tcp_user_timeout_ms: Option<u64>,
+    /// `None`: this node's `metrics` in the cluster file (none without one).
     pub(super) metrics: Option<SocketAddr>,
     pub(super) key_file: Option<PathBuf>,
     /// The cluster file (nodes, keys, role service); relative to this file.
@@ -102,7 +105,8 @@ pub struct CacheSection {
 pub struct ProxySection {
     /// Where memcached clients connect.
     pub listen: SocketAddr,
-    /// The cache nodes (default: every `[[peers]]` entry).
+    /// The cache nodes (default: every peer — with a cluster file, every
+    /// node there with addresses).
     #[serde(default)]
     pub nodes: Vec<u64>,
     /// Largest item, bytes (default: the proxy's).
