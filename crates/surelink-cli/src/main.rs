@@ -41,7 +41,8 @@ enum Command {
     /// Call a peer (ping/echo) from a TOML configuration.
     Call(CallArgs),
     /// Generate a node key pair (the secret to a file, the public key to
-    /// paste into every node's `[[members]]`).
+    /// paste into the node's entry of the cluster file, or every node's
+    /// `[[members]]`).
     Keygen(KeygenArgs),
     /// Generate a throwaway CA and a certificate per node, for trying
     /// mutual TLS (`[tls]`) instead of member keys.

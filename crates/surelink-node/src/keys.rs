@@ -2,9 +2,9 @@
 //!
 //! A secret key file holds one line, the base64 secret (as WireGuard's
 //! do), readable by its owner only; a public key is the same form,
-//! printed by `keygen` and pasted into every node's `[[members]]`. A key
-//! directory (`node-<id>.key` and `node-<id>.pub` per node) is what the
-//! lab's experiment nodes authenticate with.
+//! printed by `keygen` and pasted into the cluster file (or every node's
+//! `[[members]]`). A key directory (`node-<id>.key` and `node-<id>.pub`
+//! per node) is what the lab's experiment nodes authenticate with.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -108,7 +108,7 @@ pub fn keygen(out: Option<&Path>) -> Result<(), KeyFileError> {
                 keys.secret()
             );
             println!(
-                "public_key = \"{}\"   # goes into every node's [[members]]",
+                "public_key = \"{}\"   # goes into this node's [[nodes]] entry of the cluster file (or every node's [[members]])",
                 keys.public()
             );
         }

@@ -421,3 +421,33 @@ fn what_the_cluster_file_lacks_is_named() {
     );
     assert!(matches!(e, ConfigError::ProxyNoNodes), "{e:?}");
 }
+
+/// Mutual TLS and `insecure` need no keys in the cluster file; the rest
+/// of what a process's file may say (here `dial_from`, `[detector]`,
+/// `[runtime]`) is read as without one.
+#[test]
+fn tls_and_insecure_nodes_need_no_keys_in_the_cluster_file() {
+    let (_dir, cache) = cache_copy("join-tls");
+    surelink_node::certs::certs(&cache.join("tls"), 11, &[1, 2, 3, 100]).unwrap();
+    let cluster = std::fs::read_to_string(cache.join("cluster.toml")).unwrap();
+    let keyless: String = cluster
+        .lines()
+        .filter(|l| !l.starts_with("public_key"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(cache.join("cluster.toml"), keyless).unwrap();
+    let text = "node = 3\ncluster_file = \"cluster.toml\"\n\
+                dial_from = [\"127.0.1.13:0\", \"127.0.2.13:0\"]\n\
+                [tls]\ncert = \"tls/node-3.crt\"\nkey = \"tls/node-3.key.pem\"\nca = \"tls/ca.crt\"\n\
+                [detector]\nmode = \"plain\"\n[runtime]\nworker_threads = 3\n";
+    let l = load_text(&cache, "tls3.toml", text).unwrap();
+    assert!(l.config.tls.is_some() && l.config.members.is_empty());
+    let peers: Vec<u64> = l.config.peers.iter().map(|p| p.node.0).collect();
+    assert_eq!(peers, vec![1, 2]);
+    assert_eq!(l.config.dial_from.len(), 2);
+    assert_eq!(l.config.listen.len(), 2);
+    let text = "node = 100\ncluster_file = \"cluster.toml\"\ninsecure = true\n\
+                dial_from = [\"127.0.1.10:0\", \"127.0.2.10:0\"]\n[proxy]\nlisten = \"127.0.0.1:11311\"\n";
+    let l = load_text(&cache, "insecure-proxy.toml", text).unwrap();
+    assert_eq!(l.ring(), vec![NodeId(1), NodeId(2), NodeId(3)]);
+}

@@ -19,9 +19,12 @@
 //!   before it that have addresses, so each pair has one side that dials;
 //! - the role service: the cluster file's `[role]`.
 //!
-//! Own `[[members]]` and `[[peers]]` entries for nodes the cluster file
-//! does not list (or lists without a key, or without addresses for a
-//! member) are kept: they are the process's own.
+//! Own `[[members]]` entries for nodes the cluster file does not list, or
+//! lists without a key, and own `[[peers]]` entries for nodes it does not
+//! list are kept: they are the process's own. So is a `[[peers]]` entry
+//! with the cluster file's addresses for a node the rule leaves to dial
+//! this one (both then dial; not redundant, since removing it changes
+//! who dials).
 
 use std::fmt;
 use std::net::SocketAddr;
