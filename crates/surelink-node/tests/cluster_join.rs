@@ -298,7 +298,7 @@ fn an_entry_that_contradicts_the_cluster_file_is_refused_naming_both_values() {
         "{e:?}"
     );
     assert!(
-        msg.contains("node2.key") && msg.contains(NODE_KEYS[0]) && msg.contains(NODE_KEYS[1]),
+        msg.contains("key_file") && msg.contains(NODE_KEYS[0]) && msg.contains(NODE_KEYS[1]),
         "{msg}"
     );
 }
@@ -450,4 +450,34 @@ fn tls_and_insecure_nodes_need_no_keys_in_the_cluster_file() {
                 dial_from = [\"127.0.1.10:0\", \"127.0.2.10:0\"]\n[proxy]\nlisten = \"127.0.0.1:11311\"\n";
     let l = load_text(&cache, "insecure-proxy.toml", text).unwrap();
     assert_eq!(l.ring(), vec![NodeId(1), NodeId(2), NodeId(3)]);
+}
+
+/// A proxy dials every node with addresses, wherever the cluster file
+/// lists it; another process only those listed before it.
+#[test]
+fn a_proxy_dials_every_node_wherever_it_is_listed() {
+    let (_dir, cache) = cache_copy("join-proxy-first");
+    let cluster = std::fs::read_to_string(cache.join("cluster.toml")).unwrap();
+    let (head, proxy_entry) = cluster.rsplit_once("[[nodes]]\nnode = 100").unwrap();
+    let first = head.replacen(
+        "[[nodes]]",
+        &format!("[[nodes]]\nnode = 100{proxy_entry}\n[[nodes]]"),
+        1,
+    );
+    std::fs::write(cache.join("cluster.toml"), first).unwrap();
+    let l = config_file::load(&cache.join("proxy.toml")).unwrap();
+    let peers: Vec<u64> = l.config.peers.iter().map(|p| p.node.0).collect();
+    assert_eq!(peers, vec![1, 2, 3]);
+    assert_eq!(l.ring(), vec![NodeId(1), NodeId(2), NodeId(3)]);
+    // The same file without [proxy] is a client listed first: it dials
+    // nobody (and nobody can dial it).
+    let text = std::fs::read_to_string(cache.join("proxy.toml")).unwrap();
+    let client = text.split("[proxy]").next().unwrap();
+    let l = load_text(&cache, "client.toml", client).unwrap();
+    assert!(l.config.peers.is_empty() && l.ring().is_empty());
+    // A ring narrower than the peers: `[proxy] nodes`.
+    let two = text.replace("# nodes = [1, 2, 3]", "nodes = [1, 3]");
+    let l = load_text(&cache, "two.toml", &two).unwrap();
+    assert_eq!(l.config.peers.len(), 3);
+    assert_eq!(l.ring(), vec![NodeId(1), NodeId(3)]);
 }

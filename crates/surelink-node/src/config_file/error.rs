@@ -2,7 +2,7 @@
 //! loading one from disk ([`LoadError`]). Messages say what to change.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use surelink::proto::secure::{MemberError, TlsSetupError};
 use surelink::proto::NodeId;
@@ -89,11 +89,13 @@ pub enum ConfigError {
     /// Neither `cluster` nor a `cluster_file` that gives it.
     #[error("`cluster = <id>` is required (or `cluster_file = \"…\"`, whose cluster it then is)")]
     NoCluster,
+    // The variants below name the cluster file as a `Box<Path>`: two keys
+    // and a `PathBuf` would make every `Result` of this type large.
     /// `cluster` names another cluster than the cluster file.
     #[error("cluster = {own}, but the cluster file {} is cluster {cluster}'s: remove `cluster` from this file (the cluster file gives it), or name this cluster's file", cluster_file.display())]
     OtherCluster {
         /// The cluster file.
-        cluster_file: PathBuf,
+        cluster_file: Box<Path>,
         /// What this file says.
         own: u64,
         /// What the cluster file says.
@@ -105,7 +107,7 @@ pub enum ConfigError {
         /// This node.
         node: NodeId,
         /// The cluster file.
-        cluster_file: PathBuf,
+        cluster_file: Box<Path>,
     },
     /// A `[[members]]` entry gives another key than the cluster file.
     #[error("[[members]] node {node} has public_key \"{own}\", but the cluster file {} gives \"{cluster}\": remove this [[members]] entry (members come from the cluster file), or correct the wrong key", cluster_file.display())]
@@ -117,7 +119,7 @@ pub enum ConfigError {
         /// The key the cluster file gives it.
         cluster: PublicKey,
         /// The cluster file.
-        cluster_file: PathBuf,
+        cluster_file: Box<Path>,
     },
     /// A `[[peers]]` entry gives other addresses than the cluster file.
     #[error("[[peers]] node {node} has addrs {}, but the cluster file {} gives {}: remove this [[peers]] entry (peers come from the cluster file), or correct the wrong addresses", show_addrs(own), cluster_file.display(), show_addrs(cluster))]
@@ -129,22 +131,20 @@ pub enum ConfigError {
         /// Its addresses in the cluster file, per network.
         cluster: Vec<Option<SocketAddr>>,
         /// The cluster file.
-        cluster_file: PathBuf,
+        cluster_file: Box<Path>,
     },
     /// `key_file` holds another node's secret than the cluster file's key
     /// for this node.
-    #[error("key_file {} has public key \"{own}\", but the cluster file {} gives node {node} \"{cluster}\": point key_file at node {node}'s secret, or set public_key = \"{own}\" in its [[nodes]] entry", key_file.display(), cluster_file.display())]
+    #[error("key_file holds the secret of public key \"{own}\", but the cluster file {} gives node {node} \"{cluster}\": point key_file at node {node}'s secret, or set public_key = \"{own}\" in its [[nodes]] entry", cluster_file.display())]
     KeyFileMismatch {
         /// This node.
         node: NodeId,
-        /// The key file.
-        key_file: PathBuf,
-        /// Its public key.
+        /// The key file's public key.
         own: PublicKey,
         /// This node's key in the cluster file.
         cluster: PublicKey,
         /// The cluster file.
-        cluster_file: PathBuf,
+        cluster_file: Box<Path>,
     },
     /// This node has no key in the cluster file, so no other node would
     /// accept it.
@@ -155,7 +155,7 @@ pub enum ConfigError {
         /// Its public key (from `key_file`).
         own: PublicKey,
         /// The cluster file.
-        cluster_file: PathBuf,
+        cluster_file: Box<Path>,
     },
     /// A node this one dials has no key, in the cluster file or here.
     #[error("node {node}, which this node dials, has no public_key in the cluster file {}: add its public key (`surelink keygen` printed it) to its [[nodes]] entry", cluster_file.display())]
@@ -163,7 +163,7 @@ pub enum ConfigError {
         /// The node dialled.
         node: NodeId,
         /// The cluster file.
-        cluster_file: PathBuf,
+        cluster_file: Box<Path>,
     },
     /// This node's addresses in the cluster file skip a network, which a
     /// listener cannot (`listen[i]` is network `i`).
@@ -174,7 +174,7 @@ pub enum ConfigError {
         /// The first network without an address.
         network: usize,
         /// The cluster file.
-        cluster_file: PathBuf,
+        cluster_file: Box<Path>,
     },
     /// A `[proxy] nodes` entry the proxy cannot reach.
     #[error("[proxy] nodes lists node {node}, which {reason} in the cluster file {}: remove it from `nodes`, or give it its addrs there", cluster_file.display())]
@@ -184,7 +184,7 @@ pub enum ConfigError {
         /// What is wrong.
         reason: &'static str,
         /// The cluster file.
-        cluster_file: PathBuf,
+        cluster_file: Box<Path>,
     },
     /// A proxy without a cache node to route to.
     #[error("[proxy] has no cache node to route to: give the cache nodes their addrs in the cluster file (or, without one, list them as [[peers]])")]

@@ -75,8 +75,6 @@ pub(super) struct Own<'a> {
     pub(super) metrics: Option<SocketAddr>,
     /// The `[[members]]` entries, parsed.
     pub(super) members: &'a [(NodeId, PublicKey)],
-    /// `key_file`, if given (its key is the configuration's identity).
-    pub(super) key_file: Option<&'a Path>,
     /// Whether the file has a `[proxy]` section.
     pub(super) proxy: bool,
 }
@@ -95,7 +93,7 @@ pub(super) fn cluster_id(
             Ok(id)
         }
         Some(id) => Err(ConfigError::OtherCluster {
-            cluster_file: path.to_path_buf(),
+            cluster_file: path.into(),
             own: id,
             cluster: cl.cluster,
         }),
@@ -111,11 +109,10 @@ pub(super) fn join(
     path: &Path,
     redundant: &mut Vec<Redundant>,
 ) -> Result<Option<SocketAddr>, ConfigError> {
-    let cluster_file = || path.to_path_buf();
     let Some(me) = cl.node(c.node) else {
         return Err(ConfigError::NotInCluster {
             node: c.node,
-            cluster_file: cluster_file(),
+            cluster_file: path.into(),
         });
     };
     // Listen and metrics: the cluster file's unless this file says.
@@ -156,22 +153,21 @@ fn keys(
     path: &Path,
     redundant: &mut Vec<Redundant>,
 ) -> Result<(), ConfigError> {
-    if let (Some(id), Some(key_file)) = (&c.identity, own.key_file) {
+    if let Some(id) = &c.identity {
         match me.public_key {
             Some(k) if k != id.public() => {
                 return Err(ConfigError::KeyFileMismatch {
                     node: c.node,
-                    key_file: key_file.to_path_buf(),
                     own: id.public(),
                     cluster: k,
-                    cluster_file: path.to_path_buf(),
+                    cluster_file: path.into(),
                 })
             }
             None if !c.insecure && c.tls.is_none() => {
                 return Err(ConfigError::OwnKeyMissing {
                     node: c.node,
                     own: id.public(),
-                    cluster_file: path.to_path_buf(),
+                    cluster_file: path.into(),
                 })
             }
             _ => {}
@@ -185,7 +181,7 @@ fn keys(
                     node,
                     own: key,
                     cluster: k,
-                    cluster_file: path.to_path_buf(),
+                    cluster_file: path.into(),
                 })
             }
             None => {}
@@ -229,7 +225,7 @@ fn peers(
                 node: p.node,
                 own: p.addrs.clone(),
                 cluster: n.addrs.clone(),
-                cluster_file: path.to_path_buf(),
+                cluster_file: path.into(),
             });
         }
         if dials.iter().any(|d| d.node == p.node) {
@@ -241,7 +237,7 @@ fn peers(
         if keyed && c.members.key_of(n.node).is_none() {
             return Err(ConfigError::PeerKeyMissing {
                 node: n.node,
-                cluster_file: path.to_path_buf(),
+                cluster_file: path.into(),
             });
         }
         if !c.peers.iter().any(|p| p.node == n.node) {
@@ -263,7 +259,7 @@ pub(super) fn check_ring(nodes: &[u64], cl: &Cluster, path: &Path) -> Result<(),
         return Err(ConfigError::ProxyNode {
             node: NodeId(n),
             reason,
-            cluster_file: path.to_path_buf(),
+            cluster_file: path.into(),
         });
     }
     Ok(())
@@ -279,7 +275,7 @@ fn listen_of(me: &ClusterNode, path: &Path) -> Result<Vec<SocketAddr>, ConfigErr
             a.ok_or_else(|| ConfigError::ListenGap {
                 node: me.node,
                 network,
-                cluster_file: path.to_path_buf(),
+                cluster_file: path.into(),
             })
         })
         .collect()

@@ -163,6 +163,8 @@ pub fn runtime(path: &Path) -> Result<RuntimeSection, LoadError> {
 
 /// Reads and checks the configuration file `path`; the files it names
 /// (`key_file`, `cluster_file`, `[tls]`) are relative to its directory.
+/// Entries that only repeat the cluster file are listed in
+/// [`Loaded::redundant`] and warned about once, naming `path`.
 pub fn load(path: &Path) -> Result<Loaded, LoadError> {
     let text = read(path)?;
     let base = path.parent().unwrap_or(Path::new("."));
@@ -182,7 +184,8 @@ fn read(path: &Path) -> Result<String, LoadError> {
 }
 
 /// Parses a configuration; relative paths (`key_file`, `cluster_file`,
-/// `[tls]`) are taken from `base`.
+/// `[tls]`) are taken from `base`. Entries that only repeat the cluster
+/// file are listed in [`Loaded::redundant`] and warned about once.
 pub fn parse(text: &str, base: &Path) -> Result<Loaded, ConfigError> {
     let loaded = parse_only(text, base)?;
     warn_redundant("the configuration", &loaded);
@@ -202,6 +205,7 @@ fn warn_redundant(file: &str, l: &Loaded) {
     }
 }
 
+/// [`parse`] without the warning (its caller names the file in it).
 fn parse_only(text: &str, base: &Path) -> Result<Loaded, ConfigError> {
     let f: schema::File = toml::from_str(text)?;
     let mut redundant = Vec::new();
@@ -321,7 +325,6 @@ fn parse_only(text: &str, base: &Path) -> Result<Loaded, ConfigError> {
             listen: f.listen.as_deref(),
             metrics: f.metrics,
             members: &members,
-            key_file: f.key_file.as_deref(),
             proxy: f.proxy.is_some(),
         };
         metrics = join::join(&mut c, &own, cl, path, &mut redundant)?;
