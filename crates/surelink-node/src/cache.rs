@@ -3,19 +3,17 @@
 //! settings plus a `[cache]` or `[proxy]` section; see [`crate::config_file`]).
 //! Both run until Ctrl-C.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use surelink::Endpoint;
 use surelink_cache::backend::BackendError;
 use surelink_cache::proxy::ProxyError;
 use surelink_cache::text::Limits;
 use surelink_cache::{Proxy, ProxyConfig, Store};
 
-use crate::config_file::{self, LoadError};
-use crate::role_backend::RoleBackendError;
+use crate::config_file::{self};
+use crate::start::{self, StartError};
 
 /// Worker threads of a cache daemon's runtime unless `[runtime]` says:
 /// one event loop, as twemproxy runs (and mcrouter by default). With
@@ -30,68 +28,40 @@ pub const WORKER_THREADS: usize = 1;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CacheNodeError {
-    /// The configuration file could not be loaded.
+    /// Loading, binding, metrics or Ctrl-C.
     #[error(transparent)]
-    Config(#[from] LoadError),
+    Start(#[from] StartError),
     /// `[cache] memory_mb = 0`.
     #[error("[cache] memory_mb must be above zero")]
     NoMemory,
     /// `[cache] backend` is not a usable memcached, or does not answer.
     #[error(transparent)]
     Backend(#[from] BackendError),
-    /// The endpoint (or its role backend) did not start.
-    #[error(transparent)]
-    Bind(#[from] RoleBackendError),
-    /// The metrics port could not be opened.
-    #[error("metrics listener on {addr}")]
-    Metrics {
-        /// The configured address.
-        addr: SocketAddr,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// Ctrl-C could not be waited for.
-    #[error("waiting for Ctrl-C")]
-    Signal(#[source] std::io::Error),
 }
 
 /// Why a cache proxy did not run.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CacheProxyError {
-    /// The configuration file could not be loaded.
+    /// Loading, binding, metrics or Ctrl-C.
     #[error(transparent)]
-    Config(#[from] LoadError),
+    Start(#[from] StartError),
     /// The file has no `[proxy]` section.
     #[error("{}: no [proxy] section", path.display())]
     NoProxySection {
         /// The configuration file.
         path: PathBuf,
     },
-    /// The endpoint (or its role backend) did not start.
-    #[error(transparent)]
-    Bind(#[from] RoleBackendError),
-    /// The metrics port could not be opened.
-    #[error("metrics listener on {addr}")]
-    Metrics {
-        /// The configured address.
-        addr: SocketAddr,
-        /// Why.
-        source: std::io::Error,
-    },
     /// The proxy's listener did not start.
     #[error("starting the proxy")]
-    Start(#[source] ProxyError),
-    /// Ctrl-C could not be waited for.
-    #[error("waiting for Ctrl-C")]
-    Signal(#[source] std::io::Error),
+    Proxy(#[source] ProxyError),
 }
 
 /// Runs a cache node from the configuration file `config` until Ctrl-C:
 /// an embedded store of `[cache] memory_mb`, or a local memcached it
 /// fronts (`[cache] backend`).
 pub async fn node(config: &Path) -> Result<(), CacheNodeError> {
-    let mut loaded = config_file::load(config)?;
+    let mut loaded = config_file::load(config).map_err(StartError::from)?;
     surelink_cache::proxy::tune_endpoint(&mut loaded.config);
     let cache = loaded.cache.clone().unwrap_or_default();
     let memory = cache.memory_mb.unwrap_or(64);
@@ -103,10 +73,10 @@ pub async fn node(config: &Path) -> Result<(), CacheNodeError> {
         ..Limits::default()
     };
     let metrics = loaded.metrics;
-    let (ep, role) = crate::role_backend::bind(loaded.config, loaded.cluster.as_ref()).await?;
-    serve_metrics(&ep, metrics)
+    let (ep, role) = crate::role_backend::bind(loaded.config, loaded.cluster.as_ref())
         .await
-        .map_err(|(addr, source)| CacheNodeError::Metrics { addr, source })?;
+        .map_err(StartError::from)?;
+    start::metrics(&ep, metrics).await?;
     let what = match &cache.backend {
         None => {
             let store = Arc::new(Store::new(memory << 20));
@@ -127,9 +97,7 @@ pub async fn node(config: &Path) -> Result<(), CacheNodeError> {
         ep.epoch(),
         ep.local_addrs()
     );
-    tokio::signal::ctrl_c()
-        .await
-        .map_err(CacheNodeError::Signal)?;
+    start::ctrl_c().await?;
     role.stop().await;
     ep.shutdown().await;
     Ok(())
@@ -139,7 +107,7 @@ pub async fn node(config: &Path) -> Result<(), CacheNodeError> {
 /// memcached's text protocol on `[proxy] listen`, keys routed by
 /// consistent hashing to the nodes of its ring ([`config_file::Loaded::ring`]).
 pub async fn proxy(config: &Path) -> Result<(), CacheProxyError> {
-    let mut loaded = config_file::load(config)?;
+    let mut loaded = config_file::load(config).map_err(StartError::from)?;
     surelink_cache::proxy::tune_endpoint(&mut loaded.config);
     let Some(p) = loaded.proxy.clone() else {
         return Err(CacheProxyError::NoProxySection {
@@ -160,36 +128,21 @@ pub async fn proxy(config: &Path) -> Result<(), CacheProxyError> {
         cfg.call_timeout = Duration::from_millis(ms);
     }
     let metrics = loaded.metrics;
-    let (ep, role) = crate::role_backend::bind(loaded.config, loaded.cluster.as_ref()).await?;
-    let ep = Arc::new(ep);
-    serve_metrics(&ep, metrics)
+    let (ep, role) = crate::role_backend::bind(loaded.config, loaded.cluster.as_ref())
         .await
-        .map_err(|(addr, source)| CacheProxyError::Metrics { addr, source })?;
+        .map_err(StartError::from)?;
+    let ep = Arc::new(ep);
+    start::metrics(&ep, metrics).await?;
     let proxy = Proxy::start(ep.clone(), cfg)
         .await
-        .map_err(CacheProxyError::Start)?;
+        .map_err(CacheProxyError::Proxy)?;
     println!(
         "memcached proxy on {} (surelink node {}); Ctrl-C stops",
         proxy.local_addr(),
         ep.node()
     );
-    tokio::signal::ctrl_c()
-        .await
-        .map_err(CacheProxyError::Signal)?;
+    start::ctrl_c().await?;
     proxy.stop();
     role.stop().await;
-    Ok(())
-}
-
-/// Serves `/metrics` (and `/role`, for `surelink status`) when the file
-/// names a `metrics` address.
-async fn serve_metrics(
-    ep: &Endpoint,
-    addr: Option<SocketAddr>,
-) -> Result<(), (SocketAddr, std::io::Error)> {
-    if let Some(m) = addr {
-        let bound = ep.serve_metrics(m).await.map_err(|e| (m, e))?;
-        println!("metrics: http://{bound}/metrics");
-    }
     Ok(())
 }

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use surelink::proto::NodeId;
 
-use crate::config_file::{self, LoadError};
-use crate::role_backend::RoleBackendError;
+use crate::config_file::{self};
+use crate::start::StartError;
 
 /// What to call, how often, how large.
 #[derive(Clone, Debug)]
@@ -48,12 +48,9 @@ pub enum PingError {
     /// `count` was zero.
     #[error("--count must be positive")]
     ZeroCount,
-    /// The configuration file could not be loaded.
+    /// Loading or binding.
     #[error(transparent)]
-    Config(#[from] LoadError),
-    /// The endpoint (or its role backend) did not start.
-    #[error(transparent)]
-    Bind(#[from] RoleBackendError),
+    Start(#[from] StartError),
     /// Some calls failed or came back with another body (each is printed
     /// as it happens).
     #[error("{failed} of {count} calls failed")]
@@ -71,8 +68,10 @@ pub async fn call(config: &Path, opts: &PingOptions) -> Result<(), PingError> {
     if opts.count == 0 {
         return Err(PingError::ZeroCount);
     }
-    let loaded = config_file::load(config)?;
-    let (ep, role) = crate::role_backend::bind(loaded.config, loaded.cluster.as_ref()).await?;
+    let loaded = config_file::load(config).map_err(StartError::from)?;
+    let (ep, role) = crate::role_backend::bind(loaded.config, loaded.cluster.as_ref())
+        .await
+        .map_err(StartError::from)?;
     let body = Bytes::from(vec![0x5a; opts.size]);
     let mut rtts = Vec::new();
     let mut errors = 0;

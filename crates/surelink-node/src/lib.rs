@@ -14,7 +14,8 @@
 //!   proxy), [`role_server`] (a node whose only job is the role service),
 //!   [`status`] (the role service's view from every node), [`stats`] (a
 //!   running endpoint's counters); [`runtime`] builds the tokio runtime a
-//!   configuration file asks for.
+//!   configuration file asks for; [`start`] is what they share to start
+//!   and stop, and its [`start::StartError`].
 //!
 //! Runners print what the `surelink` binary shows its user, on stdout;
 //! they return a typed error per operation (every enum `#[non_exhaustive]`:
@@ -35,6 +36,7 @@ pub mod role_backend;
 pub mod role_server;
 pub mod runtime;
 pub mod serve;
+pub mod start;
 pub mod stats;
 pub mod status;
 

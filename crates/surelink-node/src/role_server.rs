@@ -2,23 +2,22 @@
 //! (hr-net's role server), a candidate from its cluster file. It prints
 //! when it starts or stops serving and which table it holds, until Ctrl-C.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use surelink::proto::NodeId;
 use surelink::NetEvent;
 
-use crate::config_file::{self, LoadError};
-use crate::role_backend::RoleBackendError;
+use crate::config_file::{self};
+use crate::start::{self, StartError};
 
 /// Why the role server did not run.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RoleServerError {
-    /// The configuration file could not be loaded.
+    /// Loading, binding, metrics or Ctrl-C.
     #[error(transparent)]
-    Config(#[from] LoadError),
+    Start(#[from] StartError),
     /// The configuration names no cluster file.
     #[error("{}: `surelink role-server` needs `cluster_file = \"…\"` (the nodes and the [role] candidates)", path.display())]
     NoClusterFile {
@@ -35,23 +34,12 @@ pub enum RoleServerError {
         /// The candidates, in order.
         candidates: Vec<NodeId>,
     },
-    /// The endpoint (or its role backend) did not start.
-    #[error(transparent)]
-    Bind(#[from] RoleBackendError),
-    /// The metrics port could not be opened.
-    #[error("metrics listener on {addr}")]
-    Metrics {
-        /// The configured address.
-        addr: SocketAddr,
-        /// Why.
-        source: std::io::Error,
-    },
 }
 
 /// Runs a role-server candidate from the configuration file `config`
 /// until Ctrl-C.
 pub async fn role_server(config: &Path) -> Result<(), RoleServerError> {
-    let loaded = config_file::load(config)?;
+    let loaded = config_file::load(config).map_err(StartError::from)?;
     let Some(cluster) = &loaded.cluster else {
         return Err(RoleServerError::NoClusterFile {
             path: config.to_path_buf(),
@@ -64,14 +52,10 @@ pub async fn role_server(config: &Path) -> Result<(), RoleServerError> {
             candidates: cluster.role.candidates.clone(),
         });
     }
-    let (ep, role) = crate::role_backend::bind(loaded.config, loaded.cluster.as_ref()).await?;
-    if let Some(m) = loaded.metrics {
-        let bound = ep
-            .serve_metrics(m)
-            .await
-            .map_err(|source| RoleServerError::Metrics { addr: m, source })?;
-        println!("metrics: http://{bound}/metrics, role: http://{bound}/role");
-    }
+    let (ep, role) = crate::role_backend::bind(loaded.config, loaded.cluster.as_ref())
+        .await
+        .map_err(StartError::from)?;
+    start::metrics(&ep, loaded.metrics).await?;
     println!(
         "role-server candidate {} (epoch {}) on {:?}; candidates in order {:?}; Ctrl-C stops",
         ep.node(),

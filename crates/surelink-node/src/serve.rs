@@ -1,48 +1,33 @@
 //! `surelink serve`: an echo server from a configuration file, printing
 //! its endpoint's events until Ctrl-C.
 
-use std::net::SocketAddr;
 use std::path::Path;
 
 use surelink::{NetEvent, Request};
 use tracing::info;
 
-use crate::config_file::{self, LoadError};
-use crate::role_backend::RoleBackendError;
+use crate::config_file::{self};
+use crate::start::{self, StartError};
 
 /// Why the echo server did not run.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ServeError {
-    /// The configuration file could not be loaded.
+    /// Loading, binding, metrics or Ctrl-C.
     #[error(transparent)]
-    Config(#[from] LoadError),
-    /// The endpoint (or its role backend) did not start.
-    #[error(transparent)]
-    Bind(#[from] RoleBackendError),
-    /// The metrics port could not be opened.
-    #[error("metrics listener on {addr}")]
-    Metrics {
-        /// The configured address.
-        addr: SocketAddr,
-        /// Why.
-        source: std::io::Error,
-    },
+    Start(#[from] StartError),
 }
 
 /// Runs an echo server from the configuration file `config` until
 /// Ctrl-C: every request is answered with its own body.
 pub async fn serve(config: &Path) -> Result<(), ServeError> {
-    let loaded = config_file::load(config)?;
-    let (ep, role) = crate::role_backend::bind(loaded.config, loaded.cluster.as_ref()).await?;
+    let loaded = config_file::load(config).map_err(StartError::from)?;
+    let (ep, role) = crate::role_backend::bind(loaded.config, loaded.cluster.as_ref())
+        .await
+        .map_err(StartError::from)?;
     ep.serve(|r: Request| async move { r.body });
-    if let Some(m) = loaded.metrics {
-        let bound = ep
-            .serve_metrics(m)
-            .await
-            .map_err(|source| ServeError::Metrics { addr: m, source })?;
+    if let Some(bound) = start::metrics(&ep, loaded.metrics).await? {
         info!(%bound, "Prometheus metrics on http://{bound}/metrics");
-        println!("metrics: http://{bound}/metrics");
     }
     println!(
         "serving echo as node {} (epoch {}) on {:?}; Ctrl-C stops",
