@@ -48,7 +48,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Two endpoints, two networks, connections killed mid-stream: what arrived?
+    /// A memcached-compatible cache cluster under fire: faults from a relay,
+    /// every answer checked (`--stream`: two endpoints, connections killed
+    /// mid-stream).
     Demo(demo::DemoArgs),
     /// Benchmark against plain TCP, ZeroMQ and NATS: round-trip latency and
     /// throughput.

@@ -7,8 +7,8 @@
 //! one buffer and handed over, the least any layer that touches every byte
 //! costs. The ratio to it is what authentication (and encryption) add per
 //! byte; set against the insecure endpoint's whole cost per byte in
-//! `surelink bench` it bounds what authentication can cost there (see
-//! docs/security-issue12.md).
+//! `surelink-lab bench` it bounds what authentication can cost there (see
+//! docs/security.md).
 //!
 //! Run: `cargo bench -p surelink-proto --bench records`
 
