@@ -19,9 +19,10 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use crate::lock;
+use parking_lot::Mutex;
+
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -231,7 +232,7 @@ impl<T: Send + 'static> Lines<T> {
         std::thread::spawn(move || {
             for line in BufReader::new(stream).lines().map_while(Result::ok) {
                 if let Some(v) = parse(&line) {
-                    lock(&me.got).push(v);
+                    me.got.lock().push(v);
                 }
             }
             me.open.fetch_sub(1, Ordering::SeqCst);
@@ -282,12 +283,12 @@ impl<T: Clone> Child<T> {
 
     /// Every collected line so far.
     pub fn lines(&self) -> Vec<T> {
-        lock(&self.lines.got).clone()
+        self.lines.got.lock().clone()
     }
 
     /// The first collected line `pred` accepts, if one came.
     pub fn find(&self, pred: impl Fn(&T) -> bool) -> Option<T> {
-        lock(&self.lines.got).iter().find(|v| pred(v)).cloned()
+        self.lines.got.lock().iter().find(|v| pred(v)).cloned()
     }
 
     /// Whether its collected streams are closed (it exited, or closed
@@ -340,12 +341,12 @@ impl<T: Clone> Child<T> {
 
     /// Its exit status, if it exited.
     pub fn exited(&self) -> Option<ExitStatus> {
-        lock(&self.process).try_wait().ok().flatten()
+        self.process.lock().try_wait().ok().flatten()
     }
 
     /// SIGKILL now, and reap it.
     pub fn kill(&self) {
-        let mut p = lock(&self.process);
+        let mut p = self.process.lock();
         let _ = p.kill();
         let _ = p.wait();
     }
@@ -368,7 +369,9 @@ impl<T: Clone> Child<T> {
     /// Waits (blocking) for it to exit, and for the reader threads to take
     /// its last lines (a grandchild holding its streams open is given 5 s).
     pub fn wait(&self) -> Result<ExitStatus> {
-        let status = lock(&self.process)
+        let status = self
+            .process
+            .lock()
             .wait()
             .with_context(|| format!("waiting for {}", self.name))?;
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -381,7 +384,7 @@ impl<T: Clone> Child<T> {
 
 impl<T> Drop for Child<T> {
     fn drop(&mut self) {
-        let p = self.process.get_mut().unwrap_or_else(|e| e.into_inner());
+        let p = self.process.get_mut();
         let _ = p.kill();
         let _ = p.wait();
     }

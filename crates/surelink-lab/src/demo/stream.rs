@@ -6,7 +6,9 @@
 //! those of network 1. The report says what arrived.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -16,7 +18,6 @@ use super::DemoArgs;
 use surelink::proto::NodeId;
 use surelink::testing::Loopback;
 use surelink::{Endpoint, NetEvent, PeerConfig};
-use surelink_lab::lock;
 use surelink_relay::{LinkSpec, Relay};
 use tokio::time::Instant;
 
@@ -82,7 +83,7 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
                 let seq = b.get_u64();
                 let sent_ns = b.get_u64();
                 let now_ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                let mut s = lock(&seen);
+                let mut s = seen.lock();
                 let next = s.next.entry(m.channel.0).or_insert(0);
                 let expect = *next;
                 if seq < expect {
@@ -129,7 +130,7 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     let (k0, k1) = killer.await.context("killer task")?;
     // Let the tail arrive.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while lock(&seen).delivered < n && Instant::now() < deadline {
+    while seen.lock().delivered < n && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     receiver.abort();
@@ -139,7 +140,7 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     }
     let stats = client.stats();
     // The receiver is stopped: take what it saw out of the lock.
-    let s = std::mem::take(&mut *lock(&seen));
+    let s = std::mem::take(&mut *seen.lock());
     let lost = n - s.delivered;
     println!();
     println!("  connections killed: {k0} on network 0, {k1} on network 1");

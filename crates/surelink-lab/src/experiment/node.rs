@@ -11,7 +11,9 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
@@ -21,7 +23,6 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde_json::json;
 use surelink::proto::{ClusterId, NodeId};
 use surelink::{Config, DelayPoint, DetectorConfig, DetectorMode, Endpoint, NetEvent, PeerConfig};
-use surelink_lab::lock;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use super::node_counts::{summary, Counts, ServerOrder, StreamCheck};
@@ -272,7 +273,7 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
         ep.serve(move |r: surelink::Request| {
             if let Some(id) = r.body.get(..8) {
                 let id = u64::from_be_bytes(id.try_into().unwrap_or_default());
-                lock(&order).saw(id);
+                order.lock().saw(id);
             }
             let n = r.body.len().min(64);
             async move { r.body.slice(..n) }
@@ -406,7 +407,7 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
                     let epoch = u64::from_be_bytes(b[..8].try_into().unwrap_or_default());
                     let seq = u64::from_be_bytes(b[8..16].try_into().unwrap_or_default());
                     if quiet {
-                        lock(&check).saw(epoch, seq);
+                        check.lock().saw(epoch, seq);
                     } else {
                         emit(json!({"t": wall_us(), "ev": "msg", "epoch": epoch, "seq": seq}));
                     }
@@ -459,7 +460,7 @@ pub(crate) async fn run(args: &NodeArgs) -> Result<()> {
         }
     }
     if args.role == Role::Receiver {
-        let o = lock(&order);
+        let o = order.lock();
         emit(
             json!({"t": wall_us(), "ev": "server_order", "requests": o.runs.len(),
                     "reordered": o.reordered, "duplicated": o.duplicated}),

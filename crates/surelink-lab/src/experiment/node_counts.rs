@@ -3,12 +3,11 @@
 //! stream's order, the requests as the receiver saw them, and the summary
 //! line built from them.
 
+use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
 
 use serde_json::json;
-use surelink_lab::lock;
 
 use super::node::{wall_us, Role};
 
@@ -37,7 +36,7 @@ pub(super) struct Counts {
 }
 
 fn record(m: &Mutex<Option<hdrhistogram::Histogram<u64>>>, us: u64) {
-    let mut h = lock(m);
+    let mut h = m.lock();
     let h = h.get_or_insert_with(|| {
         hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
             .unwrap_or_else(|_| hdrhistogram::Histogram::new(3).unwrap_or_else(|_| unreachable!()))
@@ -47,7 +46,7 @@ fn record(m: &Mutex<Option<hdrhistogram::Histogram<u64>>>, us: u64) {
 
 /// p50, p99, p99.9, max and count (zeros when empty).
 fn quantiles(m: &Mutex<Option<hdrhistogram::Histogram<u64>>>) -> [u64; 5] {
-    let h = lock(m);
+    let h = m.lock();
     match &*h {
         Some(h) if !h.is_empty() => [
             h.value_at_quantile(0.5),
@@ -127,8 +126,8 @@ pub(super) fn summary(
                 "after_outage_p999_us": a999, "after_outage_max_us": amax})
         }
         Role::Receiver => {
-            let s = lock(check);
-            let o = lock(order);
+            let s = check.lock();
+            let o = order.lock();
             json!({"t": wall_us(), "ev": ev, "received": s.received, "next": s.next,
                 "epochs": s.epochs, "violations": s.violations,
                 "first_violation": s.first_violation, "requests": o.runs.len(),

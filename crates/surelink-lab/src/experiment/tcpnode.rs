@@ -11,14 +11,15 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
 use socket2::{Domain, Protocol, Socket, Type};
-use surelink_lab::lock;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::node::wall_us;
@@ -127,7 +128,7 @@ async fn client(
             let mut frame = vec![0u8; 4 + len];
             frame[..4].copy_from_slice(&(len as u32).to_be_bytes());
             frame[4..12].copy_from_slice(&id.to_be_bytes());
-            lock(&s2).insert(id, due);
+            s2.lock().insert(id, due);
             if wr.write_all(&frame).await.is_err() {
                 println!(
                     "{}",
@@ -151,7 +152,7 @@ async fn client(
             std::future::pending::<()>().await;
         }
         let id = u64::from_be_bytes(buf[..8].try_into().unwrap_or_default());
-        let sent = lock(&sent).remove(&id).unwrap_or(0);
+        let sent = sent.lock().remove(&id).unwrap_or(0);
         println!(
             "{}",
             json!({"t": wall_us(), "ev": "reply", "id": id, "sent": sent, "echo": id})
