@@ -59,7 +59,7 @@ enum Command {
 
 #[derive(Args, Debug)]
 struct ConfigArg {
-    /// TOML configuration (see the `config_file` module docs or README).
+    /// TOML configuration (every key and its default: docs/configuration.md).
     #[arg(long)]
     config: PathBuf,
 }

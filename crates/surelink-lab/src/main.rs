@@ -57,7 +57,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Network namespaces joined by two links, and faults (needs root).
     Testbed(testbed::TestbedArgs),
-    /// Multi-process experiments (`detector`).
+    /// Multi-process experiments: `detector`, `failover`, `flows`, `soak`,
+    /// `role`.
     #[command(subcommand)]
     Experiment(experiment::Experiment),
     /// One endpoint of an experiment, in its own process (used by

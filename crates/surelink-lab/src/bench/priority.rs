@@ -3,7 +3,7 @@
 //!
 //! Two surelink pairs in one process, identical but for the server's
 //! dispatch: hr-net's priority queues (the default) and one plain FIFO
-//! queue (`DispatcherConfig::fifo_only`). Each server runs one request at a
+//! queue (`SchedulerKind::Fifo`). Each server runs one request at a
 //! time, and each request costs `WORK` of CPU, so 32 normal callers
 //! calling back to back keep a queue at the server. One more caller makes
 //! high-priority calls at about 1 % of the server's rate. Rounds alternate

@@ -40,7 +40,7 @@ pub(crate) struct SoakArgs {
     /// Directory for soak.json.
     #[arg(long, default_value = "results/soak")]
     out: PathBuf,
-    /// Blips instead of long faults (issue 12's target schedule): a fault
+    /// Blips instead of long faults (the schedule the failover targets are set on): a fault
     /// on either link every 50–500 ms, held 50–500 ms, and one step in
     /// five an outage of every link (both down or blackholed) for
     /// 50–300 ms. Reports whether p99.9 ≤ 50 ms and the slowest call ≤ the

@@ -63,12 +63,12 @@
 //! path_keepalive_ms = 15000                         # PING on a path quiet this long
 //! path_idle_timeout_ms = 60000                      # close a path silent this long
 //!
-//! [detector]                                        # all optional
+//! [detector]                                        # all optional; defaults shown
 //! mode = "safetimer"                                # or "plain", "off"
-//! interval_ms = 10                                  # others scale with it
+//! interval_ms = 10                                  # given: the others scale with it
 //! path_timeout_ms = 50
-//! timeout_ms = 150
-//! send_slack_ms = 100
+//! timeout_ms = 2000
+//! send_slack_ms = 1500
 //! max_network_delay_ms = 10
 //!
 //! [cache]                                           # `surelink cache node`
