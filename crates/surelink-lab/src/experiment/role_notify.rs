@@ -113,10 +113,13 @@ pub(crate) async fn node(a: &RoleNodeArgs) -> Result<()> {
         tokio::spawn(async move {
             let ok = Arc::new(AtomicU64::new(0));
             let failed = Arc::new(AtomicU64::new(0));
+            // Why calls failed, the first of each kind (a failed round says why).
+            let why = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
             let mut tick = tokio::time::interval(Duration::from_millis(1));
             for i in 1u64.. {
                 tick.tick().await;
-                let (c, ok2, failed2) = (caller.clone(), ok.clone(), failed.clone());
+                let (c, ok2, failed2, why2) =
+                    (caller.clone(), ok.clone(), failed.clone(), why.clone());
                 tokio::spawn(async move {
                     let r = c
                         .call(
@@ -128,10 +131,18 @@ pub(crate) async fn node(a: &RoleNodeArgs) -> Result<()> {
                         .await;
                     let n = if r.is_ok() { &ok2 } else { &failed2 };
                     n.fetch_add(1, Relaxed);
+                    if let Err(e) = r {
+                        let mut w = why2.lock();
+                        let e = format!("{e}");
+                        if w.len() < 8 && !w.contains(&e) {
+                            w.push(e);
+                        }
+                    }
                 });
                 if i % 500 == 0 {
                     out(&json!({"t": wall_us(), "ev": "calls",
-                        "ok": ok.load(Relaxed), "failed": failed.load(Relaxed)}));
+                        "ok": ok.load(Relaxed), "failed": failed.load(Relaxed),
+                        "why": why.lock().clone()}));
                 }
             }
         });
@@ -250,6 +261,7 @@ struct Round {
     a_stop_ms: Option<f64>,
     table_ms: Option<f64>,
     failed: u64,
+    why: Vec<String>,
 }
 
 async fn round(role: bool, keys: &std::path::Path) -> Result<Option<Round>> {
@@ -311,7 +323,18 @@ async fn round(role: bool, keys: &std::path::Path) -> Result<Option<Round>> {
         .filter_map(|v| v["failed"].as_u64())
         .max()
         .unwrap_or(0);
+    let mut why: Vec<String> = c_ev
+        .iter()
+        .chain(a_ev.iter())
+        .filter(|v| v["ev"] == "calls")
+        .filter_map(|v| v["why"].as_array())
+        .flatten()
+        .filter_map(|e| e.as_str().map(str::to_owned))
+        .collect();
+    why.sort();
+    why.dedup();
     let r = Round {
+        why,
         c_stop_ms: last_on_net1(&c_ev, t_fault).map(ms),
         a_stop_ms: last_on_net1(&a_ev, t_fault).map(ms),
         table_ms: table,
@@ -379,6 +402,7 @@ pub(crate) async fn run(a: &RoleNotifyArgs) -> Result<()> {
             "node1_stop_ms": rounds.iter().map(|r| r.a_stop_ms).collect::<Vec<_>>(),
             "table_ms": rounds.iter().map(|r| r.table_ms).collect::<Vec<_>>(),
             "failed": rounds.iter().map(|r| r.failed).sum::<u64>(),
+            "why_failed": rounds.iter().flat_map(|r| r.why.clone()).collect::<Vec<_>>(),
         }));
         let p = |f: &dyn Fn(&Round) -> Option<f64>| {
             let v: Vec<f64> = rounds.iter().filter_map(f).collect();
