@@ -27,7 +27,7 @@ use surelink_proto::secure::Sealer;
 use surelink_proto::{NodeId, PathId};
 
 use crate::detector::{Detector, Gate};
-use crate::secure::ConnSlot;
+use crate::admission::ConnSlot;
 
 pub(crate) use open::{accept_loop, bind_device, configure, listen, start};
 
