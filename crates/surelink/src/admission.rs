@@ -144,7 +144,10 @@ struct Bucket {
 
 impl Bucket {
     fn full(now: Instant, burst: f64) -> Bucket {
-        Bucket { tokens: burst, at: now }
+        Bucket {
+            tokens: burst,
+            at: now,
+        }
     }
 
     fn refill(&mut self, now: Instant, rate: f64, burst: f64) {
@@ -177,7 +180,13 @@ impl RateTable {
 
     /// Takes a token for `key` (and one from the pool's bucket when
     /// `pooled`), or says which limit is out of them.
-    fn take(&mut self, key: IpAddr, pooled: bool, now: Instant, l: &Limits) -> Result<(), LimitHit> {
+    fn take(
+        &mut self,
+        key: IpAddr,
+        pooled: bool,
+        now: Instant,
+        l: &Limits,
+    ) -> Result<(), LimitHit> {
         let (rate, rate_total) = (f64::from(l.rate), f64::from(l.rate_total));
         let burst = 2.0 * rate;
         if pooled {
@@ -199,7 +208,9 @@ impl RateTable {
             }
         }
         let b = if self.map.len() < RATE_TABLE_CAP || self.map.contains_key(&key) {
-            self.map.entry(key).or_insert_with(|| Bucket::full(now, burst))
+            self.map
+                .entry(key)
+                .or_insert_with(|| Bucket::full(now, burst))
         } else {
             &mut self.overflow
         };
@@ -263,11 +274,15 @@ pub(crate) struct ConnSlot {
 pub(crate) fn prefix_of(ip: IpAddr, v4: u8, v6: u8) -> IpAddr {
     match ip {
         IpAddr::V4(a) => {
-            let mask = u32::MAX.checked_shl(32 - u32::from(v4.min(32))).unwrap_or(0);
+            let mask = u32::MAX
+                .checked_shl(32 - u32::from(v4.min(32)))
+                .unwrap_or(0);
             IpAddr::V4(Ipv4Addr::from(u32::from(a) & mask))
         }
         IpAddr::V6(a) => {
-            let mask = u128::MAX.checked_shl(128 - u32::from(v6.min(128))).unwrap_or(0);
+            let mask = u128::MAX
+                .checked_shl(128 - u32::from(v6.min(128)))
+                .unwrap_or(0);
             IpAddr::V6(Ipv6Addr::from(u128::from(a) & mask))
         }
     }
@@ -306,7 +321,11 @@ impl ConnLimits {
 
     /// A place for a connection from `ip` at `now`, counted as in its
     /// handshake.
-    pub(crate) fn acquire(self: &Arc<Self>, ip: IpAddr, now: Instant) -> Result<ConnSlot, LimitHit> {
+    pub(crate) fn acquire(
+        self: &Arc<Self>,
+        ip: IpAddr,
+        now: Instant,
+    ) -> Result<ConnSlot, LimitHit> {
         let l = &self.limits;
         let ip = ip.to_canonical();
         let listed = self.members.contains(&ip);
@@ -334,7 +353,8 @@ impl ConnLimits {
             }
         }
         // Last: a refused connection costs nothing, so it takes no token.
-        s.rates.take(prefix.unwrap_or(ip), prefix.is_some(), now, l)?;
+        s.rates
+            .take(prefix.unwrap_or(ip), prefix.is_some(), now, l)?;
         s.total += 1;
         s.handshaking[usize::from(listed)] += 1;
         let e = s.per_ip.entry(ip).or_default();
@@ -361,7 +381,12 @@ impl ConnLimits {
     /// Accepted connections open now that authenticated as `node`.
     #[cfg(test)]
     fn of_member(&self, node: NodeId) -> usize {
-        self.state.lock().per_member.get(&node).copied().unwrap_or(0)
+        self.state
+            .lock()
+            .per_member
+            .get(&node)
+            .copied()
+            .unwrap_or(0)
     }
 }
 

@@ -40,12 +40,16 @@ fn prefixes_keep_the_leading_bits() {
 fn strangers_are_held_per_address_and_per_prefix() {
     let l = with(limits(), &[]);
     let now = Instant::now();
-    let a: Vec<_> = (0..3).map(|_| l.acquire(ip("10.0.0.1"), now).unwrap()).collect();
+    let a: Vec<_> = (0..3)
+        .map(|_| l.acquire(ip("10.0.0.1"), now).unwrap())
+        .collect();
     assert_eq!(
         l.acquire(ip("10.0.0.1"), now).unwrap_err(),
         LimitHit::HandshakingPerIp(3)
     );
-    let b: Vec<_> = (0..2).map(|_| l.acquire(ip("10.0.0.2"), now).unwrap()).collect();
+    let b: Vec<_> = (0..2)
+        .map(|_| l.acquire(ip("10.0.0.2"), now).unwrap())
+        .collect();
     // Five of this /24 in their handshake: its third address is refused.
     assert_eq!(
         l.acquire(ip("10.0.0.3"), now).unwrap_err(),
@@ -150,7 +154,10 @@ fn handshake_rate_is_a_token_bucket_per_prefix_and_for_the_pool() {
     for _ in 0..10 {
         drop(l.acquire(ip("10.0.0.1"), t0).unwrap());
     }
-    assert_eq!(l.acquire(ip("10.0.0.2"), t0).unwrap_err(), LimitHit::Rate(5));
+    assert_eq!(
+        l.acquire(ip("10.0.0.2"), t0).unwrap_err(),
+        LimitHit::Rate(5)
+    );
     // Another prefix has its own bucket, until the pool's runs out.
     for _ in 0..6 {
         drop(l.acquire(ip("10.0.1.1"), t0).unwrap());
@@ -166,7 +173,10 @@ fn handshake_rate_is_a_token_bucket_per_prefix_and_for_the_pool() {
     for _ in 0..5 {
         drop(l.acquire(ip("10.0.0.1"), t1).unwrap());
     }
-    assert_eq!(l.acquire(ip("10.0.0.1"), t1).unwrap_err(), LimitHit::Rate(5));
+    assert_eq!(
+        l.acquire(ip("10.0.0.1"), t1).unwrap_err(),
+        LimitHit::Rate(5)
+    );
 }
 
 #[test]
@@ -200,7 +210,9 @@ fn refused_connections_take_no_token() {
     lim.rate = 2;
     let l = with(lim, &[]);
     let now = Instant::now();
-    let mut held: Vec<_> = (0..3).map(|_| l.acquire(ip("10.0.0.1"), now).unwrap()).collect();
+    let mut held: Vec<_> = (0..3)
+        .map(|_| l.acquire(ip("10.0.0.1"), now).unwrap())
+        .collect();
     for _ in 0..5 {
         assert_eq!(
             l.acquire(ip("10.0.0.1"), now).unwrap_err(),
@@ -211,5 +223,8 @@ fn refused_connections_take_no_token() {
     held.pop();
     held.push(l.acquire(ip("10.0.0.1"), now).unwrap());
     held.pop();
-    assert_eq!(l.acquire(ip("10.0.0.1"), now).unwrap_err(), LimitHit::Rate(2));
+    assert_eq!(
+        l.acquire(ip("10.0.0.1"), now).unwrap_err(),
+        LimitHit::Rate(2)
+    );
 }

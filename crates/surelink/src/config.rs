@@ -321,9 +321,8 @@ impl Config {
     /// (`networks × connections_per_network`), at least 16 — room for a
     /// restart's new connections while the old ones are still closing.
     pub fn connections_per_member(&self) -> usize {
-        self.max_connections_per_member.unwrap_or_else(|| {
-            (8 * self.networks().max(1) * self.connections_per_network).max(16)
-        })
+        self.max_connections_per_member
+            .unwrap_or_else(|| (8 * self.networks().max(1) * self.connections_per_network).max(16))
     }
 
     /// Checks every field; returns the first problem found.

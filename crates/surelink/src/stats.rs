@@ -134,7 +134,10 @@ impl Stats {
             c.fetch_add(1, Relaxed);
         }
         metrics::counter!("surelink_connections_refused_total").increment(1);
-        let name = ConnectionsRefused::NAMES.get(limit).copied().unwrap_or("other");
+        let name = ConnectionsRefused::NAMES
+            .get(limit)
+            .copied()
+            .unwrap_or("other");
         metrics::counter!("surelink_connections_refused_by_limit_total", "limit" => name)
             .increment(1);
     }
@@ -157,9 +160,9 @@ impl Stats {
             refused_inputs: self.refused_inputs.load(Relaxed),
             handshakes_failed: self.handshakes_failed.load(Relaxed),
             connections_refused: self.connections_refused.load(Relaxed),
-            connections_refused_by: ConnectionsRefused(
-                std::array::from_fn(|i| self.refused_by[i].load(Relaxed)),
-            ),
+            connections_refused_by: ConnectionsRefused(std::array::from_fn(|i| {
+                self.refused_by[i].load(Relaxed)
+            })),
             connections_open: 0,
             handler_errors: self.handler_errors.load(Relaxed),
             handler_panics: self.handler_panics.load(Relaxed),
