@@ -112,7 +112,11 @@ async fn strangers_holding_handshake_slots_never_keep_a_listed_member_out() {
     );
     // The shared pool never held more than its handshake slots plus the
     // (pre-authenticated) nothing else: strangers cannot authenticate.
-    assert!(st.connections_open <= 128 + 4, "{} open", st.connections_open);
+    assert!(
+        st.connections_open <= 128 + 4,
+        "{} open",
+        st.connections_open
+    );
     pair.shutdown().await;
 }
 
