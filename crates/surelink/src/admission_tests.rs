@@ -228,3 +228,62 @@ fn refused_connections_take_no_token() {
         LimitHit::Rate(2)
     );
 }
+
+/// Random accepts, handshakes and closes from a few prefixes and members:
+/// no limit is ever exceeded, and everything is given back.
+#[test]
+fn random_traffic_never_exceeds_a_limit_and_leaves_nothing_behind() {
+    let mut lim = limits();
+    lim.rate = 3;
+    lim.rate_total = 7;
+    let l = with(lim.clone(), &["10.9.9.1", "10.9.9.2"]);
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let t0 = Instant::now();
+    let mut held: Vec<ConnSlot> = Vec::new();
+    for step in 0..20_000u64 {
+        let now = t0 + Duration::from_millis(step);
+        match next(4) {
+            0 | 1 => {
+                let a = match next(6) {
+                    0 => ip(&format!("10.9.9.{}", 1 + next(2))),
+                    _ => ip(&format!("10.0.{}.{}", next(4), next(4))),
+                };
+                if let Ok(s) = l.acquire(a, now) {
+                    held.push(s);
+                }
+            }
+            2 if !held.is_empty() => {
+                let i = next(held.len() as u64) as usize;
+                let node = NodeId(1 + next(3));
+                if held[i].authenticated(Some(node)).is_err() {
+                    held.swap_remove(i);
+                }
+            }
+            _ if !held.is_empty() => {
+                let i = next(held.len() as u64) as usize;
+                held.swap_remove(i);
+            }
+            _ => {}
+        }
+        let s = l.state.lock();
+        assert!(s.total <= lim.max_total && s.total == held.len());
+        assert!(s.pooled <= lim.max_total - lim.reserve);
+        assert!(s.handshaking.iter().all(|&h| h <= lim.max_handshaking));
+        assert!(s
+            .per_prefix
+            .values()
+            .all(|&n| n <= lim.max_handshaking_per_prefix));
+        assert!(s.per_ip.values().all(|e| e.open <= lim.max_per_ip));
+        assert!(s.per_member.values().all(|&n| n <= lim.max_per_member));
+    }
+    drop(held);
+    let s = l.state.lock();
+    assert_eq!((s.total, s.pooled, s.handshaking), (0, 0, [0, 0]));
+    assert!(s.per_ip.is_empty() && s.per_prefix.is_empty() && s.per_member.is_empty());
+}
