@@ -1,3 +1,5 @@
+#![allow(clippy::cast_possible_truncation)] // small test counts
+
 use super::*;
 
 fn ip(s: &str) -> IpAddr {
