@@ -154,6 +154,17 @@ fn the_short_example_files_give_what_the_old_ones_did() {
         let dialled: Vec<u64> = peers.iter().map(|p| p.node.0).collect();
         assert_eq!(dialled, (1..n).collect::<Vec<_>>());
         assert!(role && ring.is_empty());
+        // Every other node's addresses are members' (room kept for them),
+        // also those listed after it, which dial it.
+        let mut want: Vec<std::net::IpAddr> = (1..=3u64)
+            .filter(|&m| m != n)
+            .flat_map(|m| [format!("127.0.1.1{m}"), format!("127.0.2.1{m}")])
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let mut got = new.config.member_addrs.clone();
+        want.sort();
+        got.sort();
+        assert_eq!(got, want, "node {n}");
     }
     let new = config_file::load(&cache.join("proxy.toml")).unwrap();
     assert!(new.redundant.is_empty(), "{:?}", new.redundant);

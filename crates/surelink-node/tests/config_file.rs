@@ -212,3 +212,53 @@ fn the_example_files_load() {
     );
     assert!(error_chain(&err).contains("cluster.toml"), "{err}");
 }
+
+#[test]
+fn admission_limits_are_read_and_checked() {
+    let l = parse("node = 1\ncluster = 7\n").unwrap();
+    let d = surelink_node::surelink::Config::new(NodeId(1), l.config.cluster);
+    assert_eq!(
+        (l.config.max_handshaking_per_ip, l.config.handshake_rate),
+        (d.max_handshaking_per_ip, d.handshake_rate)
+    );
+    assert_eq!(l.config.connections_per_member(), 16);
+    let text =
+        "node = 1\ncluster = 7\nmax_handshaking_per_ip = 2\nmax_handshaking_per_prefix = 4\n\
+                handshake_prefix_v4 = 16\nhandshake_prefix_v6 = 48\nhandshake_rate = 5\n\
+                handshake_rate_total = 50\nmember_addrs = [\"10.0.0.7\", \"fd00::7\"]\n\
+                member_reserve = 32\nmax_connections_per_member = 3\n";
+    let c = parse(text).unwrap().config;
+    assert_eq!(
+        (
+            c.max_handshaking_per_ip,
+            c.max_handshaking_per_prefix,
+            c.handshake_prefix_v4,
+            c.handshake_prefix_v6,
+            c.handshake_rate,
+            c.handshake_rate_total,
+            c.member_reserve,
+            c.connections_per_member()
+        ),
+        (2, 4, 16, 48, 5, 50, 32, 3)
+    );
+    assert_eq!(
+        c.member_addrs,
+        vec![
+            "10.0.0.7".parse::<std::net::IpAddr>().unwrap(),
+            "fd00::7".parse().unwrap()
+        ]
+    );
+    for bad in [
+        "handshake_prefix_v4 = 33",
+        "handshake_rate = 0",
+        "max_handshaking_per_prefix = 0",
+        "max_connections_per_member = 0",
+    ] {
+        let err = parse(&format!("node = 1\ncluster = 7\n{bad}\n")).unwrap_err();
+        assert!(matches!(err, ConfigError::Invalid(_)), "{bad}: {err:?}");
+        let field = bad.split(' ').next().unwrap();
+        assert!(error_chain(&err).contains(field), "{bad}: {err}");
+    }
+    let err = parse("node = 1\ncluster = 7\nmember_addrs = [\"nope\"]\n").unwrap_err();
+    assert!(matches!(err, ConfigError::Syntax(_)), "{err:?}");
+}

@@ -6,7 +6,7 @@
 //! endpoint dials each configured peer on every network both have, from the
 //! local address of that network, `connections_per_network` times.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use surelink_proto::detector::DetectorConfig;
@@ -193,9 +193,43 @@ pub struct Config {
     pub max_connections: usize,
     /// Accepted connections from one source address, at most.
     pub max_connections_per_ip: usize,
-    /// Accepted connections still in their handshake, at most: bounds the
-    /// key exchanges strangers can make us compute.
+    /// Accepted connections still in their handshake, at most, in each of
+    /// two pools: members' addresses (see `member_addrs`) and everyone
+    /// else. Bounds the key exchanges strangers can make us compute, and
+    /// strangers never take a member address's place.
     pub max_handshaking: usize,
+    /// Of the shared pool (addresses not listed as members'), connections
+    /// from one address in their handshake, at most.
+    pub max_handshaking_per_ip: usize,
+    /// Of the shared pool, connections from one prefix (the first
+    /// `handshake_prefix_v4`/`_v6` bits of the address) in their
+    /// handshake, at most: `k` prefixes hold at most `k` times this.
+    pub max_handshaking_per_prefix: usize,
+    /// Bits of an IPv4 address that make its prefix (24: a /24).
+    pub handshake_prefix_v4: u8,
+    /// Bits of an IPv6 address that make its prefix (64: a /64).
+    pub handshake_prefix_v6: u8,
+    /// Handshakes started per second from one prefix of the shared pool,
+    /// or from one member's address (a token bucket; bursts of twice
+    /// this). A connection over it is closed before any key exchange.
+    pub handshake_rate: u32,
+    /// Handshakes started per second by the whole shared pool (bursts of
+    /// twice this): bounds the CPU strangers can make us spend on key
+    /// exchanges, however many prefixes they have.
+    pub handshake_rate_total: u32,
+    /// Addresses members connect from, besides the peers' addresses
+    /// (always included; with a cluster file, every node's addresses
+    /// there). Connections from them have their own handshake pool and
+    /// `member_reserve`, which strangers never take.
+    pub member_addrs: Vec<IpAddr>,
+    /// Of `max_connections`, kept for members' addresses (at most half of
+    /// it): connections from other addresses hold at most the rest.
+    pub member_reserve: usize,
+    /// Accepted connections one member (its node id proved by the
+    /// handshake) may hold at once, across all its sessions and
+    /// incarnations; beyond it new ones are closed, the ones it has kept.
+    /// `None`: [`Config::connections_per_member`]'s default.
+    pub max_connections_per_member: Option<usize>,
     /// When queued messages are written: see [`WriteBatching`].
     pub write_batching: WriteBatching,
     /// The role service (hr-net's role server): the cluster's nodes and
@@ -252,6 +286,15 @@ impl Config {
             max_connections: 1024,
             max_connections_per_ip: 64,
             max_handshaking: 128,
+            max_handshaking_per_ip: 8,
+            max_handshaking_per_prefix: 16,
+            handshake_prefix_v4: 24,
+            handshake_prefix_v6: 64,
+            handshake_rate: 32,
+            handshake_rate_total: 256,
+            member_addrs: Vec::new(),
+            member_reserve: 256,
+            max_connections_per_member: None,
             write_batching: WriteBatching::Auto,
             role: None,
         }
@@ -271,6 +314,15 @@ impl Config {
     pub fn networks(&self) -> usize {
         let peers = self.peers.iter().map(|p| p.addrs.len()).max().unwrap_or(0);
         self.listen.len().max(self.dial_from.len()).max(peers)
+    }
+
+    /// Accepted connections one member may hold: `max_connections_per_member`,
+    /// or by default 8 times what a peer dialling like this node needs
+    /// (`networks × connections_per_network`), at least 16 — room for a
+    /// restart's new connections while the old ones are still closing.
+    pub fn connections_per_member(&self) -> usize {
+        self.max_connections_per_member
+            .unwrap_or_else(|| (8 * self.networks().max(1) * self.connections_per_network).max(16))
     }
 
     /// Checks every field; returns the first problem found.
@@ -332,6 +384,7 @@ impl Config {
                     "max_connections, max_connections_per_ip and max_handshaking must be non-zero",
             });
         }
+        self.validate_admission()?;
         if self.incoming_per_peer == 0 || self.incoming_bytes_per_peer == 0 {
             return Err(ConfigError::Invalid {
                 field: "incoming_per_peer",
@@ -398,6 +451,32 @@ impl Config {
                     });
                 }
             }
+        }
+        Ok(())
+    }
+
+    fn validate_admission(&self) -> Result<(), ConfigError> {
+        let bad = |field, reason| Err(ConfigError::Invalid { field, reason });
+        if self.max_handshaking_per_ip == 0 || self.max_handshaking_per_prefix == 0 {
+            return bad(
+                "max_handshaking_per_ip",
+                "max_handshaking_per_ip and max_handshaking_per_prefix must be non-zero",
+            );
+        }
+        if self.handshake_prefix_v4 > 32 || self.handshake_prefix_v6 > 128 {
+            return bad(
+                "handshake_prefix_v4",
+                "handshake_prefix_v4 must be at most 32, handshake_prefix_v6 at most 128",
+            );
+        }
+        if self.handshake_rate == 0 || self.handshake_rate_total == 0 {
+            return bad(
+                "handshake_rate",
+                "handshake_rate and handshake_rate_total must be non-zero",
+            );
+        }
+        if self.max_connections_per_member == Some(0) {
+            return bad("max_connections_per_member", "must be non-zero");
         }
         Ok(())
     }

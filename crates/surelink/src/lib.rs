@@ -60,6 +60,7 @@
 //!   hooks, and the two-network loopback fixture for tests, demos and
 //!   benchmarks.
 
+mod admission;
 mod call;
 mod clock;
 mod config;
@@ -94,7 +95,7 @@ pub use events::{Events, NetEvent, RecvError, TryRecvError};
 pub use incoming::Incoming;
 pub use role::{ExternalRole, ExternalRoleError, RoleStatus};
 pub use server::{Handler, HandlerError, HandlerFuture, IntoReply, Request};
-pub use stats::StatsSnapshot;
+pub use stats::{ConnectionsRefused, StatsSnapshot};
 pub use surelink_proto as proto;
 pub use surelink_proto::detector::{DetectorConfig, DetectorMode};
 pub use surelink_proto::rpc::{CallOptions, Priority, RemoteError};

@@ -1,17 +1,12 @@
 //! The shell's side of member authentication: running the core's Noise
-//! (or mutual TLS) handshake on a fresh TCP connection under a deadline,
-//! and the limits
-//! that keep connections nobody has authenticated from using up the
-//! process (file descriptors, memory, CPU for key exchanges).
+//! (or mutual TLS) handshake on a fresh TCP connection under a deadline.
+//! The limits that keep connections nobody has authenticated from using
+//! up the process are in `admission.rs`.
 
-use std::collections::HashMap;
-use std::net::IpAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -153,128 +148,5 @@ async fn run(mut hs: PathHandshake, stream: &mut TcpStream) -> Result<Secured, H
                 exporter: est.exporter,
             });
         }
-    }
-}
-
-/// Limits on accepted connections: in total, per source address, and
-/// still in their handshake. A connection over a limit is closed at once
-/// (counted in `connections_refused`).
-#[derive(Debug)]
-pub(crate) struct ConnLimits {
-    max_total: usize,
-    max_per_ip: usize,
-    max_handshaking: usize,
-    total: AtomicUsize,
-    handshaking: AtomicUsize,
-    per_ip: Mutex<HashMap<IpAddr, usize>>,
-}
-
-/// Why an accepted connection was refused.
-#[derive(Debug, Clone, Copy, thiserror::Error)]
-pub(crate) enum LimitHit {
-    #[error("max_connections ({0}) reached")]
-    Total(usize),
-    #[error("max_connections_per_ip ({0}) reached for this address")]
-    PerIp(usize),
-    #[error("max_handshaking ({0}) connections already in their handshake")]
-    Handshaking(usize),
-}
-
-/// One accepted connection's place under the limits; given back on drop.
-#[derive(Debug)]
-pub(crate) struct ConnSlot {
-    limits: Arc<ConnLimits>,
-    ip: IpAddr,
-    handshaking: bool,
-}
-
-impl ConnLimits {
-    pub(crate) fn new(max_total: usize, max_per_ip: usize, max_handshaking: usize) -> ConnLimits {
-        ConnLimits {
-            max_total,
-            max_per_ip,
-            max_handshaking,
-            total: AtomicUsize::new(0),
-            handshaking: AtomicUsize::new(0),
-            per_ip: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// A place for a connection from `ip`, counted as in its handshake.
-    pub(crate) fn acquire(self: &Arc<Self>, ip: IpAddr) -> Result<ConnSlot, LimitHit> {
-        let mut per_ip = self.per_ip.lock();
-        if self.total.load(Ordering::Relaxed) >= self.max_total {
-            return Err(LimitHit::Total(self.max_total));
-        }
-        if self.handshaking.load(Ordering::Relaxed) >= self.max_handshaking {
-            return Err(LimitHit::Handshaking(self.max_handshaking));
-        }
-        let n = per_ip.entry(ip).or_insert(0);
-        if *n >= self.max_per_ip {
-            return Err(LimitHit::PerIp(self.max_per_ip));
-        }
-        *n += 1;
-        self.total.fetch_add(1, Ordering::Relaxed);
-        self.handshaking.fetch_add(1, Ordering::Relaxed);
-        Ok(ConnSlot {
-            limits: self.clone(),
-            ip,
-            handshaking: true,
-        })
-    }
-
-    /// Accepted connections open now.
-    pub(crate) fn open(&self) -> usize {
-        self.total.load(Ordering::Relaxed)
-    }
-}
-
-impl ConnSlot {
-    /// The handshake finished: the connection no longer counts as in one.
-    pub(crate) fn authenticated(&mut self) {
-        if std::mem::replace(&mut self.handshaking, false) {
-            self.limits.handshaking.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
-}
-
-impl Drop for ConnSlot {
-    fn drop(&mut self) {
-        self.authenticated();
-        let mut per_ip = self.limits.per_ip.lock();
-        if let Some(n) = per_ip.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                // Memory returned when the address goes away.
-                per_ip.remove(&self.ip);
-            }
-        }
-        self.limits.total.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn limits_hold_and_places_come_back() {
-        let l = Arc::new(ConnLimits::new(4, 2, 3));
-        let a: IpAddr = "127.0.0.1".parse().unwrap();
-        let b: IpAddr = "127.0.0.2".parse().unwrap();
-        let c: IpAddr = "127.0.0.3".parse().unwrap();
-        let s1 = l.acquire(a).unwrap();
-        let mut s2 = l.acquire(a).unwrap();
-        assert!(matches!(l.acquire(a), Err(LimitHit::PerIp(2))));
-        let s3 = l.acquire(b).unwrap();
-        assert!(matches!(l.acquire(b), Err(LimitHit::Handshaking(3))));
-        s2.authenticated();
-        let s4 = l.acquire(b).unwrap();
-        assert!(matches!(l.acquire(c), Err(LimitHit::Total(4))));
-        assert_eq!(l.open(), 4);
-        drop((s1, s2, s3, s4));
-        assert_eq!(l.open(), 0);
-        assert!(l.per_ip.lock().is_empty());
-        assert_eq!(l.handshaking.load(Ordering::Relaxed), 0);
     }
 }

@@ -78,7 +78,7 @@ pub(crate) struct Shared {
     /// Keys and member list for handshakes; `None` when insecure.
     pub(crate) secure: Option<crate::secure::SecureSetup>,
     /// Limits on accepted connections.
-    pub(crate) limits: Arc<crate::secure::ConnLimits>,
+    pub(crate) limits: Arc<crate::admission::ConnLimits>,
     /// Rate limits for log lines a remote party can cause.
     pub(crate) logs: LogLimits,
     /// Queued messages wait for the end of the runtime's turn
@@ -135,11 +135,7 @@ impl Shared {
             detector,
             dialer: Dialer::default(),
             secure: crate::secure::SecureSetup::from_config(&config),
-            limits: Arc::new(crate::secure::ConnLimits::new(
-                config.max_connections,
-                config.max_connections_per_ip,
-                config.max_handshaking,
-            )),
+            limits: Arc::new(crate::admission::ConnLimits::from_config(&config)),
             logs: LogLimits::default(),
             turn_writes: turn_writes(config.write_batching),
             #[cfg(feature = "test-util")]

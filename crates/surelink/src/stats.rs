@@ -27,6 +27,8 @@ pub(crate) struct Stats {
     refused_inputs: AtomicU64,
     handshakes_failed: AtomicU64,
     connections_refused: AtomicU64,
+    /// Per limit, in the order of [`ConnectionsRefused::NAMES`].
+    refused_by: [AtomicU64; 9],
     handler_errors: AtomicU64,
     handler_panics: AtomicU64,
     /// Times a session task's timer fired (test hook: `Testing`).
@@ -51,6 +53,7 @@ impl Default for Stats {
             refused_inputs: AtomicU64::new(0),
             handshakes_failed: AtomicU64::new(0),
             connections_refused: AtomicU64::new(0),
+            refused_by: Default::default(),
             handler_errors: AtomicU64::new(0),
             handler_panics: AtomicU64::new(0),
             timer_fires: AtomicU64::new(0),
@@ -123,9 +126,20 @@ impl Stats {
         metrics::counter!("surelink_handshakes_failed_total").increment(1);
     }
 
-    pub(crate) fn connection_refused(&self) {
+    /// A connection closed at the limit numbered `limit`
+    /// ([`ConnectionsRefused::NAMES`]).
+    pub(crate) fn connection_refused(&self, limit: usize) {
         self.connections_refused.fetch_add(1, Relaxed);
+        if let Some(c) = self.refused_by.get(limit) {
+            c.fetch_add(1, Relaxed);
+        }
         metrics::counter!("surelink_connections_refused_total").increment(1);
+        let name = ConnectionsRefused::NAMES
+            .get(limit)
+            .copied()
+            .unwrap_or("other");
+        metrics::counter!("surelink_connections_refused_by_limit_total", "limit" => name)
+            .increment(1);
     }
 
     pub(crate) fn snapshot(&self, sessions: Vec<(NodeId, SessionStats)>) -> StatsSnapshot {
@@ -146,6 +160,9 @@ impl Stats {
             refused_inputs: self.refused_inputs.load(Relaxed),
             handshakes_failed: self.handshakes_failed.load(Relaxed),
             connections_refused: self.connections_refused.load(Relaxed),
+            connections_refused_by: ConnectionsRefused(std::array::from_fn(|i| {
+                self.refused_by[i].load(Relaxed)
+            })),
             connections_open: 0,
             handler_errors: self.handler_errors.load(Relaxed),
             handler_panics: self.handler_panics.load(Relaxed),
@@ -196,6 +213,8 @@ pub struct StatsSnapshot {
     pub handshakes_failed: u64,
     /// Connections closed at once because a connection limit was reached.
     pub connections_refused: u64,
+    /// The same, per limit.
+    pub connections_refused_by: ConnectionsRefused,
     /// Accepted connections open now (authenticated or in their handshake).
     pub connections_open: u64,
     /// Requests whose handler returned an error or panicked.
@@ -212,6 +231,30 @@ pub struct StatsSnapshot {
     pub sessions: Vec<(NodeId, SessionStats)>,
     /// The failure detector's counters (`None` when it is off).
     pub detector: Option<crate::DetectorSnapshot>,
+}
+
+/// Accepted connections closed at each limit (see
+/// [`Config`](crate::Config)'s connection limits).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnectionsRefused(pub [u64; 9]);
+
+impl ConnectionsRefused {
+    /// The limits, in the order of the array: `max_connections`; the
+    /// shared pool's share of it (`max_connections` less
+    /// `member_reserve`); `max_connections_per_ip`; `max_handshaking`;
+    /// `max_handshaking_per_ip`; `max_handshaking_per_prefix`;
+    /// `handshake_rate`; `handshake_rate_total`;
+    /// `max_connections_per_member`.
+    pub const NAMES: [&'static str; 9] = crate::admission::LimitHit::NAMES;
+
+    /// Connections closed at the limit called `name` (one of
+    /// [`ConnectionsRefused::NAMES`]); 0 for an unknown name.
+    pub fn get(&self, name: &str) -> u64 {
+        Self::NAMES
+            .iter()
+            .position(|n| *n == name)
+            .map_or(0, |i| self.0[i])
+    }
 }
 
 impl StatsSnapshot {
@@ -278,6 +321,16 @@ impl StatsSnapshot {
             "Connections refused at a connection limit",
             self.connections_refused,
         );
+        let _ = writeln!(s, "# HELP surelink_connections_refused_by_limit_total Connections refused, per limit\n# TYPE surelink_connections_refused_by_limit_total counter");
+        for (name, v) in ConnectionsRefused::NAMES
+            .iter()
+            .zip(self.connections_refused_by.0)
+        {
+            let _ = writeln!(
+                s,
+                "surelink_connections_refused_by_limit_total{{limit=\"{name}\"}} {v}"
+            );
+        }
         let _ = writeln!(
             s,
             "# HELP surelink_connections_open Accepted connections open now\n# TYPE surelink_connections_open gauge\nsurelink_connections_open {}",

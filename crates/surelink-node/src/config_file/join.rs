@@ -17,7 +17,10 @@
 //! - peers: a process with a `[proxy]` section dials every node there with
 //!   addresses (its ring); any other process dials the nodes listed
 //!   before it that have addresses, so each pair has one side that dials;
-//! - the role service: the cluster file's `[role]`.
+//! - the role service: the cluster file's `[role]`;
+//! - members' addresses (`member_addrs`): every node's `addrs` there, so
+//!   the nodes that dial this one (listed after it) have the room kept
+//!   for members, as the ones it dials do.
 //!
 //! Own `[[members]]` entries for nodes the cluster file does not list, or
 //! lists without a key, and own `[[peers]]` entries for nodes it does not
@@ -139,6 +142,14 @@ pub(super) fn join(
     };
     keys(c, own, cl, me, path, redundant)?;
     peers(c, own, cl, me, path, redundant)?;
+    for n in cl.nodes.iter().filter(|n| n.node != me.node) {
+        let ips = n.addrs.iter().flatten().map(SocketAddr::ip);
+        for ip in ips {
+            if !c.member_addrs.contains(&ip) {
+                c.member_addrs.push(ip);
+            }
+        }
+    }
     c.role = Some(cl.role.clone());
     Ok(metrics)
 }

@@ -51,6 +51,12 @@
 //!
 //! ```toml
 //! # max_connections = 1024; max_connections_per_ip = 64; max_handshaking = 128
+//! # max_handshaking_per_ip = 8; max_handshaking_per_prefix = 16   # strangers, per address / prefix
+//! # handshake_prefix_v4 = 24; handshake_prefix_v6 = 64
+//! # handshake_rate = 32; handshake_rate_total = 256                # handshakes/s: per prefix, all strangers
+//! # member_addrs = ["10.0.0.7"]   # members' addresses besides the peers' (and the cluster file's)
+//! # member_reserve = 256          # of max_connections, kept for members' addresses
+//! # max_connections_per_member = 16   # default: 8 × networks × connections_per_network, at least 16
 //! # write_batching = "auto"       # or "idle", "turn": when queued messages are written
 //!
 //! # [runtime]                     # the process's tokio runtime
@@ -205,6 +211,37 @@ fn warn_redundant(file: &str, l: &Loaded) {
     }
 }
 
+/// The admission limits of [`surelink::Config`] the file sets.
+fn admission(c: &mut Config, f: &schema::File) {
+    let set = |v: Option<usize>, to: &mut usize| {
+        if let Some(v) = v {
+            *to = v;
+        }
+    };
+    set(f.max_handshaking_per_ip, &mut c.max_handshaking_per_ip);
+    set(
+        f.max_handshaking_per_prefix,
+        &mut c.max_handshaking_per_prefix,
+    );
+    set(f.member_reserve, &mut c.member_reserve);
+    if let Some(v) = f.handshake_prefix_v4 {
+        c.handshake_prefix_v4 = v;
+    }
+    if let Some(v) = f.handshake_prefix_v6 {
+        c.handshake_prefix_v6 = v;
+    }
+    if let Some(v) = f.handshake_rate {
+        c.handshake_rate = v;
+    }
+    if let Some(v) = f.handshake_rate_total {
+        c.handshake_rate_total = v;
+    }
+    c.member_addrs.extend(&f.member_addrs);
+    if f.max_connections_per_member.is_some() {
+        c.max_connections_per_member = f.max_connections_per_member;
+    }
+}
+
 /// [`parse`] without the warning (its caller names the file in it).
 fn parse_only(text: &str, base: &Path) -> Result<Loaded, ConfigError> {
     let f: schema::File = toml::from_str(text)?;
@@ -282,6 +319,7 @@ fn parse_only(text: &str, base: &Path) -> Result<Loaded, ConfigError> {
     if let Some(v) = f.max_handshaking {
         c.max_handshaking = v;
     }
+    admission(&mut c, &f);
     if let Some(w) = &f.write_batching {
         c.write_batching = match w.as_str() {
             "auto" => WriteBatching::Auto,

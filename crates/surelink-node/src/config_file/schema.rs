@@ -39,6 +39,18 @@ pub(super) struct File {
     pub(super) max_connections: Option<usize>,
     pub(super) max_connections_per_ip: Option<usize>,
     pub(super) max_handshaking: Option<usize>,
+    pub(super) max_handshaking_per_ip: Option<usize>,
+    pub(super) max_handshaking_per_prefix: Option<usize>,
+    pub(super) handshake_prefix_v4: Option<u8>,
+    pub(super) handshake_prefix_v6: Option<u8>,
+    pub(super) handshake_rate: Option<u32>,
+    pub(super) handshake_rate_total: Option<u32>,
+    /// Addresses members connect from besides the peers' (and, with a
+    /// cluster file, every node's there).
+    #[serde(default)]
+    pub(super) member_addrs: Vec<std::net::IpAddr>,
+    pub(super) member_reserve: Option<usize>,
+    pub(super) max_connections_per_member: Option<usize>,
     /// `auto`, `idle` or `turn` (see `surelink::WriteBatching`).
     pub(super) write_batching: Option<String>,
     #[serde(default)]

@@ -26,8 +26,8 @@ use tracing::{debug, warn};
 use surelink_proto::secure::Sealer;
 use surelink_proto::{NodeId, PathId};
 
+use crate::admission::ConnSlot;
 use crate::detector::{Detector, Gate};
-use crate::secure::ConnSlot;
 
 pub(crate) use open::{accept_loop, bind_device, configure, listen, start};
 

@@ -18,7 +18,8 @@ use surelink_proto::NodeId;
 
 use super::read::read_loop;
 use super::{write_loop, ConnIo, Pending};
-use crate::secure::{ConnSlot, Secured};
+use crate::admission::{ConnSlot, LimitHit};
+use crate::secure::Secured;
 use crate::shared::Shared;
 
 pub(crate) fn configure(stream: &TcpStream, shared: &Shared) {
@@ -130,17 +131,10 @@ pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, netw
     loop {
         match listener.accept().await {
             Ok((stream, from)) => {
-                let slot = match shared.limits.acquire(from.ip()) {
+                let slot = match shared.limits.acquire(from.ip(), std::time::Instant::now()) {
                     Ok(s) => s,
                     Err(hit) => {
-                        shared.stats.connection_refused();
-                        if let Some(n) = shared
-                            .logs
-                            .limits
-                            .allow(shared.clock.now().since_origin().as_secs())
-                        {
-                            warn!(%from, network, limit = %hit, suppressed = n, "connection refused");
-                        }
+                        refused(&shared, from, network, hit);
                         drop(stream);
                         continue;
                     }
@@ -153,6 +147,18 @@ pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, netw
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
+    }
+}
+
+/// Counts and (rate-limited) logs a connection closed at a limit.
+fn refused(shared: &Shared, from: SocketAddr, network: usize, hit: LimitHit) {
+    shared.stats.connection_refused(hit.index());
+    if let Some(n) = shared
+        .logs
+        .limits
+        .allow(shared.clock.now().since_origin().as_secs())
+    {
+        warn!(%from, network, limit = %hit, suppressed = n, "connection refused");
     }
 }
 
@@ -185,7 +191,12 @@ async fn accepted(
             }
         }
     };
-    slot.authenticated();
+    if let Err(hit) = slot.authenticated(secured.as_ref().map(|s| s.peer)) {
+        // The member's other connections are kept; this one is closed
+        // before anything is allocated for it.
+        refused(&shared, from, network, hit);
+        return;
+    }
     if shared.closed.load(Ordering::Relaxed) {
         return;
     }
