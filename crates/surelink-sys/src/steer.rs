@@ -295,7 +295,9 @@ mod tests {
     fn too_many_addresses_are_refused() {
         let hb = HeartbeatSocket::bind("127.0.1.1:0".parse().unwrap()).unwrap();
         let _strays = hb.open_strays().unwrap();
-        let many: Vec<Ipv4Addr> = (0..=MAX_STEERED as u32).map(Ipv4Addr::from).collect();
+        let many: Vec<Ipv4Addr> = (0..=u32::try_from(MAX_STEERED).unwrap())
+            .map(Ipv4Addr::from)
+            .collect();
         assert!(hb.steer(&many).is_err());
         hb.steer(&many[..MAX_STEERED]).unwrap();
     }
