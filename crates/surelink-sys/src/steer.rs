@@ -173,10 +173,8 @@ pub struct StraySocket {
 }
 
 impl StraySocket {
-    /// Waits up to `timeout` for datagrams, then takes up to [`BATCH`] of
-    /// them in one call. Returns how many (0: none came).
-    pub fn recv_batch(&self, batch: &mut Batch, timeout: Duration) -> io::Result<usize> {
-        batch.n = 0;
+    /// Waits up to `timeout` for a datagram to read; whether one is there.
+    pub fn wait(&self, timeout: Duration) -> io::Result<bool> {
         let mut p = libc::pollfd {
             fd: self.sock.as_raw_fd(),
             events: libc::POLLIN,
@@ -188,13 +186,17 @@ impl StraySocket {
         if rc < 0 {
             let e = io::Error::last_os_error();
             return match e.kind() {
-                io::ErrorKind::Interrupted => Ok(0),
+                io::ErrorKind::Interrupted => Ok(false),
                 _ => Err(e),
             };
         }
-        if rc == 0 {
-            return Ok(0);
-        }
+        Ok(rc > 0)
+    }
+
+    /// Takes up to [`BATCH`] waiting datagrams in one call, without
+    /// blocking. Returns how many (0: none there).
+    pub fn recv_batch(&self, batch: &mut Batch) -> io::Result<usize> {
+        batch.n = 0;
         let mut iov: [libc::iovec; BATCH] = std::array::from_fn(|i| libc::iovec {
             iov_base: batch.data[i].as_mut_ptr().cast(),
             iov_len: BATCH_SLOT,
@@ -282,9 +284,8 @@ mod tests {
         let s = strays.queue_state().unwrap();
         assert!(s.drops > 0 && s.queued > 0, "{s:?}");
         let mut batch = Batch::default();
-        let n = strays
-            .recv_batch(&mut batch, Duration::from_secs(1))
-            .unwrap();
+        assert!(strays.wait(Duration::from_secs(1)).unwrap());
+        let n = strays.recv_batch(&mut batch).unwrap();
         assert_eq!(n, BATCH);
         assert!(batch
             .iter()
