@@ -24,6 +24,7 @@
 // Reporting code converts counts and durations for display.
 #![allow(clippy::cast_possible_truncation)]
 
+mod attack;
 mod bench;
 mod demo;
 mod experiment;
@@ -55,6 +56,9 @@ enum Command {
     /// Benchmark against plain TCP, ZeroMQ and NATS: round-trip latency and
     /// throughput.
     Bench(bench::BenchArgs),
+    /// Attacks on a target started from `--surelink-bin` (before/after).
+    #[command(subcommand)]
+    Attack(attack::Attack),
     /// Network namespaces joined by two links, and faults (needs root).
     Testbed(testbed::TestbedArgs),
     /// Multi-process experiments: `detector`, `failover`, `flows`, `soak`,
@@ -126,6 +130,7 @@ fn main() -> anyhow::Result<()> {
         match cli.command {
             Command::Demo(a) => demo::run(&a).await,
             Command::Bench(a) => bench::run(&a).await,
+            Command::Attack(a) => attack::run(&a).await,
             Command::Testbed(a) => testbed::main(&a),
             Command::Experiment(e) => experiment::run(&e).await,
             Command::ExperimentNode(a) => experiment::node::run(&a).await,
