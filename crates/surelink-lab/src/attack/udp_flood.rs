@@ -167,10 +167,7 @@ async fn one_run(bin: &PathBuf, a: &UdpFloodArgs, flood: bool) -> Result<Outcome
         .wait_for_async(Duration::from_secs(10), |l| l.text.starts_with("reply "))
         .await
         .context("the client's calls are not answered")?;
-    let targets = vec![
-        copy.moved("127.0.1.1:7100")?,
-        copy.moved("127.0.2.1:7100")?,
-    ];
+    let targets = vec![copy.moved("127.0.1.1:7100")?, copy.moved("127.0.2.1:7100")?];
     tokio::time::sleep(Duration::from_secs(2)).await;
     let pid = server.pid();
     let mut o = Outcome {
