@@ -7,6 +7,10 @@
 //!   socket's error queue).
 //! - [`counters`]: an interface's `rx_dropped` (the device's and the per-CPU
 //!   backlogs' drops).
+//! - [`steer`]: a third socket in the heartbeat port's group for datagrams
+//!   from sources not on a list (members' addresses), so a flood from
+//!   elsewhere overflows only its queue; `SO_MEMINFO` queue state; batch
+//!   receive.
 //! - [`cpu`]: pinning the calling thread to one CPU, so a barrier can be sent
 //!   through each CPU's receive backlog in turn.
 //!
@@ -26,8 +30,10 @@
 pub mod counters;
 pub mod cpu;
 mod socket;
+pub mod steer;
 
 pub use socket::{HeartbeatSocket, Received, TxTimestamp};
+pub use steer::{QueueState, StraySocket};
 
 /// Signals for experiments that stop and resume a process.
 pub mod process {

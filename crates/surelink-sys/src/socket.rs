@@ -3,7 +3,9 @@
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use crate::steer::{self, QueueState, StraySocket};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// One datagram received.
@@ -52,6 +54,8 @@ pub struct HeartbeatSocket {
     /// Datagrams sent so far (the kernel numbers TX timestamps the same way).
     sent: AtomicU32,
     timestamps: bool,
+    /// Whether the strays' socket joined the group (steering may pick it).
+    strays: AtomicBool,
 }
 
 fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> {
@@ -72,7 +76,7 @@ fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> 
     }
 }
 
-fn to_socket_addr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+pub(crate) fn to_socket_addr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
     if i32::from(ss.ss_family) != libc::AF_INET {
         return None;
     }
@@ -165,7 +169,41 @@ impl HeartbeatSocket {
             tx,
             sent: AtomicU32::new(0),
             timestamps,
+            strays: AtomicBool::new(false),
         })
+    }
+
+    /// Adds the strays' socket to the group (see [`crate::steer`]); until
+    /// [`HeartbeatSocket::steer`] is called every datagram still goes to
+    /// the receiving socket. Needs the split (reuseport) form; call once.
+    pub fn open_strays(&self) -> io::Result<StraySocket> {
+        if self.tx.is_none() || self.strays.load(Ordering::Relaxed) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no reuseport group, or strays' socket already open",
+            ));
+        }
+        let sock = reuseport_socket(self.sock.local_addr()?)?;
+        self.strays.store(true, Ordering::Relaxed);
+        Ok(StraySocket { sock })
+    }
+
+    /// Datagrams from `listed` source addresses (and, until then, every
+    /// datagram) come to this socket; from any other, to the strays'
+    /// socket. Replaces the previous list.
+    pub fn steer(&self, listed: &[Ipv4Addr]) -> io::Result<()> {
+        if !self.strays.load(Ordering::Relaxed) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no strays' socket to steer to",
+            ));
+        }
+        steer::steer(&self.sock, listed)
+    }
+
+    /// The receive queue's occupancy and drop count, without a datagram.
+    pub fn queue_state(&self) -> io::Result<QueueState> {
+        steer::queue_state(&self.sock)
     }
 
     /// The socket that sends (and holds the TX timestamps).

@@ -88,7 +88,7 @@ pub mod testing;
 pub use config::{
     default_core, Config, ConfigError, PeerConfig, SchedulerConfig, SchedulerKind, WriteBatching,
 };
-pub use detector::{DelayPoint, DetectorSnapshot};
+pub use detector::{DelayPoint, DetectorSnapshot, RefusedCounts, StraysSnapshot};
 pub use endpoint::{Endpoint, PathInfo};
 pub use error::{BindError, CallError, SendError, TrySendError};
 pub use events::{Events, NetEvent, RecvError, TryRecvError};

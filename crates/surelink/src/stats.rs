@@ -411,12 +411,67 @@ impl StatsSnapshot {
                     "Suspects not reported because of a receive drop",
                     m.saved_by_drop,
                 ),
+                (
+                    "saved_by_stray_total",
+                    "Suspects not steered yet, not reported because the strays' queue dropped or held datagrams",
+                    m.saved_by_stray,
+                ),
+                (
+                    "reported_through_stray_drops_total",
+                    "Reports made although the strays' queue dropped datagrams (junk that one queue would have let hold them back)",
+                    m.reported_through_stray_drops,
+                ),
+                (
+                    "strays_dropped_total",
+                    "Datagrams from unsteered sources the kernel dropped (a flood)",
+                    d.strays.dropped,
+                ),
+                (
+                    "strays_read_total",
+                    "Datagrams read from the strays' queue",
+                    d.strays.read,
+                ),
+                (
+                    "refused_malformed_total",
+                    "Datagrams refused: not a heartbeat or barrier",
+                    d.refused.malformed,
+                ),
+                (
+                    "refused_foreign_total",
+                    "Datagrams refused: another cluster's, or claiming to be this node",
+                    d.refused.foreign,
+                ),
+                (
+                    "refused_stranger_total",
+                    "Heartbeats refused: from a node that is not a member",
+                    d.refused.stranger,
+                ),
+                (
+                    "refused_bad_tag_total",
+                    "Heartbeats refused: tag does not verify",
+                    d.refused.bad_tag,
+                ),
+                (
+                    "refused_replay_total",
+                    "Heartbeats refused: replayed",
+                    d.refused.replay,
+                ),
+                (
+                    "refused_barrier_total",
+                    "Barriers refused: not this process's",
+                    d.refused.barrier,
+                ),
             ] {
                 let _ = writeln!(
                     s,
                     "# HELP surelink_detector_{name} {help}\n# TYPE surelink_detector_{name} counter\nsurelink_detector_{name} {v}"
                 );
             }
+            let _ = writeln!(
+                s,
+                "# HELP surelink_detector_steered_sources Source addresses steered to the members' heartbeat queue\n# TYPE surelink_detector_steered_sources gauge\nsurelink_detector_steered_sources {}",
+                d.strays.steered
+            );
             let _ = writeln!(
                 s,
                 "# HELP surelink_detector_t_valid_remaining_microseconds Time until the send fence closes unless a heartbeat moves it (negative: closed)\n# TYPE surelink_detector_t_valid_remaining_microseconds gauge\nsurelink_detector_t_valid_remaining_microseconds {}",

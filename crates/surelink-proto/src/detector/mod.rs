@@ -49,4 +49,6 @@ mod monitor;
 
 pub use config::{DetectorConfig, DetectorMode};
 pub use fence::{Fence, FenceState, HeartbeatDue};
-pub use monitor::{Monitor, MonitorAction, MonitorStats, PathReport, Watch};
+pub use monitor::{
+    HeartbeatQueue, Monitor, MonitorAction, MonitorStats, PathReport, StraysAtBarrier, Watch,
+};

@@ -17,6 +17,33 @@
 //!
 //! A down path comes back up with its next heartbeat, a dead peer with its
 //! next heartbeat on any path.
+//!
+//! # Two queues: drops told apart by source
+//!
+//! A drop counted since a suspect's window began holds its report back (a
+//! heartbeat may have been among what was dropped). With one queue for
+//! everything, anyone who can send a datagram to the heartbeat port can
+//! overflow it and keep a dead peer "maybe alive" for as long as the flood
+//! lasts. So the shell may split the port in two ([`HeartbeatQueue`]): the
+//! *members'* queue gets datagrams whose source address is one a member's
+//! authenticated heartbeat came from (or one configured for it, or our
+//! own: the barriers), the *strays'* queue everything else. Then:
+//!
+//! - a drop in the members' queue (or the interfaces') holds back every
+//!   suspect, as before ([`Monitor::handle_drop_count`]);
+//! - a drop in the strays' queue ([`Monitor::handle_stray_drop_count`])
+//!   holds back only a suspect that is *unsorted*: one of its paths has not
+//!   had a heartbeat out of the members' queue since its last one out of the
+//!   strays' queue (or has had none at all). Such a suspect is also reported
+//!   only when the strays' queue was empty as its round ended, since the
+//!   barrier proves only the members' queue clear.
+//!
+//! Why a sorted suspect may ignore stray drops: its last heartbeat came out
+//! of the members' queue, so its source address was steered there, and the
+//! shell never takes an address out of the steering while it runs — its
+//! later heartbeats, from the same address, cannot be in the strays' queue.
+//! The assumption this adds: a member's heartbeats keep their source
+//! address (they leave from a socket bound to its configured address).
 
 use std::collections::BTreeMap;
 use std::collections::VecDeque;
@@ -77,6 +104,27 @@ pub enum MonitorAction {
     Report(PathReport),
 }
 
+/// Which receive queue a heartbeat came out of (see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum HeartbeatQueue {
+    /// The queue whose sources are members' known addresses (and ours).
+    /// With one queue for everything, every heartbeat comes out of this one.
+    #[default]
+    Members,
+    /// The queue of every other source.
+    Strays,
+}
+
+/// The strays' queue as a barrier round ends (see
+/// [`Monitor::handle_barrier_steered`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StraysAtBarrier {
+    /// Its drop counter's total.
+    pub drops: u64,
+    /// Whether it was empty, with nothing read from it still unprocessed.
+    pub empty: bool,
+}
+
 /// Counters, for experiments and stats.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MonitorStats {
@@ -94,6 +142,13 @@ pub struct MonitorStats {
     /// Suspects not reported because a receive drop was counted since their
     /// window began.
     pub saved_by_drop: u64,
+    /// Unsorted suspects not reported because the strays' queue dropped
+    /// something since their window began, or was not empty.
+    pub saved_by_stray: u64,
+    /// Suspects reported although the strays' queue dropped datagrams
+    /// during their window: junk that would have held them back with one
+    /// queue.
+    pub reported_through_stray_drops: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -104,6 +159,8 @@ struct PathState {
     /// When it was reported down: only something heard after that brings
     /// it back (a stamp taken before the report is old news).
     down_at: Time,
+    /// Whether its latest heartbeat came out of the members' queue.
+    sorted: bool,
 }
 
 /// What a round may report.
@@ -134,6 +191,9 @@ pub struct Monitor {
     /// Drop counters' last reading, and when they last grew.
     drops: Option<u64>,
     t_drop: Option<Time>,
+    /// The same for the strays' queue.
+    stray_drops: Option<u64>,
+    t_stray_drop: Option<Time>,
     actions: VecDeque<MonitorAction>,
     stats: MonitorStats,
 }
@@ -150,6 +210,8 @@ impl Monitor {
             next_token: 1,
             drops: None,
             t_drop: None,
+            stray_drops: None,
+            t_stray_drop: None,
             actions: VecDeque::new(),
             stats: MonitorStats::default(),
         }
@@ -159,10 +221,24 @@ impl Monitor {
     /// Starts watching the path on first contact; a newer epoch starts
     /// afresh.
     pub fn handle_heartbeat(&mut self, now: Time, watch: Watch, epoch: Epoch) {
+        self.handle_heartbeat_from(now, watch, epoch, HeartbeatQueue::Members);
+    }
+
+    /// [`Monitor::handle_heartbeat`] for a shell with two queues: which one
+    /// the heartbeat came out of.
+    pub fn handle_heartbeat_from(
+        &mut self,
+        now: Time,
+        watch: Watch,
+        epoch: Epoch,
+        queue: HeartbeatQueue,
+    ) {
+        let sorted = queue == HeartbeatQueue::Members;
         match self.paths.get_mut(&watch) {
             Some(p) if epoch < p.epoch => {}
             Some(p) => {
                 p.epoch = epoch;
+                p.sorted = sorted;
                 self.heard(now, watch);
             }
             None => {
@@ -173,6 +249,7 @@ impl Monitor {
                         epoch,
                         down: false,
                         down_at: Time::ZERO,
+                        sorted,
                     },
                 );
                 // A heartbeat on a new network is news of a dead peer too.
@@ -189,11 +266,13 @@ impl Monitor {
     /// one's heartbeats follow within an interval). The epoch is learnt
     /// from the first heartbeat.
     pub fn handle_heard(&mut self, now: Time, watch: Watch) {
+        // Unsorted until a heartbeat says which queue its source reaches.
         self.paths.entry(watch).or_insert(PathState {
             last_heard: now,
             epoch: Epoch(0),
             down: false,
             down_at: Time::ZERO,
+            sorted: false,
         });
         self.heard(now, watch);
     }
@@ -230,13 +309,47 @@ impl Monitor {
         self.drops = Some(total);
     }
 
+    /// The strays' queue's drop counter total, read at `now` (only a shell
+    /// with two queues calls this).
+    pub fn handle_stray_drop_count(&mut self, now: Time, total: u64) {
+        if self.stray_drops.is_some_and(|before| before != total) {
+            self.t_stray_drop = Some(now);
+        }
+        self.stray_drops = Some(total);
+    }
+
     /// Every barrier of round `token` came out of the heartbeat queue; the
-    /// drop counters read right after total `drops`.
+    /// drop counters read right after total `drops`. (One queue: nothing
+    /// can be waiting elsewhere.)
     pub fn handle_barrier(&mut self, now: Time, token: u64, drops: u64) {
+        self.finish_round(now, token, drops, None);
+    }
+
+    /// [`Monitor::handle_barrier`] for a shell with two queues: the
+    /// barriers came out of the members' queue, and `strays` is the other
+    /// one as the round ends.
+    pub fn handle_barrier_steered(
+        &mut self,
+        now: Time,
+        token: u64,
+        drops: u64,
+        strays: StraysAtBarrier,
+    ) {
+        self.finish_round(now, token, drops, Some(strays));
+    }
+
+    fn finish_round(&mut self, now: Time, token: u64, drops: u64, strays: Option<StraysAtBarrier>) {
         let Some(round) = self.round.take_if(|r| r.token == token) else {
             return;
         };
         self.handle_drop_count(now, drops);
+        let strays_empty = match strays {
+            Some(s) => {
+                self.handle_stray_drop_count(now, s.drops);
+                s.empty
+            }
+            None => true,
+        };
         let mut confirmed = Vec::new();
         for (suspect, start) in round.suspects {
             let Some(last_heard) = self.last_heard(suspect) else {
@@ -256,6 +369,16 @@ impl Monitor {
                 self.stats.saved_by_drop += 1;
                 continue;
             }
+            let stray_drop = self.t_stray_drop.is_some_and(|t| t >= start);
+            if !self.sorted(suspect) && (stray_drop || !strays_empty) {
+                // Its heartbeats may go to the strays' queue: dropped
+                // there, or still waiting in it (no barrier covers it).
+                self.stats.saved_by_stray += 1;
+                continue;
+            }
+            if stray_drop {
+                self.stats.reported_through_stray_drops += 1;
+            }
             confirmed.push(suspect);
         }
         self.report(now, confirmed);
@@ -266,6 +389,15 @@ impl Monitor {
         match suspect {
             Suspect::Path(w) => self.paths.get(&w).map(|p| p.last_heard),
             Suspect::Peer(peer) => self.peer_paths(peer).map(|(_, p)| p.last_heard).max(),
+        }
+    }
+
+    /// Whether every path of the suspect had its latest heartbeat out of
+    /// the members' queue.
+    fn sorted(&self, suspect: Suspect) -> bool {
+        match suspect {
+            Suspect::Path(w) => self.paths.get(&w).is_some_and(|p| p.sorted),
+            Suspect::Peer(peer) => self.peer_paths(peer).all(|(_, p)| p.sorted),
         }
     }
 

@@ -356,3 +356,136 @@ fn a_slow_barrier_does_not_make_the_checker_spin() {
         );
     }
 }
+
+/// Drives `m` from `from` to `to` ms under a junk flood of the strays'
+/// queue (its drop counter grows every millisecond), answering every
+/// barrier with the strays' queue as `strays_empty` says; returns when the
+/// peer was reported dead.
+fn flood(m: &mut Monitor, from: u64, to: u64, strays_empty: bool) -> Option<u64> {
+    let mut dead_at = None;
+    for t in from..=to {
+        let stray_drops = 1000 + t;
+        m.handle_stray_drop_count(ms(t), stray_drops);
+        m.handle_timeout(ms(t));
+        for a in actions(m) {
+            match a {
+                MonitorAction::SendBarrier { token } => m.handle_barrier_steered(
+                    ms(t),
+                    token,
+                    100,
+                    StraysAtBarrier {
+                        drops: stray_drops,
+                        empty: strays_empty,
+                    },
+                ),
+                MonitorAction::Report(PathReport::PeerDown { .. }) => {
+                    dead_at.get_or_insert(t);
+                }
+                _ => {}
+            }
+        }
+    }
+    dead_at
+}
+
+/// The flood's drops are in the strays' queue; the dead peer's heartbeats
+/// came out of the members' queue: it is reported as soon as without the
+/// flood (the window, then the next check), not held back.
+#[test]
+fn stray_drops_do_not_hold_back_a_sorted_dead_peer() {
+    let mut m = Monitor::new(&cfg(DetectorMode::SafeTimer), ms(0));
+    m.handle_drop_count(ms(0), 100);
+    m.handle_stray_drop_count(ms(0), 1000);
+    m.handle_heartbeat_from(ms(0), w(0), Epoch(1), HeartbeatQueue::Members);
+    let t = flood(&mut m, 1, 400, false).expect("reported dead under the flood");
+    assert!(
+        (151..=160).contains(&t),
+        "window 150 ms, checks every 5 ms: {t}"
+    );
+    assert!(m.stats().reported_through_stray_drops >= 1);
+    assert_eq!(m.stats().saved_by_stray, 0);
+}
+
+/// A live peer whose heartbeats reach the strays' queue (its address not
+/// steered yet) and are dropped there by the flood is never reported: the
+/// stray drops count against it as any drop did before.
+#[test]
+fn a_live_peer_whose_heartbeats_drop_in_the_strays_queue_is_never_reported() {
+    let mut m = Monitor::new(&cfg(DetectorMode::SafeTimer), ms(0));
+    m.handle_drop_count(ms(0), 100);
+    m.handle_stray_drop_count(ms(0), 1000);
+    m.handle_heartbeat_from(ms(0), w(0), Epoch(1), HeartbeatQueue::Strays);
+    // Every later heartbeat is among the strays' drops.
+    assert_eq!(flood(&mut m, 1, 2000, true), None);
+    assert_eq!(m.is_down(w(0)), Some(false));
+    assert!(m.stats().saved_by_stray > 0);
+    assert_eq!(m.stats().reported_dead + m.stats().reported_down, 0);
+}
+
+/// A path watched through its traffic before any heartbeat is unsorted
+/// too: where its heartbeats go is not known.
+#[test]
+fn a_path_known_only_from_traffic_is_held_by_stray_drops() {
+    let mut m = Monitor::new(&cfg(DetectorMode::SafeTimer), ms(0));
+    m.handle_drop_count(ms(0), 100);
+    m.handle_stray_drop_count(ms(0), 1000);
+    m.handle_heard(ms(0), w(0));
+    assert_eq!(flood(&mut m, 1, 1000, true), None);
+}
+
+/// Unsorted and no stray drop, but something waits in the strays' queue
+/// (the barrier does not go through it): no report until it is seen empty.
+#[test]
+fn an_unsorted_suspect_waits_for_an_empty_strays_queue() {
+    let mut m = Monitor::new(&cfg(DetectorMode::SafeTimer), ms(0));
+    m.handle_drop_count(ms(0), 100);
+    m.handle_stray_drop_count(ms(0), 1000);
+    m.handle_heartbeat_from(ms(0), w(0), Epoch(1), HeartbeatQueue::Strays);
+    let strays = |empty| StraysAtBarrier { drops: 1000, empty };
+    let token = barrier_token(&tick(&mut m, 1, 55));
+    m.handle_barrier_steered(ms(55), token, 100, strays(false));
+    assert_eq!(downs(&actions(&mut m)), 0);
+    assert_eq!(m.stats().saved_by_stray, 1);
+    let token = barrier_token(&tick(&mut m, 56, 60));
+    m.handle_barrier_steered(ms(60), token, 100, strays(true));
+    assert_eq!(
+        downs(&actions(&mut m)),
+        1,
+        "reported once the queue is empty"
+    );
+}
+
+/// A sorted path that then gets a heartbeat out of the strays' queue (its
+/// source moved) is unsorted again; one out of the members' queue sorts
+/// it back. A peer is sorted only if all its paths are.
+#[test]
+fn the_latest_heartbeat_decides_which_queue_a_path_is_in() {
+    let mut m = Monitor::new(&cfg(DetectorMode::SafeTimer), ms(0));
+    m.handle_drop_count(ms(0), 100);
+    m.handle_stray_drop_count(ms(0), 1000);
+    m.handle_heartbeat_from(ms(0), w(0), Epoch(1), HeartbeatQueue::Members);
+    m.handle_heartbeat_from(ms(0), w(1), Epoch(1), HeartbeatQueue::Members);
+    m.handle_heartbeat_from(ms(1), w(1), Epoch(1), HeartbeatQueue::Strays);
+    assert_eq!(flood(&mut m, 2, 600, true), None, "network 1 is unsorted");
+    m.handle_heartbeat_from(ms(601), w(0), Epoch(1), HeartbeatQueue::Members);
+    m.handle_heartbeat_from(ms(601), w(1), Epoch(1), HeartbeatQueue::Members);
+    let t = flood(&mut m, 602, 1200, true).expect("both sorted: reported");
+    assert!((752..=762).contains(&t), "{t}");
+}
+
+/// Drops in the members' queue still hold back every report, sorted or
+/// not: the attribution only ever removes the strays' drops.
+#[test]
+fn members_queue_drops_still_hold_back_a_sorted_suspect() {
+    let mut m = Monitor::new(&cfg(DetectorMode::SafeTimer), ms(0));
+    m.handle_drop_count(ms(0), 100);
+    m.handle_heartbeat_from(ms(0), w(0), Epoch(1), HeartbeatQueue::Members);
+    let token = barrier_token(&tick(&mut m, 1, 55));
+    let strays = StraysAtBarrier {
+        drops: 0,
+        empty: true,
+    };
+    m.handle_barrier_steered(ms(55), token, 101, strays);
+    assert_eq!(downs(&actions(&mut m)), 0);
+    assert_eq!(m.stats().saved_by_drop, 1);
+}

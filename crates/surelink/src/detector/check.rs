@@ -29,6 +29,9 @@ impl Detector {
                 // by a drop long past).
                 let drops = self.drop_total(&c.ovfl, false);
                 c.monitor.handle_drop_count(now, drops);
+                if self.split() {
+                    c.monitor.handle_stray_drop_count(now, self.stray_drops());
+                }
                 for (&(peer, network), cell) in self.heard.lock().iter() {
                     let t = cell.load(Ordering::Relaxed);
                     if let (true, Ok(network)) = (t > 0, u16::try_from(network)) {

@@ -31,6 +31,7 @@ mod gate;
 mod react;
 mod read;
 mod send;
+mod strays;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -48,10 +49,11 @@ use surelink_proto::detector::{
 };
 use surelink_proto::secure::{Keypair, Members, PublicKey};
 use surelink_proto::{ClusterId, Epoch, NodeId, Time};
-use surelink_sys::{counters, HeartbeatSocket};
+use surelink_sys::{counters, HeartbeatSocket, StraySocket};
 
 pub(crate) use gate::Gate;
 pub(crate) use react::signal_loop;
+pub use strays::{RefusedCounts, StraysSnapshot};
 
 /// How long a blocked reader waits before looking at the closed flag.
 const READ_POLL: Duration = Duration::from_millis(50);
@@ -97,6 +99,10 @@ pub struct DetectorSnapshot {
     /// Datagrams refused: heartbeats with a bad tag, from a non-member or
     /// replayed; barriers not from this process or with a stale token.
     pub datagrams_refused: u64,
+    /// The same by reason.
+    pub refused: RefusedCounts,
+    /// The port's split by source: members' queue and strays' queue.
+    pub strays: StraysSnapshot,
     /// Microseconds from now until `t_valid` (negative: the gate is shut).
     pub t_valid_in_us: i64,
     /// The monitor's counters.
@@ -159,6 +165,16 @@ pub(crate) struct Detector {
     identity: Option<Keypair>,
     /// Datagrams refused: bad tag, unknown sender, replay, foreign barrier.
     refused: AtomicU64,
+    /// The same by reason.
+    junk: strays::Junk,
+    /// The strays' socket per network (`None`: the port is not split).
+    strays: Mutex<Vec<Option<Arc<StraySocket>>>>,
+    /// Source addresses steered to the members' queue.
+    steering: Mutex<strays::Steering>,
+    /// Stray readers holding datagrams they have not processed yet.
+    stray_in_hand: AtomicU64,
+    strays_read: AtomicU64,
+    not_steered: AtomicU64,
     /// Networks this endpoint is silent on (test hook: see
     /// `Testing::mute_network`); shared with the endpoint's connections.
     #[cfg(feature = "test-util")]
@@ -224,9 +240,19 @@ impl Detector {
         let mut sockets = Vec::new();
         let mut barrier_from = Vec::new();
         let mut interfaces = Vec::new();
+        let mut strays = Vec::new();
         for addr in local {
             let s = HeartbeatSocket::bind(*addr)?;
             s.set_read_timeout(Some(READ_POLL))?;
+            // The split by source is what keeps a junk flood from holding
+            // back reports; without it (no reuseport) one queue, as before.
+            match s.open_strays() {
+                Ok(st) => strays.push(Some(Arc::new(st))),
+                Err(e) => {
+                    warn!(%addr, error = %e, "heartbeat port not split by source: a flood can hold back reports");
+                    strays.push(None);
+                }
+            }
             barrier_from.push(Arc::new(HeartbeatSocket::bind(SocketAddr::new(
                 addr.ip(),
                 0,
@@ -237,6 +263,22 @@ impl Detector {
                 }
             }
             sockets.push(Arc::new(s));
+        }
+        if strays.iter().any(Option::is_none) {
+            // All or nothing: the monitor sees one strays' queue.
+            strays.iter_mut().for_each(|s| *s = None);
+        }
+        let own: Vec<std::net::Ipv4Addr> = local
+            .iter()
+            .filter_map(|a| match a.ip() {
+                std::net::IpAddr::V4(v4) if !v4.is_unspecified() => Some(v4),
+                _ => None,
+            })
+            .collect();
+        if own.len() < local.len() {
+            // A wildcard address: our barriers' source is not known in
+            // advance, so the port is not split.
+            strays.iter_mut().for_each(|s| *s = None);
         }
         let gate = Arc::new(Gate::new());
         let now = gate.now();
@@ -281,9 +323,20 @@ impl Detector {
                 _ => None,
             },
             refused: AtomicU64::new(0),
+            junk: strays::Junk::default(),
+            strays: Mutex::new(strays),
+            steering: Mutex::new(strays::Steering::default()),
+            stray_in_hand: AtomicU64::new(0),
+            strays_read: AtomicU64::new(0),
+            not_steered: AtomicU64::new(0),
             #[cfg(feature = "test-util")]
             muted: Arc::new(AtomicU64::new(0)),
         });
+        if det.split() {
+            // Before any reader runs: from now on only listed sources reach
+            // the members' queue.
+            det.steer_own(&own);
+        }
         if let HeartbeatAuth::Members(_, members) = auth {
             for (peer, key) in members.iter() {
                 det.add_member(peer, &key);
@@ -314,6 +367,13 @@ impl Detector {
                 format!("surelink-hb-read{i}"),
                 Box::new(move || d.reader_thread(i)),
             )?;
+            if det.split() {
+                let d = det.clone();
+                spawn(
+                    format!("surelink-hb-stray{i}"),
+                    Box::new(move || d.strays_thread(i)),
+                )?;
+            }
         }
         Ok(Some((det, rx)))
     }
@@ -366,6 +426,8 @@ impl Detector {
     /// address: the heartbeat socket shares the port).
     pub(crate) fn add_destination(&self, peer: NodeId, network: usize, addr: SocketAddr) {
         self.dests.lock().insert((peer, network), addr);
+        // A configured peer's address: its heartbeats come from there.
+        self.steer_source(peer, addr.ip());
     }
 
     /// Whether `peer` is heard on `network` now: its heartbeats (or
@@ -400,6 +462,9 @@ impl Detector {
         for s in self.socks() {
             s.shutdown();
         }
+        for s in self.strays.lock().iter().flatten() {
+            s.shutdown();
+        }
         let threads: Vec<_> = self.threads.lock().drain(..).collect();
         let me = std::thread::current().id();
         for t in &threads {
@@ -413,6 +478,7 @@ impl Detector {
         // The threads are gone: dropping the sockets closes them.
         self.sockets.lock().clear();
         self.barrier_from.lock().clear();
+        self.strays.lock().clear();
     }
 
     fn socks(&self) -> Vec<Arc<HeartbeatSocket>> {
@@ -451,6 +517,8 @@ impl Detector {
             tx_timestamped: self.tx_timestamped.load(Ordering::Relaxed),
             fences: self.fences.load(Ordering::Relaxed),
             datagrams_refused: self.refused.load(Ordering::Relaxed),
+            refused: self.junk.snapshot(),
+            strays: self.strays_snapshot(),
             t_valid_in_us,
             monitor: self.checker.lock().monitor.stats(),
         }

@@ -9,9 +9,10 @@ use std::time::Duration;
 use tracing::debug;
 
 use surelink_proto::detector::datagram::{self, Datagram, MAX_DATAGRAM};
-use surelink_proto::detector::Watch;
+use surelink_proto::detector::HeartbeatQueue;
 use surelink_sys::counters;
 
+use super::strays::Refused;
 use super::{DelayPoint, Detector, SYSTEM_COUNTERS_EVERY};
 
 impl Detector {
@@ -45,40 +46,20 @@ impl Detector {
             }
             let bytes = &buf[..r.len.min(buf.len())];
             match datagram::decode_datagram(bytes) {
-                Ok(Datagram::Heartbeat {
-                    cluster,
-                    node,
-                    epoch,
-                    seq,
-                }) if cluster == self.cluster && node != self.node => {
-                    let authentic = match &self.hb_keys {
-                        None => true,
-                        Some(keys) => keys.lock().get(&node).is_some_and(|v| {
-                            v.iter().any(|k| datagram::verify_heartbeat(bytes, k))
-                        }),
+                Ok(Datagram::Heartbeat { .. }) => {
+                    let hb = match self.check_heartbeat(bytes) {
+                        Ok(hb) => hb,
+                        Err(why) => {
+                            // Forged, from a stranger: as if never sent.
+                            self.refuse(why);
+                            self.dispatch(&mut c);
+                            continue;
+                        }
                     };
-                    let net = u16::try_from(network).unwrap_or(u16::MAX);
-                    if !authentic
-                        || (self.hb_keys.is_some() && !c.fresh.accept(node, net, epoch, seq))
+                    if let Err(why) =
+                        self.accept_heartbeat(&mut c, network, &hb, r.from, HeartbeatQueue::Members)
                     {
-                        // Forged, from a stranger, or replayed: as if never sent.
-                        self.refused.fetch_add(1, Ordering::Relaxed);
-                        self.dispatch(&mut c);
-                        continue;
-                    }
-                    self.heartbeats_received.fetch_add(1, Ordering::Relaxed);
-                    // Only an authenticated heartbeat's source becomes where
-                    // ours go (one address per member and network).
-                    self.dests.lock().insert((node, network), r.from);
-                    if let Ok(n) = u16::try_from(network) {
-                        c.monitor.handle_heartbeat(
-                            now,
-                            Watch {
-                                peer: node,
-                                network: n,
-                            },
-                            epoch,
-                        );
+                        self.refuse(why);
                     }
                 }
                 Ok(Datagram::Barrier { token: wire, .. }) => {
@@ -95,18 +76,26 @@ impl Detector {
                             (round.missing == 0).then_some(round.token)
                         }
                         _ => {
-                            self.refused.fetch_add(1, Ordering::Relaxed);
+                            self.refuse(Refused::Barrier);
                             None
                         }
                     };
                     if let Some(token) = done {
                         c.round = None;
                         let drops = self.drop_total(&c.ovfl, true);
-                        c.monitor.handle_barrier(now, token, drops);
+                        if self.split() {
+                            let strays = self.strays_at_barrier();
+                            c.monitor.handle_barrier_steered(now, token, drops, strays);
+                        } else {
+                            c.monitor.handle_barrier(now, token, drops);
+                        }
                     }
                 }
-                Ok(_) => {}
-                Err(e) => debug!(network, from = %r.from, error = %e, "datagram ignored"),
+                Ok(_) => self.refuse(Refused::Malformed),
+                Err(e) => {
+                    self.refuse(Refused::Malformed);
+                    debug!(network, from = %r.from, error = %e, "datagram ignored");
+                }
             }
             self.dispatch(&mut c);
         }
