@@ -83,12 +83,23 @@ impl Conn {
         o == 0 || o + self.shared.cfg.limits.max_item <= self.shared.cfg.max_reply_bytes
     }
 
+    /// Whether there is room (see [`Conn::room`]); counts a pause when
+    /// there stops being.
+    fn pause_unless_room(&mut self) -> bool {
+        let room = self.room();
+        if !room && !self.paused {
+            self.shared.stats.reply_pauses.fetch_add(1, Relaxed);
+        }
+        self.paused = !room;
+        room
+    }
+
     /// Sends what may be sent: the next chunk of a multi-get, or parsed
     /// commands, up to the pipeline and reply bounds.
     fn pump(&mut self, parser: &mut Parser, buf: &mut BytesMut) {
         loop {
             if let Some(rest) = &self.rest {
-                if !rest.fetching && self.room() {
+                if !rest.fetching && self.pause_unless_room() {
                     self.next_chunk();
                 }
                 return;
@@ -96,14 +107,9 @@ impl Conn {
             if self.quit || self.inflight.len() >= self.shared.cfg.max_pipeline {
                 return;
             }
-            if !self.room() {
-                if !self.paused {
-                    self.paused = true;
-                    self.shared.stats.reply_pauses.fetch_add(1, Relaxed);
-                }
+            if !self.pause_unless_room() {
                 return;
             }
-            self.paused = false;
             match parser.next(buf) {
                 Ok(Some(Command::Quit)) => self.quit = true,
                 Ok(Some(Command::Get { keys, cas })) => {

@@ -158,6 +158,12 @@ impl Parser {
         }
     }
 
+    /// How much of the buffer was searched for a newline so far.
+    #[cfg(test)]
+    pub(super) fn scanned(&self) -> usize {
+        self.scanned
+    }
+
     /// One request line: a command, or `None` when it starts a value block
     /// (or a swallow) and the caller must read on.
     fn command(&mut self, line: Bytes) -> Option<Command> {
