@@ -300,7 +300,7 @@ async fn garbage_and_idle_clients_harm_no_one() {
     }
     let mut idle = Vec::with_capacity(n);
     for i in 0..n {
-        idle.push(connect_from(addr, [127, 0, 3, 1 + (i / 1000) as u8]).await);
+        idle.push(connect_from(addr, [127, 0, 3, 1 + u8::try_from(i / 1000).unwrap()]).await);
     }
     // Every one was accepted (none refused at max_clients, 10 000 by default).
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

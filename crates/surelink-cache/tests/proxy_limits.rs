@@ -106,7 +106,7 @@ async fn a_client_that_never_reads_holds_at_most_its_reply_bound() {
         most = most.max(p.stats().reply_bytes.load(Relaxed));
     }
     assert!(most > 0, "the multi-get never started");
-    assert!(most as usize <= BOUND, "{most} outstanding reply bytes");
+    assert!(most <= BOUND as u64, "{most} outstanding reply bytes");
     let fetched = c.proxy_ep.stats().bytes_received - before;
     assert!(
         fetched < 20 << 20,
