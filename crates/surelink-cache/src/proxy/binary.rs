@@ -105,6 +105,42 @@ fn encode(out: &mut BytesMut, h: Header, status: u16, body: &[u8]) {
     out.put_slice(body);
 }
 
+/// Answers the whole requests in `buf` (consumed) into `out`; `skip`:
+/// body bytes still to discard, across calls. `true`: close now.
+pub(crate) fn answer(
+    buf: &mut BytesMut,
+    skip: &mut usize,
+    max_body: usize,
+    out: &mut BytesMut,
+) -> bool {
+    loop {
+        let n = (*skip).min(buf.len());
+        buf.advance(n);
+        *skip -= n;
+        if *skip > 0 || buf.len() < HEADER {
+            return false;
+        }
+        let Some(h) = header(&buf[..HEADER]) else {
+            return true;
+        };
+        buf.advance(HEADER);
+        *skip = h.body as usize;
+        match action(h, max_body) {
+            Action::Answer {
+                status,
+                body,
+                close,
+            } => {
+                encode(out, h, status, body);
+                if close {
+                    return true;
+                }
+            }
+            Action::Close => return true,
+        }
+    }
+}
+
 /// Serves the connection in the binary protocol; `buf` holds what was
 /// read so far.
 pub(super) async fn serve(
@@ -117,38 +153,7 @@ pub(super) async fn serve(
     let mut skip = 0usize;
     loop {
         let mut out = BytesMut::new();
-        let mut close = false;
-        loop {
-            let n = skip.min(buf.len());
-            buf.advance(n);
-            skip -= n;
-            if skip > 0 || buf.len() < HEADER {
-                break;
-            }
-            let Some(h) = header(&buf[..HEADER]) else {
-                close = true;
-                break;
-            };
-            buf.advance(HEADER);
-            skip = h.body as usize;
-            match action(h, max_body) {
-                Action::Answer {
-                    status,
-                    body,
-                    close: c,
-                } => {
-                    encode(&mut out, h, status, body);
-                    if c {
-                        close = true;
-                        break;
-                    }
-                }
-                Action::Close => {
-                    close = true;
-                    break;
-                }
-            }
-        }
+        let close = answer(&mut buf, &mut skip, max_body, &mut out);
         if !out.is_empty() {
             stream.write_all(&out).await?;
         }

@@ -35,7 +35,7 @@ use tracing::{debug, info, warn};
 use crate::ring::Ring;
 use crate::text::Limits;
 
-mod binary;
+pub(crate) mod binary;
 mod client;
 mod outq;
 mod route;

@@ -1,6 +1,6 @@
 //! `attack proxy-amplify`: a small `get` that names large values, left
 //! unread, against the cache proxy (issue 25, item 2). Two rounds: one
-//! 512 KiB key named 400 times in one 1.6 KB line, then 800 distinct
+//! 512 KiB key named 400 times in one 1.2 KB line, then 800 distinct
 //! 1000 KiB keys; each held for `--hold-secs` by a client that reads
 //! nothing, then closed. Meanwhile a legitimate client gets a small key
 //! every 20 ms. Reports the proxy's RSS before, during (peak) and after
@@ -48,8 +48,8 @@ pub(crate) async fn run(a: &Args) -> Result<()> {
         r
     };
     println!("storing one 512 KiB value and 800 of 1000 KiB through the proxy");
-    let mut requests = vec![store("amp:one".into(), 512 << 10)];
-    requests.extend((0..800).map(|i| store(format!("amp:{i}"), 1000 << 10)));
+    let mut requests = vec![store("k1".into(), 512 << 10)];
+    requests.extend((0..800).map(|i| store(format!("b{i}"), 1000 << 10)));
     for r in requests {
         if ask(&mut s, &r, b"\r\n", Duration::from_secs(10))
             .await
@@ -65,14 +65,14 @@ pub(crate) async fn run(a: &Args) -> Result<()> {
     let rounds = [
         (
             "one 512 KiB key named 400 times",
-            format!("get {}\r\n", vec!["amp:one"; 400].join(" ")),
+            format!("get {}\r\n", vec!["k1"; 400].join(" ")),
         ),
         (
             "800 distinct 1000 KiB keys",
             format!(
                 "get {}\r\n",
                 (0..800)
-                    .map(|i| format!("amp:{i}"))
+                    .map(|i| format!("b{i}"))
                     .collect::<Vec<_>>()
                     .join(" ")
             ),

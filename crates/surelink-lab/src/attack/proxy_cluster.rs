@@ -191,9 +191,9 @@ pub(super) fn cpu_seconds(pid: u32) -> f64 {
 /// answered within a second.
 type Sample = (Instant, Option<Duration>);
 
-/// A legitimate client: a `get` of a small key every 20 ms on its own
-/// connection (re-opened after a failure), each answered or not within
-/// a second.
+/// A legitimate client: a `get` of a small key every 20 ms (on an idle
+/// connection of its own, or a new one), each answered or not within a
+/// second of being due.
 pub(super) struct Probe {
     samples: Arc<Mutex<Vec<Sample>>>,
     task: tokio::task::JoinHandle<()>,
@@ -223,32 +223,37 @@ impl Probe {
         }
         let samples = Arc::new(Mutex::new(Vec::new()));
         let out = samples.clone();
+        drop(s);
         let task = tokio::spawn(async move {
-            let mut conn: Option<TcpStream> = Some(s);
+            // Idle connections kept for reuse; each get takes one or opens
+            // one, so a stalled get does not hold the next ones back.
+            let pool = Arc::new(Mutex::new(Vec::<TcpStream>::new()));
             let mut tick = tokio::time::interval(Duration::from_millis(20));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             loop {
                 tick.tick().await;
-                let t = Instant::now();
-                if conn.is_none() {
-                    conn = connect(addr).await.ok();
-                }
-                let answer = match conn.as_mut() {
-                    Some(c) => {
-                        ask(
-                            c,
-                            b"get attack:probe\r\n",
-                            b"END\r\n",
-                            Duration::from_secs(1),
-                        )
-                        .await
+                let (out, pool) = (out.clone(), pool.clone());
+                tokio::spawn(async move {
+                    let t = Instant::now();
+                    let conn = pool.lock().pop();
+                    let conn = match conn {
+                        Some(c) => Some(c),
+                        None => tokio::time::timeout(Duration::from_secs(1), connect(addr))
+                            .await
+                            .ok()
+                            .and_then(Result::ok),
+                    };
+                    let mut ok = false;
+                    if let Some(mut c) = conn {
+                        let left = Duration::from_secs(1).saturating_sub(t.elapsed());
+                        let answer = ask(&mut c, b"get attack:probe\r\n", b"END\r\n", left).await;
+                        ok = answer.is_some_and(|a| a.starts_with(b"VALUE attack:probe"));
+                        if ok {
+                            pool.lock().push(c);
+                        }
                     }
-                    None => None,
-                };
-                let ok = answer.is_some_and(|a| a.starts_with(b"VALUE attack:probe"));
-                if !ok {
-                    conn = None;
-                }
-                out.lock().push((t, ok.then(|| t.elapsed())));
+                    out.lock().push((t, ok.then(|| t.elapsed())));
+                });
             }
         });
         Ok(Probe { samples, task })
