@@ -81,8 +81,8 @@ pub struct ProxyConfig {
     /// How long a command waits for its node before the client gets
     /// `SERVER_ERROR`.
     pub call_timeout: Duration,
-    /// Client connections from one source address at once; more are
-    /// closed at accept.
+    /// Client connections from one source address (IPv6: one /64) at
+    /// once; more are closed at accept.
     pub max_clients_per_addr: usize,
     /// A client that moves no byte either way for this long, with no
     /// command in flight, is closed (zero: never).
@@ -449,7 +449,7 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
             drop(stream);
             continue;
         };
-        let Some(place) = AddrPlace::take(&shared, from.ip()) else {
+        let Some(place) = AddrPlace::take(&shared, source_key(from.ip())) else {
             shared.stats.rejected_connections.fetch_add(1, Relaxed);
             shared.stats.rejected_per_addr.fetch_add(1, Relaxed);
             drop(stream);
@@ -467,6 +467,23 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
             drop(place);
             drop(permit);
         });
+    }
+}
+
+/// What `max_clients_per_addr` counts a client under: its IPv4 address
+/// (also when it comes as an IPv4-mapped IPv6 one), or its IPv6 /64 —
+/// one host usually holds a whole /64, so counting its addresses one by
+/// one would cap nothing.
+fn source_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
     }
 }
 
@@ -535,4 +552,18 @@ fn stats(shared: &Shared) -> Bytes {
     out.push_str(&format!("STAT version {VERSION}\r\n"));
     out.push_str("END\r\n");
     Bytes::from(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clients_are_counted_per_ipv4_address_and_per_ipv6_64() {
+        let k = |s: &str| source_key(s.parse().unwrap());
+        assert_eq!(k("192.0.2.7"), k("::ffff:192.0.2.7"));
+        assert_ne!(k("192.0.2.7"), k("192.0.2.8"));
+        assert_eq!(k("2001:db8:1:2::1"), k("2001:db8:1:2:ffff::9"));
+        assert_ne!(k("2001:db8:1:2::1"), k("2001:db8:1:3::1"));
+    }
 }
