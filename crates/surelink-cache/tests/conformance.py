@@ -58,6 +58,11 @@ def mask(b):
     return VERSION.sub(b"VERSION <v>\r", CAS.sub(rb"\1 <cas>\r", b))
 
 
+def binary(opcode, opaque):
+    """A binary-protocol request without key, extras or body."""
+    return bytes([0x80, opcode, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]) + opaque.to_bytes(4, "big") + bytes(8)
+
+
 def big(n):
     return b"x" * n
 
@@ -128,6 +133,20 @@ RAW_CASES = [
     b"set noreply 0 0 1\r\nx\r\ndelete noreply\r\ndelete noreply\r\nincr k noreply\r\n",
     b"flush_all x\r\nflush_all 10 noreply x\r\nflush_all noreply\r\nget a\r\n",
     b"set a 0 0 1\r\nx\r\nquit now\r\nget a\r\n",
+    # Lengths past a C int's (less the block's \r\n): a bad line, no block.
+    b"set a 0 0 2147483647\r\n",
+    b"set a 0 0 2147483647\r\nxx\r\nget a\r\n",
+    b"set a 0 0 2147483646\r\nget a\r\n",
+    b"set a 0 0 4294967295\r\nget a\r\n",
+    b"set a 0 0 2147483647 noreply\r\nget a\r\n",
+    b"cas a 0 0 2147483647 1\r\nget a\r\n",
+    b"append a 0 0 2147483647\r\nget a\r\n",
+    # The binary protocol (first byte 0x80): what memcached answers without
+    # an item — NOOP, QUIT, an unknown opcode, a wrong magic closing.
+    binary(0x0A, 7),
+    binary(0x07, 7) + binary(0x0A, 8),
+    binary(0x50, 7),
+    binary(0x0A, 7) + b"\x42" + b"\0" * 23,
 ]
 
 

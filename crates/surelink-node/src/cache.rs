@@ -127,6 +127,15 @@ pub async fn proxy(config: &Path) -> Result<(), CacheProxyError> {
     if let Some(ms) = p.call_timeout_ms {
         cfg.call_timeout = Duration::from_millis(ms);
     }
+    if let Some(m) = p.max_clients_per_addr {
+        cfg.max_clients_per_addr = m;
+    }
+    if let Some(s) = p.idle_timeout_secs {
+        cfg.idle_timeout = Duration::from_secs(s);
+    }
+    if let Some(m) = p.max_reply_bytes {
+        cfg.max_reply_bytes = m;
+    }
     let metrics = loaded.metrics;
     let (ep, role) = crate::role_backend::bind(loaded.config, loaded.cluster.as_ref())
         .await

@@ -7,9 +7,18 @@
 //! once (pipelined, in order: a node starts one peer's requests in the
 //! order they were sent), replies written back in request order. Memory
 //! per client is bounded: the read buffer by the largest item plus a line,
-//! the commands in flight by `max_pipeline` (reading pauses at the bound).
+//! the commands in flight by `max_pipeline`, and the bytes of its replies
+//! not yet written plus those it may still be sent by `max_reply_bytes`
+//! (reading pauses at either bound; a long multi-get is fetched in chunks
+//! as the client drains its replies). Replies are written as the nodes'
+//! own buffers (vectored writes), never copied into one.
+//!
+//! Connections: at most `max_clients`, `max_clients_per_addr` from one
+//! source address; one that moves no byte either way for `idle_timeout`
+//! with nothing in flight is closed.
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,7 +35,9 @@ use tracing::{debug, info, warn};
 use crate::ring::Ring;
 use crate::text::Limits;
 
+pub(crate) mod binary;
 mod client;
+mod outq;
 mod route;
 
 /// Keys per `get` a node is sent at once (a multi-get is split further).
@@ -70,6 +81,18 @@ pub struct ProxyConfig {
     /// How long a command waits for its node before the client gets
     /// `SERVER_ERROR`.
     pub call_timeout: Duration,
+    /// Client connections from one source address (IPv6: one /64) at
+    /// once; more are closed at accept.
+    pub max_clients_per_addr: usize,
+    /// A client that moves no byte either way for this long, with no
+    /// command in flight, is closed (zero: never).
+    pub idle_timeout: Duration,
+    /// A client's outstanding reply bytes: replies not yet written to it,
+    /// plus what its commands in flight may still bring (each `get` key
+    /// counted as `max_item` until its value arrives, a value sent as its
+    /// size). Reading that client's commands pauses while it is reached;
+    /// a long multi-get is fetched in chunks as the client drains.
+    pub max_reply_bytes: usize,
 }
 
 impl ProxyConfig {
@@ -82,6 +105,14 @@ impl ProxyConfig {
             max_clients: 10_000,
             max_pipeline: 128,
             call_timeout: Duration::from_secs(5),
+            max_clients_per_addr: 1024,
+            // memcached's default is never; a slot held for ever by a
+            // vanished or hostile client is worse than a pooled client
+            // reconnecting after ten idle minutes.
+            idle_timeout: Duration::from_secs(600),
+            // One node request's worth of the largest items (GET_BATCH
+            // of them): a multi-get of up to 16 keys is fetched at once.
+            max_reply_bytes: GET_BATCH << 20,
         }
     }
 
@@ -90,7 +121,11 @@ impl ProxyConfig {
         if self.nodes.is_empty() {
             return Err(ProxyConfigError::NoNodes);
         }
-        if self.max_clients == 0 || self.max_pipeline == 0 {
+        if self.max_clients == 0
+            || self.max_pipeline == 0
+            || self.max_clients_per_addr == 0
+            || self.max_reply_bytes == 0
+        {
             return Err(ProxyConfigError::Zero);
         }
         if self.call_timeout.is_zero() {
@@ -110,8 +145,9 @@ pub enum ProxyConfigError {
     /// No cache node to route to.
     #[error("the proxy needs at least one cache node")]
     NoNodes,
-    /// `max_clients`, `max_pipeline` or `call_timeout` is zero.
-    #[error("max_clients, max_pipeline and call_timeout must be above zero")]
+    /// `max_clients`, `max_clients_per_addr`, `max_pipeline`,
+    /// `max_reply_bytes` or `call_timeout` is zero.
+    #[error("max_clients, max_clients_per_addr, max_pipeline, max_reply_bytes and call_timeout must be above zero")]
     Zero,
     /// The item limit is below 1 KiB.
     #[error("max_item {0} is below 1024 bytes")]
@@ -142,8 +178,17 @@ pub struct ProxyStats {
     pub curr_connections: AtomicU64,
     /// Clients accepted so far.
     pub total_connections: AtomicU64,
-    /// Clients refused at `max_clients`.
+    /// Clients refused at `max_clients` or `max_clients_per_addr`.
     pub rejected_connections: AtomicU64,
+    /// Of those, refused at `max_clients_per_addr`.
+    pub rejected_per_addr: AtomicU64,
+    /// Clients closed after `idle_timeout` (memcached's name).
+    pub idle_kicks: AtomicU64,
+    /// Outstanding reply bytes of every client now (see
+    /// [`ProxyConfig::max_reply_bytes`]).
+    pub reply_bytes: AtomicU64,
+    /// Times a client's reading paused at `max_reply_bytes`.
+    pub reply_pauses: AtomicU64,
     /// Keys asked for by `get`/`gets`.
     pub cmd_get: AtomicU64,
     /// Storage commands.
@@ -170,6 +215,8 @@ struct Shared {
     gen: watch::Receiver<u64>,
     stats: ProxyStats,
     started: Instant,
+    /// Open client connections per source address.
+    per_addr: parking_lot::Mutex<HashMap<IpAddr, usize>>,
 }
 
 /// A running proxy.
@@ -209,6 +256,7 @@ impl Proxy {
             gen,
             stats: ProxyStats::default(),
             started: Instant::now(),
+            per_addr: parking_lot::Mutex::new(HashMap::new()),
         });
         let events = tokio::spawn(watch_nodes(shared.clone(), gen_tx));
         let accept = tokio::spawn(accept_loop(shared.clone(), listener));
@@ -401,6 +449,12 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
             drop(stream);
             continue;
         };
+        let Some(place) = AddrPlace::take(&shared, source_key(from.ip())) else {
+            shared.stats.rejected_connections.fetch_add(1, Relaxed);
+            shared.stats.rejected_per_addr.fetch_add(1, Relaxed);
+            drop(stream);
+            continue;
+        };
         shared.stats.total_connections.fetch_add(1, Relaxed);
         shared.stats.curr_connections.fetch_add(1, Relaxed);
         let s = shared.clone();
@@ -410,8 +464,60 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
                 debug!(%from, error = %e, "client connection ended");
             }
             s.stats.curr_connections.fetch_sub(1, Relaxed);
+            drop(place);
             drop(permit);
         });
+    }
+}
+
+/// What `max_clients_per_addr` counts a client under: its IPv4 address
+/// (also when it comes as an IPv4-mapped IPv6 one), or its IPv6 /64 —
+/// one host usually holds a whole /64, so counting its addresses one by
+/// one would cap nothing.
+fn source_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+    }
+}
+
+/// One client's place under `max_clients_per_addr`; given back on drop.
+struct AddrPlace {
+    shared: Arc<Shared>,
+    ip: IpAddr,
+}
+
+impl AddrPlace {
+    fn take(shared: &Arc<Shared>, ip: IpAddr) -> Option<AddrPlace> {
+        let mut m = shared.per_addr.lock();
+        let n = m.entry(ip).or_insert(0);
+        if *n >= shared.cfg.max_clients_per_addr {
+            return None;
+        }
+        *n += 1;
+        Some(AddrPlace {
+            shared: shared.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for AddrPlace {
+    fn drop(&mut self) {
+        let mut m = self.shared.per_addr.lock();
+        if let Some(n) = m.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                // The map holds only addresses with a client now.
+                m.remove(&self.ip);
+            }
+        }
     }
 }
 
@@ -427,6 +533,10 @@ fn stats(shared: &Shared) -> Bytes {
         ("curr_connections", s.curr_connections.load(Relaxed)),
         ("total_connections", s.total_connections.load(Relaxed)),
         ("rejected_connections", s.rejected_connections.load(Relaxed)),
+        ("rejected_per_addr", s.rejected_per_addr.load(Relaxed)),
+        ("idle_kicks", s.idle_kicks.load(Relaxed)),
+        ("reply_bytes", s.reply_bytes.load(Relaxed)),
+        ("reply_pauses", s.reply_pauses.load(Relaxed)),
         ("cmd_get", s.cmd_get.load(Relaxed)),
         ("cmd_set", s.cmd_set.load(Relaxed)),
         ("get_hits", s.get_hits.load(Relaxed)),
@@ -442,4 +552,18 @@ fn stats(shared: &Shared) -> Bytes {
     out.push_str(&format!("STAT version {VERSION}\r\n"));
     out.push_str("END\r\n");
     Bytes::from(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clients_are_counted_per_ipv4_address_and_per_ipv6_64() {
+        let k = |s: &str| source_key(s.parse().unwrap());
+        assert_eq!(k("192.0.2.7"), k("::ffff:192.0.2.7"));
+        assert_ne!(k("192.0.2.7"), k("192.0.2.8"));
+        assert_eq!(k("2001:db8:1:2::1"), k("2001:db8:1:2:ffff::9"));
+        assert_ne!(k("2001:db8:1:2::1"), k("2001:db8:1:3::1"));
+    }
 }

@@ -51,6 +51,10 @@ pub enum ParseError {
     LineTooLong,
 }
 
+/// The largest length a storage command may declare (memcached 1.6:
+/// `INT_MAX - 2`, so that the block with its `\r\n` fits an int).
+const MAX_VALUE_LEN: usize = i32::MAX as usize - 2;
+
 /// Bytes per item beyond key and value, as memcached 1.6 counts them
 /// (item header with CAS, the key's NUL, the value's `\r\n`).
 const ITEM_OVERHEAD: usize = 59;
@@ -63,6 +67,9 @@ pub struct Parser {
     pending: Option<PendingStore>,
     /// Bytes still to discard (the value block of a refused storage command).
     swallow: usize,
+    /// How far the buffer was searched for a newline without finding one:
+    /// a line trickled in small reads is scanned once, not once per read.
+    scanned: usize,
 }
 
 #[derive(Debug)]
@@ -83,11 +90,13 @@ impl Parser {
             limits,
             pending: None,
             swallow: 0,
+            scanned: 0,
         }
     }
 
     /// The next whole command in `buf` (consumed), `Ok(None)` when more
-    /// bytes are needed.
+    /// bytes are needed. Between calls the caller only appends to `buf`
+    /// (the parser remembers how much of it it has searched).
     pub fn next(&mut self, buf: &mut BytesMut) -> Result<Option<Command>, ParseError> {
         loop {
             if self.swallow > 0 {
@@ -120,7 +129,13 @@ impl Parser {
                     noreply: p.noreply,
                 }));
             }
-            let Some(nl) = buf.iter().position(|&b| b == b'\n') else {
+            let from = self.scanned.min(buf.len());
+            let Some(nl) = buf[from..]
+                .iter()
+                .position(|&b| b == b'\n')
+                .map(|i| from + i)
+            else {
+                self.scanned = buf.len();
                 if buf.len() > MAX_LINE {
                     let start = buf.iter().position(|&b| b != b' ').unwrap_or(buf.len());
                     let rest = &buf[start..];
@@ -131,6 +146,7 @@ impl Parser {
                 }
                 return Ok(None);
             };
+            self.scanned = 0;
             let mut line = buf.split_to(nl + 1).freeze();
             line.truncate(nl);
             if line.last() == Some(&b'\r') {
@@ -140,6 +156,12 @@ impl Parser {
                 return Ok(Some(c));
             }
         }
+    }
+
+    /// How much of the buffer was searched for a newline so far.
+    #[cfg(test)]
+    pub(super) fn scanned(&self) -> usize {
+        self.scanned
     }
 
     /// One request line: a command, or `None` when it starts a value block
@@ -299,9 +321,14 @@ impl Parser {
         } else {
             0
         };
+        // memcached refuses a length whose block (`len + 2`) would not fit
+        // a C int, and a negative one, before looking at the item limit.
         let Ok(len) = usize::try_from(len) else {
             return Some(bad_format(noreply));
         };
+        if len > MAX_VALUE_LEN {
+            return Some(bad_format(noreply));
+        }
         if len + key.len() + ITEM_OVERHEAD > self.limits.max_item {
             // memcached swallows the block, and a refused `set` also
             // removes the key's old value (no stale data).

@@ -139,6 +139,60 @@ fn too_large_values_are_swallowed_and_long_lines_close() {
 }
 
 #[test]
+fn a_trickled_line_is_searched_once_not_once_per_read() {
+    let mut p = Parser::new(Limits::default());
+    let mut buf = BytesMut::new();
+    let mut line = b"get".to_vec();
+    for i in 0..40_000 {
+        line.extend_from_slice(format!(" k{i}").as_bytes());
+    }
+    // In 100-byte reads: each call starts where the last one stopped.
+    for piece in line.chunks(100) {
+        let before = buf.len();
+        buf.extend_from_slice(piece);
+        assert_eq!(p.scanned(), before, "searched up to what it had");
+        assert_eq!(p.next(&mut buf), Ok(None));
+        assert_eq!(p.scanned(), buf.len());
+    }
+    buf.extend_from_slice(b"\r\nget x\r\n");
+    assert!(
+        matches!(p.next(&mut buf), Ok(Some(Command::Get { keys, .. })) if keys.len() == 40_000)
+    );
+    assert_eq!(p.scanned(), 0, "a new line is searched from its start");
+    assert!(matches!(p.next(&mut buf), Ok(Some(Command::Get { keys, .. })) if keys.len() == 1));
+}
+
+#[test]
+fn lengths_beyond_a_c_int_get_memcacheds_answer() {
+    let bad = Command::Reply {
+        text: "CLIENT_ERROR bad command line format",
+        noreply: false,
+    };
+    // Above INT_MAX - 2, or negative once read as 32 bits: a bad line,
+    // and no block is read (what follows is a command again).
+    for len in ["2147483647", "2147483646", "4294967295", "-2"] {
+        let (c, e) = all(format!("set a 0 0 {len}\r\nget a\r\n").as_bytes());
+        assert_eq!(e, None);
+        assert_eq!(c[0], bad, "{len}");
+        assert!(matches!(c[1], Command::Get { .. }), "{len}");
+    }
+    let (c, _) = all(b"set a 0 0 2147483647 noreply\r\n");
+    assert_eq!(
+        c,
+        vec![Command::Reply {
+            text: "CLIENT_ERROR bad command line format",
+            noreply: true
+        }]
+    );
+    // Up to it (9999999999 is 1410065407 in 32 bits): too large, swallowed.
+    for len in ["2147483645", "9999999999"] {
+        let (c, _) = all(format!("set a 0 0 {len}\r\nget a\r\n").as_bytes());
+        assert_eq!(c.len(), 1, "{len}");
+        assert!(matches!(c[0], Command::TooLarge { .. }), "{len}");
+    }
+}
+
+#[test]
 fn values_split_by_key() {
     let r = Bytes::from_static(b"VALUE a 0 1\r\nx\r\nVALUE b 3 2 9\r\nyz\r\nEND\r\n");
     let v = split_values(&r).unwrap();
@@ -166,6 +220,17 @@ proptest! {
         input.insert(0, 7);
         fuzz::parser(&input);
         fuzz::parser(&data);
+    }
+
+    #[test]
+    fn binary_protocol_bytes_get_whole_answers(data in proptest::collection::vec(any::<u8>(), 0..2048), opcodes in proptest::collection::vec(any::<u8>(), 1..8)) {
+        // Arbitrary bytes, and well-formed requests of arbitrary opcodes.
+        super::fuzz::binary(&data);
+        let mut reqs = Vec::new();
+        for op in opcodes {
+            reqs.extend_from_slice(&[0x80, op, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, b'x']);
+        }
+        super::fuzz::binary(&reqs);
     }
 
     #[test]

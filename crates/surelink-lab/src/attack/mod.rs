@@ -8,6 +8,9 @@
 mod crowd;
 mod echo_target;
 mod member_paths;
+mod proxy_amplify;
+mod proxy_cluster;
+mod proxy_slots;
 pub(crate) mod udp_flood;
 
 use std::path::PathBuf;
@@ -16,7 +19,7 @@ use anyhow::{Context, Result};
 use clap::Subcommand;
 
 /// Which attack.
-#[derive(Subcommand, Debug, Clone)]
+#[derive(Subcommand)]
 pub(crate) enum Attack {
     /// Strangers hold idle connections from several addresses while a
     /// member calls and re-dials after its connections are cut.
@@ -28,6 +31,12 @@ pub(crate) enum Attack {
     /// frozen or killed: time to the dead report, false reports of a live
     /// peer, the node's CPU and memory.
     UdpFlood(udp_flood::UdpFloodArgs),
+    /// Multi-gets that name large values many times, left unread, against
+    /// the cache proxy.
+    ProxyAmplify(proxy_amplify::Args),
+    /// The cache proxy's connection slots from one address, idle clients,
+    /// a trickled 1 MiB line (its CPU against memcached's).
+    ProxySlots(proxy_slots::Args),
 }
 
 /// Runs one attack.
@@ -36,6 +45,8 @@ pub(crate) async fn run(a: &Attack) -> Result<()> {
         Attack::Crowd(a) => crowd::run(a).await,
         Attack::MemberPaths(a) => member_paths::run(a).await,
         Attack::UdpFlood(a) => udp_flood::run(a).await,
+        Attack::ProxyAmplify(a) => proxy_amplify::run(a).await,
+        Attack::ProxySlots(a) => proxy_slots::run(a).await,
     }
 }
 

@@ -129,6 +129,14 @@ pub struct ProxySection {
     pub max_pipeline: Option<usize>,
     /// A request's deadline at the nodes, ms (default: the proxy's).
     pub call_timeout_ms: Option<u64>,
+    /// Most client connections from one source address (default: the
+    /// proxy's).
+    pub max_clients_per_addr: Option<usize>,
+    /// Seconds a client may stay idle before it is closed; 0: never
+    /// (default: the proxy's).
+    pub idle_timeout_secs: Option<u64>,
+    /// A client's outstanding reply bytes (default: the proxy's).
+    pub max_reply_bytes: Option<usize>,
 }
 
 /// Mutual TLS instead of member keys (paths relative to the file).
