@@ -23,7 +23,7 @@ use surelink::proto::NodeId;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpSocket;
 
-use super::echo_target::{call_once, default_bin, Calls, MemberSpec, Rss, Target, SERVER};
+use super::echo_target::{call_once, Calls, MemberSpec, Rss, Target, SERVER};
 
 const MEMBER: NodeId = NodeId(2);
 const MEMBER_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 1, 2);
@@ -73,10 +73,7 @@ struct Report {
 
 /// Runs the attack.
 pub(crate) async fn run(a: &CrowdArgs) -> Result<()> {
-    let bin = match &a.surelink_bin {
-        Some(b) => b.clone(),
-        None => default_bin()?,
-    };
+    let bin = super::surelink_bin(a.surelink_bin.as_deref())?;
     let target = Target::start(
         &bin,
         "attack-crowd",

@@ -28,13 +28,6 @@ pub(crate) const SERVER: NodeId = NodeId(1);
 /// The server's address (network 0 of the loopback layout).
 const SERVER_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 1, 1);
 
-/// The `surelink` binary next to this one (`cargo build` puts both in
-/// the same directory).
-pub(crate) fn default_bin() -> Result<PathBuf> {
-    let me = std::env::current_exe().context("locating surelink-lab")?;
-    Ok(me.with_file_name("surelink"))
-}
-
 /// A member of the target's cluster.
 pub(crate) struct MemberSpec {
     pub(crate) node: NodeId,
@@ -125,13 +118,7 @@ impl Target {
 
     /// The target's resident memory, KiB (VmRSS).
     pub(crate) fn rss_kib(&self) -> u64 {
-        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.pid()))
-            .unwrap_or_default();
-        s.lines()
-            .find(|l| l.starts_with("VmRSS:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse().ok())
-            .unwrap_or(0)
+        super::rss_kib(self.child.pid())
     }
 
     /// Fails if the target exited.

@@ -18,7 +18,7 @@ use clap::Args;
 use parking_lot::Mutex;
 use surelink::proto::NodeId;
 
-use super::echo_target::{call_once, default_bin, Calls, MemberSpec, Rss, Target, SERVER};
+use super::echo_target::{call_once, Calls, MemberSpec, Rss, Target, SERVER};
 
 const CALLER: NodeId = NodeId(2);
 const GREEDY: NodeId = NodeId(3);
@@ -63,10 +63,7 @@ struct Report {
 
 /// Runs the attack.
 pub(crate) async fn run(a: &MemberPathsArgs) -> Result<()> {
-    let bin = match &a.surelink_bin {
-        Some(b) => b.clone(),
-        None => default_bin()?,
-    };
+    let bin = super::surelink_bin(a.surelink_bin.as_deref())?;
     let target = Target::start(
         &bin,
         "attack-member-paths",

@@ -13,9 +13,9 @@ mod proxy_cluster;
 mod proxy_slots;
 pub(crate) mod udp_flood;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 
 /// Which attack.
@@ -50,29 +50,47 @@ pub(crate) async fn run(a: &Attack) -> Result<()> {
     }
 }
 
-/// The `surelink` binary: `given`, or the one next to this executable.
-pub(crate) fn surelink_bin(given: Option<&PathBuf>) -> Result<PathBuf> {
-    if let Some(p) = given {
-        return Ok(p.clone());
+/// The `surelink` binary: `given`, or the one next to this executable
+/// (`cargo build` puts both in the same directory).
+pub(crate) fn surelink_bin(given: Option<&Path>) -> Result<PathBuf> {
+    let bin = match given {
+        Some(p) => p.to_path_buf(),
+        None => std::env::current_exe()
+            .context("locating surelink-lab")?
+            .with_file_name("surelink"),
+    };
+    if !bin.exists() {
+        bail!(
+            "{} does not exist (build it: cargo build --release -p surelink-cli, or give --surelink-bin)",
+            bin.display()
+        );
     }
-    let me = std::env::current_exe().context("locating surelink-lab")?;
-    Ok(me.with_file_name("surelink"))
+    Ok(bin)
 }
 
-/// A process's resident memory (`VmRSS`), KiB.
-pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
+/// A process's resident memory, KiB (`VmRSS` in /proc/PID/status; 0 if gone).
+pub(crate) fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
 }
 
-/// A process's CPU time so far (user + system), seconds.
-pub(crate) fn cpu_secs(pid: u32) -> Option<f64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command (which may hold spaces) start at state.
-    let rest = &s[s.rfind(')')? + 2..];
+/// A process's CPU time so far (user + system), seconds (0 if gone).
+pub(crate) fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command (which may hold spaces and parentheses).
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0.0;
+    };
     let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    // USER_HZ is 100 on every Linux this runs on.
-    Some(ticks as f64 / 100.0)
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // After ')': utime is index 11, stime 12, in USER_HZ (100/s) ticks.
+    (tick(11) + tick(12)) as f64 / 100.0
 }

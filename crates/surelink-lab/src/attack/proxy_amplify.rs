@@ -14,7 +14,8 @@ use clap::Args as ClapArgs;
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
 
-use super::proxy_cluster::{ask, connect, rss_kib, surelink_bin, write_json, Cluster, Probe};
+use super::proxy_cluster::{ask, connect, write_json, Cluster, Probe};
+use super::{rss_kib, surelink_bin};
 
 #[derive(ClapArgs)]
 pub(crate) struct Args {

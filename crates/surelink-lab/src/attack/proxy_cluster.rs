@@ -4,7 +4,7 @@
 //! legitimate client measuring its gets while the attack runs.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,23 +14,6 @@ use surelink_lab::child::{Child, Command};
 use surelink_lab::examples::ExampleCopy;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// The `surelink` binary: `given`, or the one next to this executable.
-pub(super) fn surelink_bin(given: Option<&Path>) -> Result<PathBuf> {
-    let bin = match given {
-        Some(p) => p.to_path_buf(),
-        None => std::env::current_exe()
-            .context("finding this executable")?
-            .with_file_name("surelink"),
-    };
-    if !bin.exists() {
-        bail!(
-            "{} does not exist (build it: cargo build --release -p surelink-cli, or give --surelink-bin)",
-            bin.display()
-        );
-    }
-    Ok(bin)
-}
 
 /// The example cache cluster, running.
 pub(super) struct Cluster {
@@ -159,32 +142,6 @@ pub(super) async fn ask(
         Some(got)
     };
     tokio::time::timeout(timeout, work).await.ok().flatten()
-}
-
-/// A process's resident memory, KiB (`VmRSS` in /proc/PID/status; 0 if gone).
-pub(super) fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// A process's CPU time so far (user + system), seconds.
-pub(super) fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    let Some((_, rest)) = stat.rsplit_once(')') else {
-        return 0.0;
-    };
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    // After ')': utime is index 11, stime 12, in USER_HZ (100/s) ticks.
-    (tick(11) + tick(12)) as f64 / 100.0
 }
 
 /// One legitimate `get` of the probe: when it was sent, its latency if

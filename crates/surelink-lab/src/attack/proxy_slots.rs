@@ -22,9 +22,8 @@ use surelink_lab::child::Command;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::proxy_cluster::{
-    ask, connect, cpu_seconds, rss_kib, surelink_bin, write_json, Cluster, Probe,
-};
+use super::proxy_cluster::{ask, connect, write_json, Cluster, Probe};
+use super::{cpu_seconds, rss_kib, surelink_bin};
 
 #[derive(ClapArgs)]
 pub(crate) struct Args {

@@ -23,7 +23,7 @@ use serde_json::json;
 use surelink_lab::child::{Child, Command, Output};
 use surelink_lab::examples::ExampleCopy;
 
-use super::{cpu_secs, rss_kib, surelink_bin};
+use super::{cpu_seconds, rss_kib, surelink_bin};
 
 /// `attack udp-flood`.
 #[derive(Args)]
@@ -171,7 +171,7 @@ async fn one_run(bin: &PathBuf, a: &UdpFloodArgs, flood: bool) -> Result<Outcome
     tokio::time::sleep(Duration::from_secs(2)).await;
     let pid = server.pid();
     let mut o = Outcome {
-        rss_before: rss_kib(pid).unwrap_or(0),
+        rss_before: rss_kib(pid),
         ..Outcome::default()
     };
     let f = if flood {
@@ -180,7 +180,7 @@ async fn one_run(bin: &PathBuf, a: &UdpFloodArgs, flood: bool) -> Result<Outcome
         None
     };
     let start = Instant::now();
-    let cpu0 = cpu_secs(pid).unwrap_or(0.0);
+    let cpu0 = cpu_seconds(pid);
     eprintln!(
         "  {} for {} s with the client alive…",
         if flood { "flooding" } else { "quiet" },
@@ -189,8 +189,8 @@ async fn one_run(bin: &PathBuf, a: &UdpFloodArgs, flood: bool) -> Result<Outcome
     tokio::time::sleep(Duration::from_secs(a.alive_secs)).await;
     let alive_end = Instant::now();
     let wall = alive_end.duration_since(start).as_secs_f64();
-    o.cpu_share = (cpu_secs(pid).unwrap_or(0.0) - cpu0) / wall;
-    o.rss_during = rss_kib(pid).unwrap_or(0);
+    o.cpu_share = (cpu_seconds(pid) - cpu0) / wall;
+    o.rss_during = rss_kib(pid);
     let mut rtts = Vec::new();
     for l in client.lines() {
         if l.at < start || l.at > alive_end {
@@ -251,7 +251,7 @@ async fn one_run(bin: &PathBuf, a: &UdpFloodArgs, flood: bool) -> Result<Outcome
         o.flood_rate = sent as f64 / start.elapsed().as_secs_f64();
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    o.rss_after = rss_kib(pid).unwrap_or(0);
+    o.rss_after = rss_kib(pid);
     if !a.kill {
         let _ = surelink_sys::process::resume(client.pid());
     }
@@ -292,7 +292,7 @@ fn to_json(o: &Outcome) -> serde_json::Value {
 
 /// Runs the attack.
 pub(crate) async fn run(a: &UdpFloodArgs) -> Result<()> {
-    let bin = surelink_bin(a.surelink_bin.as_ref())?;
+    let bin = surelink_bin(a.surelink_bin.as_deref())?;
     eprintln!("attack udp-flood on {}", bin.display());
     let baseline = if a.no_baseline {
         None
