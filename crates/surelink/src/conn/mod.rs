@@ -269,6 +269,9 @@ impl ConnIo {
         self.peer.store(peer.0, Ordering::Relaxed);
         if let Some(d) = &self.detector {
             let _ = self.heard.set(d.heard_cell(peer, self.network));
+            if self.authenticated.is_some() {
+                d.vouch(peer, self.remote.ip());
+            }
         }
     }
 

@@ -442,6 +442,14 @@ impl Detector {
         self.checker.lock().monitor.is_down(Watch { peer, network }) == Some(false)
     }
 
+    /// A connection authenticated as `peer` comes from `ip`: its
+    /// heartbeats are steered to the members' queue from the start, not
+    /// only once one of them got through the strays' reader (TCP's own
+    /// handshake proves the address; the key proves the node).
+    pub(crate) fn vouch(&self, peer: NodeId, ip: std::net::IpAddr) {
+        self.steer_source(peer, ip);
+    }
+
     /// The cell a connection to `peer` on `network` stamps on every read
     /// (traffic counts as a heartbeat). An atomic store per read instead of
     /// a lock; the checker folds the stamps in before every check.
