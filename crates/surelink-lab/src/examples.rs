@@ -143,7 +143,7 @@ mod tests {
         let proxy_file = std::fs::read_to_string(copy.path().join("proxy.toml"))?;
         assert!(cluster.contains(&format!("\"{node1}\"")));
         assert!(proxy_file.contains(&format!("\"{proxy}\"")));
-        assert!(proxy_file.contains("\"127.0.1.10:0\""));
+        assert!(cluster.contains("\"127.0.1.10:0\""));
         assert!(copy.path().join("node1.key").exists());
         Ok(())
     }

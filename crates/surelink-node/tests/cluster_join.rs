@@ -155,10 +155,12 @@ fn the_short_example_files_give_what_the_old_ones_did() {
         assert_eq!(dialled, (1..n).collect::<Vec<_>>());
         assert!(role && ring.is_empty());
         // Every other node's addresses are members' (room kept for them),
-        // also those listed after it, which dial it.
+        // also those listed after it, which dial it, and the proxy's
+        // dial_from addresses.
         let mut want: Vec<std::net::IpAddr> = (1..=3u64)
             .filter(|&m| m != n)
             .flat_map(|m| [format!("127.0.1.1{m}"), format!("127.0.2.1{m}")])
+            .chain(["127.0.1.10".to_string(), "127.0.2.10".to_string()])
             .map(|s| s.parse().unwrap())
             .collect();
         let mut got = new.config.member_addrs.clone();
@@ -170,7 +172,7 @@ fn the_short_example_files_give_what_the_old_ones_did() {
     assert!(new.redundant.is_empty(), "{:?}", new.redundant);
     let old = load_text(&cache, "old-proxy.toml", &old_proxy()).unwrap();
     assert_eq!(effective(&new), effective(&old));
-    let mut repeats = vec![Redundant::Cluster, Redundant::Metrics];
+    let mut repeats = vec![Redundant::Cluster, Redundant::DialFrom, Redundant::Metrics];
     repeats.extend((1..=3).map(|n| Redundant::Member(NodeId(n))));
     repeats.extend((1..=3).map(|n| Redundant::Peer(NodeId(n))));
     assert_eq!(old.redundant, repeats);
@@ -184,7 +186,12 @@ fn the_short_example_files_give_what_the_old_ones_did() {
             vec![Some(addr("127.0.1.12:7201")), Some(addr("127.0.2.12:7201"))]
         )
     );
-    assert!(listen.is_empty() && dial_from.len() == 2);
+    assert!(listen.is_empty());
+    assert_eq!(
+        dial_from,
+        vec![addr("127.0.1.10:0"), addr("127.0.2.10:0")],
+        "the proxy's dial_from comes from the cluster file"
+    );
     assert_eq!(metrics, Some(addr("127.0.0.1:9210")));
     assert!(role);
     assert_eq!(ring, vec![NodeId(1), NodeId(2), NodeId(3)]);

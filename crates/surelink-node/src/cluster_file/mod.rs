@@ -33,13 +33,16 @@
 //! [[nodes]]
 //! node = 100                                        # a client (the cache proxy): no addresses
 //! public_key = "…"
+//! dial_from = ["127.0.1.10:0", "127.0.2.10:0"]      # optional: where it dials from, per network
 //! ```
 //!
 //! A process's own file names it with `cluster_file = "cluster.toml"` and
 //! says only what is its own (node id, key file, its role's section): the
 //! cluster file gives it the cluster id, its listen and metrics addresses
 //! (its own `addrs` and `metrics` here, unless its file overrides them),
-//! every node's key as a member, the nodes to dial — a cache proxy (a
+//! its `dial_from` (unless its file says), every node's key as a member,
+//! every other node's `addrs` and `dial_from` as members' addresses (room
+//! kept for them when strangers crowd the port), the nodes to dial — a cache proxy (a
 //! file with `[proxy]`) every node with addresses, any other process
 //! every node listed *before* it that has addresses (so each pair has one
 //! side that dials) — and turns the role service on (the rules:
@@ -129,6 +132,8 @@ struct NodeEntry {
     addrs: Vec<String>,
     public_key: Option<String>,
     metrics: Option<SocketAddr>,
+    #[serde(default)]
+    dial_from: Vec<String>,
 }
 
 /// One node of the cluster file.
@@ -143,6 +148,10 @@ pub struct ClusterNode {
     pub public_key: Option<PublicKey>,
     /// Where `surelink status` asks it.
     pub metrics: Option<SocketAddr>,
+    /// Per network, the address it dials from when it has no listening
+    /// address there (a client such as the cache proxy): the nodes it
+    /// dials keep room for members' addresses, this one's included.
+    pub dial_from: Vec<Option<SocketAddr>>,
 }
 
 /// A parsed, checked cluster file.
@@ -218,6 +227,20 @@ impl Cluster {
                     addr,
                 }
             })?;
+            let dial_from = crate::config_file::parse_addrs(&e.dial_from).map_err(|addr| {
+                ClusterFileError::BadAddress {
+                    line: l,
+                    node: e.node,
+                    addr,
+                }
+            })?;
+            if dial_from.len() > MAX_NETWORKS {
+                return Err(ClusterFileError::TooManyNetworks {
+                    line: l,
+                    node: e.node,
+                    count: dial_from.len(),
+                });
+            }
             let public_key = match &e.public_key {
                 Some(k) => Some(k.parse().map_err(|_| ClusterFileError::BadKey {
                     line: l,
@@ -225,12 +248,13 @@ impl Cluster {
                 })?),
                 None => None,
             };
-            networks = networks.max(addrs.len());
+            networks = networks.max(addrs.len()).max(dial_from.len());
             nodes.push(ClusterNode {
                 node: NodeId(e.node),
                 addrs,
                 public_key,
                 metrics: e.metrics,
+                dial_from,
             });
         }
         let role_line = line(f.role.span());

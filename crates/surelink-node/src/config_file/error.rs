@@ -176,6 +176,17 @@ pub enum ConfigError {
         /// The cluster file.
         cluster_file: Box<Path>,
     },
+    /// This node's `dial_from` in the cluster file skips a network a later
+    /// one has (`dial_from[i]` is network `i`).
+    #[error("node {node} has no dial_from address on network {network} in the cluster file {} but one on a later network: give `dial_from = [...]` (one address per network) in this file", cluster_file.display())]
+    DialFromGap {
+        /// This node.
+        node: NodeId,
+        /// The first network without an address.
+        network: usize,
+        /// The cluster file.
+        cluster_file: Box<Path>,
+    },
     /// A `[proxy] nodes` entry the proxy cannot reach.
     #[error("[proxy] nodes lists node {node}, which {reason} in the cluster file {}: remove it from `nodes`, or give it its addrs there", cluster_file.display())]
     ProxyNode {

@@ -18,9 +18,10 @@
 //!   addresses (its ring); any other process dials the nodes listed
 //!   before it that have addresses, so each pair has one side that dials;
 //! - the role service: the cluster file's `[role]`;
-//! - members' addresses (`member_addrs`): every node's `addrs` there, so
-//!   the nodes that dial this one (listed after it) have the room kept
-//!   for members, as the ones it dials do.
+//! - `dial_from`: `n`'s `dial_from` there unless the own file gives one;
+//! - members' addresses (`member_addrs`): every other node's `addrs` and
+//!   `dial_from` there, so the nodes and clients that dial this one have
+//!   the room kept for members, as the ones it dials do.
 //!
 //! Own `[[members]]` entries for nodes the cluster file does not list, or
 //! lists without a key, and own `[[peers]]` entries for nodes it does not
@@ -51,6 +52,8 @@ pub enum Redundant {
     Listen,
     /// `metrics`, this node's `metrics` there.
     Metrics,
+    /// `dial_from`, this node's `dial_from` there.
+    DialFrom,
     /// A `[[members]]` entry with the key the cluster file gives.
     Member(NodeId),
     /// A `[[peers]]` entry for a node the cluster file already makes this
@@ -64,6 +67,7 @@ impl fmt::Display for Redundant {
             Redundant::Cluster => f.write_str("cluster"),
             Redundant::Listen => f.write_str("listen"),
             Redundant::Metrics => f.write_str("metrics"),
+            Redundant::DialFrom => f.write_str("dial_from"),
             Redundant::Member(n) => write!(f, "[[members]] node {n}"),
             Redundant::Peer(n) => write!(f, "[[peers]] node {n}"),
         }
@@ -76,6 +80,8 @@ pub(super) struct Own<'a> {
     pub(super) listen: Option<&'a [SocketAddr]>,
     /// `metrics`, if given.
     pub(super) metrics: Option<SocketAddr>,
+    /// `dial_from`, if given (not empty).
+    pub(super) dial_from: Option<&'a [SocketAddr]>,
     /// The `[[members]]` entries, parsed.
     pub(super) members: &'a [(NodeId, PublicKey)],
     /// Whether the file has a `[proxy]` section.
@@ -131,6 +137,16 @@ pub(super) fn join(
             }
         }
     }
+    // Dial-from: likewise (a client's; an own value is its own choice).
+    match own.dial_from {
+        None => c.dial_from = dial_from_of(me, path)?,
+        Some(d) => {
+            let d: Vec<Option<SocketAddr>> = d.iter().copied().map(Some).collect();
+            if trimmed(&d) == trimmed(&me.dial_from) {
+                redundant.push(Redundant::DialFrom);
+            }
+        }
+    }
     let metrics = match own.metrics {
         None => me.metrics,
         Some(m) => {
@@ -143,7 +159,12 @@ pub(super) fn join(
     keys(c, own, cl, me, path, redundant)?;
     peers(c, own, cl, me, path, redundant)?;
     for n in cl.nodes.iter().filter(|n| n.node != me.node) {
-        let ips = n.addrs.iter().flatten().map(SocketAddr::ip);
+        let ips = n
+            .addrs
+            .iter()
+            .chain(&n.dial_from)
+            .flatten()
+            .map(SocketAddr::ip);
         for ip in ips {
             if !c.member_addrs.contains(&ip) {
                 c.member_addrs.push(ip);
@@ -298,6 +319,22 @@ fn has_addr(n: &ClusterNode) -> bool {
 
 /// Addresses per network without the trailing networks it is not on
 /// (`["a", ""]` and `["a"]` say the same).
+/// `me`'s `dial_from` in the cluster file, per network; a gap is an
+/// error (a client dials on every network it lists).
+fn dial_from_of(me: &ClusterNode, path: &Path) -> Result<Vec<SocketAddr>, ConfigError> {
+    trimmed(&me.dial_from)
+        .iter()
+        .enumerate()
+        .map(|(network, a)| {
+            a.ok_or_else(|| ConfigError::DialFromGap {
+                node: me.node,
+                network,
+                cluster_file: path.into(),
+            })
+        })
+        .collect()
+}
+
 fn trimmed(addrs: &[Option<SocketAddr>]) -> &[Option<SocketAddr>] {
     let end = addrs.iter().rposition(Option::is_some).map_or(0, |i| i + 1);
     &addrs[..end]

@@ -360,9 +360,11 @@ fn parse_only(text: &str, base: &Path) -> Result<Loaded, ConfigError> {
     detector(&mut c, f.detector)?;
     let mut metrics = f.metrics;
     if let Some((path, cl)) = &cluster_file {
+        let own_dial_from = c.dial_from.clone();
         let own = join::Own {
             listen: f.listen.as_deref(),
             metrics: f.metrics,
+            dial_from: (!own_dial_from.is_empty()).then_some(own_dial_from.as_slice()),
             members: &members,
             proxy: f.proxy.is_some(),
         };
