@@ -227,6 +227,13 @@ impl EndpointConfig {
                 why: "a quiet path must get a keepalive before it counts as idle",
             });
         }
+        // No lower bound beyond zero: one request is admitted whenever none
+        // is outstanding, whatever its size.
+        if self.call_bytes_per_peer == 0 {
+            return Err(ConfigError::Zero {
+                field: "call_bytes_per_peer",
+            });
+        }
         if self.path_inflight_limit == 0 {
             return Err(ConfigError::Zero {
                 field: "path_inflight_limit",
@@ -237,7 +244,6 @@ impl EndpointConfig {
             ("send_buffer", self.send_buffer),
             ("recv_window", u64::from(self.recv_window)),
             ("path_inflight_limit", self.path_inflight_limit),
-            ("call_bytes_per_peer", self.call_bytes_per_peer),
         ] {
             if value < largest {
                 return Err(ConfigError::Inconsistent {

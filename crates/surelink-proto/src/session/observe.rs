@@ -66,6 +66,9 @@ pub struct SessionStats {
     /// reply cache: admitted requests and replies waiting for room
     /// (bounded by `call_bytes_per_peer`).
     pub call_bytes_held: u64,
+    /// Every byte the session holds for its peer now (see
+    /// [`Session::held_bytes`]).
+    pub held_bytes: u64,
     /// Times admission stopped because the peer's calls held
     /// `call_bytes_per_peer` (once per stop).
     pub call_bound_hits: u64,
@@ -109,6 +112,7 @@ impl Session {
         s.duplicate_requests = self.serve.duplicates;
         s.requests_outstanding = self.serve.admitted as u64;
         s.call_bytes_held = self.call_bytes_held();
+        s.held_bytes = self.held_bytes();
         s.paths = self
             .paths
             .iter()
