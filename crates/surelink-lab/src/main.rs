@@ -24,6 +24,7 @@
 // Reporting code converts counts and durations for display.
 #![allow(clippy::cast_possible_truncation)]
 
+mod attack;
 mod bench;
 mod demo;
 mod experiment;
@@ -57,6 +58,10 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Network namespaces joined by two links, and faults (needs root).
     Testbed(testbed::TestbedArgs),
+    /// Attacks on a `surelink` binary: legitimate traffic and the
+    /// target's memory while a member or a stranger misbehaves.
+    #[command(subcommand)]
+    Attack(attack::Attack),
     /// Multi-process experiments: `detector`, `failover`, `flows`, `soak`,
     /// `role`.
     #[command(subcommand)]
@@ -127,6 +132,7 @@ fn main() -> anyhow::Result<()> {
             Command::Demo(a) => demo::run(&a).await,
             Command::Bench(a) => bench::run(&a).await,
             Command::Testbed(a) => testbed::main(&a),
+            Command::Attack(a) => attack::run(&a).await,
             Command::Experiment(e) => experiment::run(&e).await,
             Command::ExperimentNode(a) => experiment::node::run(&a).await,
             Command::ExperimentRoleNode(a) => experiment::role_notify::node(&a).await,

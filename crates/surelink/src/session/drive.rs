@@ -133,7 +133,9 @@ impl SessionHandle {
             shared.stats.peer_bound_hit();
         }
         if !w.messages.is_empty() {
-            ledger.messages.fetch_add(w.messages.len(), Ordering::AcqRel);
+            ledger
+                .messages
+                .fetch_add(w.messages.len(), Ordering::AcqRel);
             ledger.bytes.fetch_add(added, Ordering::AcqRel);
             shared.stats.messages_received(w.messages.len());
             // Queued here, under the session's lock: two drives of one
