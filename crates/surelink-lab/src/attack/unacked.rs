@@ -65,6 +65,10 @@ pub(crate) struct UnackedArgs {
     /// How long the attacker keeps its session open after its last call.
     #[arg(long, default_value_t = 5)]
     pub(crate) hold_secs: u64,
+    /// The attack ends after this long even if the server has not taken
+    /// every call (a server that holds the attacker back never does).
+    #[arg(long, default_value_t = 30)]
+    pub(crate) max_secs: u64,
 }
 
 /// A started target: the server process, its addresses, the members' keys.
@@ -117,7 +121,7 @@ impl Target {
         );
         std::fs::write(dir.join("server.toml"), text)?;
         let legit_text = format!(
-            "node = 3\ncluster = {CLUSTER}\nkey_file = \"legit.key\"\n\n[[members]]\nnode = 1\npublic_key = \"{}\"\n\n[[peers]]\nnode = 1\naddrs = [\"{addr}\"]\n",
+            "node = 3\ncluster = {CLUSTER}\nkey_file = \"legit.key\"\ndial_from = [\"127.0.0.1:0\"]\n\n[[members]]\nnode = 1\npublic_key = \"{}\"\n\n[[peers]]\nnode = 1\naddrs = [\"{addr}\"]\n",
             server.public()
         );
         std::fs::write(dir.join("legit.toml"), &legit_text)?;
@@ -409,7 +413,9 @@ fn attacker(
                 _ => {}
             }
         }
-        if rep.calls_sent >= a.calls && last_call.elapsed() >= Duration::from_secs(a.hold_secs) {
+        let finished =
+            rep.calls_sent >= a.calls && last_call.elapsed() >= Duration::from_secs(a.hold_secs);
+        if finished || t0.elapsed() >= Duration::from_secs(a.max_secs) {
             break;
         }
     }
