@@ -125,6 +125,16 @@ impl IncomingQueue {
         }
     }
 
+    /// Per node with messages queued: their bytes now.
+    pub(crate) fn bytes_per_node(&self) -> Vec<(NodeId, usize)> {
+        self.ledgers
+            .lock()
+            .values()
+            .map(|x| (x.node, x.bytes.load(Ordering::Relaxed)))
+            .filter(|(_, b)| *b > 0)
+            .collect()
+    }
+
     /// Bytes queued for `node` now.
     pub(crate) fn bytes_of(&self, node: NodeId) -> usize {
         self.ledgers

@@ -457,10 +457,16 @@ impl Shared {
             .map(|h| (h.node, h.stats()))
             .collect();
         sessions.sort_by_key(|(n, _)| *n);
-        let held = sessions
+        let mut held: Vec<(NodeId, u64)> = sessions
             .iter()
             .map(|(n, st)| (*n, st.held_bytes + self.incoming.bytes_of(*n) as u64))
             .collect();
+        // Peers whose sessions are gone but whose messages still wait.
+        for (n, b) in self.incoming.bytes_per_node() {
+            if !held.iter().any(|(x, _)| *x == n) {
+                held.push((n, b as u64));
+            }
+        }
         let mut snap = self.stats.snapshot(sessions);
         snap.peer_bytes_held = held;
         let (queued, running) = self.server.load();

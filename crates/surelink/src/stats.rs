@@ -217,7 +217,8 @@ pub struct StatsSnapshot {
     /// `incoming_bytes_per_peer`, or its calls at
     /// `core.call_bytes_per_peer`; sessions alive now) and was held back.
     pub peer_bound_hits: u64,
-    /// Per peer with a session: every byte held for it now — its
+    /// Per peer with a session or with one-way messages still queued:
+    /// every byte held for it now — its
     /// session's retransmit cache, receive side and calls
     /// ([`SessionStats::held_bytes`]) and its one-way messages waiting
     /// for [`Endpoint::recv`](crate::Endpoint::recv), earlier sessions'
