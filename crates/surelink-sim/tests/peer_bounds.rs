@@ -3,6 +3,8 @@
 //! back by its own flow control once `call_bytes_per_peer` is held, and a
 //! peer's new incarnation frees everything its old session held.
 
+#![allow(clippy::unwrap_used)]
+
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
