@@ -80,6 +80,16 @@ pub struct EndpointConfig {
     /// Requests a session admits (handed out and not completed) before it
     /// stops taking more from that peer, which holds the peer back.
     pub max_requests_per_peer: u32,
+    /// Bytes of calls one peer can make this node hold beyond the send
+    /// buffer: requests admitted and not yet answered, replies waiting for
+    /// send-buffer room (a peer that does not acknowledge replies fills
+    /// the buffer); cached replies have their own bound. At the bound the
+    /// session admits no new request from that peer (they wait
+    /// unacknowledged, so the peer's own flow control holds it back); one
+    /// request is always admitted when none is outstanding. A node has one live session per peer and an
+    /// ended session frees all of it, so this bounds the peer across its
+    /// sessions and epochs.
+    pub call_bytes_per_peer: u64,
     /// Replies kept per session to answer re-sent requests.
     pub reply_cache_entries: usize,
     /// Bytes of replies kept per session.
@@ -112,6 +122,7 @@ impl Default for EndpointConfig {
             batch_message_max: 1024,
             batch_bytes: 32 << 10,
             max_requests_per_peer: 1024,
+            call_bytes_per_peer: 16 << 20,
             reply_cache_entries: 1024,
             reply_cache_bytes: 1 << 20,
             remember_calls: 16_384,
@@ -214,6 +225,13 @@ impl EndpointConfig {
                 other: "path_keepalive",
                 other_value: millis(self.path_keepalive),
                 why: "a quiet path must get a keepalive before it counts as idle",
+            });
+        }
+        // No lower bound beyond zero: one request is admitted whenever none
+        // is outstanding, whatever its size.
+        if self.call_bytes_per_peer == 0 {
+            return Err(ConfigError::Zero {
+                field: "call_bytes_per_peer",
             });
         }
         if self.path_inflight_limit == 0 {

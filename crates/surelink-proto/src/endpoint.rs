@@ -505,6 +505,17 @@ impl Endpoint {
         })
     }
 
+    /// Bytes held for `peer` across all its sessions here, ended ones not
+    /// yet dropped included (see [`Session::held_bytes`]).
+    pub fn peer_held_bytes(&self, peer: NodeId) -> u64 {
+        self.sessions
+            .iter()
+            .flatten()
+            .filter(|s| s.peer() == peer)
+            .map(Session::held_bytes)
+            .sum()
+    }
+
     #[doc(hidden)]
     pub fn debug_session(&self, peer: NodeId) -> String {
         self.current(peer)

@@ -196,7 +196,8 @@ impl Shared {
         if let Some(r) = &self.role {
             core.set_avoided_networks(r.avoided(core.peer()));
         }
-        let h = Arc::new(SessionHandle::new(key, core));
+        let ledger = self.incoming.ledger(core.peer());
+        let h = Arc::new(SessionHandle::new(key, core, ledger));
         self.sessions.write().insert(h.node, h.clone());
         self.spawn(run_session(self.clone(), h.clone()));
         h
@@ -255,6 +256,7 @@ impl Shared {
             }
         }
         self.server.remove_session(h.key);
+        self.incoming.forget(h.node);
         // A peer we do not dial (a client) that left: stop heartbeating
         // the address it last used. Configured peers keep theirs.
         if let Some(d) = &self.detector {
@@ -451,7 +453,18 @@ impl Shared {
             .map(|h| (h.node, h.stats()))
             .collect();
         sessions.sort_by_key(|(n, _)| *n);
+        let mut held: Vec<(NodeId, u64)> = sessions
+            .iter()
+            .map(|(n, st)| (*n, st.held_bytes + self.incoming.bytes_of(*n) as u64))
+            .collect();
+        // Peers whose sessions are gone but whose messages still wait.
+        for (n, b) in self.incoming.bytes_per_node() {
+            if !held.iter().any(|(x, _)| *x == n) {
+                held.push((n, b as u64));
+            }
+        }
         let mut snap = self.stats.snapshot(sessions);
+        snap.peer_bytes_held = held;
         let (queued, running) = self.server.load();
         snap.requests_queued = queued as u64;
         snap.requests_running = running as u64;

@@ -31,6 +31,8 @@ pub(crate) struct Stats {
     refused_by: [AtomicU64; 9],
     handler_errors: AtomicU64,
     handler_panics: AtomicU64,
+    /// Times a peer node's one-way messages stopped at its incoming bound.
+    peer_bound_hits: AtomicU64,
     /// Times a session task's timer fired (test hook: `Testing`).
     pub(crate) timer_fires: AtomicU64,
     /// Call round trips, microseconds.
@@ -56,6 +58,7 @@ impl Default for Stats {
             refused_by: Default::default(),
             handler_errors: AtomicU64::new(0),
             handler_panics: AtomicU64::new(0),
+            peer_bound_hits: AtomicU64::new(0),
             timer_fires: AtomicU64::new(0),
             call_rtt: Histogram::default(),
         }
@@ -72,6 +75,10 @@ impl Stats {
     pub(crate) fn handler_panicked(&self) {
         self.handler_panics.fetch_add(1, Relaxed);
         self.handler_errors.fetch_add(1, Relaxed);
+    }
+    pub(crate) fn peer_bound_hit(&self) {
+        self.peer_bound_hits.fetch_add(1, Relaxed);
+        metrics::counter!("surelink_peer_bound_hits_total").increment(1);
     }
     pub(crate) fn handler_failed(&self) {
         self.handler_errors.fetch_add(1, Relaxed);
@@ -166,6 +173,9 @@ impl Stats {
             connections_open: 0,
             handler_errors: self.handler_errors.load(Relaxed),
             handler_panics: self.handler_panics.load(Relaxed),
+            peer_bound_hits: self.peer_bound_hits.load(Relaxed)
+                + sessions.iter().map(|(_, s)| s.call_bound_hits).sum::<u64>(),
+            peer_bytes_held: Vec::new(),
             requests_queued: 0,
             requests_running: 0,
             call_rtt_us: [p50, p99, p999, max],
@@ -221,6 +231,18 @@ pub struct StatsSnapshot {
     pub handler_errors: u64,
     /// Requests whose handler panicked (caught; the caller got an error).
     pub handler_panics: u64,
+    /// Times a peer reached a bound on what it can make this node hold
+    /// (its one-way messages at `incoming_per_peer` /
+    /// `incoming_bytes_per_peer`, or its calls at
+    /// `core.call_bytes_per_peer`; sessions alive now) and was held back.
+    pub peer_bound_hits: u64,
+    /// Per peer with a session or with one-way messages still queued:
+    /// every byte held for it now — its
+    /// session's retransmit cache, receive side and calls
+    /// ([`SessionStats::held_bytes`]) and its one-way messages waiting
+    /// for [`Endpoint::recv`](crate::Endpoint::recv), earlier sessions'
+    /// included.
+    pub peer_bytes_held: Vec<(NodeId, u64)>,
     /// Requests admitted and waiting for a worker now.
     pub requests_queued: u64,
     /// Requests running now.
@@ -321,6 +343,11 @@ impl StatsSnapshot {
             "Connections refused at a connection limit",
             self.connections_refused,
         );
+        counter(
+            "surelink_peer_bound_hits_total",
+            "Times a peer was held back at a bound on what it can make this node hold",
+            self.peer_bound_hits,
+        );
         let _ = writeln!(s, "# HELP surelink_connections_refused_by_limit_total Connections refused, per limit\n# TYPE surelink_connections_refused_by_limit_total counter");
         for (name, v) in ConnectionsRefused::NAMES
             .iter()
@@ -336,6 +363,10 @@ impl StatsSnapshot {
             "# HELP surelink_connections_open Accepted connections open now\n# TYPE surelink_connections_open gauge\nsurelink_connections_open {}",
             self.connections_open
         );
+        let _ = writeln!(s, "# HELP surelink_peer_bytes_held Bytes held for a peer now (its session's buffers and calls, its queued one-way messages)\n# TYPE surelink_peer_bytes_held gauge");
+        for (peer, b) in &self.peer_bytes_held {
+            let _ = writeln!(s, "surelink_peer_bytes_held{{peer=\"{peer}\"}} {b}");
+        }
         let _ = writeln!(s, "# HELP surelink_call_rtt_microseconds Call round trip\n# TYPE surelink_call_rtt_microseconds summary");
         for (q, v) in [
             ("0.5", self.call_rtt_us[0]),

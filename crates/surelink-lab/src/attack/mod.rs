@@ -7,11 +7,13 @@
 
 mod crowd;
 mod echo_target;
+mod epochs;
 mod member_paths;
 mod proxy_amplify;
 mod proxy_cluster;
 mod proxy_slots;
 pub(crate) mod udp_flood;
+mod unacked;
 
 use std::path::{Path, PathBuf};
 
@@ -37,6 +39,12 @@ pub(crate) enum Attack {
     /// The cache proxy's connection slots from one address, idle clients,
     /// a trickled 1 MiB line (its CPU against memcached's).
     ProxySlots(proxy_slots::Args),
+    /// A member sends thousands of calls and never acknowledges the
+    /// replies.
+    Unacked(unacked::UnackedArgs),
+    /// A member restarts (a new epoch) every couple of seconds, each time
+    /// filling the server's one-way queue, which the server never reads.
+    Epochs(epochs::EpochsArgs),
 }
 
 /// Runs one attack.
@@ -47,6 +55,8 @@ pub(crate) async fn run(a: &Attack) -> Result<()> {
         Attack::UdpFlood(a) => udp_flood::run(a).await,
         Attack::ProxyAmplify(a) => proxy_amplify::run(a).await,
         Attack::ProxySlots(a) => proxy_slots::run(a).await,
+        Attack::Unacked(a) => unacked::run(a).await,
+        Attack::Epochs(a) => epochs::run(a).await,
     }
 }
 

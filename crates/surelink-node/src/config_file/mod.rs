@@ -68,6 +68,7 @@
 //! send_buffer = 16777216
 //! path_keepalive_ms = 15000                         # PING on a path quiet this long
 //! path_idle_timeout_ms = 60000                      # close a path silent this long
+//! call_bytes_per_peer = 16777216                    # a peer's admitted requests + replies waiting
 //!
 //! [detector]                                        # all optional; defaults shown
 //! mode = "safetimer"                                # or "plain", "off"
@@ -426,6 +427,9 @@ fn core(c: &mut Config, core: schema::Core) {
     }
     if let Some(v) = core.path_idle_timeout_ms {
         k.path_idle_timeout = ms(v);
+    }
+    if let Some(v) = core.call_bytes_per_peer {
+        k.call_bytes_per_peer = v;
     }
 }
 

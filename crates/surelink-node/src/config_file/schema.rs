@@ -192,4 +192,5 @@ pub(super) struct Core {
     pub(super) handshake_timeout_ms: Option<u64>,
     pub(super) path_keepalive_ms: Option<u64>,
     pub(super) path_idle_timeout_ms: Option<u64>,
+    pub(super) call_bytes_per_peer: Option<u64>,
 }

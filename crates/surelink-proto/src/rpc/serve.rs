@@ -39,8 +39,9 @@ pub(crate) struct ServeLimits {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
-    /// Handed out as a ticket; `lane`: it came on the request lane.
-    Admitted { lane: bool },
+    /// Handed out as a ticket; `lane`: it came on the request lane;
+    /// `bytes`: the request's size, held until it is answered.
+    Admitted { lane: bool, bytes: u32 },
     /// Finished (its reply, while cached, is in the reply cache).
     Done,
 }
@@ -91,6 +92,8 @@ pub(crate) struct ServeState {
     cache_bytes: usize,
     /// Tickets handed out and not completed.
     pub(crate) admitted: usize,
+    /// Bytes of those requests.
+    admitted_bytes: u64,
     pub(crate) executed: u64,
     pub(crate) duplicates: u64,
 }
@@ -106,6 +109,7 @@ impl ServeState {
             cache: VecDeque::new(),
             cache_bytes: 0,
             admitted: 0,
+            admitted_bytes: 0,
             executed: 0,
             duplicates: 0,
         }
@@ -168,14 +172,14 @@ impl ServeState {
     }
 
     /// Records `call` as admitted, taking its slot from an older id.
-    fn insert(&mut self, call: CallId, lane: bool) {
+    fn insert(&mut self, call: CallId, lane: bool, bytes: u32) {
         self.grow_for(call);
         let i = self.index(call);
         let old = std::mem::replace(
             &mut self.ring[i],
             Slot {
                 call: call.0,
-                state: State::Admitted { lane },
+                state: State::Admitted { lane, bytes },
                 reply_msg: None,
             },
         );
@@ -196,13 +200,16 @@ impl ServeState {
             .map(|(_, r)| r.clone())
     }
 
-    /// Classifies an arriving request; a new one is admitted (the caller
-    /// hands out its ticket).
-    pub(crate) fn arrive(&mut self, call: CallId, lane: bool) -> Arrival {
+    /// Classifies an arriving request of `bytes` bytes; a new one is
+    /// admitted (the caller hands out its ticket) and its bytes are held
+    /// until it is answered.
+    pub(crate) fn arrive(&mut self, call: CallId, lane: bool, bytes: usize) -> Arrival {
         match self.slot(call).map(|s| s.state) {
             None => {
-                self.insert(call, lane);
+                let bytes = u32::try_from(bytes).unwrap_or(u32::MAX);
+                self.insert(call, lane, bytes);
                 self.admitted += 1;
+                self.admitted_bytes += u64::from(bytes);
                 self.executed += 1;
                 Arrival::New
             }
@@ -225,7 +232,7 @@ impl ServeState {
     /// Whether `call` is admitted and not finished; `Some(lane)`.
     pub(crate) fn admitted_on_lane(&self, call: CallId) -> Option<bool> {
         match self.slot(call)?.state {
-            State::Admitted { lane } => Some(lane),
+            State::Admitted { lane, .. } => Some(lane),
             State::Done => None,
         }
     }
@@ -237,11 +244,12 @@ impl ServeState {
         let Some(s) = self.slot_mut(call) else {
             return;
         };
-        if !matches!(s.state, State::Admitted { .. }) {
+        let State::Admitted { bytes, .. } = s.state else {
             return;
-        }
+        };
         s.state = State::Done;
         self.admitted -= 1;
+        self.admitted_bytes -= u64::from(bytes);
         // A displaced call is older than the window: remembered no longer.
         if !self.displaced.is_empty() {
             self.displaced.remove(&call);
@@ -281,6 +289,16 @@ impl ServeState {
         self.cache_bytes
     }
 
+    /// Bytes of admitted requests not yet answered.
+    pub(crate) fn admitted_bytes(&self) -> u64 {
+        self.admitted_bytes
+    }
+
+    /// Bytes of cached replies (bounded by `reply_cache_bytes`).
+    pub(crate) fn cached_bytes(&self) -> u64 {
+        self.cache_bytes as u64
+    }
+
     /// Forgets everything (the session ended).
     pub(crate) fn clear(&mut self) {
         self.ring = Vec::new();
@@ -288,6 +306,7 @@ impl ServeState {
         self.cache.clear();
         self.cache_bytes = 0;
         self.admitted = 0;
+        self.admitted_bytes = 0;
     }
 }
 
@@ -306,13 +325,13 @@ mod tests {
     #[test]
     fn a_call_is_admitted_once_and_duplicates_get_its_reply() {
         let mut s = ServeState::new(limits(8, 1024, 16));
-        assert_eq!(s.arrive(CallId(1), false), Arrival::New);
-        assert_eq!(s.arrive(CallId(1), true), Arrival::Admitted);
+        assert_eq!(s.arrive(CallId(1), false, 0), Arrival::New);
+        assert_eq!(s.arrive(CallId(1), true, 0), Arrival::Admitted);
         assert_eq!(s.admitted_on_lane(CallId(1)), Some(false));
         s.finish(CallId(1), Some(Bytes::from_static(b"r")));
         assert_eq!(s.admitted, 0);
         assert_eq!(
-            s.arrive(CallId(1), true),
+            s.arrive(CallId(1), true, 0),
             Arrival::Done(Some(Bytes::from_static(b"r")))
         );
         assert_eq!((s.executed, s.duplicates), (1, 2));
@@ -326,43 +345,43 @@ mod tests {
     fn the_cache_and_the_memory_of_ids_are_bounded() {
         let mut s = ServeState::new(limits(2, 10, 4));
         for i in 1..=6 {
-            assert_eq!(s.arrive(CallId(i), false), Arrival::New);
+            assert_eq!(s.arrive(CallId(i), false, 0), Arrival::New);
             s.finish(CallId(i), Some(Bytes::from(vec![0; 4])));
         }
         assert!(s.cache_bytes() <= 10);
         // Evicted from the cache but remembered: never run again.
-        assert_eq!(s.arrive(CallId(4), false), Arrival::Done(None));
+        assert_eq!(s.arrive(CallId(4), false, 0), Arrival::Done(None));
         assert_eq!(
-            s.arrive(CallId(6), false),
+            s.arrive(CallId(6), false, 0),
             Arrival::Done(Some(Bytes::from(vec![0; 4])))
         );
         // Forgotten beyond `remember`.
-        assert_eq!(s.arrive(CallId(1), false), Arrival::New);
+        assert_eq!(s.arrive(CallId(1), false, 0), Arrival::New);
         // A reply larger than the cache is not kept.
         let mut s = ServeState::new(limits(2, 10, 4));
-        s.arrive(CallId(1), false);
+        s.arrive(CallId(1), false, 0);
         s.finish(CallId(1), Some(Bytes::from(vec![0; 11])));
-        assert_eq!(s.arrive(CallId(1), false), Arrival::Done(None));
+        assert_eq!(s.arrive(CallId(1), false, 0), Arrival::Done(None));
     }
 
     #[test]
     fn a_running_call_is_never_forgotten_and_the_ring_grows_with_ids() {
         let mut s = ServeState::new(limits(4, 1024, 8));
-        assert_eq!(s.arrive(CallId(3), false), Arrival::New);
+        assert_eq!(s.arrive(CallId(3), false, 0), Arrival::New);
         // 20 newer calls pass through the 8-slot ring while 3 runs.
         for i in 4..24 {
-            assert_eq!(s.arrive(CallId(i), true), Arrival::New);
+            assert_eq!(s.arrive(CallId(i), true, 0), Arrival::New);
             s.finish(CallId(i), None);
         }
         assert_eq!(s.admitted_on_lane(CallId(3)), Some(false));
-        assert_eq!(s.arrive(CallId(3), false), Arrival::Admitted);
+        assert_eq!(s.arrive(CallId(3), false, 0), Arrival::Admitted);
         s.finish(CallId(3), Some(Bytes::from_static(b"late")));
         assert_eq!(s.admitted, 0);
         // Recent ids are remembered, older ones forgotten.
         assert!(s.knows(CallId(23)) && s.knows(CallId(16)));
         assert!(!s.knows(CallId(15)));
         // An id far ahead takes its slot without growing past the bound.
-        assert_eq!(s.arrive(CallId(1 << 40), false), Arrival::New);
+        assert_eq!(s.arrive(CallId(1 << 40), false, 0), Arrival::New);
         assert!(s.ring.len() <= 8);
         assert_eq!(s.admitted_on_lane(CallId(1 << 40)), Some(false));
     }

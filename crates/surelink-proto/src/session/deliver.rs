@@ -257,8 +257,9 @@ impl Session {
     }
 
     /// The next admitted request, if one arrived and the session's
-    /// admission bound (`max_requests_per_peer` requests handed out and
-    /// not completed) allows it. Duplicates of requests this session has
+    /// admission bounds (`max_requests_per_peer` requests handed out and
+    /// not completed, `call_bytes_per_peer` bytes held for its calls)
+    /// allow it. Duplicates of requests this session has
     /// seen are answered here and never handed out.
     pub fn poll_request(&mut self) -> Option<Ticket> {
         loop {
@@ -278,7 +279,8 @@ impl Session {
                 continue;
             };
             if !self.serve.knows(h.call)
-                && self.serve.admitted >= self.cfg.max_requests_per_peer as usize
+                && (self.serve.admitted >= self.cfg.max_requests_per_peer as usize
+                    || !self.call_room(msg.len()))
             {
                 return None; // full: the caller waits, nothing is dropped
             }
@@ -288,7 +290,7 @@ impl Session {
             } else {
                 RequestClass::Send
             };
-            match self.serve.arrive(h.call, lane) {
+            match self.serve.arrive(h.call, lane, msg.len()) {
                 Arrival::New => {
                     let priority =
                         if class == RequestClass::Resend || h.flags & header::FLAG_HIGH != 0 {

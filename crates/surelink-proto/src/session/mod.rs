@@ -171,6 +171,10 @@ pub struct Session {
     calls: CallTable,
     serve: ServeState,
     pending_replies: VecDeque<PendingReply>,
+    /// Bytes of `pending_replies` (prefixes and bodies).
+    pending_reply_bytes: u64,
+    /// Admission is stopped at `call_bytes_per_peer` (counted once per stop).
+    call_bound_hit: bool,
     /// Chunks released by one frame (kept to reuse its allocation).
     released_scratch: Vec<(u64, recv::Chunk)>,
     /// The latest `now` seen (for inputs that take none).
@@ -225,6 +229,8 @@ impl Session {
             calls: CallTable::default(),
             serve,
             pending_replies: VecDeque::new(),
+            pending_reply_bytes: 0,
+            call_bound_hit: false,
             released_scratch: Vec::new(),
             now,
             role_out: route::RoleQueue::default(),
@@ -506,14 +512,23 @@ impl Session {
     }
 
     /// Ends the session because the router replaced it (the peer restarted
-    /// or reset its side). Its paths are closed as superseded.
+    /// or reset its side). Its paths are closed as superseded, and what it
+    /// held for the peer is freed at once, released one-way messages not
+    /// yet taken included: they were never acknowledged, the incarnation
+    /// that sent them is gone, and its successor's session holds the
+    /// peer's budget now (else a peer restarting every few seconds would
+    /// add a receive window each time).
     pub fn supersede(&mut self, now: Time, reason: SessionEndReason) {
         self.end(now, reason, CloseCode::SUPERSEDED);
+        self.oneway.clear();
+        self.recv = RecvSide::default();
     }
 
     /// Ends the session: abandons every unacknowledged message, fails every
-    /// call, forgets admitted requests, and queues a session CLOSE on every
-    /// path. Released one-way messages stay available to `poll_message`.
+    /// call, forgets admitted requests, replies waiting for room and
+    /// out-of-order arrivals, and queues a session CLOSE on every path.
+    /// Released one-way messages stay available to `poll_message` (unless
+    /// the session was superseded).
     pub(crate) fn end(&mut self, now: Time, reason: SessionEndReason, close_code: CloseCode) {
         self.tick(now);
         if self.ended.is_some() {
@@ -544,6 +559,10 @@ impl Session {
         self.serve.clear();
         self.requests.clear();
         self.pending_replies.clear();
+        self.pending_reply_bytes = 0;
+        // Out-of-order chunks can never be released now; what was released
+        // stays for `poll_message` (bounded by the window).
+        self.recv.drop_reorder();
         self.events.push_back(Event::SessionEnded {
             peer: self.node,
             session: self.id,

@@ -62,6 +62,16 @@ pub struct SessionStats {
     pub recv_buffered_bytes: u64,
     /// Out-of-order frames held now.
     pub reorder_frames: u64,
+    /// Bytes held for the peer's calls now beyond the send buffer and the
+    /// reply cache: admitted requests and replies waiting for room
+    /// (bounded by `call_bytes_per_peer`).
+    pub call_bytes_held: u64,
+    /// Every byte the session holds for its peer now (see
+    /// [`Session::held_bytes`]).
+    pub held_bytes: u64,
+    /// Times admission stopped because the peer's calls held
+    /// `call_bytes_per_peer` (once per stop).
+    pub call_bound_hits: u64,
     /// Per path: id, phase, srtt, in-flight bytes, counters.
     pub paths: Vec<PathSnapshot>,
 }
@@ -101,6 +111,8 @@ impl Session {
         s.requests_admitted = self.serve.executed;
         s.duplicate_requests = self.serve.duplicates;
         s.requests_outstanding = self.serve.admitted as u64;
+        s.call_bytes_held = self.call_bytes_held();
+        s.held_bytes = self.held_bytes();
         s.paths = self
             .paths
             .iter()
@@ -114,6 +126,20 @@ impl Session {
             })
             .collect();
         s
+    }
+
+    /// Every byte this session holds for its peer (cheap; for bound checks
+    /// and gauges): the retransmit cache (our messages and replies until
+    /// the peer's application has them), the receiving side (out of order,
+    /// or released and not yet taken) and its calls (admitted requests,
+    /// replies waiting for room, cached replies). Bounded by `send_buffer +
+    /// recv_window + call_bytes_per_peer + reply_cache_bytes` plus the
+    /// replies to requests admitted before the call bound was reached.
+    pub fn held_bytes(&self) -> u64 {
+        self.send.cache_bytes
+            + self.recv.buffered_bytes
+            + self.call_bytes_held()
+            + self.serve.cached_bytes()
     }
 
     /// Bytes in the retransmit cache and on the receiving side (cheap; for

@@ -403,6 +403,17 @@ impl RecvSide {
         self.ack_now = false;
     }
 
+    /// Frees every out-of-order chunk (the session ended: they can never
+    /// be released).
+    pub(crate) fn drop_reorder(&mut self) {
+        for st in &mut self.streams {
+            for (_, c) in std::mem::take(&mut st.reorder) {
+                self.buffered_bytes = self.buffered_bytes.saturating_sub(c.cost);
+            }
+            st.ranges.clear();
+        }
+    }
+
     /// Chunks held in reorder buffers (for tests and stats).
     pub(crate) fn reorder_len(&self) -> usize {
         self.streams.iter().map(|c| c.reorder.len()).sum()

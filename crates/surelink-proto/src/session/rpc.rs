@@ -186,6 +186,7 @@ impl Session {
             Err(e) => header::reply_prefix(call, &ReplyStatus::Error(e.clone())),
         };
         self.serve.finish(call, result.ok());
+        self.pending_reply_bytes += (prefix.as_slice().len() + body.len()) as u64;
         self.pending_replies.push_back(PendingReply {
             call,
             stream,
@@ -199,9 +200,12 @@ impl Session {
     /// Moves replies that waited for room into the send cache, in order.
     pub(super) fn flush_pending_replies(&mut self) {
         while let Some(r) = self.pending_replies.pop_front() {
+            let len = (r.prefix.as_slice().len() + r.body.len()) as u64;
+            self.pending_reply_bytes = self.pending_reply_bytes.saturating_sub(len);
             match self.push_message(r.stream, r.prefix, r.body, false) {
                 Ok(m) => self.serve.reply_sent(r.call, m),
                 Err(SendError::Full { message, .. }) => {
+                    self.pending_reply_bytes += len;
                     self.pending_replies
                         .push_front(PendingReply { body: message, ..r });
                     return;
@@ -211,6 +215,27 @@ impl Session {
                 Err(_) => {}
             }
         }
+    }
+
+    /// Bytes this session holds for its peer's calls beyond the send
+    /// buffer and the reply cache: admitted requests and replies waiting
+    /// for room (bounded by `call_bytes_per_peer`).
+    pub fn call_bytes_held(&self) -> u64 {
+        self.serve.admitted_bytes() + self.pending_reply_bytes
+    }
+
+    /// Whether a new request of `len` bytes may be admitted now: always
+    /// when no request or reply of the peer's is outstanding (so one fits
+    /// whatever the bound), else while it fits
+    /// under `call_bytes_per_peer`. Counts a stop once.
+    pub(super) fn call_room(&mut self, len: usize) -> bool {
+        let idle = self.serve.admitted == 0 && self.pending_replies.is_empty();
+        let fits = idle || self.call_bytes_held() + len as u64 <= self.cfg.call_bytes_per_peer;
+        if !fits && !self.call_bound_hit {
+            self.stats.call_bound_hits += 1;
+        }
+        self.call_bound_hit = !fits;
+        fits
     }
 
     /// Answers a duplicate request on the reply lane: the cached reply, or

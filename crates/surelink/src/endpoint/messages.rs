@@ -246,9 +246,12 @@ impl Endpoint {
             self.shared.config.incoming_bytes_per_peer,
         );
         // Sessions that stopped taking one-way messages for lack of room
-        // take the ones that waited in them now.
-        for s in reopened {
-            s.poke(&self.shared);
+        // take the ones that waited in them now (the node's current one:
+        // an ended session has nothing more to hand over).
+        for node in reopened {
+            if let Some(s) = self.shared.session(node) {
+                s.poke(&self.shared);
+            }
         }
         n
     }

@@ -103,12 +103,14 @@ impl SessionHandle {
         w
     }
 
-    /// One-way messages: up to this peer's share of the incoming queue.
+    /// One-way messages: up to this peer node's share of the incoming
+    /// queue (counted across its sessions: see `incoming.rs`).
     fn take_messages(self: &Arc<Self>, g: &mut SessionInner, shared: &Shared, w: &mut Work) {
         let bound = shared.config.incoming_per_peer;
         let byte_bound = shared.config.incoming_bytes_per_peer;
-        let mut room = bound.saturating_sub(self.incoming.load(Ordering::Acquire));
-        let held = self.incoming_bytes.load(Ordering::Acquire);
+        let ledger = &self.ledger;
+        let mut room = bound.saturating_sub(ledger.messages.load(Ordering::Acquire));
+        let held = ledger.bytes.load(Ordering::Acquire);
         let mut added = 0usize;
         // In bytes too (memory, not message count, is what a peer could
         // exhaust); one message is always let through an empty queue.
@@ -125,16 +127,23 @@ impl SessionHandle {
             });
             room -= 1;
         }
+        if g.core.has_messages() && !ledger.blocked.swap(true, Ordering::Relaxed) {
+            // Stopped at the bound with messages waiting: they stay
+            // unacknowledged, which holds the peer back.
+            shared.stats.peer_bound_hit();
+        }
         if !w.messages.is_empty() {
-            self.incoming.fetch_add(w.messages.len(), Ordering::AcqRel);
-            self.incoming_bytes.fetch_add(added, Ordering::AcqRel);
+            ledger
+                .messages
+                .fetch_add(w.messages.len(), Ordering::AcqRel);
+            ledger.bytes.fetch_add(added, Ordering::AcqRel);
             shared.stats.messages_received(w.messages.len());
             // Queued here, under the session's lock: two drives of one
             // session (a reader and the session task, say) must hand over
             // their runs in the order they took them from the core, or a
             // stream's messages reach `recv` out of order.
             shared.incoming.push(
-                self,
+                ledger,
                 shared.clock.now_cached(),
                 std::mem::take(&mut w.messages),
             );

@@ -39,6 +39,7 @@ use surelink_proto::{
 
 use crate::conn::ConnIo;
 use crate::error::CallError;
+use crate::incoming::PeerLedger;
 use crate::server::StartOrder;
 use crate::shared::Shared;
 
@@ -105,10 +106,9 @@ pub(crate) struct SessionHandle {
     flush_scheduled: AtomicBool,
     /// When the session last wrote (the shell's clock, ns).
     last_tx: AtomicU64,
-    /// One-way messages handed to the incoming queue and not yet taken.
-    pub(crate) incoming: AtomicUsize,
-    /// Bytes of those messages.
-    pub(crate) incoming_bytes: AtomicUsize,
+    /// What the peer node's one-way messages hold in the incoming queue,
+    /// across its sessions (shared with them).
+    pub(crate) ledger: Arc<PeerLedger>,
     /// Bytes queued since the last write (changed under the lock; read
     /// without it by the flush).
     unflushed: AtomicUsize,
@@ -168,7 +168,7 @@ impl SessionInner {
 }
 
 impl SessionHandle {
-    pub(crate) fn new(key: u64, core: Session) -> SessionHandle {
+    pub(crate) fn new(key: u64, core: Session, ledger: Arc<PeerLedger>) -> SessionHandle {
         SessionHandle {
             key,
             node: core.peer(),
@@ -184,8 +184,7 @@ impl SessionHandle {
             wake: Notify::new(),
             flush_scheduled: AtomicBool::new(false),
             last_tx: AtomicU64::new(0),
-            incoming: AtomicUsize::new(0),
-            incoming_bytes: AtomicUsize::new(0),
+            ledger,
             unflushed: AtomicUsize::new(0),
             ended: AtomicBool::new(false),
             start_order: StartOrder::default(),
