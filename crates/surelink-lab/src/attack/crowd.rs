@@ -18,12 +18,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Args;
-use parking_lot::Mutex;
 use surelink::proto::NodeId;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpSocket;
 
-use super::echo_target::{call_once, Calls, MemberSpec, Rss, Target, SERVER};
+use super::echo_target::{Caller, MemberSpec, Rss, Target, SERVER};
 
 const MEMBER: NodeId = NodeId(2);
 const MEMBER_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 1, 2);
@@ -83,17 +82,7 @@ pub(crate) async fn run(a: &CrowdArgs) -> Result<()> {
         }],
     )
     .await?;
-    let member = target.member(MEMBER, &[MEMBER_IP], 1).await?;
-    anyhow::ensure!(
-        member
-            .wait_for_paths(SERVER, 1, Duration::from_secs(10))
-            .await,
-        "the member could not connect before the attack: see {}",
-        target.log().display()
-    );
-    for i in 0..200 {
-        call_once(&member, i).await;
-    }
+    let member = target.warm_member(MEMBER, MEMBER_IP).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut rss = Rss {
         before_mib: Rss::mib(target.rss_kib()),
@@ -109,20 +98,8 @@ pub(crate) async fn run(a: &CrowdArgs) -> Result<()> {
     );
     let (held, tasks) = crowd(target.listen, a);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let calls = Arc::new(Mutex::new(Calls::default()));
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let caller = {
-        let (member, calls, stop) = (member.clone(), calls.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut i = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let r = call_once(&member, i).await;
-                calls.lock().record(r);
-                i += 1;
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-    };
+    let caller = Caller::start(&member);
+    let calls = caller.calls.clone();
     let start = Instant::now();
     let mut next_cut = start + Duration::from_secs(a.cut_every);
     let (mut redials, mut recovered, mut redial_ms) = (0, 0, Vec::new());
@@ -161,8 +138,7 @@ pub(crate) async fn run(a: &CrowdArgs) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    stop.store(true, Ordering::Relaxed);
-    let _ = caller.await;
+    caller.stop().await;
     let counters = target.connection_counters().await;
     for t in tasks {
         t.abort();

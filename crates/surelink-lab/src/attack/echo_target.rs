@@ -11,9 +11,12 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use parking_lot::Mutex;
 use surelink::proto::{ClusterId, NodeId};
 use surelink::{Config, Endpoint, Keypair, PeerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -167,6 +170,56 @@ impl Target {
         c.peers = vec![PeerConfig::new(SERVER, vec![Some(self.listen); from.len()])];
         c.connections_per_network = per_network;
         Ok(Endpoint::bind(c).await?)
+    }
+
+    /// A member from `ip` with one path, connected and warmed up (200
+    /// calls) before an attack starts.
+    pub(crate) async fn warm_member(&self, node: NodeId, ip: Ipv4Addr) -> Result<Endpoint> {
+        let ep = self.member(node, &[ip], 1).await?;
+        anyhow::ensure!(
+            ep.wait_for_paths(SERVER, 1, Duration::from_secs(10)).await,
+            "member {node} could not connect before the attack: see {}",
+            self.log().display()
+        );
+        for i in 0..200 {
+            call_once(&ep, i).await;
+        }
+        Ok(ep)
+    }
+}
+
+/// A legitimate member calling the target every 10 ms until stopped.
+pub(crate) struct Caller {
+    /// What its calls got.
+    pub(crate) calls: Arc<Mutex<Calls>>,
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Caller {
+    /// Starts calling from `ep`.
+    pub(crate) fn start(ep: &Endpoint) -> Caller {
+        let calls = Arc::new(Mutex::new(Calls::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let task = {
+            let (ep, calls, stop) = (ep.clone(), calls.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let r = call_once(&ep, i).await;
+                    calls.lock().record(r);
+                    i += 1;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+        };
+        Caller { calls, stop, task }
+    }
+
+    /// Stops calling (the call in flight ends first).
+    pub(crate) async fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.task.await;
     }
 }
 

@@ -9,16 +9,13 @@
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Args;
-use parking_lot::Mutex;
 use surelink::proto::NodeId;
 
-use super::echo_target::{call_once, Calls, MemberSpec, Rss, Target, SERVER};
+use super::echo_target::{call_once, Caller, Calls, MemberSpec, Rss, Target, SERVER};
 
 const CALLER: NodeId = NodeId(2);
 const GREEDY: NodeId = NodeId(3);
@@ -83,17 +80,7 @@ pub(crate) async fn run(a: &MemberPathsArgs) -> Result<()> {
         ],
     )
     .await?;
-    let caller = target.member(CALLER, &[CALLER_IP], 1).await?;
-    anyhow::ensure!(
-        caller
-            .wait_for_paths(SERVER, 1, Duration::from_secs(10))
-            .await,
-        "the caller could not connect: see {}",
-        target.log().display()
-    );
-    for i in 0..200 {
-        call_once(&caller, i).await;
-    }
+    let caller = target.warm_member(CALLER, CALLER_IP).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut rss = Rss {
         before_mib: Rss::mib(target.rss_kib()),
@@ -106,20 +93,8 @@ pub(crate) async fn run(a: &MemberPathsArgs) -> Result<()> {
         rss.before_mib,
         a.sources
     );
-    let calls = Arc::new(Mutex::new(Calls::default()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let calling = {
-        let (ep, calls, stop) = (caller.clone(), calls.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut i = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let r = call_once(&ep, i).await;
-                calls.lock().record(r);
-                i += 1;
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-    };
+    let calling = Caller::start(&caller);
+    let calls = calling.calls.clone();
     let sources: Vec<Ipv4Addr> = (0..a.sources)
         .map(|i| Ipv4Addr::new(127, 0, 4, 1 + i))
         .collect();
@@ -161,8 +136,7 @@ pub(crate) async fn run(a: &MemberPathsArgs) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    stop.store(true, Ordering::Relaxed);
-    let _ = calling.await;
+    calling.stop().await;
     let counters = target.connection_counters().await;
     greedy.shutdown().await;
     tokio::time::sleep(Duration::from_secs(3)).await;
