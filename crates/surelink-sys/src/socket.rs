@@ -110,26 +110,7 @@ fn steer_to_first(sock: &UdpSocket) -> io::Result<()> {
         jf: 0,
         k: 0,
     }];
-    let prog = libc::sock_fprog {
-        len: 1,
-        filter: code.as_mut_ptr(),
-    };
-    // SAFETY: `prog` and the code it points to outlive the call (the
-    // kernel copies the program); its size is passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_ATTACH_REUSEPORT_CBPF,
-            (&prog as *const libc::sock_fprog).cast(),
-            libc::socklen_t::try_from(std::mem::size_of::<libc::sock_fprog>()).unwrap_or(16),
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    steer::attach_reuseport_program(sock, &mut code)
 }
 
 /// The receiving socket and, where the kernel allows, the sending one

@@ -103,7 +103,15 @@ pub(crate) fn steer(sock: &UdpSocket, listed: &[Ipv4Addr]) -> io::Result<()> {
             "too many addresses to steer",
         ));
     }
-    let mut code = program(listed);
+    attach_reuseport_program(sock, &mut program(listed))
+}
+
+/// Attaches the classic BPF program `code` to `sock`'s reuseport group
+/// (replacing the one there): it picks the group's socket per datagram.
+pub(crate) fn attach_reuseport_program(
+    sock: &UdpSocket,
+    code: &mut [libc::sock_filter],
+) -> io::Result<()> {
     let prog = libc::sock_fprog {
         len: u16::try_from(code.len()).map_err(|_| io::ErrorKind::InvalidInput)?,
         filter: code.as_mut_ptr(),
