@@ -29,9 +29,11 @@
 
 pub mod counters;
 pub mod cpu;
+pub mod private;
 mod socket;
 pub mod steer;
 
+pub use private::{PollRegistry, Poller, PrivateSocket};
 pub use socket::{HeartbeatSocket, Received, TxTimestamp};
 pub use steer::{QueueState, StraySocket};
 

@@ -182,6 +182,12 @@ impl HeartbeatSocket {
         steer::steer(&self.sock, listed)
     }
 
+    /// Waits up to `timeout` for a datagram to read; whether one is there
+    /// (so a reader can count it in hand before it leaves the queue).
+    pub fn wait(&self, timeout: Duration) -> io::Result<bool> {
+        steer::wait_readable(&self.sock, timeout)
+    }
+
     /// The receive queue's occupancy and drop count, without a datagram.
     pub fn queue_state(&self) -> io::Result<QueueState> {
         steer::queue_state(&self.sock)

@@ -183,27 +183,53 @@ pub struct StraySocket {
 impl StraySocket {
     /// Waits up to `timeout` for a datagram to read; whether one is there.
     pub fn wait(&self, timeout: Duration) -> io::Result<bool> {
-        let mut p = libc::pollfd {
-            fd: self.sock.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-        // SAFETY: one valid pollfd.
-        let rc = unsafe { libc::poll(&mut p, 1, ms) };
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            return match e.kind() {
-                io::ErrorKind::Interrupted => Ok(false),
-                _ => Err(e),
-            };
-        }
-        Ok(rc > 0)
+        wait_readable(&self.sock, timeout)
     }
 
     /// Takes up to [`BATCH`] waiting datagrams in one call, without
     /// blocking. Returns how many (0: none there).
     pub fn recv_batch(&self, batch: &mut Batch) -> io::Result<usize> {
+        recv_batch(&self.sock, batch)
+    }
+
+    /// Its queue's occupancy and drop count.
+    pub fn queue_state(&self) -> io::Result<QueueState> {
+        queue_state(&self.sock)
+    }
+
+    /// Shuts it down: a thread blocked in [`StraySocket::recv_batch`]
+    /// returns.
+    pub fn shutdown(&self) {
+        // SAFETY: plain system call on our own descriptor.
+        unsafe { libc::shutdown(self.sock.as_raw_fd(), libc::SHUT_RDWR) };
+    }
+}
+
+/// Waits up to `timeout` for `sock` to have a datagram to read; whether
+/// one is there.
+pub(crate) fn wait_readable(sock: &UdpSocket, timeout: Duration) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd: sock.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: one valid pollfd.
+    let rc = unsafe { libc::poll(&mut p, 1, ms) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        return match e.kind() {
+            io::ErrorKind::Interrupted => Ok(false),
+            _ => Err(e),
+        };
+    }
+    Ok(rc > 0)
+}
+
+/// Takes up to [`BATCH`] waiting datagrams from `sock` in one call,
+/// without blocking. Returns how many (0: none there).
+pub(crate) fn recv_batch(sock: &UdpSocket, batch: &mut Batch) -> io::Result<usize> {
+    {
         batch.n = 0;
         let mut iov: [libc::iovec; BATCH] = std::array::from_fn(|i| libc::iovec {
             iov_base: batch.data[i].as_mut_ptr().cast(),
@@ -228,7 +254,7 @@ impl StraySocket {
         // SAFETY: every pointer in `msgs` is valid for the sizes given.
         let n = unsafe {
             libc::recvmmsg(
-                self.sock.as_raw_fd(),
+                sock.as_raw_fd(),
                 msgs.as_mut_ptr(),
                 u32::try_from(BATCH).unwrap_or(1),
                 libc::MSG_DONTWAIT,
@@ -247,18 +273,6 @@ impl StraySocket {
         }
         batch.n = n;
         Ok(n)
-    }
-
-    /// Its queue's occupancy and drop count.
-    pub fn queue_state(&self) -> io::Result<QueueState> {
-        queue_state(&self.sock)
-    }
-
-    /// Shuts it down: a thread blocked in [`StraySocket::recv_batch`]
-    /// returns.
-    pub fn shutdown(&self) {
-        // SAFETY: plain system call on our own descriptor.
-        unsafe { libc::shutdown(self.sock.as_raw_fd(), libc::SHUT_RDWR) };
     }
 }
 

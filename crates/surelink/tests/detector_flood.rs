@@ -1,7 +1,10 @@
 //! The failure detector under a junk UDP flood of its heartbeat port, on
 //! loopback: the flood comes from an address no member's heartbeat came
 //! from, so the kernel steers it to the strays' queue; its drops there
-//! neither keep a vanished peer alive nor make a live one look dead.
+//! neither keep a vanished peer alive nor make a live one look dead. And a
+//! flood forging the peer's own address (on loopback any 127/8 address can
+//! be a source): it overflows the members' queue, but the peer's heartbeats
+//! come out of their private queue, which the flood cannot reach.
 
 #![allow(clippy::unwrap_used)]
 
@@ -47,14 +50,22 @@ struct Flood {
 
 impl Flood {
     fn start(to: Vec<SocketAddr>) -> Flood {
+        Flood::forging(&[std::net::Ipv4Addr::LOCALHOST.into()], to)
+    }
+
+    /// Junk from each of `from` (other ports), to each of `to`.
+    fn forging(from: &[std::net::IpAddr], to: Vec<SocketAddr>) -> Flood {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
+        let tx: Vec<std::net::UdpSocket> = from
+            .iter()
+            .map(|ip| std::net::UdpSocket::bind(SocketAddr::new(*ip, 0)).unwrap())
+            .collect();
         let thread = std::thread::spawn(move || {
-            let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
             let mut sent = 0u64;
             while !s.load(Ordering::Relaxed) {
-                for a in &to {
-                    if tx.send_to(&[0xa5u8; 64], a).is_ok() {
+                for (t, a) in tx.iter().zip(to.iter().cycle()) {
+                    if t.send_to(&[0xa5u8; 64], a).is_ok() {
                         sent += 1;
                     }
                 }
@@ -134,5 +145,65 @@ async fn a_live_peer_under_a_junk_flood_is_never_reported() {
     assert!(false_reports.is_empty(), "{false_reports:?}: {d:?}");
     assert!(d.strays.dropped > 0, "the flood overflowed nothing: {d:?}");
     assert_eq!(d.monitor.reported_dead, 0);
+    drop(client);
+}
+
+/// The client's own addresses, each flooding the server's heartbeat port
+/// on the same network.
+fn forged_flood(server: &Endpoint, client: &Endpoint) -> Flood {
+    let from: Vec<std::net::IpAddr> = client
+        .heartbeat_addrs()
+        .iter()
+        .map(SocketAddr::ip)
+        .collect();
+    Flood::forging(&from, server.heartbeat_addrs())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_forging_the_peers_address_does_not_keep_it_alive() {
+    let (server, client) = pair().await;
+    let mut events = server.events();
+    let flood = forged_flood(&server, &client);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let gone = Instant::now();
+    drop(client);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut dead_after = None;
+    while let Ok(Ok(e)) = tokio::time::timeout_at(deadline, events.recv()).await {
+        if matches!(e, NetEvent::PeerDead { peer } if peer == CLIENT) {
+            dead_after = Some(gone.elapsed());
+            break;
+        }
+    }
+    let sent = flood.stop();
+    let d = server.stats().detector.unwrap();
+    let after =
+        dead_after.unwrap_or_else(|| panic!("not reported dead under the forged flood: {d:?}"));
+    assert!(after < BOUND, "took {after:?}: {d:?}");
+    // The flood reached the members' queue and overflowed it: without the
+    // private queues these drops held the report back.
+    assert!(
+        d.monitor.reported_through_member_drops > 0,
+        "the forged flood ({sent} sent) held back nothing: {d:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_peer_under_a_forged_flood_is_never_reported() {
+    let (server, client) = pair().await;
+    let mut events = server.events();
+    let flood = forged_flood(&server, &client);
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    let mut false_reports = Vec::new();
+    while let Ok(Ok(e)) = tokio::time::timeout_at(until, events.recv()).await {
+        if matches!(e, NetEvent::PeerDead { .. } | NetEvent::PathSilent { .. }) {
+            false_reports.push(e);
+        }
+    }
+    flood.stop();
+    let d = server.stats().detector.unwrap();
+    assert!(false_reports.is_empty(), "{false_reports:?}: {d:?}");
+    assert_eq!(d.monitor.reported_dead, 0);
+    assert!(d.heartbeats_received > 100, "{d:?}");
     drop(client);
 }

@@ -5,10 +5,16 @@
 //!
 //! | kind | body |
 //! |---|---|
-//! | HEARTBEAT (0x10) | cluster u64, node u64, epoch u64, seq u64, tag 16 B |
+//! | HEARTBEAT (0x10) | cluster u64, node u64, epoch u64, seq u64, port u16, tag 16 B |
 //! | BARRIER (0x11) | token u64, copy u16 |
 //!
-//! The tag is HMAC-SHA256 (first 16 bytes) over header and the first 32
+//! `port` is the sender's *private* heartbeat port for the receiver on this
+//! network (0: none yet): the receiver's heartbeats to the sender go there
+//! from then on, to a socket that takes datagrams from the receiver's
+//! address only and whose number a stranger off the path never sees (see
+//! the monitor's "Private queues").
+//!
+//! The tag is HMAC-SHA256 (first 16 bytes) over header and the first 34
 //! body bytes, keyed per pair of nodes ([`HeartbeatKey`], from the
 //! members' static keys), so a heartbeat proves its sender without a
 //! handshake; all zeros when the endpoints run insecure. [`Freshness`]
@@ -20,12 +26,12 @@
 use crate::ids::{ClusterId, Epoch, NodeId};
 use crate::wire::{FrameKind, HEADER_LEN, PROTOCOL_VERSION};
 
-/// Body length of a heartbeat: four u64 and the tag.
-const HEARTBEAT_BODY: usize = 32 + TAG_LEN;
+/// Body length of a heartbeat: four u64, the port and the tag.
+const HEARTBEAT_BODY: usize = 34 + TAG_LEN;
 /// Bytes of a heartbeat's tag.
 const TAG_LEN: usize = 16;
-/// What the tag covers: header and the four u64.
-const SIGNED: usize = HEADER_LEN + 32;
+/// What the tag covers: header, the four u64 and the port.
+const SIGNED: usize = HEADER_LEN + 34;
 /// Body length of a barrier.
 const BARRIER_BODY: usize = 10;
 /// Bytes of the largest datagram (what a receive buffer needs).
@@ -45,6 +51,9 @@ pub enum Datagram {
         epoch: Epoch,
         /// Its number in the sender's schedule.
         seq: u64,
+        /// The sender's private heartbeat port for us on this network (0:
+        /// none; send to its public port).
+        port: u16,
     },
     /// One of our own barriers.
     Barrier {
@@ -115,6 +124,7 @@ pub fn encode_heartbeat(
     node: NodeId,
     epoch: Epoch,
     seq: u64,
+    port: u16,
     key: Option<&HeartbeatKey>,
 ) -> [u8; HEADER_LEN + HEARTBEAT_BODY] {
     let mut out = [0u8; HEADER_LEN + HEARTBEAT_BODY];
@@ -122,6 +132,7 @@ pub fn encode_heartbeat(
     for (i, v) in [cluster.0, node.0, epoch.0, seq].into_iter().enumerate() {
         out[HEADER_LEN + 8 * i..HEADER_LEN + 8 * i + 8].copy_from_slice(&v.to_be_bytes());
     }
+    out[HEADER_LEN + 32..SIGNED].copy_from_slice(&port.to_be_bytes());
     if let Some(k) = key {
         let tag = k.tag(&out[..SIGNED]);
         out[SIGNED..].copy_from_slice(&tag);
@@ -206,6 +217,7 @@ pub fn decode_datagram(b: &[u8]) -> Result<Datagram, DatagramError> {
             node: NodeId(u64_at(body, 8)),
             epoch: Epoch(u64_at(body, 16)),
             seq: u64_at(body, 24),
+            port: u16::from_be_bytes([body[32], body[33]]),
         }),
         Some(FrameKind::Barrier) if body.len() >= BARRIER_BODY => Ok(Datagram::Barrier {
             token: u64_at(body, 0),
@@ -224,10 +236,10 @@ mod tests {
     fn tags_verify_only_under_the_pair_key_and_replays_are_refused() {
         let k = HeartbeatKey::new(&[1; 32]);
         let other = HeartbeatKey::new(&[2; 32]);
-        let hb = encode_heartbeat(ClusterId(1), NodeId(2), Epoch(3), 4, Some(&k));
+        let hb = encode_heartbeat(ClusterId(1), NodeId(2), Epoch(3), 4, 0, Some(&k));
         assert!(verify_heartbeat(&hb, &k));
         assert!(!verify_heartbeat(&hb, &other));
-        let plain = encode_heartbeat(ClusterId(1), NodeId(2), Epoch(3), 4, None);
+        let plain = encode_heartbeat(ClusterId(1), NodeId(2), Epoch(3), 4, 5, None);
         assert!(!verify_heartbeat(&plain, &k));
         for i in 0..hb.len() {
             let mut bad = hb;
@@ -251,14 +263,15 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let hb = encode_heartbeat(ClusterId(1), NodeId(2), Epoch(3), 4, None);
+        let hb = encode_heartbeat(ClusterId(1), NodeId(2), Epoch(3), 4, 5, None);
         assert_eq!(
             decode_datagram(&hb),
             Ok(Datagram::Heartbeat {
                 cluster: ClusterId(1),
                 node: NodeId(2),
                 epoch: Epoch(3),
-                seq: 4
+                seq: 4,
+                port: 5,
             })
         );
         let b = encode_barrier(9, 1);
@@ -270,7 +283,7 @@ mod tests {
 
     #[test]
     fn garbage_is_a_typed_error_never_a_panic() {
-        let hb = encode_heartbeat(ClusterId(1), NodeId(2), Epoch(3), 4, None);
+        let hb = encode_heartbeat(ClusterId(1), NodeId(2), Epoch(3), 4, 5, None);
         for cut in 0..hb.len() {
             assert!(decode_datagram(&hb[..cut]).is_err());
         }

@@ -50,5 +50,6 @@ mod monitor;
 pub use config::{DetectorConfig, DetectorMode};
 pub use fence::{Fence, FenceState, HeartbeatDue};
 pub use monitor::{
-    HeartbeatQueue, Monitor, MonitorAction, MonitorStats, PathReport, StraysAtBarrier, Watch,
+    HeartbeatQueue, Monitor, MonitorAction, MonitorStats, PathReport, QueueAtBarrier,
+    QueuesAtBarrier, StraysAtBarrier, Watch,
 };

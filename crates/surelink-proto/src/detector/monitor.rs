@@ -44,6 +44,37 @@
 //! later heartbeats, from the same address, cannot be in the strays' queue.
 //! The assumption this adds: a member's heartbeats keep their source
 //! address (they leave from a socket bound to its configured address).
+//!
+//! # Private queues: drops a spoofed flood cannot cause
+//!
+//! Steering is by source address, which a flood can forge: junk claiming a
+//! member's address lands in the members' queue, overflows it, and with the
+//! rules above holds back every report for as long as it lasts. So each
+//! side also opens a *private* socket per peer and network, on a port of
+//! its own choosing, connected to the peer's heartbeat address (the kernel
+//! gives it only datagrams from that address and port, and answers any
+//! other source as a closed port would), and tells the peer the port in its
+//! authenticated heartbeats. The peer's heartbeats go there from then on
+//! (and a copy to the public port now and then, for a restarted peer to
+//! learn it anew). A forger must then guess the port as well as forge the
+//! address: off the path, one port among tens of thousands, sprayed blind.
+//!
+//! A path whose heartbeat of its current epoch came out of its private
+//! queue ([`HeartbeatQueue::Private`]) is *private*, until the epoch
+//! changes or the shell says the socket was replaced
+//! ([`Monitor::handle_private_reset`]): its peer knows the port, and the
+//! sender's fence counts only the private copy for it (see the shell's
+//! sender), so a live unfenced peer's heartbeats are in that queue. A
+//! private suspect is held back only by a drop in its own private queue
+//! ([`Monitor::handle_private_drop_count`]), by one at the interfaces or
+//! the per-CPU backlogs every queue's packets pass
+//! ([`Monitor::handle_system_drop_count`]), or by its private queue not
+//! being empty as the round ends — not by the members' or the strays'
+//! queues. The barriers then must not go through a queue a flood can
+//! reach either: a shell with private queues sends them to a private
+//! socket of its own, which proves the per-CPU backlogs clear, and reports
+//! every queue's state as the round ends ([`Monitor::handle_barrier_queues`]):
+//! the members' queue too must be empty for a suspect that is not private.
 
 use std::collections::BTreeMap;
 use std::collections::VecDeque;
@@ -106,6 +137,7 @@ pub enum MonitorAction {
 
 /// Which receive queue a heartbeat came out of (see the module docs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum HeartbeatQueue {
     /// The queue whose sources are members' known addresses (and ours).
     /// With one queue for everything, every heartbeat comes out of this one.
@@ -113,16 +145,39 @@ pub enum HeartbeatQueue {
     Members,
     /// The queue of every other source.
     Strays,
+    /// The path's own private queue (see "Private queues").
+    Private,
 }
 
-/// The strays' queue as a barrier round ends (see
-/// [`Monitor::handle_barrier_steered`]).
+/// A receive queue as a barrier round ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StraysAtBarrier {
+pub struct QueueAtBarrier {
     /// Its drop counter's total.
     pub drops: u64,
     /// Whether it was empty, with nothing read from it still unprocessed.
     pub empty: bool,
+}
+
+/// The strays' queue as a barrier round ends (see
+/// [`Monitor::handle_barrier_steered`]).
+pub type StraysAtBarrier = QueueAtBarrier;
+
+/// Every queue as a round ends, for a shell whose barriers come out of a
+/// private socket of its own (see [`Monitor::handle_barrier_queues`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueuesAtBarrier {
+    /// The drops that hold back every path that is not private: the
+    /// members' queue plus `system_drops` (as [`Monitor::handle_drop_count`]).
+    pub drops: u64,
+    /// The drops every queue's packets may meet (interfaces, per-CPU
+    /// backlogs), as [`Monitor::handle_system_drop_count`].
+    pub system_drops: u64,
+    /// Whether the members' queue was empty with nothing in hand.
+    pub members_empty: bool,
+    /// The strays' queue, when the port is split.
+    pub strays: Option<QueueAtBarrier>,
+    /// Each private queue.
+    pub private: Vec<(Watch, QueueAtBarrier)>,
 }
 
 /// Counters, for experiments and stats.
@@ -149,6 +204,13 @@ pub struct MonitorStats {
     /// during their window: junk that would have held them back with one
     /// queue.
     pub reported_through_stray_drops: u64,
+    /// Private suspects not reported because their private queue dropped
+    /// something since their window began, or was not empty.
+    pub saved_by_private: u64,
+    /// Private suspects reported although the members' queue dropped
+    /// datagrams during their window: a flood forging members' addresses
+    /// that would have held them back without private queues.
+    pub reported_through_member_drops: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -159,8 +221,9 @@ struct PathState {
     /// When it was reported down: only something heard after that brings
     /// it back (a stamp taken before the report is old news).
     down_at: Time,
-    /// Whether its latest heartbeat came out of the members' queue.
-    sorted: bool,
+    /// Which queue its heartbeats are in: where the latest came out of,
+    /// except that `Private` stays for the epoch (see "Private queues").
+    queue: HeartbeatQueue,
 }
 
 /// What a round may report.
@@ -194,6 +257,12 @@ pub struct Monitor {
     /// The same for the strays' queue.
     stray_drops: Option<u64>,
     t_stray_drop: Option<Time>,
+    /// The same for the interfaces and backlogs alone (a shell with private
+    /// queues reports them apart).
+    system_drops: Option<u64>,
+    t_system_drop: Option<Time>,
+    /// The same per private queue.
+    private_drops: BTreeMap<Watch, (u64, Option<Time>)>,
     actions: VecDeque<MonitorAction>,
     stats: MonitorStats,
 }
@@ -212,6 +281,9 @@ impl Monitor {
             t_drop: None,
             stray_drops: None,
             t_stray_drop: None,
+            system_drops: None,
+            t_system_drop: None,
+            private_drops: BTreeMap::new(),
             actions: VecDeque::new(),
             stats: MonitorStats::default(),
         }
@@ -233,12 +305,15 @@ impl Monitor {
         epoch: Epoch,
         queue: HeartbeatQueue,
     ) {
-        let sorted = queue == HeartbeatQueue::Members;
         match self.paths.get_mut(&watch) {
             Some(p) if epoch < p.epoch => {}
             Some(p) => {
+                // A new incarnation knows no private port of ours yet.
+                let keep_private = p.queue == HeartbeatQueue::Private && p.epoch == epoch;
                 p.epoch = epoch;
-                p.sorted = sorted;
+                if !keep_private {
+                    p.queue = queue;
+                }
                 self.heard(now, watch);
             }
             None => {
@@ -249,7 +324,7 @@ impl Monitor {
                         epoch,
                         down: false,
                         down_at: Time::ZERO,
-                        sorted,
+                        queue,
                     },
                 );
                 // A heartbeat on a new network is news of a dead peer too.
@@ -272,7 +347,7 @@ impl Monitor {
             epoch: Epoch(0),
             down: false,
             down_at: Time::ZERO,
-            sorted: false,
+            queue: HeartbeatQueue::Strays,
         });
         self.heard(now, watch);
     }
@@ -318,6 +393,37 @@ impl Monitor {
         self.stray_drops = Some(total);
     }
 
+    /// The interfaces' and per-CPU backlogs' drop total alone, read at
+    /// `now` (a shell with private queues; see "Private queues").
+    pub fn handle_system_drop_count(&mut self, now: Time, total: u64) {
+        if self.system_drops.is_some_and(|before| before != total) {
+            self.t_system_drop = Some(now);
+        }
+        self.system_drops = Some(total);
+    }
+
+    /// The private queue of `watch`'s drop total, read at `now`. A drop is
+    /// dated by the reading that first sees it (later than it happened, so
+    /// it holds back more, never less).
+    pub fn handle_private_drop_count(&mut self, now: Time, watch: Watch, total: u64) {
+        let e = self.private_drops.entry(watch).or_insert((total, None));
+        if e.0 != total {
+            *e = (total, Some(now));
+        }
+    }
+
+    /// The private socket of `watch` was replaced (its peer's address
+    /// moved): the peer does not know the new port yet, so the path is
+    /// treated as public until a heartbeat comes out of the new one.
+    pub fn handle_private_reset(&mut self, watch: Watch) {
+        if let Some(p) = self.paths.get_mut(&watch) {
+            if p.queue == HeartbeatQueue::Private {
+                p.queue = HeartbeatQueue::Members;
+            }
+        }
+        self.private_drops.remove(&watch);
+    }
+
     /// Every barrier of round `token` came out of the heartbeat queue; the
     /// drop counters read right after total `drops`. (One queue: nothing
     /// can be waiting elsewhere.)
@@ -338,18 +444,46 @@ impl Monitor {
         self.finish_round(now, token, drops, Some(strays));
     }
 
+    /// The barriers of round `token` came out of the shell's own private
+    /// barrier socket (so the per-CPU backlogs are clear up to when they
+    /// were sent), and `queues` is every heartbeat queue as the round ends.
+    pub fn handle_barrier_queues(&mut self, now: Time, token: u64, queues: &QueuesAtBarrier) {
+        self.finish_round_queues(now, token, queues);
+    }
+
     fn finish_round(&mut self, now: Time, token: u64, drops: u64, strays: Option<StraysAtBarrier>) {
+        self.finish_round_queues(
+            now,
+            token,
+            &QueuesAtBarrier {
+                drops,
+                system_drops: self.system_drops.unwrap_or(0),
+                members_empty: true,
+                strays,
+                private: Vec::new(),
+            },
+        );
+    }
+
+    fn finish_round_queues(&mut self, now: Time, token: u64, q: &QueuesAtBarrier) {
         let Some(round) = self.round.take_if(|r| r.token == token) else {
             return;
         };
-        self.handle_drop_count(now, drops);
-        let strays_empty = match strays {
+        self.handle_drop_count(now, q.drops);
+        self.handle_system_drop_count(now, q.system_drops);
+        let strays_empty = match q.strays {
             Some(s) => {
                 self.handle_stray_drop_count(now, s.drops);
                 s.empty
             }
             None => true,
         };
+        let mut private_empty = BTreeMap::new();
+        for (w, s) in &q.private {
+            self.handle_private_drop_count(now, *w, s.drops);
+            private_empty.insert(*w, s.empty);
+        }
+        let since = |t: Option<Time>, start: Time| t.is_some_and(|t| t >= start);
         let mut confirmed = Vec::new();
         for (suspect, start) in round.suspects {
             let Some(last_heard) = self.last_heard(suspect) else {
@@ -364,20 +498,41 @@ impl Monitor {
                 self.stats.saved_by_barrier += 1;
                 continue;
             }
-            if self.t_drop.is_some_and(|t| t >= start) {
-                // A heartbeat may have been among what we dropped.
+            if since(self.t_system_drop, start) {
+                // Dropped before it reached any queue, maybe.
                 self.stats.saved_by_drop += 1;
                 continue;
             }
-            let stray_drop = self.t_stray_drop.is_some_and(|t| t >= start);
-            if !self.sorted(suspect) && (stray_drop || !strays_empty) {
+            let watches: Vec<(Watch, HeartbeatQueue)> = self.suspect_paths(suspect).collect();
+            let public = watches.iter().any(|(_, q)| *q != HeartbeatQueue::Private);
+            if public && (since(self.t_drop, start) || !q.members_empty) {
+                // A heartbeat may have been among what we dropped, or still
+                // be waiting in the members' queue.
+                self.stats.saved_by_drop += 1;
+                continue;
+            }
+            let stray_drop = since(self.t_stray_drop, start);
+            let unsorted = watches.iter().any(|(_, q)| *q == HeartbeatQueue::Strays);
+            if unsorted && (stray_drop || !strays_empty) {
                 // Its heartbeats may go to the strays' queue: dropped
                 // there, or still waiting in it (no barrier covers it).
                 self.stats.saved_by_stray += 1;
                 continue;
             }
+            let private_held = watches.iter().any(|(w, q)| {
+                *q == HeartbeatQueue::Private
+                    && (since(self.private_drops.get(w).and_then(|d| d.1), start)
+                        || !private_empty.get(w).copied().unwrap_or(true))
+            });
+            if private_held {
+                self.stats.saved_by_private += 1;
+                continue;
+            }
             if stray_drop {
                 self.stats.reported_through_stray_drops += 1;
+            }
+            if !public && since(self.t_drop, start) {
+                self.stats.reported_through_member_drops += 1;
             }
             confirmed.push(suspect);
         }
@@ -392,13 +547,22 @@ impl Monitor {
         }
     }
 
-    /// Whether every path of the suspect had its latest heartbeat out of
-    /// the members' queue.
-    fn sorted(&self, suspect: Suspect) -> bool {
-        match suspect {
-            Suspect::Path(w) => self.paths.get(&w).is_some_and(|p| p.sorted),
-            Suspect::Peer(peer) => self.peer_paths(peer).all(|(_, p)| p.sorted),
-        }
+    /// The suspect's paths and the queue each one's heartbeats are in.
+    fn suspect_paths(
+        &self,
+        suspect: Suspect,
+    ) -> impl Iterator<Item = (Watch, HeartbeatQueue)> + '_ {
+        let (lo, hi) = match suspect {
+            Suspect::Path(w) => (w, w),
+            Suspect::Peer(peer) => (
+                Watch { peer, network: 0 },
+                Watch {
+                    peer,
+                    network: u16::MAX,
+                },
+            ),
+        };
+        self.paths.range(lo..=hi).map(|(w, p)| (*w, p.queue))
     }
 
     fn reported(&self, suspect: Suspect) -> bool {

@@ -29,6 +29,8 @@ impl Detector {
                 // by a drop long past).
                 let drops = self.drop_total(&c.ovfl, false);
                 c.monitor.handle_drop_count(now, drops);
+                c.monitor
+                    .handle_system_drop_count(now, self.system_drop_total(false));
                 if self.split() {
                     c.monitor.handle_stray_drop_count(now, self.stray_drops());
                 }
@@ -41,6 +43,7 @@ impl Detector {
                 }
                 c.monitor.handle_timeout(now);
                 let barrier = self.dispatch(&mut c).map(|token| {
+                    self.read_private_drops(&mut c, now);
                     let copies = self.networks * cpus.len().max(1);
                     let wire = random_u64();
                     c.round = Some(RoundState {
@@ -62,7 +65,7 @@ impl Detector {
     /// One barrier per CPU per socket, each sent while pinned to that CPU,
     /// so it queues behind whatever that CPU's backlog holds.
     fn send_barriers(&self, token: u64, cpus: &[usize]) {
-        let targets: Vec<SocketAddr> = self.local_addrs();
+        let targets: Vec<SocketAddr> = self.private.lock().barrier_targets().to_vec();
         let barrier_from = self.barrier_from.lock().clone();
         let pinned = cpus.len() > 1;
         for (copy, &c) in cpus.iter().enumerate() {

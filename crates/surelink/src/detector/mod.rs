@@ -28,6 +28,7 @@
 
 mod check;
 mod gate;
+mod private;
 mod react;
 mod read;
 mod send;
@@ -173,6 +174,13 @@ pub(crate) struct Detector {
     steering: Mutex<strays::Steering>,
     /// Stray readers holding datagrams they have not processed yet.
     stray_in_hand: AtomicU64,
+    /// The same for the members' readers.
+    members_in_hand: AtomicU64,
+    /// Private sockets per peer and network, and our barriers' ones.
+    private: Mutex<private::Private>,
+    /// Where our heartbeats to a peer go privately: its address on the
+    /// network and the port it gave us.
+    private_dests: Mutex<BTreeMap<(NodeId, usize), SocketAddr>>,
     strays_read: AtomicU64,
     not_steered: AtomicU64,
     /// Networks this endpoint is silent on (test hook: see
@@ -280,6 +288,11 @@ impl Detector {
             // advance, so the port is not split.
             strays.iter_mut().for_each(|s| *s = None);
         }
+        let barrier_addrs: Vec<SocketAddr> = barrier_from
+            .iter()
+            .map(|s: &Arc<HeartbeatSocket>| s.local_addr())
+            .collect::<std::io::Result<_>>()?;
+        let (private, poller) = private::Private::open(&barrier_addrs)?;
         let gate = Arc::new(Gate::new());
         let now = gate.now();
         // The schedule starts when the sender thread does (a cold start
@@ -327,6 +340,9 @@ impl Detector {
             strays: Mutex::new(strays),
             steering: Mutex::new(strays::Steering::default()),
             stray_in_hand: AtomicU64::new(0),
+            members_in_hand: AtomicU64::new(0),
+            private: Mutex::new(private),
+            private_dests: Mutex::new(BTreeMap::new()),
             strays_read: AtomicU64::new(0),
             not_steered: AtomicU64::new(0),
             #[cfg(feature = "test-util")]
@@ -344,7 +360,10 @@ impl Detector {
         }
         {
             let drops = det.drop_total(&det.checker.lock().ovfl, true);
-            det.checker.lock().monitor.handle_drop_count(now, drops);
+            let system = det.system_drop_total(false);
+            let mut c = det.checker.lock();
+            c.monitor.handle_drop_count(now, drops);
+            c.monitor.handle_system_drop_count(now, system);
         }
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             let h = std::thread::Builder::new().name(name).spawn(f)?;
@@ -360,6 +379,11 @@ impl Detector {
         spawn(
             "surelink-hb-check".into(),
             Box::new(move || d.checker_thread()),
+        )?;
+        let d = det.clone();
+        spawn(
+            "surelink-hb-private".into(),
+            Box::new(move || d.private_thread(poller)),
         )?;
         for i in 0..n {
             let d = det.clone();
@@ -419,6 +443,8 @@ impl Detector {
     /// heartbeats cannot be replayed to bring the address back.)
     pub(crate) fn forget_peer(&self, peer: NodeId) {
         self.dests.lock().retain(|(p, _), _| *p != peer);
+        self.private_dests.lock().retain(|(p, _), _| *p != peer);
+        self.private.lock().forget(peer);
         self.heard.lock().retain(|(p, _), _| *p != peer);
     }
 

@@ -1,6 +1,7 @@
-//! A reader thread per heartbeat socket: feeds heartbeats and barriers to
-//! the monitor in queue order, with the socket's drop count, and the drop
-//! counters the barrier check relies on.
+//! A reader thread per heartbeat socket: feeds heartbeats to the monitor
+//! in queue order, with the socket's drop count, and the drop counters the
+//! barrier check relies on. (Our barriers come back through a private
+//! socket: see `private.rs`.)
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use tracing::debug;
 
 use surelink_proto::detector::datagram::{self, Datagram, MAX_DATAGRAM};
 use surelink_proto::detector::HeartbeatQueue;
-use surelink_sys::counters;
+use surelink_sys::{counters, HeartbeatSocket};
 
 use super::strays::Refused;
 use super::{DelayPoint, Detector, SYSTEM_COUNTERS_EVERY};
@@ -22,83 +23,73 @@ impl Detector {
         };
         let mut buf = [0u8; MAX_DATAGRAM + 64];
         while !self.closed.load(Ordering::Relaxed) {
-            let r = match sock.recv(&mut buf) {
-                Ok(r) => r,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    continue
-                }
+            match sock.wait(super::READ_POLL) {
+                Ok(true) => {}
+                Ok(false) => continue,
                 Err(e) => {
-                    debug!(network, error = %e, "heartbeat read failed");
+                    debug!(network, error = %e, "heartbeat wait failed");
                     std::thread::sleep(Duration::from_millis(10));
                     continue;
                 }
-            };
-            self.stall(DelayPoint::Reader);
-            let now = self.gate.now();
-            let mut c = self.checker.lock();
-            if let Some(d) = r.drops {
-                c.ovfl[network] = u64::from(d);
             }
-            let bytes = &buf[..r.len.min(buf.len())];
-            match datagram::decode_datagram(bytes) {
-                Ok(Datagram::Heartbeat { .. }) => {
-                    let hb = match self.check_heartbeat(bytes) {
-                        Ok(hb) => hb,
-                        Err(why) => {
-                            // Forged, from a stranger: as if never sent.
-                            self.refuse(why);
-                            self.dispatch(&mut c);
-                            continue;
-                        }
-                    };
-                    if let Err(why) =
-                        self.accept_heartbeat(&mut c, network, &hb, r.from, HeartbeatQueue::Members)
-                    {
-                        self.refuse(why);
-                    }
-                }
-                Ok(Datagram::Barrier { token: wire, .. }) => {
-                    // Ours only: from one of our barrier sockets, with this
-                    // round's random token.
-                    let ours = self
-                        .barrier_from
-                        .lock()
-                        .iter()
-                        .any(|s| s.local_addr().is_ok_and(|a| a == r.from));
-                    let done = match &mut c.round {
-                        Some(round) if ours && round.wire == wire => {
-                            round.missing = round.missing.saturating_sub(1);
-                            (round.missing == 0).then_some(round.token)
-                        }
-                        _ => {
-                            self.refuse(Refused::Barrier);
-                            None
-                        }
-                    };
-                    if let Some(token) = done {
-                        c.round = None;
-                        let drops = self.drop_total(&c.ovfl, true);
-                        if self.split() {
-                            let strays = self.strays_at_barrier();
-                            c.monitor.handle_barrier_steered(now, token, drops, strays);
-                        } else {
-                            c.monitor.handle_barrier(now, token, drops);
-                        }
-                    }
-                }
-                Ok(_) => self.refuse(Refused::Malformed),
-                Err(e) => {
-                    self.refuse(Refused::Malformed);
-                    debug!(network, from = %r.from, error = %e, "datagram ignored");
-                }
-            }
-            self.dispatch(&mut c);
+            // In hand from before it leaves the queue until it is
+            // processed (a round's end reads the queue, then this).
+            self.members_in_hand.fetch_add(1, Ordering::SeqCst);
+            self.read_one(network, &sock, &mut buf);
+            self.members_in_hand.fetch_sub(1, Ordering::SeqCst);
         }
+    }
+
+    fn read_one(&self, network: usize, sock: &HeartbeatSocket, buf: &mut [u8]) {
+        let r = match sock.recv(buf) {
+            Ok(r) => r,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return
+            }
+            Err(e) => {
+                debug!(network, error = %e, "heartbeat read failed");
+                std::thread::sleep(Duration::from_millis(10));
+                return;
+            }
+        };
+        self.stall(DelayPoint::Reader);
+        let mut c = self.checker.lock();
+        if let Some(d) = r.drops {
+            c.ovfl[network] = u64::from(d);
+        }
+        let bytes = &buf[..r.len.min(buf.len())];
+        match datagram::decode_datagram(bytes) {
+            Ok(Datagram::Heartbeat { .. }) => {
+                let hb = match self.check_heartbeat(bytes) {
+                    Ok(hb) => hb,
+                    Err(why) => {
+                        // Forged, from a stranger: as if never sent.
+                        self.refuse(why);
+                        self.dispatch(&mut c);
+                        return;
+                    }
+                };
+                if let Err(why) =
+                    self.accept_heartbeat(&mut c, network, &hb, r.from, HeartbeatQueue::Members)
+                {
+                    self.refuse(why);
+                }
+            }
+            // Ours come back through a private socket: one here is
+            // someone else's.
+            Ok(Datagram::Barrier { .. }) => self.refuse(Refused::Barrier),
+            Ok(_) => self.refuse(Refused::Malformed),
+            Err(e) => {
+                self.refuse(Refused::Malformed);
+                debug!(network, from = %r.from, error = %e, "datagram ignored");
+            }
+        }
+        self.dispatch(&mut c);
     }
 
     /// Every receive drop counter that a heartbeat of ours may be in,
@@ -118,6 +109,14 @@ impl Detector {
     /// same host among them — held back every report for as long as it
     /// dropped.
     pub(super) fn drop_total(&self, ovfl: &[u64], fresh: bool) -> u64 {
+        ovfl.iter()
+            .sum::<u64>()
+            .wrapping_add(self.system_drop_total(fresh))
+    }
+
+    /// The interfaces' drop counters alone (see [`Detector::drop_total`]):
+    /// what every queue's packets, private ones too, may meet.
+    pub(super) fn system_drop_total(&self, fresh: bool) -> u64 {
         let now = self.gate.now();
         let mut sys = self.system_drops.lock();
         if fresh
@@ -134,6 +133,6 @@ impl Detector {
             }
             *sys = (total, Some(now));
         }
-        ovfl.iter().sum::<u64>().wrapping_add(sys.0)
+        sys.0
     }
 }

@@ -17,6 +17,7 @@ use surelink_proto::detector::{DetectorMode, Fence, FenceState};
 use surelink_proto::{Epoch, NodeId, Time};
 use surelink_sys::TxTimestamp;
 
+use super::private::PUBLIC_EVERY;
 use super::{DelayPoint, Detector, Signal, TIMESTAMP_WAIT};
 
 impl Detector {
@@ -101,9 +102,27 @@ impl Detector {
     /// unconfirmed (the fence closes at its deadline). A copy is confirmed
     /// by its kernel TX timestamp; only on a socket without timestamps does
     /// the time after `sendmsg` returned stand in (the paper's `t_after`).
+    ///
+    /// Where a peer gave us a private port on a network, the copy goes
+    /// there and only that copy counts (the peer's monitor, once it saw
+    /// one there, looks for our heartbeats in that queue alone); every
+    /// [`PUBLIC_EVERY`]th also goes to its public port, uncounted.
     fn send_heartbeats(&self, seq: u64, stamps: &mut Vec<TxTimestamp>) -> Option<Time> {
-        let dests: Vec<((NodeId, usize), SocketAddr)> =
-            self.dests.lock().iter().map(|(k, v)| (*k, *v)).collect();
+        let dests: Vec<((NodeId, usize), SocketAddr, Option<SocketAddr>)> = {
+            let public = self.dests.lock();
+            let private = self.private_dests.lock();
+            public
+                .iter()
+                .map(|(k, v)| (*k, *v, private.get(k).copied()))
+                .collect()
+        };
+        let ports: Vec<u16> = {
+            let p = self.private.lock();
+            dests
+                .iter()
+                .map(|((peer, n), _, _)| p.port(*peer, *n))
+                .collect()
+        };
         let epoch = Epoch(self.epoch.load(Ordering::Relaxed));
         // Held for the sends only (no copy of the key map per heartbeat).
         let keys = self.hb_keys.as_ref().map(|k| k.lock());
@@ -124,7 +143,7 @@ impl Detector {
         }
         let round_start = SystemTime::now();
         let mut confirmed: BTreeMap<NodeId, Option<Time>> =
-            dests.iter().map(|((p, _), _)| (*p, None)).collect();
+            dests.iter().map(|((p, _), _, _)| (*p, None)).collect();
         // Per socket: (peer, datagram id) sent, and whether a send failed
         // (the kernel may have numbered the failed one: ids are then not
         // trusted for that socket).
@@ -132,7 +151,7 @@ impl Detector {
         let mut failed = vec![false; sockets.len()];
         #[cfg(feature = "test-util")]
         let mut lost_on_wire: Vec<NodeId> = Vec::new();
-        for ((peer, network), addr) in dests {
+        for (((peer, network), public, private), port) in dests.into_iter().zip(ports) {
             let Some(sock) = sockets.get(network) else {
                 continue;
             };
@@ -152,10 +171,21 @@ impl Detector {
                     None => continue,
                 },
             };
-            let hb = datagram::encode_heartbeat(self.cluster, self.node, epoch, seq, key);
-            match sock.send_to(&hb, addr) {
+            let hb = datagram::encode_heartbeat(self.cluster, self.node, epoch, seq, port, key);
+            let (counted, extra) = match private {
+                Some(p) => (p, (seq % PUBLIC_EVERY == 0).then_some(public)),
+                None => (public, None),
+            };
+            match sock.send_to(&hb, counted) {
                 Ok(id) => sent[network].push((peer, id)),
                 Err(e) => {
+                    failed[network] = true;
+                    debug!(addr = %counted, error = %e, "heartbeat not sent");
+                }
+            }
+            if let Some(addr) = extra {
+                if let Err(e) = sock.send_to(&hb, addr) {
+                    // Its id may be taken: the socket's ids are not trusted.
                     failed[network] = true;
                     debug!(%addr, error = %e, "heartbeat not sent");
                 }

@@ -136,6 +136,8 @@ pub(super) struct Checked {
     pub(super) node: NodeId,
     pub(super) epoch: Epoch,
     pub(super) seq: u64,
+    /// Its sender's private port for us (0: none).
+    pub(super) port: u16,
 }
 
 impl Detector {
@@ -153,6 +155,7 @@ impl Detector {
             node,
             epoch,
             seq,
+            port,
         }) = datagram::decode_datagram(bytes)
         else {
             return Err(Refused::Malformed);
@@ -169,7 +172,12 @@ impl Detector {
                 return Err(Refused::BadTag);
             }
         }
-        Ok(Checked { node, epoch, seq })
+        Ok(Checked {
+            node,
+            epoch,
+            seq,
+            port,
+        })
     }
 
     /// Hands an authentic heartbeat to the monitor (under the checker
@@ -188,9 +196,21 @@ impl Detector {
         }
         self.heartbeats_received.fetch_add(1, Ordering::Relaxed);
         // Only an authenticated heartbeat's source becomes where ours go
-        // (one address per member and network), and is steered.
+        // (one address per member and network), and is steered; its port
+        // field, where they go privately (0: the sender has no private
+        // socket for us, e.g. a new process: public only).
         self.dests.lock().insert((hb.node, network), from);
-        self.steer_source(hb.node, from.ip());
+        {
+            let mut private = self.private_dests.lock();
+            match hb.port {
+                0 => private.remove(&(hb.node, network)),
+                port => private.insert((hb.node, network), SocketAddr::new(from.ip(), port)),
+            };
+        }
+        if queue != HeartbeatQueue::Private {
+            self.steer_source(hb.node, from.ip());
+            self.ensure_private(c, hb.node, network, from);
+        }
         c.monitor.handle_heartbeat_from(
             self.gate.now(),
             Watch {

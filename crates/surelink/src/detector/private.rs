@@ -1,0 +1,339 @@
+//! Private heartbeat queues (the core monitor's "Private queues"): a
+//! socket per peer and network, connected to the peer's heartbeat address
+//! on a port only the peer learns (in our authenticated heartbeats); a
+//! private socket per network for our own barriers; one thread reading all
+//! of them through an epoll set; and the end of a barrier round, which
+//! reads every queue's state.
+//!
+//! Why the barriers moved here: a flood forging a member's address fills
+//! the members' queue, and a barrier dropped there ends its round with no
+//! report. Through a private socket a barrier still proves the per-CPU
+//! backlogs clear up to when it was sent; every queue is then proven clear
+//! by being empty with nothing in hand.
+//!
+//! Bounds: one private socket per (peer, network) whose authenticated
+//! heartbeat we accepted, at most [`MAX_PRIVATE`] in all (past it a path
+//! simply stays public, as before).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+use tracing::{debug, warn};
+
+use surelink_proto::detector::datagram::{self, Datagram};
+use surelink_proto::detector::{HeartbeatQueue, QueueAtBarrier, QueuesAtBarrier, Watch};
+use surelink_proto::{NodeId, Time};
+use surelink_sys::steer::Batch;
+use surelink_sys::{PollRegistry, Poller, PrivateSocket};
+
+use super::strays::Refused;
+use super::{CheckerState, DelayPoint, Detector, READ_POLL};
+
+/// Private sockets in all (members × networks, with room to spare).
+pub(super) const MAX_PRIVATE: usize = 4096;
+/// Every this many heartbeats a copy also goes to a peer's public port,
+/// so a peer that restarted (and forgot our port) hears us anyway.
+pub(super) const PUBLIC_EVERY: u64 = 8;
+
+/// What a token of the epoll set stands for.
+#[derive(Clone)]
+enum Slot {
+    /// A peer's private socket on a network.
+    Peer(NodeId, usize, Arc<PrivateSocket>),
+    /// Our barriers' socket on a network.
+    Barrier(Arc<PrivateSocket>),
+}
+
+/// The private sockets and the epoll set's registry.
+pub(super) struct Private {
+    registry: PollRegistry,
+    by_path: BTreeMap<(NodeId, usize), (u64, Arc<PrivateSocket>)>,
+    by_token: FxHashMap<u64, Slot>,
+    next_token: u64,
+    /// Where each network's barriers are sent.
+    barrier_to: Vec<SocketAddr>,
+}
+
+/// The address a private socket binds on the network of `local` (a
+/// wildcard listener's barriers go over loopback).
+fn bind_ip(local: SocketAddr) -> IpAddr {
+    match local.ip() {
+        ip if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        ip => ip,
+    }
+}
+
+impl Private {
+    /// The epoll set (for the reading thread) and the barrier sockets, one
+    /// per network, each connected to that network's barrier sender.
+    pub(super) fn open(barrier_from: &[SocketAddr]) -> std::io::Result<(Private, Poller)> {
+        let (poller, registry) = Poller::new()?;
+        let mut p = Private {
+            registry,
+            by_path: BTreeMap::new(),
+            by_token: FxHashMap::default(),
+            next_token: 1,
+            barrier_to: Vec::new(),
+        };
+        for from in barrier_from {
+            let ip = bind_ip(*from);
+            let s = Arc::new(PrivateSocket::open(ip, SocketAddr::new(ip, from.port()))?);
+            p.barrier_to.push(s.local_addr()?);
+            p.add(Slot::Barrier(s))?;
+        }
+        Ok((p, poller))
+    }
+
+    fn add(&mut self, slot: Slot) -> std::io::Result<u64> {
+        let token = self.next_token;
+        self.next_token += 1;
+        let fd = match &slot {
+            Slot::Peer(_, _, s) | Slot::Barrier(s) => s.fd(),
+        };
+        self.registry.add(fd, token)?;
+        self.by_token.insert(token, slot);
+        Ok(token)
+    }
+
+    fn remove(&mut self, token: u64) {
+        if let Some(Slot::Peer(_, _, s) | Slot::Barrier(s)) = self.by_token.remove(&token) {
+            let _ = self.registry.remove(s.fd());
+        }
+    }
+
+    /// Where this network's barriers go.
+    pub(super) fn barrier_targets(&self) -> &[SocketAddr] {
+        &self.barrier_to
+    }
+
+    /// Our private port for `peer` on `network` (0: none).
+    pub(super) fn port(&self, peer: NodeId, network: usize) -> u16 {
+        self.by_path
+            .get(&(peer, network))
+            .map_or(0, |(_, s)| s.port())
+    }
+
+    /// Closes a departed peer's sockets.
+    pub(super) fn forget(&mut self, peer: NodeId) {
+        let gone: Vec<(NodeId, usize)> = self
+            .by_path
+            .keys()
+            .filter(|(p, _)| *p == peer)
+            .copied()
+            .collect();
+        for k in gone {
+            if let Some((token, _)) = self.by_path.remove(&k) {
+                self.remove(token);
+            }
+        }
+    }
+
+    fn queues(&self) -> impl Iterator<Item = (Watch, &PrivateSocket)> + '_ {
+        self.by_path.iter().filter_map(|((peer, network), (_, s))| {
+            let network = u16::try_from(*network).ok()?;
+            Some((
+                Watch {
+                    peer: *peer,
+                    network,
+                },
+                s.as_ref(),
+            ))
+        })
+    }
+}
+
+impl Detector {
+    /// An authenticated heartbeat from `peer` on `network` came from
+    /// `from`: make sure our private socket for it is connected there. A
+    /// socket connected elsewhere (the peer moved) is replaced, and the
+    /// monitor told the path is public until the peer learns the new port.
+    pub(super) fn ensure_private(
+        &self,
+        c: &mut CheckerState,
+        peer: NodeId,
+        network: usize,
+        from: SocketAddr,
+    ) {
+        let mut p = self.private.lock();
+        if p.by_path
+            .get(&(peer, network))
+            .is_some_and(|(_, s)| s.peer() == from)
+        {
+            return;
+        }
+        let old = p.by_path.get(&(peer, network)).map(|(t, _)| *t);
+        if old.is_none() && p.by_path.len() >= MAX_PRIVATE {
+            return;
+        }
+        let Some(local) = self.local_addrs().get(network).copied() else {
+            return;
+        };
+        let sock = match PrivateSocket::open(bind_ip(local), from) {
+            Ok(s) => Arc::new(s),
+            Err(e) => {
+                debug!(%peer, network, error = %e, "no private heartbeat socket");
+                return;
+            }
+        };
+        match p.add(Slot::Peer(peer, network, sock.clone())) {
+            Ok(token) => {
+                if let Some(old) = old {
+                    p.remove(old);
+                    if let Ok(network) = u16::try_from(network) {
+                        c.monitor.handle_private_reset(Watch { peer, network });
+                    }
+                }
+                p.by_path.insert((peer, network), (token, sock));
+            }
+            Err(e) => warn!(%peer, network, error = %e, "private heartbeat socket not watched"),
+        }
+    }
+
+    /// Reads every private socket: peers' heartbeats and our barriers.
+    pub(super) fn private_thread(self: Arc<Self>, mut poller: Poller) {
+        let mut ready = Vec::new();
+        let mut batch = Batch::default();
+        while !self.closed.load(Ordering::Relaxed) {
+            if let Err(e) = poller.wait(READ_POLL, &mut ready) {
+                debug!(error = %e, "private sockets' wait failed");
+                std::thread::sleep(READ_POLL);
+                continue;
+            }
+            for token in &ready {
+                let Some(slot) = self.private.lock().by_token.get(token).cloned() else {
+                    continue;
+                };
+                let sock = match &slot {
+                    Slot::Peer(_, _, s) | Slot::Barrier(s) => s.clone(),
+                };
+                // Edge-triggered: read until the queue is empty.
+                while let Ok(n) = sock.recv_batch(&mut batch) {
+                    if n == 0 {
+                        break;
+                    }
+                    self.stall(DelayPoint::Reader);
+                    for (bytes, from) in batch.iter() {
+                        match &slot {
+                            Slot::Barrier(_) => self.barrier_datagram(bytes),
+                            Slot::Peer(peer, network, _) => {
+                                self.private_heartbeat(*peer, *network, bytes, from);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn private_heartbeat(
+        &self,
+        peer: NodeId,
+        network: usize,
+        bytes: &[u8],
+        from: Option<SocketAddr>,
+    ) {
+        let (hb, Some(from)) = (self.check_heartbeat(bytes), from) else {
+            self.refuse(Refused::Malformed);
+            return;
+        };
+        let hb = match hb {
+            Ok(hb) if hb.node == peer => hb,
+            Ok(_) => return self.refuse(Refused::Foreign),
+            Err(why) => return self.refuse(why),
+        };
+        let mut c = self.checker.lock();
+        if let Err(why) = self.accept_heartbeat(&mut c, network, &hb, from, HeartbeatQueue::Private)
+        {
+            self.refuse(why);
+        }
+        self.dispatch(&mut c);
+    }
+
+    /// One of our barriers came back (its socket takes datagrams from our
+    /// barrier sender only; the random token is checked too).
+    fn barrier_datagram(&self, bytes: &[u8]) {
+        let Ok(Datagram::Barrier { token: wire, .. }) = datagram::decode_datagram(bytes) else {
+            return self.refuse(Refused::Barrier);
+        };
+        let now = self.gate.now();
+        let mut c = self.checker.lock();
+        let done = match &mut c.round {
+            Some(round) if round.wire == wire => {
+                round.missing = round.missing.saturating_sub(1);
+                (round.missing == 0).then_some(round.token)
+            }
+            _ => {
+                self.refuse(Refused::Barrier);
+                None
+            }
+        };
+        if let Some(token) = done {
+            c.round = None;
+            let queues = self.queues_at_barrier(&mut c);
+            c.monitor.handle_barrier_queues(now, token, &queues);
+        }
+        self.dispatch(&mut c);
+    }
+
+    /// Every heartbeat queue's state as a round ends (under the checker
+    /// lock: a reader holding a datagram cannot hand it on meanwhile, and
+    /// each queue is read before its reader's in-hand count). The private
+    /// queues need no in-hand count: their reader is the caller.
+    fn queues_at_barrier(&self, c: &mut CheckerState) -> QueuesAtBarrier {
+        let mut members_empty = true;
+        for (i, s) in self.socks().iter().enumerate() {
+            match s.queue_state() {
+                Ok(q) => {
+                    members_empty &= q.queued == 0;
+                    if let Some(o) = c.ovfl.get_mut(i) {
+                        *o = u64::from(q.drops);
+                    }
+                }
+                Err(_) => members_empty = false,
+            }
+        }
+        members_empty &= self.members_in_hand.load(Ordering::SeqCst) == 0;
+        let system_drops = self.system_drop_total(true);
+        let drops = c.ovfl.iter().sum::<u64>().wrapping_add(system_drops);
+        let private = self
+            .private
+            .lock()
+            .queues()
+            .map(|(w, s)| {
+                let q = match s.queue_state() {
+                    Ok(q) => QueueAtBarrier {
+                        drops: u64::from(q.drops),
+                        empty: q.queued == 0,
+                    },
+                    // Unreadable: as if something waited (no report).
+                    Err(_) => QueueAtBarrier {
+                        drops: 0,
+                        empty: false,
+                    },
+                };
+                (w, q)
+            })
+            .collect();
+        QueuesAtBarrier {
+            drops,
+            system_drops,
+            members_empty,
+            strays: self.split().then(|| self.strays_at_barrier()),
+            private,
+        }
+    }
+
+    /// Reads every private queue's drop count as a round begins, so a drop
+    /// before it is dated no later than now.
+    pub(super) fn read_private_drops(&self, c: &mut CheckerState, now: Time) {
+        for (w, s) in self.private.lock().queues() {
+            if let Ok(q) = s.queue_state() {
+                c.monitor
+                    .handle_private_drop_count(now, w, u64::from(q.drops));
+            }
+        }
+    }
+}
