@@ -453,6 +453,16 @@ impl StatsSnapshot {
                     m.reported_through_stray_drops,
                 ),
                 (
+                    "saved_by_private_total",
+                    "Private suspects not reported because their private queue dropped or held datagrams",
+                    m.saved_by_private,
+                ),
+                (
+                    "reported_through_member_drops_total",
+                    "Private suspects reported although the members' queue dropped datagrams (a flood forging members' addresses)",
+                    m.reported_through_member_drops,
+                ),
+                (
                     "strays_dropped_total",
                     "Datagrams from unsteered sources the kernel dropped (a flood)",
                     d.strays.dropped,

@@ -1,7 +1,10 @@
 //! `attack udp-flood`: a plain endpoint pair (the example server and
 //! client, on free ports), junk UDP from 127.0.0.1 at the server's
 //! heartbeat ports as fast as `--threads` threads send it, then the client
-//! frozen (SIGSTOP) or killed while the flood goes on.
+//! frozen (SIGSTOP) or killed while the flood goes on. With `--forge` the
+//! junk comes from the client's own addresses instead (on loopback any
+//! 127/8 address can be a source), as a flood forging a member would: it
+//! lands in the members' queue.
 //!
 //! Reported: the client's calls during the flood while it is alive
 //! (answered/total, p99), false reports of the live client (`peer 2 dead`
@@ -10,7 +13,7 @@
 //! share during the flood and its RSS before, during and after. The same
 //! scenario without the flood runs first, as the baseline of the run.
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -43,6 +46,10 @@ pub(crate) struct UdpFloodArgs {
     /// SIGKILL the client instead of freezing it (SIGSTOP).
     #[arg(long)]
     kill: bool,
+    /// Forge the client's source addresses (127.0.1.2, 127.0.2.2), one per
+    /// network, instead of sending from 127.0.0.1.
+    #[arg(long)]
+    forge: bool,
     /// Skip the baseline run without a flood.
     #[arg(long)]
     no_baseline: bool,
@@ -87,20 +94,28 @@ struct Flood {
 }
 
 impl Flood {
-    fn start(to: &[SocketAddr], threads: usize) -> Result<Flood> {
+    /// Junk to each of `to`, from the source address beside it.
+    fn start(to: &[(IpAddr, SocketAddr)], threads: usize) -> Result<Flood> {
         let stop = Arc::new(AtomicBool::new(false));
         let sent = Arc::new(AtomicU64::new(0));
         let mut hs = Vec::new();
         for i in 0..threads {
-            let sock = UdpSocket::bind("127.0.0.1:0").context("binding the flood's socket")?;
-            let (to, stop, sent) = (to.to_vec(), stop.clone(), sent.clone());
+            let to: Vec<(UdpSocket, SocketAddr)> = to
+                .iter()
+                .map(|(from, to)| {
+                    UdpSocket::bind(SocketAddr::new(*from, 0))
+                        .map(|s| (s, *to))
+                        .context("binding the flood's socket")
+                })
+                .collect::<Result<_>>()?;
+            let (stop, sent) = (stop.clone(), sent.clone());
             hs.push(std::thread::spawn(move || {
                 // Junk of a heartbeat's size; a byte varies so it is not
                 // one datagram repeated.
                 let mut junk = [0x5au8; 56];
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    for a in &to {
+                    for (sock, a) in &to {
                         junk[0] = (n as u8).wrapping_add(i as u8);
                         if sock.send_to(&junk, a).is_ok() {
                             n += 1;
@@ -167,7 +182,15 @@ async fn one_run(bin: &PathBuf, a: &UdpFloodArgs, flood: bool) -> Result<Outcome
         .wait_for_async(Duration::from_secs(10), |l| l.text.starts_with("reply "))
         .await
         .context("the client's calls are not answered")?;
-    let targets = vec![copy.moved("127.0.1.1:7100")?, copy.moved("127.0.2.1:7100")?];
+    let sources: [IpAddr; 2] = if a.forge {
+        [[127, 0, 1, 2].into(), [127, 0, 2, 2].into()]
+    } else {
+        [[127, 0, 0, 1].into(); 2]
+    };
+    let targets = vec![
+        (sources[0], copy.moved("127.0.1.1:7100")?),
+        (sources[1], copy.moved("127.0.2.1:7100")?),
+    ];
     tokio::time::sleep(Duration::from_secs(2)).await;
     let pid = server.pid();
     let mut o = Outcome {
@@ -300,7 +323,15 @@ pub(crate) async fn run(a: &UdpFloodArgs) -> Result<()> {
         eprintln!("baseline (no flood):");
         Some(one_run(&bin, a, false).await?)
     };
-    eprintln!("flood ({} thread(s)):", a.threads);
+    eprintln!(
+        "flood ({} thread(s), {}):",
+        a.threads,
+        if a.forge {
+            "forging the client's addresses"
+        } else {
+            "from 127.0.0.1"
+        }
+    );
     let flood = one_run(&bin, a, true).await?;
     if let Some(b) = &baseline {
         show("baseline", b);
@@ -310,6 +341,7 @@ pub(crate) async fn run(a: &UdpFloodArgs) -> Result<()> {
         "attack": "udp-flood",
         "surelink_bin": bin.display().to_string(),
         "client_stopped_by": if a.kill { "SIGKILL" } else { "SIGSTOP" },
+        "forged_sources": a.forge,
         "threads": a.threads,
         "alive_secs": a.alive_secs,
         "max_wait_secs": a.max_wait_secs,

@@ -513,6 +513,7 @@ impl Detector {
         self.sockets.lock().clear();
         self.barrier_from.lock().clear();
         self.strays.lock().clear();
+        self.private.lock().clear();
     }
 
     fn socks(&self) -> Vec<Arc<HeartbeatSocket>> {

@@ -131,6 +131,15 @@ impl Private {
         }
     }
 
+    /// Closes every socket (the endpoint closes).
+    pub(super) fn clear(&mut self) {
+        let tokens: Vec<u64> = self.by_token.keys().copied().collect();
+        for t in tokens {
+            self.remove(t);
+        }
+        self.by_path.clear();
+    }
+
     fn queues(&self) -> impl Iterator<Item = (Watch, &PrivateSocket)> + '_ {
         self.by_path.iter().filter_map(|((peer, network), (_, s))| {
             let network = u16::try_from(*network).ok()?;
