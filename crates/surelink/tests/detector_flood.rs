@@ -98,11 +98,16 @@ impl Drop for Flood {
 /// loaded two-core machine that is also running the flood.
 const BOUND: Duration = Duration::from_millis(1000);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_junk_flood_does_not_keep_a_vanished_peer_alive() {
-    let (server, client) = pair().await;
+/// Starts `flood` against `server`, lets it overflow, drops `client` and
+/// waits up to 5 s for its dead report; asserts it came within [`BOUND`].
+/// Returns datagrams sent and the server's detector counters.
+async fn dead_report_under(
+    server: &Endpoint,
+    client: Endpoint,
+    flood: impl FnOnce(&Endpoint, &Endpoint) -> Flood,
+) -> (u64, surelink::DetectorSnapshot) {
     let mut events = server.events();
-    let flood = Flood::start(server.heartbeat_addrs());
+    let flood = flood(server, &client);
     // The flood is under way and overflowing before the peer goes.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let gone = Instant::now();
@@ -119,6 +124,41 @@ async fn a_junk_flood_does_not_keep_a_vanished_peer_alive() {
     let d = server.stats().detector.unwrap();
     let after = dead_after.unwrap_or_else(|| panic!("not reported dead under the flood: {d:?}"));
     assert!(after < BOUND, "took {after:?}: {d:?}");
+    (sent, d)
+}
+
+/// Runs `flood` against `server` for 3 s while `client` lives; asserts no
+/// report of it. Returns the server's detector counters.
+async fn no_report_under(
+    server: &Endpoint,
+    client: Endpoint,
+    flood: impl FnOnce(&Endpoint, &Endpoint) -> Flood,
+) -> surelink::DetectorSnapshot {
+    let mut events = server.events();
+    let flood = flood(server, &client);
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    let mut false_reports = Vec::new();
+    while let Ok(Ok(e)) = tokio::time::timeout_at(until, events.recv()).await {
+        if matches!(e, NetEvent::PeerDead { .. } | NetEvent::PathSilent { .. }) {
+            false_reports.push(e);
+        }
+    }
+    flood.stop();
+    let d = server.stats().detector.unwrap();
+    assert!(false_reports.is_empty(), "{false_reports:?}: {d:?}");
+    assert_eq!(d.monitor.reported_dead, 0);
+    drop(client);
+    d
+}
+
+fn from_localhost(server: &Endpoint, _: &Endpoint) -> Flood {
+    Flood::start(server.heartbeat_addrs())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_junk_flood_does_not_keep_a_vanished_peer_alive() {
+    let (server, client) = pair().await;
+    let (sent, d) = dead_report_under(&server, client, from_localhost).await;
     // The flood did what it did before: overflow a queue (now the strays').
     assert!(d.strays.split, "{d:?}");
     assert!(
@@ -131,21 +171,8 @@ async fn a_junk_flood_does_not_keep_a_vanished_peer_alive() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_peer_under_a_junk_flood_is_never_reported() {
     let (server, client) = pair().await;
-    let mut events = server.events();
-    let flood = Flood::start(server.heartbeat_addrs());
-    let until = tokio::time::Instant::now() + Duration::from_secs(3);
-    let mut false_reports = Vec::new();
-    while let Ok(Ok(e)) = tokio::time::timeout_at(until, events.recv()).await {
-        if matches!(e, NetEvent::PeerDead { .. } | NetEvent::PathSilent { .. }) {
-            false_reports.push(e);
-        }
-    }
-    flood.stop();
-    let d = server.stats().detector.unwrap();
-    assert!(false_reports.is_empty(), "{false_reports:?}: {d:?}");
+    let d = no_report_under(&server, client, from_localhost).await;
     assert!(d.strays.dropped > 0, "the flood overflowed nothing: {d:?}");
-    assert_eq!(d.monitor.reported_dead, 0);
-    drop(client);
 }
 
 /// The client's own addresses, each flooding the server's heartbeat port
@@ -162,24 +189,7 @@ fn forged_flood(server: &Endpoint, client: &Endpoint) -> Flood {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_forging_the_peers_address_does_not_keep_it_alive() {
     let (server, client) = pair().await;
-    let mut events = server.events();
-    let flood = forged_flood(&server, &client);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let gone = Instant::now();
-    drop(client);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    let mut dead_after = None;
-    while let Ok(Ok(e)) = tokio::time::timeout_at(deadline, events.recv()).await {
-        if matches!(e, NetEvent::PeerDead { peer } if peer == CLIENT) {
-            dead_after = Some(gone.elapsed());
-            break;
-        }
-    }
-    let sent = flood.stop();
-    let d = server.stats().detector.unwrap();
-    let after =
-        dead_after.unwrap_or_else(|| panic!("not reported dead under the forged flood: {d:?}"));
-    assert!(after < BOUND, "took {after:?}: {d:?}");
+    let (sent, d) = dead_report_under(&server, client, forged_flood).await;
     // The flood reached the members' queue and overflowed it: without the
     // private queues these drops held the report back.
     assert!(
@@ -191,19 +201,6 @@ async fn a_flood_forging_the_peers_address_does_not_keep_it_alive() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_peer_under_a_forged_flood_is_never_reported() {
     let (server, client) = pair().await;
-    let mut events = server.events();
-    let flood = forged_flood(&server, &client);
-    let until = tokio::time::Instant::now() + Duration::from_secs(3);
-    let mut false_reports = Vec::new();
-    while let Ok(Ok(e)) = tokio::time::timeout_at(until, events.recv()).await {
-        if matches!(e, NetEvent::PeerDead { .. } | NetEvent::PathSilent { .. }) {
-            false_reports.push(e);
-        }
-    }
-    flood.stop();
-    let d = server.stats().detector.unwrap();
-    assert!(false_reports.is_empty(), "{false_reports:?}: {d:?}");
-    assert_eq!(d.monitor.reported_dead, 0);
+    let d = no_report_under(&server, client, forged_flood).await;
     assert!(d.heartbeats_received > 100, "{d:?}");
-    drop(client);
 }

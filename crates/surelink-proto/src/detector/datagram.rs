@@ -180,6 +180,13 @@ impl Freshness {
         }
     }
 
+    /// Whether `(epoch, seq)` is exactly the newest accepted from `node`
+    /// on `network`: a second copy of the same heartbeat (a sender with a
+    /// private port for us sends some heartbeats twice), not news.
+    pub fn is_newest(&self, node: NodeId, network: u16, epoch: Epoch, seq: u64) -> bool {
+        self.newest.get(&(node, network)) == Some(&(epoch, seq))
+    }
+
     /// Forgets a node (it left the cluster).
     pub fn forget(&mut self, node: NodeId) {
         self.newest.retain(|(n, _), _| *n != node);
@@ -253,6 +260,8 @@ mod tests {
         let mut f = Freshness::default();
         assert!(f.accept(NodeId(2), 0, Epoch(3), 4));
         assert!(!f.accept(NodeId(2), 0, Epoch(3), 4), "replay");
+        assert!(f.is_newest(NodeId(2), 0, Epoch(3), 4), "a second copy");
+        assert!(!f.is_newest(NodeId(2), 0, Epoch(3), 3));
         assert!(!f.accept(NodeId(2), 0, Epoch(3), 3), "older");
         assert!(f.accept(NodeId(2), 1, Epoch(3), 4), "other network");
         assert!(f.accept(NodeId(2), 0, Epoch(4), 0), "new incarnation");

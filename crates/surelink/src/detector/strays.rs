@@ -191,6 +191,10 @@ impl Detector {
         queue: HeartbeatQueue,
     ) -> Result<(), Refused> {
         let net = u16::try_from(network).unwrap_or(u16::MAX);
+        if self.hb_keys.is_some() && c.fresh.is_newest(hb.node, net, hb.epoch, hb.seq) {
+            // The other copy of one already taken (public and private).
+            return Ok(());
+        }
         if self.hb_keys.is_some() && !c.fresh.accept(hb.node, net, hb.epoch, hb.seq) {
             return Err(Refused::Replay);
         }
