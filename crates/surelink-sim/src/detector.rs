@@ -13,14 +13,25 @@
 //!
 //! Faults: pauses of the whole sender, of its heartbeat thread, of the whole
 //! receiver, of its reader or of its checker; bursts of junk that overflow
-//! the receiver's queue; a sender crash. The model steps in 100 µs ticks.
+//! the receiver's queue; a flood forging the sender's address; a sender
+//! crash. The model steps in 100 µs ticks.
+//!
+//! With `private` the receiver keeps the shell's private queues (the core
+//! monitor's "Private queues"): one per network that the sender's
+//! heartbeats go to (every 8th also to the public queue), and one for its
+//! own barriers; a round's end reports every queue's drops and emptiness
+//! ([`Monitor::handle_barrier_queues`]). A forged flood then fills only the
+//! public queue, and a `Flood` stands for junk that guessed a private port.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use surelink_proto::detector::{DetectorConfig, Fence, Monitor, MonitorAction, PathReport, Watch};
+use surelink_proto::detector::{
+    DetectorConfig, Fence, HeartbeatQueue, Monitor, MonitorAction, PathReport, QueueAtBarrier,
+    QueuesAtBarrier, Watch,
+};
 use surelink_proto::{Epoch, NodeId, Time};
 
 /// The sender's node id in the model.
@@ -64,12 +75,23 @@ pub enum DetectorFault {
         /// For how long.
         len: Duration,
     },
-    /// `count` junk datagrams hit the receiver's heartbeat queue at `at`.
+    /// `count` junk datagrams hit the receiver's heartbeat queue at `at`
+    /// (with `private`: its private queues, as if the port were guessed).
     Flood {
         /// When.
         at: Duration,
         /// How many.
         count: usize,
+    },
+    /// Junk forging the sender's address: `per_tick` datagrams into the
+    /// receiver's public (members') queue every tick from `at` for `len`.
+    ForgedFlood {
+        /// When.
+        at: Duration,
+        /// For how long.
+        len: Duration,
+        /// Datagrams per 100 µs tick.
+        per_tick: usize,
     },
     /// The sender dies at `at`.
     Crash {
@@ -101,6 +123,8 @@ pub struct DetectorScenario {
     /// Per mille of heartbeats the sender's kernel drops without a TX
     /// timestamp.
     pub lost_permille: u32,
+    /// The receiver keeps private queues (see the module docs).
+    pub private: bool,
 }
 
 /// What happened.
@@ -115,9 +139,10 @@ pub struct DetectorOutcome {
     pub fenced_at: Option<Time>,
     /// When the sender crashed, if it did.
     pub crashed_at: Option<Time>,
-    /// Datagrams the receiver's queue dropped.
+    /// Datagrams the receiver's queues dropped.
     pub drops: u64,
-    /// When the last of them was dropped.
+    /// When the last drop that may hold a report back happened (with
+    /// `private`, the public queue's do not).
     pub last_drop: Option<Time>,
     /// When the sender's last frame actually left its host (a delayed
     /// heartbeat may leave after the fence closed).
@@ -134,6 +159,43 @@ enum Item {
     Heartbeat { network: u16 },
     Barrier { token: u64 },
     Junk,
+}
+
+/// Which receive queue a datagram is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dest {
+    Public,
+    Private(u16),
+    Barriers,
+}
+
+/// Every this many heartbeats a copy also goes to the public queue.
+const PUBLIC_EVERY: u64 = 8;
+
+/// A bounded FIFO receive queue with its drop count.
+#[derive(Default)]
+struct Queue {
+    items: VecDeque<Item>,
+    drops: u64,
+}
+
+/// The receiver's queues: the public one, the private ones per network,
+/// our barriers'.
+#[derive(Default)]
+struct Queues {
+    public: Queue,
+    private: [Queue; 2],
+    barriers: Queue,
+}
+
+impl Queues {
+    fn get(&mut self, dest: Dest) -> &mut Queue {
+        match dest {
+            Dest::Public => &mut self.public,
+            Dest::Private(n) => &mut self.private[usize::from(n.min(1))],
+            Dest::Barriers => &mut self.barriers,
+        }
+    }
 }
 
 const TICK: Duration = Duration::from_micros(100);
@@ -215,10 +277,26 @@ impl DetectorScenario {
                     len,
                 } => Some(at(a + len)),
                 DetectorFault::Flood { at: a, .. } => Some(at(a)),
+                // Its reader is not the private queues' one.
+                DetectorFault::ForgedFlood { at: a, len, .. } if !self.private => Some(at(a + len)),
                 _ => None,
             })
             .max()
             .unwrap_or(Time::ZERO)
+    }
+
+    fn forged_per_tick(&self, now: Time) -> usize {
+        self.faults
+            .iter()
+            .map(|f| match *f {
+                DetectorFault::ForgedFlood {
+                    at: a,
+                    len,
+                    per_tick,
+                } if now >= at(a) && now < at(a + len) => per_tick,
+                _ => 0,
+            })
+            .sum()
     }
 
     /// Runs the model.
@@ -232,10 +310,15 @@ impl DetectorScenario {
         let mut fence = Fence::new(cfg, Time::ZERO);
         let mut monitor = Monitor::new(cfg, Time::ZERO);
         monitor.handle_drop_count(Time::ZERO, 0);
-        // In flight: (arrival, item) for the UDP queue, arrival for TCP.
-        let mut udp_flight: Vec<(Time, Item)> = Vec::new();
+        monitor.handle_system_drop_count(Time::ZERO, 0);
+        let watch = |network| Watch {
+            peer: SENDER,
+            network,
+        };
+        // In flight: (arrival, queue, item) for UDP, arrival for TCP.
+        let mut udp_flight: Vec<(Time, Dest, Item)> = Vec::new();
         let mut tcp_flight: VecDeque<(Time, u16)> = VecDeque::new();
-        let mut queue: VecDeque<Item> = VecDeque::new();
+        let mut qs = Queues::default();
         // TX timestamps the heartbeat thread has not read yet.
         let mut stamps: Vec<(Time, u64, Time)> = Vec::new();
         let mut next_data = Time::ZERO;
@@ -290,9 +373,20 @@ impl DetectorScenario {
                                 if self.cut(network, departs) {
                                     continue;
                                 }
-                                let delay =
-                                    Duration::from_micros(rng.random_range(0..=max_delay_us));
-                                udp_flight.push((departs + delay, Item::Heartbeat { network }));
+                                let item = Item::Heartbeat { network };
+                                let mut dests = vec![if self.private {
+                                    Dest::Private(network)
+                                } else {
+                                    Dest::Public
+                                }];
+                                if self.private && due.seq % PUBLIC_EVERY == 0 {
+                                    dests.push(Dest::Public);
+                                }
+                                for d in dests {
+                                    let delay =
+                                        Duration::from_micros(rng.random_range(0..=max_delay_us));
+                                    udp_flight.push((departs + delay, d, item));
+                                }
                             }
                             stamps.push((departs + Duration::from_micros(50), due.seq, departs));
                         }
@@ -321,32 +415,48 @@ impl DetectorScenario {
             }
             // ---- network into the receiver's kernel ----
             let mut arrived = Vec::new();
-            udp_flight.retain(|&(t, item)| {
+            udp_flight.retain(|&(t, dest, item)| {
                 if t <= now {
-                    arrived.push((t, item));
+                    arrived.push((t, dest, item));
                     false
                 } else {
                     true
                 }
             });
-            arrived.sort_by_key(|(t, _)| *t);
-            let enqueue = |item: Item, queue: &mut VecDeque<Item>, out: &mut DetectorOutcome| {
-                if queue.len() < self.queue_capacity {
-                    queue.push_back(item);
+            arrived.sort_by_key(|(t, _, _)| *t);
+            let capacity = self.queue_capacity;
+            // A drop holds reports back unless it is the public queue's and
+            // the receiver has private queues.
+            let counts = |dest: Dest| !(self.private && dest == Dest::Public);
+            let enqueue = |qs: &mut Queues, dest: Dest, item: Item, out: &mut DetectorOutcome| {
+                let q = qs.get(dest);
+                if q.items.len() < capacity {
+                    q.items.push_back(item);
                 } else {
+                    q.drops += 1;
                     out.drops += 1;
-                    out.last_drop = Some(now);
+                    if counts(dest) {
+                        out.last_drop = Some(now);
+                    }
                 }
             };
-            for (_, item) in arrived {
-                enqueue(item, &mut queue, &mut out);
+            for (_, dest, item) in arrived {
+                enqueue(&mut qs, dest, item, &mut out);
             }
             for &(t, count) in &floods {
                 if t >= now && t < now + TICK {
-                    for _ in 0..count {
-                        enqueue(Item::Junk, &mut queue, &mut out);
+                    for i in 0..count {
+                        let dest = if self.private {
+                            Dest::Private(u16::from(i % 2 == 1))
+                        } else {
+                            Dest::Public
+                        };
+                        enqueue(&mut qs, dest, Item::Junk, &mut out);
                     }
                 }
+            }
+            for _ in 0..self.forged_per_tick(now) {
+                enqueue(&mut qs, Dest::Public, Item::Junk, &mut out);
             }
             // ---- receiver ----
             if !self.paused(PauseTarget::ReceiverProcess, now) {
@@ -363,47 +473,94 @@ impl DetectorScenario {
                 }
             }
             if !self.paused(PauseTarget::ReceiverReader, now) {
-                for _ in 0..READ_PER_TICK {
-                    let Some(item) = queue.pop_front() else {
-                        break;
-                    };
-                    match item {
-                        Item::Heartbeat { network } => monitor.handle_heartbeat(
-                            now,
-                            Watch {
-                                peer: SENDER,
-                                network,
-                            },
-                            Epoch(1),
-                        ),
-                        Item::Barrier { token } => {
-                            if let Some((t, missing)) = &mut round {
-                                if *t == token {
-                                    *missing -= 1;
-                                    if *missing == 0 {
-                                        round = None;
-                                        monitor.handle_barrier(now, token, out.drops);
-                                    }
-                                }
+                // One reader per queue (the shell's members' reader and its
+                // private thread), each with its own budget.
+                let mut readers = vec![(HeartbeatQueue::Members, Dest::Public)];
+                if self.private {
+                    readers.push((HeartbeatQueue::Private, Dest::Private(0)));
+                    readers.push((HeartbeatQueue::Private, Dest::Private(1)));
+                    readers.push((HeartbeatQueue::Private, Dest::Barriers));
+                }
+                let mut barriers_back = Vec::new();
+                for (from, dest) in readers {
+                    let q = qs.get(dest);
+                    if let (Dest::Private(n), false) = (dest, q.items.is_empty()) {
+                        // The reader reads the queue's drop count with what
+                        // it takes (a drop leaves a full queue behind, so it
+                        // is dated when that queue is read).
+                        monitor.handle_private_drop_count(now, watch(n), q.drops);
+                    }
+                    for _ in 0..READ_PER_TICK {
+                        let Some(item) = q.items.pop_front() else {
+                            break;
+                        };
+                        match item {
+                            Item::Heartbeat { network } => {
+                                monitor.handle_heartbeat_from(now, watch(network), Epoch(1), from);
                             }
+                            Item::Barrier { token } => barriers_back.push(token),
+                            Item::Junk => {}
                         }
-                        Item::Junk => {}
+                    }
+                }
+                for token in barriers_back {
+                    let Some((t, missing)) = &mut round else {
+                        continue;
+                    };
+                    if *t != token {
+                        continue;
+                    }
+                    *missing -= 1;
+                    if *missing > 0 {
+                        continue;
+                    }
+                    round = None;
+                    if self.private {
+                        let at_barrier = |q: &Queue| QueueAtBarrier {
+                            drops: q.drops,
+                            empty: q.items.is_empty(),
+                        };
+                        let queues = QueuesAtBarrier {
+                            drops: qs.public.drops,
+                            system_drops: 0,
+                            members_empty: qs.public.items.is_empty(),
+                            strays: None,
+                            private: vec![
+                                (watch(0), at_barrier(&qs.private[0])),
+                                (watch(1), at_barrier(&qs.private[1])),
+                            ],
+                        };
+                        monitor.handle_barrier_queues(now, token, &queues);
+                    } else {
+                        monitor.handle_barrier(now, token, qs.public.drops);
                     }
                 }
             }
             if !self.paused(PauseTarget::ReceiverChecker, now) && now >= monitor.poll_timeout() {
                 // The checker reads the drop counters at every check, so a
                 // drop is dated close to when it happened.
-                monitor.handle_drop_count(now, out.drops);
+                monitor.handle_drop_count(now, qs.public.drops);
+                monitor.handle_system_drop_count(now, 0);
                 monitor.handle_timeout(now);
             }
             while let Some(a) = monitor.poll_action() {
                 match a {
                     MonitorAction::SendBarrier { token } => {
-                        // Two copies, as for two CPUs.
+                        // Two copies, as for two CPUs; with private queues
+                        // through our own, and every private queue's drops
+                        // read as the round begins.
                         round = Some((token, 2));
+                        let dest = if self.private {
+                            for (n, q) in qs.private.iter().enumerate() {
+                                let n = u16::try_from(n).unwrap_or(0);
+                                monitor.handle_private_drop_count(now, watch(n), q.drops);
+                            }
+                            Dest::Barriers
+                        } else {
+                            Dest::Public
+                        };
                         for _ in 0..2 {
-                            enqueue(Item::Barrier { token }, &mut queue, &mut out);
+                            enqueue(&mut qs, dest, Item::Barrier { token }, &mut out);
                         }
                     }
                     MonitorAction::Report(PathReport::PeerDown { .. }) => {

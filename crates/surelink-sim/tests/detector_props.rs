@@ -4,6 +4,10 @@
 //! crashed or fenced sender is reported within the bound of Theorem A.2
 //! once the receiver runs normally.
 //!
+//! Half the cases run the receiver with private queues, under floods
+//! forging the sender's address as well: there the bound does not wait
+//! for such a flood to end.
+//!
 //! A failing case prints its scenario (faults and seed); paste it into
 //! `replay_one` to debug.
 
@@ -39,6 +43,8 @@ fn fault() -> impl Strategy<Value = DetectorFault> {
             .prop_map(|(target, at, len)| DetectorFault::Pause { target, at, len }),
         1 => (ms(0..3000), ms(0..1000)).prop_map(|(at, len)| DetectorFault::Cut { at, len }),
         1 => (ms(0..3000), 0usize..300).prop_map(|(at, count)| DetectorFault::Flood { at, count }),
+        1 => (ms(0..3000), ms(0..4000), 0usize..200)
+            .prop_map(|(at, len, per_tick)| DetectorFault::ForgedFlood { at, len, per_tick }),
         1 => ms(100..3000).prop_map(|at| DetectorFault::Crash { at }),
     ]
 }
@@ -63,9 +69,10 @@ fn scenario() -> impl Strategy<Value = DetectorScenario> {
         any::<bool>(),
         0u32..30,
         0u32..10,
+        any::<bool>(),
     )
         .prop_map(
-            |(faults, seed, tight_config, data, late, lost)| DetectorScenario {
+            |(faults, seed, tight_config, data, late, lost, private)| DetectorScenario {
                 config: if tight_config { tight() } else { config() },
                 faults,
                 run_for: RUN,
@@ -74,6 +81,7 @@ fn scenario() -> impl Strategy<Value = DetectorScenario> {
                 data_every: data.then(|| Duration::from_millis(1)),
                 late_permille: late,
                 lost_permille: lost,
+                private,
             },
         )
 }
@@ -159,6 +167,7 @@ fn a_two_second_receiver_pause_is_no_false_report() {
         data_every: Some(Duration::from_millis(1)),
         late_permille: 0,
         lost_permille: 0,
+        private: false,
     };
     let out = s.run();
     assert!(out.peer_reports.is_empty(), "{:?}", out.peer_reports);
@@ -181,6 +190,7 @@ fn a_stalled_sender_is_fenced_then_reported() {
         data_every: Some(Duration::from_millis(1)),
         late_permille: 0,
         lost_permille: 0,
+        private: false,
     };
     let out = s.run();
     let fenced = out.fenced_at.expect("fenced");
@@ -206,6 +216,7 @@ fn a_crash_is_reported_within_the_bound() {
         data_every: Some(Duration::from_millis(1)),
         late_permille: 0,
         lost_permille: 0,
+        private: false,
     };
     check(&s).unwrap();
     let out = s.run();
@@ -240,6 +251,7 @@ fn the_property_catches_a_window_below_the_validated_minimum() {
             data_every: None,
             late_permille: 100,
             lost_permille: 0,
+            private: false,
         };
         if s.run().accuracy_violation().is_some() {
             broken += 1;
@@ -286,6 +298,7 @@ fn a_heartbeat_stamped_late_fences_even_if_read_later() {
             data_every: None,
             late_permille: 0,
             lost_permille: 0,
+            private: false,
         };
         check(&s).unwrap();
         let out = s.run();
@@ -294,4 +307,38 @@ fn a_heartbeat_stamped_late_fences_even_if_read_later() {
             "seed {seed}: the late sender is fenced"
         );
     }
+}
+
+/// A crash under a flood forging the sender's address that lasts to the
+/// end: with private queues the report comes within the bound as without
+/// the flood; with the public queue alone it never comes.
+#[test]
+fn a_forged_flood_holds_back_a_crash_report_only_without_private_queues() {
+    let ms = Duration::from_millis;
+    let scenario = |private| DetectorScenario {
+        config: config(),
+        faults: vec![
+            DetectorFault::ForgedFlood {
+                at: ms(500),
+                len: ms(4000),
+                per_tick: 100,
+            },
+            DetectorFault::Crash { at: ms(1000) },
+        ],
+        run_for: RUN,
+        queue_capacity: 64,
+        seed: 4,
+        data_every: Some(ms(1)),
+        late_permille: 0,
+        lost_permille: 0,
+        private,
+    };
+    let s = scenario(true);
+    check(&s).unwrap();
+    let out = s.run();
+    assert!(out.drops > 1000, "the flood overflowed the public queue");
+    let r = out.peer_reports.first().expect("reported").since_origin();
+    assert!(r > ms(1150) && r < ms(1180), "{r:?}");
+    let out = scenario(false).run();
+    assert!(out.peer_reports.is_empty(), "{:?}", out.peer_reports);
 }

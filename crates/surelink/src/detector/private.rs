@@ -233,6 +233,23 @@ impl Detector {
                         }
                     }
                 }
+                if let (Slot::Peer(peer, network, _), Ok(q)) = (&slot, sock.queue_state()) {
+                    // Its drop count with what was read: a drop leaves a
+                    // full queue behind, so it is dated when that is read
+                    // (not only when a round next begins).
+                    if let Ok(network) = u16::try_from(*network) {
+                        let w = Watch {
+                            peer: *peer,
+                            network,
+                        };
+                        let now = self.gate.now();
+                        self.checker.lock().monitor.handle_private_drop_count(
+                            now,
+                            w,
+                            u64::from(q.drops),
+                        );
+                    }
+                }
             }
         }
     }
