@@ -23,6 +23,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use surelink_proto::wire::CloseCode;
 use surelink_proto::NodeId;
 
 use crate::config::PeerConfig;
@@ -201,8 +202,10 @@ async fn dial_loop(
     let mut backoff = cfg.reconnect_initial;
     loop {
         // A refused handshake is a configuration problem, not a cut path:
-        // it always backs off.
+        // it always backs off; so does a connection refused at the peer's
+        // limit for us.
         let mut handshake_refused = false;
+        let mut at_limit = false;
         let device = cfg.devices.get(network).and_then(|d| d.as_deref());
         // Silent on this network (test hook): SYNs would be lost.
         #[cfg(feature = "test-util")]
@@ -235,8 +238,20 @@ async fn dial_loop(
                     Ok(secured) => match start(&shared, stream, network, Some(peer), secured, None)
                     {
                         Ok(done) => {
-                            backoff = cfg.reconnect_initial;
-                            let _ = done.await;
+                            if done.await.ok().flatten() == Some(CloseCode::LIMIT) {
+                                // The peer holds as many of our connections
+                                // as it takes: not again at once.
+                                at_limit = true;
+                                if let Some(n) = shared
+                                    .logs
+                                    .limits
+                                    .allow(shared.clock.now().since_origin().as_secs())
+                                {
+                                    warn!(%peer, network, %remote, suppressed = n, "the peer refused the connection at its limit for this node (max_connections_per_member there); backing off");
+                                }
+                            } else {
+                                backoff = cfg.reconnect_initial;
+                            }
                         }
                         Err(e) => debug!(%peer, network, error = %e, "connection vanished"),
                     },
@@ -262,7 +277,7 @@ async fn dial_loop(
         }
         // Cut, not silent: retry after the first delay (a connect costs a
         // SYN). Silent: back off until it is heard again.
-        let fast = !handshake_refused && heard();
+        let fast = !handshake_refused && !at_limit && heard();
         let wait = if fast { cfg.reconnect_initial } else { backoff };
         tokio::select! {
             _ = tokio::time::sleep(wait) => if !fast {

@@ -168,6 +168,9 @@ impl CloseCode {
     pub const RESTARTED: CloseCode = CloseCode(9);
     /// A frame was larger than the receiver accepts.
     pub const TOO_LARGE: CloseCode = CloseCode(8);
+    /// The receiver is at a limit for this peer (say, the connections one
+    /// member may hold): the path is refused; dial again later, not at once.
+    pub const LIMIT: CloseCode = CloseCode(10);
 }
 
 /// Closes a path or a session.

@@ -24,6 +24,7 @@ use tokio::sync::Notify;
 use tracing::{debug, warn};
 
 use surelink_proto::secure::Sealer;
+use surelink_proto::wire::CloseCode;
 use surelink_proto::{NodeId, PathId};
 
 use crate::admission::ConnSlot;
@@ -72,6 +73,9 @@ pub(crate) struct ConnIo {
     sealer: Option<Mutex<Sealer>>,
     /// The endpoint's count of socket writes.
     writes: Arc<AtomicU64>,
+    /// The code of the CLOSE the peer ended this path with, plus one (0:
+    /// none), for the dial loop's next step.
+    peer_close: std::sync::atomic::AtomicU32,
 }
 
 /// The write queue. Insecure: `q` only. Otherwise callers append
@@ -254,6 +258,20 @@ impl ConnIo {
                     return Flushed::Failed;
                 }
             }
+        }
+    }
+
+    /// The peer ended this path with a CLOSE of `code`.
+    pub(crate) fn set_peer_close(&self, code: CloseCode) {
+        self.peer_close
+            .store(u32::from(code.0) + 1, Ordering::Relaxed);
+    }
+
+    /// The code of the CLOSE the peer ended this path with, if it did.
+    pub(crate) fn peer_close(&self) -> Option<CloseCode> {
+        match self.peer_close.load(Ordering::Relaxed) {
+            0 => None,
+            n => u16::try_from(n - 1).ok().map(CloseCode),
         }
     }
 

@@ -14,6 +14,10 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{oneshot, Notify};
 use tracing::{debug, warn, Instrument};
 
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
+
+use surelink_proto::wire::{Close, CloseCode, CloseScope};
 use surelink_proto::NodeId;
 
 use super::read::read_loop;
@@ -30,7 +34,8 @@ pub(crate) fn configure(stream: &TcpStream, shared: &Shared) {
 }
 
 /// Registers a connected stream as a new path and starts its tasks. The
-/// receiver resolves when the connection has ended.
+/// receiver resolves when the connection has ended, with the code of the
+/// CLOSE the peer ended it with, if it did.
 pub(crate) fn start(
     shared: &Arc<Shared>,
     stream: TcpStream,
@@ -38,7 +43,7 @@ pub(crate) fn start(
     peer: Option<NodeId>,
     secured: Option<Secured>,
     slot: Option<ConnSlot>,
-) -> io::Result<oneshot::Receiver<()>> {
+) -> io::Result<oneshot::Receiver<Option<CloseCode>>> {
     let local = stream.local_addr()?;
     let remote = stream.peer_addr()?;
     let path = shared.next_path_id();
@@ -74,6 +79,7 @@ pub(crate) fn start(
         authenticated,
         _slot: slot,
         writes: shared.stats.write_counter(),
+        peer_close: std::sync::atomic::AtomicU32::new(0),
     });
     if let Some(p) = peer {
         io.set_peer(p);
@@ -96,7 +102,7 @@ pub(crate) fn start(
             // The writer finishes what is queued (a CLOSE frame) and stops.
             io.failed.store(true, Ordering::Relaxed);
             io.wake.notify_one();
-            let _ = done_tx.send(());
+            let _ = done_tx.send(io.peer_close());
         }
         .instrument(span),
     );
@@ -162,6 +168,25 @@ fn refused(shared: &Shared, from: SocketAddr, network: usize, hit: LimitHit) {
     }
 }
 
+/// How long a refused connection is given to take its CLOSE.
+const REFUSAL_WRITE: Duration = Duration::from_millis(100);
+
+/// Tells an authenticated peer its connection is refused at a limit: one
+/// sealed CLOSE (path scope, [`CloseCode::LIMIT`]), written within
+/// [`REFUSAL_WRITE`], then the connection is dropped.
+async fn refuse_with_close(stream: &mut TcpStream, mut s: Secured, hit: &LimitHit) {
+    let close = Close {
+        scope: CloseScope::Path,
+        code: CloseCode::LIMIT,
+        reason: hit.to_string(),
+    };
+    let mut plain = BytesMut::new();
+    close.encode(&mut plain);
+    if let Ok(record) = s.sealer.seal_to_bytes([&plain[..]]) {
+        let _ = tokio::time::timeout(REFUSAL_WRITE, stream.write_all(&record)).await;
+    }
+}
+
 /// An accepted connection: authenticate it (unless insecure), then start it.
 async fn accepted(
     shared: Arc<Shared>,
@@ -193,7 +218,11 @@ async fn accepted(
     };
     if let Err(hit) = slot.authenticated(secured.as_ref().map(|s| s.peer)) {
         // The member's other connections are kept; this one is closed
-        // before anything is allocated for it.
+        // before anything is allocated for it, with a CLOSE saying why (so
+        // the dialler backs off instead of retrying at once).
+        if let Some(s) = secured {
+            refuse_with_close(&mut stream, s, &hit).await;
+        }
         refused(&shared, from, network, hit);
         return;
     }

@@ -189,6 +189,9 @@ impl SessionHandle {
                 let network = match g.conns.iter().position(|c| c.path == path) {
                     Some(i) => {
                         let c = g.conns.swap_remove(i);
+                        if let PathCloseReason::ClosedByPeer { code, .. } = &reason {
+                            c.set_peer_close(*code);
+                        }
                         let n = c.network;
                         w.close.push(c);
                         n
