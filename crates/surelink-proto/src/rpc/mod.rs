@@ -17,6 +17,8 @@
 //!   STILL_RUNNING; admission bounded per peer.
 //! - [`Scheduler`]: which admitted request runs next, across sessions
 //!   ([`PriorityScheduler`], [`FifoScheduler`]).
+//! - [`recovery`]: recovery-conscious scheduling — recovery groups mapped
+//!   to worker pools, a bound per group, suspension and clean-up.
 //! - [`DispatchQueue`]: the three queues — priority queue (promotion moves
 //!   to the head), FIFO queue with an aging bound, deadline detection.
 //! - The header codec ([`RequestHeader`], [`RemoteError`]).
@@ -28,6 +30,7 @@ mod call;
 pub(crate) mod calls;
 pub(crate) mod header;
 mod queue;
+pub mod recovery;
 mod sched;
 pub(crate) mod serve;
 
