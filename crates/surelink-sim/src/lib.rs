@@ -46,6 +46,7 @@ pub mod detector;
 mod faults;
 pub mod fixture;
 pub mod fuzz;
+pub mod rcs;
 pub mod role;
 pub mod role_scale;
 pub mod rpc;

@@ -8,6 +8,8 @@
 //!   and in order.
 //! - `role`: non-local fault notification on three hosts, with and
 //!   without the role service.
+//! - `recovery`: recovery-conscious scheduling, the paper's experiment on
+//!   the simulator's virtual workers (no processes).
 //!
 //! `surelink-lab experiment-node` (hidden) is the process each one starts.
 
@@ -19,6 +21,7 @@ pub(crate) mod node;
 mod node_counts;
 mod plot;
 mod procs;
+pub(crate) mod recovery;
 pub(crate) mod role_notify;
 pub(crate) mod soak;
 pub(crate) mod tcpnode;
@@ -44,6 +47,9 @@ pub(crate) enum Experiment {
     /// Non-local fault notification on three hosts: a one-way fault on a
     /// node's link, with and without the role service (needs root).
     Role(role_notify::RoleNotifyArgs),
+    /// Recovery-conscious scheduling (FAST '08): the paper's experiment on
+    /// the simulator — each mapping, good path and 5 % recovery overhead.
+    Recovery(recovery::RecoveryArgs),
 }
 
 /// Runs one experiment. Ctrl-C drops it, and with it the node processes
@@ -66,5 +72,6 @@ async fn run_inner(e: &Experiment) -> Result<()> {
         Experiment::Flows(a) => flows::run(a).await,
         Experiment::Soak(a) => soak::run(a).await,
         Experiment::Role(a) => role_notify::run(a).await,
+        Experiment::Recovery(a) => recovery::run(a).await,
     }
 }
