@@ -176,24 +176,25 @@ fn draw(path: &std::path::Path, rows: &[Row<'_>]) -> Result<()> {
             .iter()
             .flat_map(|r| [r.2[measure], r.3[paper_i]])
             .fold(0.0f64, f64::max)
-            * 1.2;
-        let mut c = panel(area, caption, 16).build_cartesian_2d(0f64..4f64, 0f64..top.max(1.0))?;
+            * 1.25;
+        let mut c =
+            panel(area, caption, 16).build_cartesian_2d(-0.5f64..3.5f64, 0f64..top.max(1.0))?;
         c.configure_mesh()
             .disable_x_mesh()
-            .x_labels(9)
+            .x_labels(5)
             .x_label_formatter(&|x| {
-                // Names under the middle of each pair of bars.
-                if (x.fract() - 0.5).abs() > 1e-6 {
+                let k = x.round();
+                if (x - k).abs() > 1e-6 || k < 0.0 {
                     return String::new();
                 }
                 SCHEDULERS
-                    .get(x.floor() as usize)
+                    .get(k as usize)
                     .map_or(String::new(), |s| s.0.to_string())
             })
             .draw()?;
         for (k, (name, _, _)) in SCHEDULERS.iter().enumerate() {
             let x = k as f64;
-            for (path_bad, off, color) in [(false, 0.15, good), (true, 0.5, bad)] {
+            for (path_bad, off, color) in [(false, -0.35, good), (true, 0.03, bad)] {
                 let Some(r) = rows.iter().find(|r| r.0 == *name && r.1 == path_bad) else {
                     continue;
                 };
@@ -207,7 +208,7 @@ fn draw(path: &std::path::Path, rows: &[Row<'_>]) -> Result<()> {
                 )))?;
             }
         }
-        if i == 0 {
+        if i == 1 {
             for (label, color) in [
                 ("good path", good),
                 ("bad path (5 % recovery)", bad),
