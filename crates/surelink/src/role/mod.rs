@@ -480,6 +480,10 @@ impl Task {
                 match started {
                     Ok(s) => {
                         info!(epoch, "taking over as role server");
+                        // Said at once (the rest of the snapshot waits for
+                        // the timer): a status read right after its first
+                        // table must not say "not serving".
+                        self.rs.status.lock().serving = Some(epoch);
                         self.server = Some(s);
                     }
                     Err(e) => {
