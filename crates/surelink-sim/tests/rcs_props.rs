@@ -77,7 +77,7 @@ fn check(mapping: Mapping, fail_policy: [bool; 4], ops: &[Op]) -> Result<(), Tes
                 || (g == GroupId(1) && recovering.contains_key(&GroupId(0))))
     };
     for op in ops {
-        now = now + std::time::Duration::from_millis(1);
+        now += std::time::Duration::from_millis(1);
         match *op {
             Op::Push(g) => {
                 next += 1;

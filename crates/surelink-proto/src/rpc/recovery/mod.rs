@@ -179,7 +179,7 @@ pub struct GroupStats {
 }
 
 struct Group<T> {
-    queue: PriorityScheduler<T>,
+    queue: Box<dyn Scheduler<T>>,
     sigma: usize,
     isolated: bool,
     suspended_by: Vec<usize>,
@@ -232,16 +232,27 @@ fn gid(i: usize) -> GroupId {
     GroupId(u16::try_from(i).unwrap_or(u16::MAX))
 }
 
-impl<T: Send> RecoveryScheduler<T> {
-    /// A scheduler for `cfg` (validated here).
+impl<T: Send + 'static> RecoveryScheduler<T> {
+    /// A scheduler for `cfg` (validated here), each group with hr-net's
+    /// queues ([`PriorityScheduler`] with the configured aging bound).
     pub fn new(cfg: &RecoveryConfig) -> Result<Self, RecoveryConfigError> {
+        let aging = cfg.aging_bound;
+        Self::with_queues(cfg, || Box::new(PriorityScheduler::new(aging)))
+    }
+
+    /// [`RecoveryScheduler::new`] with each group's queue made by `queue`
+    /// (say, a FIFO baseline).
+    pub fn with_queues(
+        cfg: &RecoveryConfig,
+        queue: impl Fn() -> Box<dyn Scheduler<T>>,
+    ) -> Result<Self, RecoveryConfigError> {
         cfg.validate()?;
         let groups: Vec<Group<T>> = cfg
             .groups
             .iter()
             .enumerate()
             .map(|(i, g)| Group {
-                queue: PriorityScheduler::new(cfg.aging_bound),
+                queue: queue(),
                 sigma: cfg.sigma_of(i),
                 isolated: g.isolated,
                 suspended_by: g.suspended_by.iter().map(|o| usize::from(o.0)).collect(),
