@@ -2,34 +2,47 @@
 //! the glue between sessions' tickets and the scheduler.
 //!
 //! Sessions admit requests (at most `max_requests_per_peer` outstanding per
-//! peer) and hand them out as tickets; tickets go into one [`Scheduler`]
-//! (hr-net's priority queues with per-session round robin by default), and
-//! up to `max_concurrent_requests` run at once, each in its own task on the
-//! endpoint's executor — never inside a reader's or a caller's task. A
-//! handler returns a reply or a typed [`HandlerError`]; one that panics is
-//! caught: its caller gets [`RemoteError::Panicked`], its slot is freed,
-//! and the connection and the other handlers carry on.
+//! peer) and hand them out as tickets; tickets go into the core's
+//! [`RecoveryScheduler`] (one group, each pool's queue hr-net's priority
+//! queues with per-session round robin by default). Handlers run on
+//! **worker pools**, one per runtime worker thread, never inside a
+//! reader's or a caller's task: a pool is one long-lived task that takes
+//! tickets from the scheduler in a loop while it has free slots
+//! (`max_concurrent_requests` split over the pools) and polls the
+//! handlers it started side by side — a handler that awaits yields to its
+//! pool's others, and the pool takes the next ticket as soon as one ends.
+//! No task is spawned per request.
+//!
+//! A handler returns a reply or a typed [`HandlerError`]; one that panics
+//! is caught: its caller gets [`RemoteError::Panicked`], its slot is
+//! freed, and the connection and the other handlers carry on.
 //!
 //! One peer's requests are *started* (the handler called) in the order the
 //! scheduler hands them out — per priority, the order they were sent —
-//! even though each runs in its own task and the runtime may poll a later
-//! task first (tokio runs the last task a worker spawned before the ones
-//! spawned just ahead of it). Once started they run concurrently.
+//! even across pools (each start waits for its turn). Once started they run
+//! concurrently.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Poll, Waker};
 use std::time::Instant;
 
 use bytes::Bytes;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
-use tokio::task::JoinSet;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 
-use surelink_proto::rpc::{Priority, RemoteError, Scheduler, Ticket, TicketKey};
+use surelink_proto::rpc::recovery::{
+    GroupId, Mapping, PoolId, RecoveryConfig, RecoveryScheduler, TaskOutcome,
+};
+use surelink_proto::rpc::{Priority, RemoteError, Ticket, TicketKey};
 use surelink_proto::{CallId, ChannelId, NodeId};
+
+use crate::config::SchedulerConfig;
 
 use crate::session::SessionHandle;
 use crate::shared::Shared;
@@ -175,29 +188,46 @@ impl Drop for Turn<'_> {
     }
 }
 
-struct Queue {
-    scheduler: Box<dyn Scheduler<Job>>,
-    running: usize,
-}
+/// Every request is in this group until services declare their own.
+const DEFAULT_GROUP: GroupId = GroupId(0);
 
-/// The executor and its queue.
+/// The executor: the scheduler, and its pools' tasks.
 pub(crate) struct Server {
     handler: RwLock<Option<Arc<dyn Handler>>>,
-    queue: Mutex<Queue>,
-    tasks: Mutex<JoinSet<()>>,
-    max_concurrent: usize,
+    queue: Mutex<RecoveryScheduler<Job>>,
+    /// Per pool: wakes its task (a ticket queued for it).
+    wake: Vec<Notify>,
+    pools: Mutex<Vec<JoinHandle<()>>>,
+    started: AtomicBool,
+    /// Slots per pool.
+    slots: usize,
+    running: AtomicUsize,
 }
 
 impl Server {
-    pub(crate) fn new(scheduler: Box<dyn Scheduler<Job>>, max_concurrent: usize) -> Server {
+    /// Pools: one per worker thread of the runtime it is made on (one
+    /// outside a runtime), `max_concurrent` slots split over them.
+    pub(crate) fn new(sched: &SchedulerConfig, max_concurrent: usize) -> Server {
+        let pools = tokio::runtime::Handle::try_current()
+            .map_or(1, |h| h.metrics().num_workers())
+            .max(1);
+        let slots = max_concurrent.div_ceil(pools).max(1);
+        let mut cfg = RecoveryConfig::new(pools, slots, &["default"]);
+        cfg.mapping = Mapping::Dynamic;
+        // One group is the whole server: no bound below the slots.
+        cfg.groups[0].sigma = Some(max_concurrent.max(1));
+        cfg.aging_bound = sched.aging_bound;
+        let kind = sched.clone();
+        let scheduler = RecoveryScheduler::with_queues(&cfg, move || kind.build())
+            .expect("one group and pools of at least one slot are valid");
         Server {
             handler: RwLock::new(None),
-            queue: Mutex::new(Queue {
-                scheduler,
-                running: 0,
-            }),
-            tasks: Mutex::new(JoinSet::new()),
-            max_concurrent,
+            queue: Mutex::new(scheduler),
+            wake: (0..pools).map(|_| Notify::new()).collect(),
+            pools: Mutex::new(Vec::new()),
+            started: AtomicBool::new(false),
+            slots,
+            running: AtomicUsize::new(0),
         }
     }
 
@@ -232,18 +262,15 @@ impl Server {
                     call: t.call,
                 };
                 let prio = t.priority;
-                q.scheduler.push(
-                    now,
-                    key,
-                    prio,
-                    Job {
-                        session: session.clone(),
-                        ticket: t,
-                    },
-                );
+                let job = Job {
+                    session: session.clone(),
+                    ticket: t,
+                };
+                // The one group exists: nothing is handed back.
+                let _ = q.push(now, DEFAULT_GROUP, key, prio, job);
             }
             for call in promotes {
-                q.scheduler.promote(TicketKey {
+                q.promote(TicketKey {
                     session: session.key,
                     call,
                 });
@@ -251,46 +278,86 @@ impl Server {
         }
     }
 
-    /// Starts queued requests while workers are free.
+    /// Wakes a pool for what was queued (the pools start on first use,
+    /// inside the runtime).
     pub(crate) fn dispatch(shared: &Arc<Shared>) {
-        loop {
-            let job = {
-                let mut q = lock(&shared.server.queue);
-                if q.running >= shared.server.max_concurrent {
-                    return;
-                }
-                let now = shared.clock.now_cached();
-                let Some(d) = q.scheduler.pop(now) else {
-                    return;
-                };
-                q.running += 1;
-                let turn = d.item.session.start_order.issue();
-                (d.item, turn)
-            };
-            let handler = shared.server.handler();
-            let sh = shared.clone();
-            let mut tasks = lock(&shared.server.tasks);
-            // Reap what finished, so the set stays the size of the work.
-            while tasks.try_join_next().is_some() {}
-            tasks.spawn(run(sh, job.0, job.1, handler));
+        let server = &shared.server;
+        if !server.started.swap(true, Ordering::AcqRel) {
+            let mut pools = lock(&server.pools);
+            for p in 0..server.wake.len() {
+                let sh = shared.clone();
+                pools.push(tokio::spawn(pool_loop(sh, p)));
+            }
+        }
+        server.wake_one_with_room(&lock(&server.queue));
+    }
+
+    /// Wakes the least busy pool that has a free slot, if something waits
+    /// (when every pool is full, the first handler to end takes it).
+    fn wake_one_with_room(&self, q: &RecoveryScheduler<Job>) {
+        if q.is_empty() {
+            return;
+        }
+        let least = (0..self.wake.len())
+            .map(|p| (q.busy(PoolId(u16::try_from(p).unwrap_or(u16::MAX))), p))
+            .min();
+        if let Some((_, p)) = least.filter(|(busy, _)| *busy < self.slots) {
+            self.wake[p].notify_one();
         }
     }
 
     /// A session ended: its waiting requests are dropped (never run; the
     /// caller learns the session ended on its side).
     pub(crate) fn remove_session(&self, key: u64) -> usize {
-        lock(&self.queue).scheduler.remove_session(key).len()
+        lock(&self.queue).remove_session(key).len()
     }
 
     /// Requests waiting and running.
     pub(crate) fn load(&self) -> (usize, usize) {
-        let q = lock(&self.queue);
-        (q.scheduler.len(), q.running)
+        let waiting = lock(&self.queue).len();
+        (waiting, self.running.load(Ordering::Relaxed))
     }
 
-    /// Stops every running handler (shutdown).
+    /// Stops every running handler (shutdown): the pools and what they run.
     pub(crate) fn abort_all(&self) {
-        lock(&self.tasks).abort_all();
+        for p in lock(&self.pools).drain(..) {
+            p.abort();
+        }
+    }
+}
+
+/// One pool: takes tickets from the scheduler while it has free slots,
+/// runs their handlers side by side in this one task, and takes the next
+/// as soon as one ends.
+async fn pool_loop(shared: Arc<Shared>, p: usize) {
+    let pool = PoolId(u16::try_from(p).unwrap_or(u16::MAX));
+    let server = &shared.server;
+    let mut running = FuturesUnordered::new();
+    loop {
+        loop {
+            let next = {
+                let mut q = lock(&server.queue);
+                let now = shared.clock.now_cached();
+                q.pop(now, pool).map(|t| {
+                    let turn = t.dispatch.item.session.start_order.issue();
+                    (t, turn)
+                })
+            };
+            let Some((task, turn)) = next else { break };
+            server.running.fetch_add(1, Ordering::Relaxed);
+            let handler = server.handler();
+            running.push(run(shared.clone(), task.dispatch.item, turn, handler));
+        }
+        // More waits than this pool takes now: a pool with room takes it.
+        server.wake_one_with_room(&lock(&server.queue));
+        tokio::select! {
+            Some(()) = running.next(), if !running.is_empty() => {
+                server.running.fetch_sub(1, Ordering::Relaxed);
+                let now = shared.clock.now_cached();
+                lock(&server.queue).handle_done(now, pool, DEFAULT_GROUP, TaskOutcome::Completed);
+            }
+            () = server.wake[p].notified() => {}
+        }
     }
 }
 
@@ -335,6 +402,4 @@ async fn run(shared: Arc<Shared>, job: Job, turn: u64, handler: Option<Arc<dyn H
         Ok(_) => {}
     }
     session.complete(&shared, ticket.call, result);
-    lock(&shared.server.queue).running -= 1;
-    Server::dispatch(&shared);
 }

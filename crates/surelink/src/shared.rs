@@ -109,7 +109,7 @@ impl Shared {
         detector: Option<Arc<crate::detector::Detector>>,
     ) -> Shared {
         let epoch = router.local().epoch;
-        let server = Server::new(config.scheduler.build(), config.max_concurrent_requests);
+        let server = Server::new(&config.scheduler, config.max_concurrent_requests);
         let incoming = IncomingQueue::new(config.scheduler.aging_bound);
         #[cfg(feature = "test-util")]
         let muted = detector
