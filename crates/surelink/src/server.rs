@@ -282,6 +282,10 @@ impl Server {
     /// inside the runtime).
     pub(crate) fn dispatch(shared: &Arc<Shared>) {
         let server = &shared.server;
+        // A closed endpoint starts no pool (one would hold it for ever).
+        if shared.closed.load(Ordering::Relaxed) {
+            return;
+        }
         if !server.started.swap(true, Ordering::AcqRel) {
             let mut pools = lock(&server.pools);
             for p in 0..server.wake.len() {
@@ -357,6 +361,9 @@ async fn pool_loop(shared: Arc<Shared>, p: usize) {
                 lock(&server.queue).handle_done(now, pool, DEFAULT_GROUP, TaskOutcome::Completed);
             }
             () = server.wake[p].notified() => {}
+        }
+        if shared.closed.load(Ordering::Relaxed) {
+            return;
         }
     }
 }
