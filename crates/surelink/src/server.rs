@@ -350,7 +350,10 @@ async fn pool_loop(shared: Arc<Shared>, p: usize) {
             let Some((task, turn)) = next else { break };
             server.running.fetch_add(1, Ordering::Relaxed);
             let handler = server.handler();
-            running.push(run(shared.clone(), task.dispatch.item, turn, handler));
+            // Whatever panics in it ends that request only, not the pool
+            // (the handler's own panics are answered inside `run`).
+            let fut = run(shared.clone(), task.dispatch.item, turn, handler);
+            running.push(AssertUnwindSafe(fut).catch_unwind().map(|_| ()));
         }
         // More waits than this pool takes now: a pool with room takes it.
         server.wake_one_with_room(&lock(&server.queue));
