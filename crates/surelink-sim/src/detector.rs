@@ -18,8 +18,7 @@
 //!
 //! With `private` the receiver keeps the shell's private queues (the core
 //! monitor's "Private queues"): one per network that the sender's
-//! heartbeats go to (every 8th also to the public queue; the shell sends
-//! one every `path_timeout / 2`), and one for its
+//! heartbeats go to (every 8th also to the public queue), and one for its
 //! own barriers; a round's end reports every queue's drops and emptiness
 //! ([`Monitor::handle_barrier_queues`]). A forged flood then fills only the
 //! public queue, and a `Flood` stands for junk that guessed a private port.

@@ -34,15 +34,9 @@ use super::{CheckerState, DelayPoint, Detector, READ_POLL};
 
 /// Private sockets in all (members × networks, with room to spare).
 pub(super) const MAX_PRIVATE: usize = 4096;
-/// How often a copy also goes to a peer's public port, in heartbeats: so
-/// a peer that restarted (and forgot our port) hears us anyway, and so a
-/// path whose private copies never arrive (a relay or NAT that forwards
-/// the public port only) is still heard well inside its path window —
-/// every `path_timeout / 2` (every 2nd heartbeat by default).
-pub(super) fn public_every(cfg: &surelink_proto::detector::DetectorConfig) -> u64 {
-    let every = cfg.path_timeout.as_nanos() / (2 * cfg.interval.as_nanos().max(1));
-    u64::try_from(every).unwrap_or(1).max(1)
-}
+/// Every this many heartbeats a copy also goes to a peer's public port,
+/// so a peer that restarted (and forgot our port) hears us anyway.
+pub(super) const PUBLIC_EVERY: u64 = 8;
 
 /// What a token of the epoll set stands for.
 #[derive(Clone)]

@@ -17,7 +17,7 @@ use surelink_proto::detector::{DetectorMode, Fence, FenceState};
 use surelink_proto::{Epoch, NodeId, Time};
 use surelink_sys::TxTimestamp;
 
-use super::private::public_every;
+use super::private::PUBLIC_EVERY;
 use super::{DelayPoint, Detector, Signal, TIMESTAMP_WAIT};
 
 impl Detector {
@@ -106,7 +106,7 @@ impl Detector {
     /// Where a peer gave us a private port on a network, the copy goes
     /// there and only that copy counts (the peer's monitor, once it saw
     /// one there, looks for our heartbeats in that queue alone); every
-    /// few ([`public_every`]) also goes to its public port, uncounted.
+    /// [`PUBLIC_EVERY`]th also goes to its public port, uncounted.
     fn send_heartbeats(&self, seq: u64, stamps: &mut Vec<TxTimestamp>) -> Option<Time> {
         let dests: Vec<((NodeId, usize), SocketAddr, Option<SocketAddr>)> = {
             let public = self.dests.lock();
@@ -116,7 +116,6 @@ impl Detector {
                 .map(|(k, v)| (*k, *v, private.get(k).copied()))
                 .collect()
         };
-        let every = public_every(&self.cfg);
         let ports: Vec<u16> = {
             let p = self.private.lock();
             dests
@@ -174,7 +173,7 @@ impl Detector {
             };
             let hb = datagram::encode_heartbeat(self.cluster, self.node, epoch, seq, port, key);
             let (counted, extra) = match private {
-                Some(p) => (p, (seq % every == 0).then_some(public)),
+                Some(p) => (p, (seq % PUBLIC_EVERY == 0).then_some(public)),
                 None => (public, None),
             };
             match sock.send_to(&hb, counted) {
