@@ -182,3 +182,34 @@ async fn a_blackhole_on_network_1_is_reported_silent_while_network_0_carries_on(
     }
     tokio::join!(client.shutdown(), server.shutdown());
 }
+
+/// The relay forwards the public heartbeat port only: private copies
+/// never arrive, so neither side is acknowledged, neither commits to its
+/// peer's private port, and the public copy of every heartbeat keeps each
+/// path fresh. (Committed without acknowledgement, the public copy went
+/// out every 8th heartbeat only, 80 ms apart, past the 50 ms window: the
+/// paths were reported silent again and again.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_relay_that_forwards_the_public_port_only_no_path_goes_silent() {
+    let (server, client, relay) = through_relay().await;
+    let (mut server_events, mut client_events) = (server.events(), client.events());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut silent = Vec::new();
+    for (who, events) in [
+        ("server", &mut server_events),
+        ("client", &mut client_events),
+    ] {
+        while let Ok(e) = events.try_recv() {
+            if matches!(e, NetEvent::PathSilent { .. } | NetEvent::PathDown { .. }) {
+                silent.push(format!("{who}: {e:?}"));
+            }
+        }
+    }
+    assert!(
+        silent.is_empty(),
+        "paths reported in 3 s of quiet: {silent:#?}"
+    );
+    let up = relay.network(0).status()[0].counters;
+    assert!(up.udp_datagrams_up > 0, "no heartbeat went through: {up:?}");
+    tokio::join!(client.shutdown(), server.shutdown());
+}

@@ -407,7 +407,7 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
         "datagrams" => {
             let key = HeartbeatKey::new(&[5; 32]);
             let mut d =
-                encode_heartbeat(ClusterId(9), NodeId(2), Epoch(7), 1, 0, Some(&key)).to_vec();
+                encode_heartbeat(ClusterId(9), NodeId(2), Epoch(7), 1, 0, 0, Some(&key)).to_vec();
             d.extend_from_slice(&encode_barrier(42, 1));
             v.push(d);
         }

@@ -213,7 +213,7 @@ async fn every_attack_is_refused_or_harmless() {
                     1 => (CLIENT, client_epoch),
                     _ => (NodeId(1000 + i), Epoch(1)),
                 };
-                let d = encode_heartbeat(ClusterId(9), node, epoch, seq, 0, None);
+                let d = encode_heartbeat(ClusterId(9), node, epoch, seq, 0, 0, None);
                 for a in &hb2 {
                     let _ = sock.send_to(&d, a);
                 }

@@ -295,7 +295,7 @@ async fn forged_and_replayed_heartbeats_do_not_keep_a_dead_peer_alive() {
     let flood = tokio::spawn(async move {
         for seq in 1_000_000..1_000_200u64 {
             for epoch in [Epoch(u64::MAX), client_epoch] {
-                let d = encode_heartbeat(ClusterId(9), CLIENT, epoch, seq, 0, None);
+                let d = encode_heartbeat(ClusterId(9), CLIENT, epoch, seq, 0, 0, None);
                 for a in &hb {
                     let _ = sock.send_to(&d, a);
                 }

@@ -14,7 +14,15 @@
 //! address only and whose number a stranger off the path never sees (see
 //! the monitor's "Private queues").
 //!
-//! The tag is HMAC-SHA256 (first 16 bytes) over header and the first 34
+//! A heartbeat's header flags carry the private ports' handshake, per
+//! path: [`FLAG_ACK`] ("your private copies reach me") and
+//! [`FLAG_COMMITTED`] ("my fence counts the copy to your private port
+//! alone"). A sender commits only while its peer acknowledges, so a relay
+//! or NAT that forwards the public port only never leaves a path counted
+//! on copies that cannot arrive; a receiver treats a path as private only
+//! on a committed heartbeat out of its private queue.
+//!
+//! The tag is HMAC-SHA256 (first 16 bytes) over header (flags included) and the first 34
 //! body bytes, keyed per pair of nodes ([`HeartbeatKey`], from the
 //! members' static keys), so a heartbeat proves its sender without a
 //! handshake; all zeros when the endpoints run insecure. [`Freshness`]
@@ -36,6 +44,13 @@ const SIGNED: usize = HEADER_LEN + 34;
 const BARRIER_BODY: usize = 10;
 /// Bytes of the largest datagram (what a receive buffer needs).
 pub const MAX_DATAGRAM: usize = HEADER_LEN + HEARTBEAT_BODY;
+/// Heartbeat flag: the sender's private socket for the receiver gets the
+/// receiver's heartbeats (of its current incarnation, lately).
+pub const FLAG_ACK: u16 = 1;
+/// Heartbeat flag: this heartbeat's copy to the receiver's private port is
+/// the one the sender's fence counted (the copy to the public port, if
+/// any, is an extra).
+pub const FLAG_COMMITTED: u16 = 2;
 
 /// A decoded datagram.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +69,8 @@ pub enum Datagram {
         /// The sender's private heartbeat port for us on this network (0:
         /// none; send to its public port).
         port: u16,
+        /// [`FLAG_ACK`] and [`FLAG_COMMITTED`] (others ignored).
+        flags: u16,
     },
     /// One of our own barriers.
     Barrier {
@@ -82,10 +99,10 @@ pub enum DatagramError {
     Kind(u8),
 }
 
-fn header(kind: FrameKind, body: usize, out: &mut [u8]) {
+fn header(kind: FrameKind, flags: u16, body: usize, out: &mut [u8]) {
     out[0] = PROTOCOL_VERSION;
     out[1] = kind as u8;
-    out[2..4].copy_from_slice(&0u16.to_be_bytes());
+    out[2..4].copy_from_slice(&flags.to_be_bytes());
     // Bodies here are a few dozen bytes.
     out[4..8].copy_from_slice(&u32::try_from(body).unwrap_or(u32::MAX).to_be_bytes());
 }
@@ -125,10 +142,11 @@ pub fn encode_heartbeat(
     epoch: Epoch,
     seq: u64,
     port: u16,
+    flags: u16,
     key: Option<&HeartbeatKey>,
 ) -> [u8; HEADER_LEN + HEARTBEAT_BODY] {
     let mut out = [0u8; HEADER_LEN + HEARTBEAT_BODY];
-    header(FrameKind::Heartbeat, HEARTBEAT_BODY, &mut out);
+    header(FrameKind::Heartbeat, flags, HEARTBEAT_BODY, &mut out);
     for (i, v) in [cluster.0, node.0, epoch.0, seq].into_iter().enumerate() {
         out[HEADER_LEN + 8 * i..HEADER_LEN + 8 * i + 8].copy_from_slice(&v.to_be_bytes());
     }
@@ -196,7 +214,7 @@ impl Freshness {
 /// Encodes a barrier.
 pub fn encode_barrier(token: u64, copy: u16) -> [u8; HEADER_LEN + BARRIER_BODY] {
     let mut out = [0u8; HEADER_LEN + BARRIER_BODY];
-    header(FrameKind::Barrier, BARRIER_BODY, &mut out);
+    header(FrameKind::Barrier, 0, BARRIER_BODY, &mut out);
     out[HEADER_LEN..HEADER_LEN + 8].copy_from_slice(&token.to_be_bytes());
     out[HEADER_LEN + 8..].copy_from_slice(&copy.to_be_bytes());
     out
@@ -225,6 +243,7 @@ pub fn decode_datagram(b: &[u8]) -> Result<Datagram, DatagramError> {
             epoch: Epoch(u64_at(body, 16)),
             seq: u64_at(body, 24),
             port: u16::from_be_bytes([body[32], body[33]]),
+            flags: u16::from_be_bytes([b[2], b[3]]),
         }),
         Some(FrameKind::Barrier) if body.len() >= BARRIER_BODY => Ok(Datagram::Barrier {
             token: u64_at(body, 0),
@@ -243,10 +262,18 @@ mod tests {
     fn tags_verify_only_under_the_pair_key_and_replays_are_refused() {
         let k = HeartbeatKey::new(&[1; 32]);
         let other = HeartbeatKey::new(&[2; 32]);
-        let hb = encode_heartbeat(ClusterId(1), NodeId(2), Epoch(3), 4, 0, Some(&k));
+        let hb = encode_heartbeat(ClusterId(1), NodeId(2), Epoch(3), 4, 0, FLAG_ACK, Some(&k));
         assert!(verify_heartbeat(&hb, &k));
         assert!(!verify_heartbeat(&hb, &other));
-        let plain = encode_heartbeat(ClusterId(1), NodeId(2), Epoch(3), 4, 5, None);
+        let plain = encode_heartbeat(
+            ClusterId(1),
+            NodeId(2),
+            Epoch(3),
+            4,
+            5,
+            FLAG_COMMITTED,
+            None,
+        );
         assert!(!verify_heartbeat(&plain, &k));
         for i in 0..hb.len() {
             let mut bad = hb;
@@ -272,7 +299,15 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let hb = encode_heartbeat(ClusterId(1), NodeId(2), Epoch(3), 4, 5, None);
+        let hb = encode_heartbeat(
+            ClusterId(1),
+            NodeId(2),
+            Epoch(3),
+            4,
+            5,
+            FLAG_COMMITTED,
+            None,
+        );
         assert_eq!(
             decode_datagram(&hb),
             Ok(Datagram::Heartbeat {
@@ -281,6 +316,7 @@ mod tests {
                 epoch: Epoch(3),
                 seq: 4,
                 port: 5,
+                flags: FLAG_COMMITTED,
             })
         );
         let b = encode_barrier(9, 1);
@@ -292,7 +328,15 @@ mod tests {
 
     #[test]
     fn garbage_is_a_typed_error_never_a_panic() {
-        let hb = encode_heartbeat(ClusterId(1), NodeId(2), Epoch(3), 4, 5, None);
+        let hb = encode_heartbeat(
+            ClusterId(1),
+            NodeId(2),
+            Epoch(3),
+            4,
+            5,
+            FLAG_COMMITTED,
+            None,
+        );
         for cut in 0..hb.len() {
             assert!(decode_datagram(&hb[..cut]).is_err());
         }

@@ -61,10 +61,13 @@
 //!
 //! A path whose heartbeat of its current epoch came out of its private
 //! queue ([`HeartbeatQueue::Private`]) is *private*, until the epoch
-//! changes or the shell says the socket was replaced
-//! ([`Monitor::handle_private_reset`]): its peer knows the port, and the
-//! sender's fence counts only the private copy for it (see the shell's
-//! sender), so a live unfenced peer's heartbeats are in that queue. A
+//! changes, the shell says the socket was replaced
+//! ([`Monitor::handle_private_reset`]) or the peer stopped counting its
+//! private copy ([`Monitor::handle_private_uncommitted`]): its peer knows
+//! the port, and the sender's fence counts only the private copy for it
+//! (the shell passes `Private` only for a heartbeat whose sender says so:
+//! a peer behind a relay that forwards the public port only never does),
+//! so a live unfenced peer's heartbeats are in that queue. A
 //! private suspect is held back only by a drop in its own private queue
 //! ([`Monitor::handle_private_drop_count`]), by one at the interfaces or
 //! the per-CPU backlogs every queue's packets pass
@@ -422,6 +425,18 @@ impl Monitor {
             }
         }
         self.private_drops.remove(&watch);
+    }
+
+    /// A heartbeat of `epoch` on `watch` says its sender's fence counted
+    /// the public copy (its private copies are not acknowledged, or no
+    /// longer): the path is public again until a committed one comes out
+    /// of the private queue.
+    pub fn handle_private_uncommitted(&mut self, watch: Watch, epoch: Epoch) {
+        if let Some(p) = self.paths.get_mut(&watch) {
+            if p.epoch == epoch && p.queue == HeartbeatQueue::Private {
+                p.queue = HeartbeatQueue::Members;
+            }
+        }
     }
 
     /// Every barrier of round `token` came out of the heartbeat queue; the

@@ -644,3 +644,26 @@ fn a_path_is_private_for_its_epoch_until_its_socket_is_replaced() {
     let t = forged_flood(&mut m, 602, 1200, &clear).expect("private again");
     assert!((752..=762).contains(&t), "{t}");
 }
+
+/// A heartbeat whose sender counted its public copy (its private copies
+/// are no longer acknowledged) makes the path public: the members' queue
+/// holds it back again. An uncommitted heartbeat of an older epoch than
+/// the path's changes nothing.
+#[test]
+fn a_path_whose_sender_stopped_committing_is_public_again() {
+    let clear = [(w(0), false, true), (w(1), false, true)];
+    let mut m = private_peer();
+    m.handle_private_uncommitted(w(1), Epoch(1));
+    assert_eq!(forged_flood(&mut m, 1, 600, &clear), None, "uncommitted");
+    // A committed one out of the private queue: private again.
+    m.handle_heartbeat_from(ms(601), w(0), Epoch(1), HeartbeatQueue::Private);
+    m.handle_heartbeat_from(ms(601), w(1), Epoch(1), HeartbeatQueue::Private);
+    assert!(forged_flood(&mut m, 602, 1200, &clear).is_some());
+
+    let mut m = private_peer();
+    m.handle_private_uncommitted(w(1), Epoch(0));
+    assert!(
+        forged_flood(&mut m, 1, 400, &clear).is_some(),
+        "an old epoch's word does not count"
+    );
+}

@@ -178,9 +178,9 @@ pub(crate) struct Detector {
     members_in_hand: AtomicU64,
     /// Private sockets per peer and network, and our barriers' ones.
     private: Mutex<private::Private>,
-    /// Where our heartbeats to a peer go privately: its address on the
-    /// network and the port it gave us.
-    private_dests: Mutex<BTreeMap<(NodeId, usize), SocketAddr>>,
+    /// Per peer and network: where our heartbeats go privately, and the
+    /// handshake that says whether the private copy is the counted one.
+    handshakes: Mutex<BTreeMap<(NodeId, usize), private::Handshake>>,
     strays_read: AtomicU64,
     not_steered: AtomicU64,
     /// Networks this endpoint is silent on (test hook: see
@@ -342,7 +342,7 @@ impl Detector {
             stray_in_hand: AtomicU64::new(0),
             members_in_hand: AtomicU64::new(0),
             private: Mutex::new(private),
-            private_dests: Mutex::new(BTreeMap::new()),
+            handshakes: Mutex::new(BTreeMap::new()),
             strays_read: AtomicU64::new(0),
             not_steered: AtomicU64::new(0),
             #[cfg(feature = "test-util")]
@@ -443,7 +443,7 @@ impl Detector {
     /// heartbeats cannot be replayed to bring the address back.)
     pub(crate) fn forget_peer(&self, peer: NodeId) {
         self.dests.lock().retain(|(p, _), _| *p != peer);
-        self.private_dests.lock().retain(|(p, _), _| *p != peer);
+        self.handshakes.lock().retain(|(p, _), _| *p != peer);
         self.private.lock().forget(peer);
         self.heard.lock().retain(|(p, _), _| *p != peer);
     }

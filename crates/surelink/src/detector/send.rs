@@ -103,24 +103,49 @@ impl Detector {
     /// by its kernel TX timestamp; only on a socket without timestamps does
     /// the time after `sendmsg` returned stand in (the paper's `t_after`).
     ///
-    /// Where a peer gave us a private port on a network, the copy goes
-    /// there and only that copy counts (the peer's monitor, once it saw
-    /// one there, looks for our heartbeats in that queue alone); every
-    /// [`PUBLIC_EVERY`]th also goes to its public port, uncounted.
+    /// Where a peer gave us a private port on a network and acknowledges
+    /// that our copies there reach it, we are *committed*: the copy goes
+    /// there and only that copy counts (the peer's monitor, once it saw a
+    /// committed one there, looks for our heartbeats in that queue alone);
+    /// every [`PUBLIC_EVERY`]th also goes to its public port, uncounted.
+    /// Not yet acknowledged (or behind a relay that forwards the public
+    /// port only), the public copy counts and a private one goes along as
+    /// a probe.
     fn send_heartbeats(&self, seq: u64, stamps: &mut Vec<TxTimestamp>) -> Option<Time> {
-        let dests: Vec<((NodeId, usize), SocketAddr, Option<SocketAddr>)> = {
+        let now = self.gate.now();
+        let window = self.cfg.path_timeout;
+        // Per destination: where the counted copy goes, an extra copy, and
+        // the flags.
+        type Dest = ((NodeId, usize), SocketAddr, Option<SocketAddr>, u16);
+        let dests: Vec<Dest> = {
             let public = self.dests.lock();
-            let private = self.private_dests.lock();
+            let hs = self.handshakes.lock();
             public
                 .iter()
-                .map(|(k, v)| (*k, *v, private.get(k).copied()))
+                .map(|(k, public)| {
+                    let h = hs.get(k).copied().unwrap_or_default();
+                    let mut flags = if h.ack(now, window) {
+                        datagram::FLAG_ACK
+                    } else {
+                        0
+                    };
+                    let (counted, extra) = match h.dest {
+                        Some(private) if h.committed(now, window) => {
+                            flags |= datagram::FLAG_COMMITTED;
+                            (private, (seq % PUBLIC_EVERY == 0).then_some(*public))
+                        }
+                        Some(private) => (*public, Some(private)),
+                        None => (*public, None),
+                    };
+                    (*k, counted, extra, flags)
+                })
                 .collect()
         };
         let ports: Vec<u16> = {
             let p = self.private.lock();
             dests
                 .iter()
-                .map(|((peer, n), _, _)| p.port(*peer, *n))
+                .map(|((peer, n), _, _, _)| p.port(*peer, *n))
                 .collect()
         };
         let epoch = Epoch(self.epoch.load(Ordering::Relaxed));
@@ -143,7 +168,7 @@ impl Detector {
         }
         let round_start = SystemTime::now();
         let mut confirmed: BTreeMap<NodeId, Option<Time>> =
-            dests.iter().map(|((p, _), _, _)| (*p, None)).collect();
+            dests.iter().map(|((p, _), _, _, _)| (*p, None)).collect();
         // Per socket: (peer, datagram id) sent, and whether a send failed
         // (the kernel may have numbered the failed one: ids are then not
         // trusted for that socket).
@@ -151,7 +176,7 @@ impl Detector {
         let mut failed = vec![false; sockets.len()];
         #[cfg(feature = "test-util")]
         let mut lost_on_wire: Vec<NodeId> = Vec::new();
-        for (((peer, network), public, private), port) in dests.into_iter().zip(ports) {
+        for (((peer, network), counted, extra, flags), port) in dests.into_iter().zip(ports) {
             let Some(sock) = sockets.get(network) else {
                 continue;
             };
@@ -171,11 +196,8 @@ impl Detector {
                     None => continue,
                 },
             };
-            let hb = datagram::encode_heartbeat(self.cluster, self.node, epoch, seq, port, key);
-            let (counted, extra) = match private {
-                Some(p) => (p, (seq % PUBLIC_EVERY == 0).then_some(public)),
-                None => (public, None),
-            };
+            let hb =
+                datagram::encode_heartbeat(self.cluster, self.node, epoch, seq, port, flags, key);
             match sock.send_to(&hb, counted) {
                 Ok(id) => sent[network].push((peer, id)),
                 Err(e) => {

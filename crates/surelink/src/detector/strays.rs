@@ -138,6 +138,8 @@ pub(super) struct Checked {
     pub(super) seq: u64,
     /// Its sender's private port for us (0: none).
     pub(super) port: u16,
+    /// Its handshake flags (`datagram::FLAG_*`).
+    pub(super) flags: u16,
 }
 
 impl Detector {
@@ -156,6 +158,7 @@ impl Detector {
             epoch,
             seq,
             port,
+            flags,
         }) = datagram::decode_datagram(bytes)
         else {
             return Err(Refused::Malformed);
@@ -177,6 +180,7 @@ impl Detector {
             epoch,
             seq,
             port,
+            flags,
         })
     }
 
@@ -204,26 +208,30 @@ impl Detector {
         // field, where they go privately (0: the sender has no private
         // socket for us, e.g. a new process: public only).
         self.dests.lock().insert((hb.node, network), from);
+        let now = self.gate.now();
         {
-            let mut private = self.private_dests.lock();
-            match hb.port {
-                0 => private.remove(&(hb.node, network)),
-                port => private.insert((hb.node, network), SocketAddr::new(from.ip(), port)),
-            };
+            let mut hs = self.handshakes.lock();
+            let h = hs.entry((hb.node, network)).or_default();
+            h.dest = (hb.port != 0).then(|| SocketAddr::new(from.ip(), hb.port));
+            h.epoch = Some(hb.epoch);
+            if hb.flags & datagram::FLAG_ACK != 0 {
+                h.acked_at = Some(now);
+            }
+        }
+        let watch = Watch {
+            peer: hb.node,
+            network: net,
+        };
+        if hb.flags & datagram::FLAG_COMMITTED == 0 {
+            // The sender counts its public copy again (its peer's acks
+            // stopped): the path is no longer private.
+            c.monitor.handle_private_uncommitted(watch, hb.epoch);
         }
         if queue != HeartbeatQueue::Private {
             self.steer_source(hb.node, from.ip());
             self.ensure_private(c, hb.node, network, from);
         }
-        c.monitor.handle_heartbeat_from(
-            self.gate.now(),
-            Watch {
-                peer: hb.node,
-                network: net,
-            },
-            hb.epoch,
-            queue,
-        );
+        c.monitor.handle_heartbeat_from(now, watch, hb.epoch, queue);
         Ok(())
     }
 
