@@ -10,9 +10,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use surelink_proto::detector::DetectorConfig;
+use surelink_proto::rpc::recovery::{
+    GroupConfig, GroupId, Mapping, RecoveryConfig, RecoveryConfigError,
+};
 use surelink_proto::rpc::{FifoScheduler, PriorityScheduler, Scheduler};
 use surelink_proto::secure::{Keypair, Members, Protection, TlsSetup};
-use surelink_proto::{ClusterId, EndpointConfig, Epoch, NodeId};
+use surelink_proto::{ChannelId, ClusterId, EndpointConfig, Epoch, NodeId};
 
 use crate::server::Job;
 
@@ -77,6 +80,69 @@ impl SchedulerConfig {
             SchedulerKind::Priority => Box::new(PriorityScheduler::new(self.aging_bound)),
             SchedulerKind::Fifo => Box::new(FifoScheduler::new()),
         }
+    }
+}
+
+/// The server's recovery groups (Seshadri et al., FAST '08; see
+/// `docs/recovery.md`): the units a failing part of a service recovers in,
+/// while the others keep their workers.
+///
+/// The default is one group, `default`, that may use every worker: no
+/// isolation, and no recovery beyond answering a panicking handler's
+/// caller (a handler's panic still makes the group clean up and re-drive,
+/// which costs nothing when it registered no clean-up). A service that
+/// declares groups gets per group a bound σ of the workers it may hold
+/// (the paper's default unless set: half of them under the dynamic
+/// mapping), suspension and clean-up when it recovers, and its own
+/// handler ([`crate::Endpoint::serve_group`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ExecutorConfig {
+    /// How groups map to the worker pools (one pool per runtime worker
+    /// thread). Default: dynamic (any pool, each group within σ).
+    pub mapping: Mapping,
+    /// The groups, [`GroupId`] `i` being the `i`th; empty: one group
+    /// that may use every worker.
+    pub groups: Vec<GroupConfig>,
+    /// Requests on these channels go to these groups (others to group 0,
+    /// unless [`crate::Endpoint::route_requests`] decides).
+    pub channels: Vec<(ChannelId, GroupId)>,
+}
+
+impl ExecutorConfig {
+    /// The core's configuration for `pools` pools of `slots` each.
+    pub(crate) fn recovery_config(
+        &self,
+        pools: usize,
+        slots: usize,
+        max_concurrent: usize,
+    ) -> RecoveryConfig {
+        let mut cfg = RecoveryConfig::new(pools, slots, &["default"]);
+        cfg.mapping = self.mapping;
+        if self.groups.is_empty() {
+            // One group is the whole server: no bound below the slots.
+            cfg.groups[0].sigma = Some(max_concurrent.max(1));
+        } else {
+            cfg.groups.clone_from(&self.groups);
+        }
+        cfg
+    }
+
+    fn validate(&self, max_concurrent: usize) -> Result<(), ConfigError> {
+        self.recovery_config(1, max_concurrent, max_concurrent)
+            .validate()?;
+        let groups = self.groups.len().max(1);
+        if self
+            .channels
+            .iter()
+            .any(|(_, g)| usize::from(g.0) >= groups)
+        {
+            return Err(ConfigError::Invalid {
+                field: "executor.channels",
+                reason: "names a recovery group that is not in executor.groups",
+            });
+        }
+        Ok(())
     }
 }
 
@@ -160,6 +226,9 @@ pub struct Config {
     pub incoming_bytes_per_peer: usize,
     /// The server's request scheduling. See [`SchedulerConfig`].
     pub scheduler: SchedulerConfig,
+    /// The server's recovery groups and their mapping to worker pools.
+    /// See [`ExecutorConfig`].
+    pub executor: ExecutorConfig,
     /// The protocol core's settings ([`default_core`] unless changed).
     pub core: EndpointConfig,
     /// The failure detector: heartbeats per path over UDP (on the same
@@ -276,6 +345,7 @@ impl Config {
             incoming_per_peer: 65_536,
             incoming_bytes_per_peer: 64 << 20,
             scheduler: SchedulerConfig::default(),
+            executor: ExecutorConfig::default(),
             core: default_core(),
             detector: DetectorConfig::default(),
             identity: None,
@@ -374,6 +444,7 @@ impl Config {
                 reason: "must be non-zero",
             });
         }
+        self.executor.validate(self.max_concurrent_requests)?;
         if self.max_connections == 0
             || self.max_connections_per_ip == 0
             || self.max_handshaking == 0
@@ -508,6 +579,9 @@ pub enum ConfigError {
     /// The member list.
     #[error("members: {0}")]
     Members(#[from] surelink_proto::secure::MemberError),
+    /// The recovery groups (`executor`).
+    #[error("executor: {0}")]
+    Recovery(#[from] RecoveryConfigError),
     /// The role service's configuration.
     #[error("role: {0}")]
     Role(#[from] surelink_proto::role::RoleConfigError),

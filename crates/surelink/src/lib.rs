@@ -86,7 +86,8 @@ mod sync;
 pub mod testing;
 
 pub use config::{
-    default_core, Config, ConfigError, PeerConfig, SchedulerConfig, SchedulerKind, WriteBatching,
+    default_core, Config, ConfigError, ExecutorConfig, PeerConfig, SchedulerConfig, SchedulerKind,
+    WriteBatching,
 };
 pub use detector::{DelayPoint, DetectorSnapshot, RefusedCounts, StraysSnapshot};
 pub use endpoint::{Endpoint, PathInfo};
@@ -94,7 +95,11 @@ pub use error::{BindError, CallError, SendError, TrySendError};
 pub use events::{Events, NetEvent, RecvError, TryRecvError};
 pub use incoming::Incoming;
 pub use role::{ExternalRole, ExternalRoleError, RoleStatus};
-pub use server::{Handler, HandlerError, HandlerFuture, IntoReply, Request};
+pub use server::{
+    Cleanup, GroupConfig, GroupError, GroupEvent, GroupId, GroupSnapshot, GroupState, GroupStats,
+    Handler, HandlerError, HandlerFuture, IntoReply, Mapping, RecoveryEvent, RecoveryPolicy,
+    Request, RouteInfo,
+};
 pub use stats::{ConnectionsRefused, StatsSnapshot};
 pub use surelink_proto as proto;
 pub use surelink_proto::detector::{DetectorConfig, DetectorMode};

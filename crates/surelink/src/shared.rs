@@ -109,7 +109,11 @@ impl Shared {
         detector: Option<Arc<crate::detector::Detector>>,
     ) -> Shared {
         let epoch = router.local().epoch;
-        let server = Server::new(&config.scheduler, config.max_concurrent_requests);
+        let server = Server::new(
+            &config.scheduler,
+            &config.executor,
+            config.max_concurrent_requests,
+        );
         let incoming = IncomingQueue::new(config.scheduler.aging_bound);
         #[cfg(feature = "test-util")]
         let muted = detector
@@ -468,6 +472,8 @@ impl Shared {
         let (queued, running) = self.server.load();
         snap.requests_queued = queued as u64;
         snap.requests_running = running as u64;
+        snap.groups = self.server.group_stats();
+        snap.cleanup_panics = self.server.cleanup_panics();
         snap.detector = self.detector.as_ref().map(|d| d.snapshot());
         snap.connections_open = self.limits.open() as u64;
         snap

@@ -80,6 +80,9 @@ impl Stats {
         self.peer_bound_hits.fetch_add(1, Relaxed);
         metrics::counter!("surelink_peer_bound_hits_total").increment(1);
     }
+    pub(crate) fn group_recovery(&self) {
+        metrics::counter!("surelink_group_recoveries_total").increment(1);
+    }
     pub(crate) fn handler_failed(&self) {
         self.handler_errors.fetch_add(1, Relaxed);
     }
@@ -178,6 +181,8 @@ impl Stats {
             peer_bytes_held: Vec::new(),
             requests_queued: 0,
             requests_running: 0,
+            groups: Vec::new(),
+            cleanup_panics: 0,
             call_rtt_us: [p50, p99, p999, max],
             sessions,
             detector: None,
@@ -247,6 +252,11 @@ pub struct StatsSnapshot {
     pub requests_queued: u64,
     /// Requests running now.
     pub requests_running: u64,
+    /// Per recovery group: state, queue depth, workers held, recoveries,
+    /// time in recovery.
+    pub groups: Vec<crate::server::GroupSnapshot>,
+    /// Clean-up blocks (and groups' own recoveries) that panicked.
+    pub cleanup_panics: u64,
     /// Call round trip p50, p99, p99.9, max in microseconds.
     pub call_rtt_us: [u64; 4],
     /// Per peer session counters from the core.
@@ -367,6 +377,7 @@ impl StatsSnapshot {
         for (peer, b) in &self.peer_bytes_held {
             let _ = writeln!(s, "surelink_peer_bytes_held{{peer=\"{peer}\"}} {b}");
         }
+        self.groups_to_prometheus(&mut s);
         let _ = writeln!(s, "# HELP surelink_call_rtt_microseconds Call round trip\n# TYPE surelink_call_rtt_microseconds summary");
         for (q, v) in [
             ("0.5", self.call_rtt_us[0]),
@@ -520,5 +531,69 @@ impl StatsSnapshot {
             );
         }
         s
+    }
+}
+
+impl StatsSnapshot {
+    /// Per recovery group: its state, queue, workers held, recoveries and
+    /// time in recovery.
+    fn groups_to_prometheus(&self, s: &mut String) {
+        use crate::server::{GroupState, GroupStats};
+        // Name, type, help, and the figure.
+        type Row = (
+            &'static str,
+            &'static str,
+            &'static str,
+            fn(&GroupStats) -> f64,
+        );
+        let rows: [Row; 6] = [
+            (
+                "surelink_group_recovering",
+                "gauge",
+                "1 while the recovery group recovers",
+                |g| f64::from(u8::from(g.state != GroupState::Normal)),
+            ),
+            (
+                "surelink_group_queued",
+                "gauge",
+                "Requests waiting in the group",
+                |g| g.queued as f64,
+            ),
+            (
+                "surelink_group_running",
+                "gauge",
+                "Workers the group holds",
+                |g| g.running as f64,
+            ),
+            (
+                "surelink_group_recoveries_total",
+                "counter",
+                "Recoveries the group began",
+                |g| g.recoveries as f64,
+            ),
+            (
+                "surelink_group_failed_total",
+                "counter",
+                "Tasks of the group that failed",
+                |g| g.failed as f64,
+            ),
+            (
+                "surelink_group_recovery_seconds_total",
+                "counter",
+                "Time the group spent in recovery",
+                |g| g.in_recovery.as_secs_f64(),
+            ),
+        ];
+        for (name, kind, help, f) in rows {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for g in &self.groups {
+                let _ = writeln!(s, "{name}{{group=\"{}\"}} {}", g.name, f(&g.stats));
+            }
+        }
+        let _ = writeln!(
+            s,
+            "# HELP surelink_cleanup_panics_total Clean-up blocks that panicked\n# TYPE surelink_cleanup_panics_total counter\nsurelink_cleanup_panics_total {}",
+            self.cleanup_panics
+        );
     }
 }

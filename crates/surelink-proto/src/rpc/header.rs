@@ -45,6 +45,8 @@ const ERR_NO_HANDLER: u8 = 3;
 const ERR_EXPIRED: u8 = 4;
 const ERR_SHUTTING_DOWN: u8 = 5;
 const ERR_OVERLOADED: u8 = 6;
+const ERR_RECOVERING: u8 = 7;
+const ERR_RECOVERING_STARTED: u8 = 8;
 
 /// Longest message text an error reply carries (longer ones are cut at a
 /// character boundary).
@@ -77,6 +79,18 @@ pub enum RemoteError {
     /// The server refused the request for lack of capacity.
     #[error("the server is overloaded")]
     Overloaded,
+    /// The request's recovery group was recovering: the request was
+    /// cancelled while it ran (`started`: it may have done part of its
+    /// work; the clean-up blocks it registered ran), or it waited in the
+    /// group's queue and the group's policy is to fail what waited (not
+    /// `started`: it never ran, and sending it again is safe).
+    #[error("the server's recovery group {group:?} was recovering: the request {}", if *started { "was cancelled while it ran" } else { "never ran" })]
+    Recovering {
+        /// The group's name.
+        group: String,
+        /// Whether the handler had started.
+        started: bool,
+    },
     /// An error kind this version does not know (from a newer peer).
     #[error("the server reported error kind {0}")]
     Unknown(u8),
@@ -218,6 +232,14 @@ pub(crate) fn reply_prefix(call: CallId, status: &ReplyStatus) -> (Prefix, Bytes
             RemoteError::Expired => (Some(ERR_EXPIRED), ""),
             RemoteError::ShuttingDown => (Some(ERR_SHUTTING_DOWN), ""),
             RemoteError::Overloaded => (Some(ERR_OVERLOADED), ""),
+            RemoteError::Recovering { group, started } => (
+                Some(if *started {
+                    ERR_RECOVERING_STARTED
+                } else {
+                    ERR_RECOVERING
+                }),
+                group.as_str(),
+            ),
             RemoteError::Unknown(k) => (Some(*k), ""),
         };
         if let Some(k) = kind {
@@ -266,6 +288,16 @@ pub(crate) fn parse_reply(msg: &[u8]) -> Result<(CallId, ReplyStatus, usize), He
                 ERR_EXPIRED => RemoteError::Expired,
                 ERR_SHUTTING_DOWN => RemoteError::ShuttingDown,
                 ERR_OVERLOADED => RemoteError::Overloaded,
+                ERR_RECOVERING | ERR_RECOVERING_STARTED => {
+                    let text = msg.get(at..).unwrap_or_default();
+                    if text.len() > MAX_ERROR_MESSAGE {
+                        return Err(HeaderError("error message too long"));
+                    }
+                    RemoteError::Recovering {
+                        group: String::from_utf8_lossy(text).into_owned(),
+                        started: kind == ERR_RECOVERING_STARTED,
+                    }
+                }
                 k => RemoteError::Unknown(k),
             };
             at = msg.len();
@@ -341,6 +373,14 @@ mod tests {
             ReplyStatus::Error(RemoteError::Expired),
             ReplyStatus::Error(RemoteError::ShuttingDown),
             ReplyStatus::Error(RemoteError::Overloaded),
+            ReplyStatus::Error(RemoteError::Recovering {
+                group: "shard-3".into(),
+                started: true,
+            }),
+            ReplyStatus::Error(RemoteError::Recovering {
+                group: String::new(),
+                started: false,
+            }),
             ReplyStatus::Error(RemoteError::Unknown(99)),
         ];
         for s in statuses {

@@ -167,9 +167,11 @@ impl Endpoint {
     }
 
     /// Serves requests with `handler` (replacing any earlier one). Each
-    /// request runs in its own task on the endpoint's executor, at most
+    /// request runs on the endpoint's worker pools, at most
     /// `max_concurrent_requests` at once, in the order the scheduler picks
-    /// (hr-net's priorities, round robin between peers).
+    /// (hr-net's priorities, round robin between peers and between
+    /// recovery groups). Groups with a handler of their own
+    /// ([`Endpoint::serve_group`]) use that one.
     ///
     /// The handler's future returns the reply (`Bytes`), or a
     /// `Result<Bytes, E>` whose error (any `E: Into<HandlerError>`) reaches

@@ -2,6 +2,7 @@
 //! counters, shutdown (this file); calls, sends, serving and receiving
 //! (`messages.rs`).
 
+mod groups;
 mod messages;
 
 use std::net::SocketAddr;

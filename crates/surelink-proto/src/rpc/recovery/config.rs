@@ -73,6 +73,10 @@ pub struct GroupConfig {
     pub suspended_by: Vec<GroupId>,
     /// What becomes of its queued tasks after a recovery.
     pub policy: RecoveryPolicy,
+    /// Whether its running tasks are cancelled when it enters recovery
+    /// (default: they run to their end). The scheduler only carries it:
+    /// cancelling is the driver's.
+    pub cancel_running: bool,
 }
 
 impl GroupConfig {

@@ -411,6 +411,22 @@ impl<T: Send + 'static> RecoveryScheduler<T> {
         })
     }
 
+    /// Whether [`RecoveryScheduler::pop`] would give `pool` a task now (a
+    /// driver wakes an idle pool only for that: tasks may wait that no
+    /// pool may take — a group at σ, or suspended).
+    pub fn has_ready(&self, pool: PoolId) -> bool {
+        let p = usize::from(pool.0);
+        let Some(pl) = self.pools.get(p) else {
+            return false;
+        };
+        if pl.busy >= pl.workers {
+            return false;
+        }
+        self.pick(&self.serves[p], pl.cursor, false).is_some()
+            || (self.mapping == Mapping::PartiallyDynamic
+                && self.pick(&self.lendable, pl.lent_cursor, true).is_some())
+    }
+
     /// A task of `group` that ran on a worker of `pool` ended.
     pub fn handle_done(&mut self, now: Time, pool: PoolId, group: GroupId, outcome: TaskOutcome) {
         self.tick(now);

@@ -327,3 +327,31 @@ fn high_priority_goes_first_within_a_group_and_promotion_finds_its_task() {
     }
     assert_eq!(order, vec![2, 50, 0, 1]);
 }
+
+/// `has_ready` says exactly whether `pop` would give the pool a task: not
+/// for a group at σ, a recovering group, or a full pool (a driver that
+/// woke pools for any waiting task would spin).
+#[test]
+fn has_ready_matches_what_pop_would_give() {
+    let mut s = sched(Mapping::Dynamic, 2, 2, 2);
+    assert!(!s.has_ready(PoolId(0)), "nothing queued");
+    fill(&mut s, 0, 0, 5);
+    assert!(s.has_ready(PoolId(0)));
+    // σ = 2 (half of 4 workers): two run, three wait and none is ready.
+    assert!(s.pop(t(1), PoolId(0)).is_some());
+    assert!(s.pop(t(1), PoolId(1)).is_some());
+    assert_eq!(s.len(), 3);
+    for p in [PoolId(0), PoolId(1)] {
+        assert!(!s.has_ready(p), "group 0 at σ");
+        assert!(s.pop(t(1), p).is_none());
+    }
+    // A task of it failed: recovering, still nothing ready.
+    s.handle_done(t(2), PoolId(0), GroupId(0), TaskOutcome::Failed);
+    assert!(!s.has_ready(PoolId(0)));
+    // Another group's task is ready meanwhile, on a pool with room.
+    fill(&mut s, 1, 100, 1);
+    assert!(s.has_ready(PoolId(0)));
+    assert!(s.pop(t(3), PoolId(0)).is_some());
+    assert!(!s.has_ready(PoolId(1)));
+    assert!(!s.has_ready(PoolId(9)), "no such pool");
+}
