@@ -24,6 +24,9 @@ pub(crate) struct LogLimits {
     pub(crate) handshake: LogLimit,
     /// Connections refused at a limit.
     pub(crate) limits: LogLimit,
+    /// Recovery groups entering recovery (a faulty group may recover
+    /// many times a second).
+    pub(crate) recoveries: LogLimit,
 }
 
 /// Lines per second per kind.

@@ -96,9 +96,11 @@ mod nats;
 mod nats_server;
 pub(crate) mod plot;
 mod priority;
+mod recovery;
 mod report;
 mod surelink_pair;
 mod tcp;
+mod threaded_pair;
 mod throughput;
 #[cfg(feature = "zeromq")]
 mod zeromq;
@@ -171,6 +173,9 @@ enum Only {
     /// Priority scheduling: high-priority calls through a saturated
     /// server, priority queues against one FIFO queue.
     Priority,
+    /// Recovery-conscious scheduling: the paper's experiment with real
+    /// handlers on the shell, four mappings, good and bad path.
+    Recovery,
 }
 
 /// Payload sizes of both measurements, bytes.
@@ -334,8 +339,16 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<()> {
         eprintln!("wrote {}", path.display());
         return Ok(());
     }
+    if args.only == Some(Only::Recovery) {
+        announce(&plan, plan.rounds * 8);
+        let report = interruptible(recovery::run(&plan)).await?;
+        let path = args.out.join("recovery_bench.json");
+        std::fs::write(&path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+        return Ok(());
+    }
     if args.only == Some(Only::Detector) {
-        announce(&plan, plan.steps(2));
         let cases = interruptible(detector::run(&plan, &PAYLOADS)).await?;
         let path = args.out.join("detector_bench.json");
         let json = serde_json::json!({

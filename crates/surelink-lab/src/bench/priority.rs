@@ -12,23 +12,17 @@
 //! priorities / high p99 in FIFO (target ≤ 0.2) and the normal throughput
 //! change (target: drop ≤ 3 %).
 
-use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use serde::Serialize;
-use surelink::proto::{ClusterId, NodeId};
-use surelink::{CallOptions, Config, Endpoint, PeerConfig, Priority, Request, SchedulerKind};
+use surelink::{CallOptions, Config, Endpoint, Priority, Request, SchedulerKind};
 
-use super::fixture::{CLIENT_IPS, SERVER_IPS};
 use super::report::new_histogram;
+use super::threaded_pair::{Pair, SERVER};
 use super::Plan;
-
-const SERVER: NodeId = NodeId(11);
-const CLIENT: NodeId = NodeId(12);
-const CLUSTER: ClusterId = ClusterId(0x9710);
 /// CPU time one request costs the server.
 const WORK: Duration = Duration::from_micros(1000);
 /// Normal callers, back to back.
@@ -45,131 +39,20 @@ fn spin(d: Duration) {
     }
 }
 
-struct Pair {
-    /// The server runs in its own runtime on its own thread, as it would
-    /// in its own process: the 33 callers must not compete with its
-    /// readers for the same worker threads.
-    server_stop: Option<tokio::sync::oneshot::Sender<()>>,
-    server_thread: Option<std::thread::JoinHandle<()>>,
-    client: Endpoint,
-}
-
-impl Pair {
-    async fn shutdown(mut self) {
-        self.client.shutdown().await;
-        if let Some(stop) = self.server_stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(t) = self.server_thread.take() {
-            let _ = tokio::task::spawn_blocking(move || t.join()).await;
-        }
-    }
-}
-
-/// Starts the server endpoint on a thread with its own two-worker runtime.
-fn start_server(
-    fifo: bool,
-) -> Result<(
-    Vec<SocketAddr>,
-    tokio::sync::oneshot::Sender<()>,
-    std::thread::JoinHandle<()>,
-)> {
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let thread = std::thread::Builder::new()
-        .name("priority-bench-server".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(anyhow::anyhow!(e)));
-                    return;
-                }
-            };
-            rt.block_on(async move {
-                match bind_server(fifo).await {
-                    Ok(server) => {
-                        let _ = ready_tx.send(Ok(server.local_addrs()));
-                        let _ = stop_rx.await;
-                        server.shutdown().await;
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                    }
-                }
-            });
-        })
-        .context("server thread")?;
-    let listen = ready_rx.recv().context("server thread ended")??;
-    Ok((listen, stop_tx, thread))
-}
-
-/// The server's and the client's key pairs, one per run, and the member
-/// list naming both.
-fn keys() -> &'static (surelink::Keypair, surelink::Keypair, surelink::Members) {
-    static KEYS: std::sync::OnceLock<(surelink::Keypair, surelink::Keypair, surelink::Members)> =
-        std::sync::OnceLock::new();
-    KEYS.get_or_init(|| {
-        let (s, c) = (
-            surelink::testing::fresh_keys(),
-            surelink::testing::fresh_keys(),
-        );
-        let mut m = surelink::Members::new();
-        let _ = m.insert(SERVER, s.public());
-        let _ = m.insert(CLIENT, c.public());
-        (s, c, m)
-    })
-}
-
 async fn pair(fifo: bool) -> Result<Pair> {
-    let (server_listen, stop, thread) = start_server(fifo)?;
-    let mut cfg = Config::new(CLIENT, CLUSTER);
-    cfg.identity = Some(keys().1.clone());
-    cfg.members = keys().2.clone();
-    cfg.dial_from = CLIENT_IPS
-        .iter()
-        .map(|&ip| SocketAddr::new(IpAddr::V4(ip), 0))
-        .collect();
-    cfg.peers = vec![PeerConfig::new(
-        SERVER,
-        server_listen.iter().copied().map(Some).collect(),
-    )];
-    let client = Endpoint::bind(cfg).await.context("priority bench client")?;
-    anyhow::ensure!(
-        client
-            .wait_for_paths(SERVER, 2, Duration::from_secs(10))
-            .await,
-        "priority bench: paths did not come up"
-    );
-    Ok(Pair {
-        server_stop: Some(stop),
-        server_thread: Some(thread),
-        client,
+    Pair::start("priority-bench", move |mut cfg: Config| async move {
+        cfg.max_concurrent_requests = 1;
+        if fifo {
+            cfg.scheduler.kind = SchedulerKind::Fifo;
+        }
+        let server = Endpoint::bind(cfg).await.context("priority bench server")?;
+        server.serve(|r: Request| async move {
+            spin(WORK);
+            r.body
+        });
+        Ok(server)
     })
-}
-
-async fn bind_server(fifo: bool) -> Result<Endpoint> {
-    let mut cfg = Config::new(SERVER, CLUSTER);
-    cfg.identity = Some(keys().0.clone());
-    cfg.members = keys().2.clone();
-    cfg.listen = SERVER_IPS
-        .iter()
-        .map(|&ip| SocketAddr::new(IpAddr::V4(ip), 0))
-        .collect();
-    cfg.max_concurrent_requests = 1;
-    if fifo {
-        cfg.scheduler.kind = SchedulerKind::Fifo;
-    }
-    let server = Endpoint::bind(cfg).await.context("priority bench server")?;
-    server.serve(|r: Request| async move {
-        spin(WORK);
-        r.body
-    });
-    Ok(server)
+    .await
 }
 
 #[derive(Serialize, Clone, Copy, Default)]

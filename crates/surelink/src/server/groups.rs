@@ -188,7 +188,10 @@ impl Server {
             };
             match &event {
                 GroupEvent::RecoveryStarted { .. } => {
-                    tracing::warn!(group = %server.group_name(group), "recovery group entered recovery");
+                    let secs = shared.clock.now().since_origin().as_secs();
+                    if let Some(suppressed) = shared.logs.recoveries.allow(secs) {
+                        tracing::warn!(group = %server.group_name(group), suppressed, "recovery group entered recovery");
+                    }
                     shared.stats.group_recovery();
                     // Cancelled tasks end through their pools, which tell
                     // the scheduler; the last one brings the clean-up.
@@ -203,7 +206,7 @@ impl Server {
                     shared.spawn(async move { clean_up(sh, group).await });
                 }
                 GroupEvent::Recovered { took, .. } => {
-                    tracing::info!(group = %server.group_name(group), took_ms = took.as_secs_f64() * 1e3, "recovery group recovered");
+                    tracing::debug!(group = %server.group_name(group), took_ms = took.as_secs_f64() * 1e3, "recovery group recovered");
                 }
                 _ => {}
             }
