@@ -7,7 +7,8 @@
 //!
 //! - [`text`]: memcached's text protocol (parser with memcached 1.6's
 //!   answers to bad input; command encoding for nodes);
-//! - [`Store`]: a node's embedded store, bounded in bytes (`quick_cache`);
+//! - [`Store`]: a node's embedded store, bounded in bytes (`quick_cache`),
+//!   in [`Shards`] that are the node's recovery groups;
 //! - [`StoreHandler`]: the node's surelink request handler;
 //!   [`backend::MemcachedHandler`] instead fronts a local memcached;
 //! - [`Ring`], [`Proxy`].
@@ -21,10 +22,12 @@ pub mod local;
 pub mod node;
 pub mod proxy;
 pub mod ring;
+pub mod shards;
 pub mod store;
 pub mod text;
 
 pub use node::{StoreHandler, CACHE_CHANNEL};
 pub use proxy::{Proxy, ProxyConfig, ProxyConfigError, ProxyError};
 pub use ring::Ring;
+pub use shards::Shards;
 pub use store::{Store, StoreStats};

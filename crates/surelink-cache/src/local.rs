@@ -18,7 +18,7 @@ use surelink::proto::{ClusterId, NodeId};
 use surelink::{BindError, Config, Endpoint, Keypair, Members, PeerConfig};
 
 use crate::proxy::{Proxy, ProxyConfig, ProxyError};
-use crate::store::Store;
+use crate::shards::{Shards, DEFAULT_SHARDS};
 use crate::text::Limits;
 
 /// The proxy endpoint's node id (cache nodes are 1..=n).
@@ -111,12 +111,16 @@ async fn bind_node(
     } else {
         s.listen.clone()
     };
+    if matches!(items, Items::Embedded(_)) {
+        crate::node::configure(&mut cfg, DEFAULT_SHARDS);
+    }
     let ep = Endpoint::bind(cfg)
         .await
         .map_err(|source| LocalError::Bind { node: s.id, source })?;
     match items {
         Items::Embedded(memory) => {
-            crate::node::serve_store(&ep, Arc::new(Store::new(*memory)), Limits::default());
+            let store = Arc::new(Shards::new(*memory, DEFAULT_SHARDS));
+            crate::node::serve_store(&ep, store, Limits::default());
         }
         Items::Memcached(addrs) => {
             let i = usize::try_from(s.id.0 - 1).unwrap_or(0);

@@ -11,15 +11,21 @@
 //! may have reported it dead and moved its keys) drops every item before
 //! it serves again ([`serve_store`]): keys written elsewhere meanwhile
 //! must not come back stale when the node returns to the ring.
+//!
+//! The embedded store is in [`Shards`], each a recovery group of the
+//! endpoint ([`configure`] declares them): a shard whose command panics
+//! is suspended, emptied and brought back while the others serve.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
-use surelink::{Endpoint, Handler, HandlerError, HandlerFuture, NetEvent, Request};
+use surelink::{
+    Config, Endpoint, GroupId, Handler, HandlerError, HandlerFuture, NetEvent, Request,
+};
 use tracing::warn;
 
-use crate::store::Store;
+use crate::shards::Shards;
 use crate::text::{Command, Limits, Parser};
 
 /// The channel proxies send commands on.
@@ -65,14 +71,14 @@ pub fn decode(body: &Bytes, limits: Limits) -> Result<Command, NodeError> {
 /// The handler of a node with the embedded store.
 #[derive(Clone, Debug)]
 pub struct StoreHandler {
-    store: Arc<Store>,
+    store: Arc<Shards>,
     limits: Limits,
 }
 
 impl StoreHandler {
     /// Serves `store`; values beyond `limits` are refused as memcached
     /// would.
-    pub fn new(store: Arc<Store>, limits: Limits) -> StoreHandler {
+    pub fn new(store: Arc<Shards>, limits: Limits) -> StoreHandler {
         StoreHandler { store, limits }
     }
 
@@ -94,10 +100,44 @@ impl Handler for StoreHandler {
     }
 }
 
-/// Serves `store` on `ep`, and empties it whenever `ep` fences itself.
-pub fn serve_store(ep: &Endpoint, store: Arc<Store>, limits: Limits) {
+/// Declares one recovery group per shard of a store of `shards` shards
+/// in `cfg` (before it is bound).
+pub fn configure(cfg: &mut Config, shards: usize) {
+    cfg.executor.groups = Shards::groups(shards);
+}
+
+/// Serves `store` on `ep`: each request in its first key's shard's group
+/// (groups declared by [`configure`]; without them, all in one), a
+/// shard that recovers emptied; and the whole store emptied whenever
+/// `ep` fences itself.
+pub fn serve_store(ep: &Endpoint, store: Arc<Shards>, limits: Limits) {
     // Subscribed before serving: no fence can pass unseen.
     let mut events = ep.events();
+    let groups = ep.groups().len();
+    if groups >= store.len() {
+        let s = store.clone();
+        ep.route_requests(move |r| s.route(r.body));
+        for i in 0..store.len() {
+            let s = store.clone();
+            let g = GroupId(u16::try_from(i).unwrap_or(0));
+            // The group exists (checked above).
+            let _ = ep.on_recovery(g, move |_| {
+                // A command may have failed half-way through: the shard's
+                // items go (a miss, never a wrong value).
+                if let Some(shard) = s.shard(i) {
+                    shard.clear();
+                }
+                warn!(shard = i, "store shard recovered: its items were dropped");
+                std::future::ready(())
+            });
+        }
+    } else if store.len() > 1 {
+        warn!(
+            shards = store.len(),
+            groups,
+            "store shards not declared as recovery groups (node::configure): one group serves all"
+        );
+    }
     ep.serve(StoreHandler::new(store.clone(), limits));
     tokio::spawn(async move {
         loop {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use surelink_cache::backend::BackendError;
 use surelink_cache::proxy::ProxyError;
 use surelink_cache::text::Limits;
-use surelink_cache::{Proxy, ProxyConfig, Store};
+use surelink_cache::{Proxy, ProxyConfig, Shards};
 
 use crate::config_file::{self};
 use crate::start::{self, StartError};
@@ -34,6 +34,9 @@ pub enum CacheNodeError {
     /// `[cache] memory_mb = 0`.
     #[error("[cache] memory_mb must be above zero")]
     NoMemory,
+    /// `[cache] shards` out of range.
+    #[error("[cache] shards = {0}: must be 1 to 256")]
+    Shards(usize),
     /// `[cache] backend` is not a usable memcached, or does not answer.
     #[error(transparent)]
     Backend(#[from] BackendError),
@@ -72,6 +75,15 @@ pub async fn node(config: &Path) -> Result<(), CacheNodeError> {
         max_item: cache.max_item.unwrap_or(Limits::default().max_item),
         ..Limits::default()
     };
+    let shards = cache
+        .shards
+        .unwrap_or(surelink_cache::shards::DEFAULT_SHARDS);
+    if !(1..=surelink_cache::shards::MAX_SHARDS).contains(&shards) {
+        return Err(CacheNodeError::Shards(shards));
+    }
+    if cache.backend.is_none() {
+        surelink_cache::node::configure(&mut loaded.config, shards);
+    }
     let metrics = loaded.metrics;
     let (ep, role) = crate::role_backend::bind(loaded.config, loaded.cluster.as_ref())
         .await
@@ -79,9 +91,9 @@ pub async fn node(config: &Path) -> Result<(), CacheNodeError> {
     start::metrics(&ep, metrics).await?;
     let what = match &cache.backend {
         None => {
-            let store = Arc::new(Store::new(memory << 20));
+            let store = Arc::new(Shards::new(memory << 20, shards));
             surelink_cache::node::serve_store(&ep, store, limits);
-            format!("embedded store of {memory} MiB")
+            format!("embedded store of {memory} MiB in {shards} shards")
         }
         Some(url) => {
             let addr = surelink_cache::backend::parse_url(url)?;

@@ -11,6 +11,9 @@
 //! - 20 %: every connection of network 0 reset, both ends (as `ss -K`);
 //! - 35–50 %: network 1 silent from the proxy to the nodes (its bytes held,
 //!   its heartbeats lost; the nodes' still arrive);
+//! - 55–62 %: a failing store shard on node 1: the node's service puts
+//!   shard 3 (a recovery group) into recovery every 20 ms, each recovery
+//!   emptying it, while its other shards serve;
 //! - 65 %: node 2 killed (its items are gone with it; its addresses refuse
 //!   connections, as its host's kernel would);
 //! - 85 %: node 2 restarted, empty, on the same addresses.
@@ -20,60 +23,69 @@
 //! keys that lived on the killed node, failovers, the time to re-route
 //! after the node kill; a PNG timeline.
 
-use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use surelink::proto::NodeId;
-use surelink::NetEvent;
 use surelink_cache::local::LocalCluster;
+use surelink_cache::shards::{shard_index, DEFAULT_SHARDS};
 use surelink_cache::Ring;
-use surelink_relay::{Direction, LinkSpec, Links, Relay};
+use surelink_relay::{LinkSpec, Links, Relay};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::faults::faults;
 use super::plot::{self, Marker};
+use super::report::{phase_row, phase_row_of, write_json, Counts};
 use super::DemoArgs;
-use crate::memload::{key_name, Load, LoadConfig, Outcome, Progress, Sample};
+use crate::memload::{key_name, Load, LoadConfig, Progress, Sample};
 
 /// The node the demo kills and restarts.
-const VICTIM: NodeId = NodeId(2);
+pub(super) const VICTIM: NodeId = NodeId(2);
+/// The node whose store shard fails, and the shard.
+pub(super) const SHARD_NODE: NodeId = NodeId(1);
+pub(super) const SHARD: usize = 3;
+/// How often the failing shard is put into recovery.
+pub(super) const SHARD_EVERY: Duration = Duration::from_millis(20);
 
 /// What the fault task did and saw, in ns since the start.
 #[derive(Debug, Default)]
-struct Timeline {
-    kill_net0: u64,
-    mute: (u64, u64),
-    kill_node: u64,
-    restart_node: u64,
+pub(super) struct Timeline {
+    /// The failing shard's window.
+    pub(super) shard_fault: (u64, u64),
+    /// Recoveries it went through.
+    pub(super) shard_recoveries: u64,
+    pub(super) kill_net0: u64,
+    pub(super) mute: (u64, u64),
+    pub(super) kill_node: u64,
+    pub(super) restart_node: u64,
     /// The proxy took the node out of the ring: its connections were
     /// refused on both networks (`PeerRefused`) or its detector reported
     /// it dead, whichever came first.
-    node_out: Option<(u64, &'static str)>,
+    pub(super) node_out: Option<(u64, &'static str)>,
     /// The proxy heard the restarted node (it is back in the ring).
-    node_back: Option<u64>,
-    connections_killed: usize,
-    paths_down: u64,
+    pub(super) node_back: Option<u64>,
+    pub(super) connections_killed: usize,
+    pub(super) paths_down: u64,
     /// The proxy's routing table first steered it off network 1 to every
     /// node (the nodes saw its silence there; it could not).
-    table_avoid: Option<u64>,
+    pub(super) table_avoid: Option<u64>,
     /// ... and back onto it after the fault.
-    table_clear: Option<u64>,
+    pub(super) table_clear: Option<u64>,
     /// The proxy's table first showed the killed node down in the ring.
-    table_node_down: Option<u64>,
+    pub(super) table_node_down: Option<u64>,
     /// Tables the proxy applied during the run.
-    tables: u64,
+    pub(super) tables: u64,
 }
 
 /// One phase of the run, by scheduled time.
-struct Phase {
-    name: &'static str,
-    from_ns: u64,
-    to_ns: u64,
+pub(super) struct Phase {
+    pub(super) name: &'static str,
+    pub(super) from_ns: u64,
+    pub(super) to_ns: u64,
 }
 
 fn ns(s: f64) -> u64 {
@@ -128,6 +140,12 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
         0.15 * d
     );
     println!(
+        "    {:>5.1} s  node {SHARD_NODE}'s store shard {SHARD} failing for {:.1} s: its service puts it into recovery every {} ms (each empties it)",
+        0.55 * d,
+        0.07 * d,
+        SHARD_EVERY.as_millis()
+    );
+    println!(
         "    {:>5.1} s  node {VICTIM} killed; {:>5.1} s  restarted, empty",
         0.65 * d,
         0.85 * d
@@ -157,6 +175,14 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     let lost: Vec<bool> = (0..args.keys)
         .map(|k| ring.node_for(key_name(k).as_bytes()) == Some(VICTIM))
         .collect();
+    // Keys of the failing shard.
+    let in_shard: Vec<bool> = (0..args.keys)
+        .map(|k| {
+            let key = key_name(k);
+            ring.node_for(key.as_bytes()) == Some(SHARD_NODE)
+                && shard_index(key.as_bytes(), DEFAULT_SHARDS) == SHARD
+        })
+        .collect();
     let phases = [
         Phase {
             name: "no fault",
@@ -174,6 +200,11 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
             to_ns: tl.mute.1,
         },
         Phase {
+            name: "node 1's shard 3 failing",
+            from_ns: tl.shard_fault.0,
+            to_ns: tl.shard_fault.1,
+        },
+        Phase {
             name: "node 2 dead",
             from_ns: tl.kill_node,
             to_ns: tl.restart_node,
@@ -184,7 +215,7 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
             to_ns: ns(d),
         },
     ];
-    let c = Counts::of(&samples, &lost, tl.kill_node);
+    let c = Counts::of(&samples, &lost, tl.kill_node, &in_shard, tl.shard_fault.0);
     println!();
     println!(
         "  {:<30} {:>9} {:>9} {:>9} {:>9} {:>9}",
@@ -224,6 +255,28 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
         c.expected_misses,
         lost.iter().filter(|l| **l).count(),
         args.keys
+    );
+    println!(
+        "  misses of keys in node {SHARD_NODE}'s shard {SHARD} after its fault began (expected: each recovery emptied it): {} ({} of {} keys were in it)",
+        c.shard_misses,
+        in_shard.iter().filter(|l| **l).count(),
+        args.keys
+    );
+    let shard_key = |s: &Sample| in_shard.get(s.key as usize).copied().unwrap_or(false);
+    let fault = &phases[3];
+    let (others, its) = (
+        phase_row_of(&samples, fault, |s| !shard_key(s))?,
+        phase_row_of(&samples, fault, shard_key)?,
+    );
+    let calm = phase_row_of(&samples, &phases[0], |s| !shard_key(s))?;
+    println!(
+        "  shard {SHARD} went through {} recoveries in {:.1} s while the other {} shards served: p99 of the other keys {:.3} ms during its fault vs {:.3} ms with no fault (the failing shard's own keys: p99 {:.3} ms)",
+        tl.shard_recoveries,
+        (tl.shard_fault.1.saturating_sub(tl.shard_fault.0)) as f64 / 1e9,
+        DEFAULT_SHARDS - 1,
+        others.p99,
+        calm.p99,
+        its.p99
     );
     let free = rows[0].1.ops.max(1.0);
     let single = rows[1].1.ops.min(rows[2].1.ops);
@@ -289,6 +342,11 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     let markers = vec![
         Marker::Line(ms(tl.kill_net0), "network 0 connections killed"),
         Marker::Span(ms(tl.mute.0), ms(tl.mute.1), "network 1 silent one way"),
+        Marker::Span(
+            ms(tl.shard_fault.0),
+            ms(tl.shard_fault.1),
+            "node 1's shard 3 failing",
+        ),
         Marker::Span(ms(tl.kill_node), ms(tl.restart_node), "node 2 dead"),
     ];
     let png = args.out.join("timeline.png");
@@ -303,25 +361,25 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     if c.errors > 0 || c.fabric_misses > 0 || c.stale + c.wrong > 0 {
         bail!("the cluster lost requests or data under faults it should ride out");
     }
-    println!("  every request answered, no value lost or stale but those the dead node held");
+    println!("  every request answered, no value lost or stale but those the dead node and the emptied shard held");
     Ok(())
 }
 
 /// The relay's links in front of the nodes: one per node and network, on
 /// 127.0.N.100 (free ports), leaving from 127.0.N.101 towards the node.
 #[derive(Clone)]
-struct DemoRelay {
+pub(super) struct DemoRelay {
     relay: std::sync::Arc<Relay>,
     /// The links to each node.
     to: Vec<(NodeId, Links)>,
 }
 
 impl DemoRelay {
-    fn network(&self, n: usize) -> Links {
+    pub(super) fn network(&self, n: usize) -> Links {
         self.relay.network(n)
     }
 
-    fn to_node(&self, node: NodeId) -> Option<&Links> {
+    pub(super) fn to_node(&self, node: NodeId) -> Option<&Links> {
         self.to.iter().find(|(n, _)| *n == node).map(|(_, l)| l)
     }
 
@@ -383,106 +441,6 @@ async fn start_cluster() -> Result<(LocalCluster, DemoRelay)> {
     ))
 }
 
-/// Runs the fault schedule against the cluster and watches the proxy's
-/// events until told to stop; gives the cluster back.
-async fn faults(
-    mut cluster: LocalCluster,
-    relay: DemoRelay,
-    start: Instant,
-    d: f64,
-    mut stop: oneshot::Receiver<()>,
-) -> Result<(LocalCluster, Timeline)> {
-    let at = |f: f64| start + Duration::from_secs_f64(f * d);
-    let since = move || u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-    let mut tl = Timeline::default();
-    let mut events = cluster.proxy_ep.events();
-    // Skip the replay of what is up now.
-    while let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(1), events.recv()).await {}
-    let steps: [(f64, u8); 5] = [(0.2, 0), (0.35, 1), (0.5, 2), (0.65, 3), (0.85, 4)];
-    let mut next = 0;
-    loop {
-        let wake = steps.get(next).map(|(f, _)| at(*f));
-        tokio::select! {
-            () = async { tokio::time::sleep_until(wake.unwrap_or_else(Instant::now)).await }, if wake.is_some() => {
-                let step = steps[next].1;
-                next += 1;
-                let t = since();
-                match step {
-                    0 => {
-                        tl.kill_net0 = t;
-                        tl.connections_killed = relay.network(0).kill();
-                    }
-                    1 => {
-                        tl.mute.0 = t;
-                        relay.network(1).blackhole(Direction::Up);
-                    }
-                    2 => {
-                        relay.network(1).heal();
-                        tl.mute.1 = t;
-                    }
-                    3 => {
-                        tl.kill_node = t;
-                        cluster.kill_node(VICTIM);
-                        // Its host no longer listens: connects are refused.
-                        if let Some(l) = relay.to_node(VICTIM) {
-                            l.refuse();
-                        }
-                    }
-                    _ => {
-                        tl.restart_node = t;
-                        cluster
-                            .restart_node(VICTIM)
-                            .await
-                            .context("restarting node 2")?;
-                        if let Some(l) = relay.to_node(VICTIM) {
-                            l.heal();
-                        }
-                    }
-                }
-            }
-            e = events.recv() => match e {
-                Ok(NetEvent::PeerDead { peer }) if peer == VICTIM => {
-                    tl.node_out.get_or_insert((since(), "its detector reported it dead"));
-                }
-                Ok(NetEvent::PeerRefused { peer }) if peer == VICTIM => {
-                    tl.node_out.get_or_insert((since(), "both networks refused connections: its process is gone"));
-                }
-                Ok(NetEvent::PeerUp { peer, .. } | NetEvent::PeerAlive { peer })
-                    if peer == VICTIM && tl.restart_node > 0 =>
-                {
-                    tl.node_back.get_or_insert(since());
-                }
-                Ok(NetEvent::PathDown { .. }) => tl.paths_down += 1,
-                Ok(NetEvent::RoutingTable { .. }) => {
-                    tl.tables += 1;
-                    let t = since();
-                    if let Some(table) = cluster.proxy_ep.role_status().and_then(|s| s.table) {
-                        let nodes = cluster.node_ids();
-                        let off1 = nodes
-                            .iter()
-                            .all(|n| table.route_to(*n).is_some_and(|r| !r.usable(1)));
-                        if tl.mute.0 > 0 && tl.mute.1 == 0 && off1 {
-                            tl.table_avoid.get_or_insert(t);
-                        }
-                        if tl.mute.1 > 0 && tl.table_avoid.is_some() && !off1 {
-                            tl.table_clear.get_or_insert(t);
-                        }
-                        let down = table.member(VICTIM) == Some(surelink::proto::role::MemberState::Down);
-                        if tl.kill_node > 0 && tl.restart_node == 0 && down {
-                            tl.table_node_down.get_or_insert(t);
-                        }
-                    }
-                }
-                Ok(_) => {}
-                Err(surelink::RecvError::Lagged(_)) => {}
-                Err(_) => break,
-            },
-            _ = &mut stop => break,
-        }
-    }
-    Ok((cluster, tl))
-}
-
 fn spawn_bar(start: Instant, seconds: u64, progress: Arc<Progress>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let bar = ProgressBar::new(seconds * 10);
@@ -511,114 +469,4 @@ fn spawn_bar(start: Instant, seconds: u64, progress: Arc<Progress>) -> tokio::ta
             }
         }
     })
-}
-
-/// What the answers add up to.
-#[derive(Debug, Default, serde::Serialize)]
-struct Counts {
-    errors: u64,
-    fabric_misses: u64,
-    expected_misses: u64,
-    stale: u64,
-    wrong: u64,
-    /// The longest a command for the victim's keys, sent while it was
-    /// dead, waited for its answer.
-    victim_wait_ns: Option<u64>,
-}
-
-impl Counts {
-    fn of(samples: &[Sample], lost: &[bool], kill_ns: u64) -> Counts {
-        let mut c = Counts::default();
-        for s in samples {
-            let on_victim = lost.get(s.key as usize).copied().unwrap_or(false);
-            match s.outcome {
-                Outcome::Error | Outcome::Unanswered => c.errors += 1,
-                Outcome::Stale => c.stale += 1,
-                Outcome::Wrong => c.wrong += 1,
-                // Answered after the victim died, for a key it held: its
-                // item died with it.
-                Outcome::Miss { known: true } if on_victim && s.done_ns >= kill_ns => {
-                    c.expected_misses += 1;
-                }
-                Outcome::Miss { known: true } => c.fabric_misses += 1,
-                _ => {}
-            }
-            if on_victim && s.sched_ns >= kill_ns {
-                if let Some(l) = s.latency_us() {
-                    let w = c.victim_wait_ns.get_or_insert(0);
-                    *w = (*w).max(l * 1000);
-                }
-            }
-        }
-        c
-    }
-}
-
-#[derive(Debug, Default, serde::Serialize)]
-struct Row {
-    ops: f64,
-    p50: f64,
-    p99: f64,
-    p999: f64,
-    max: f64,
-}
-
-/// Throughput (answers in the window, by reply time) and latency
-/// (requests scheduled in the window) of one phase.
-fn phase_row(samples: &[Sample], p: &Phase) -> Result<Row> {
-    let mut h = Histogram::<u64>::new(3)?;
-    let mut done = 0u64;
-    let mut last_done = 0u64;
-    for s in samples {
-        if s.done_ns != u64::MAX && (p.from_ns..p.to_ns).contains(&s.done_ns) {
-            done += 1;
-            last_done = last_done.max(s.done_ns);
-        }
-        if (p.from_ns..p.to_ns).contains(&s.sched_ns) {
-            if let Some(l) = s.latency_us() {
-                let _ = h.record(l.max(1));
-            }
-        }
-    }
-    let span = if p.to_ns == u64::MAX {
-        last_done.saturating_sub(p.from_ns)
-    } else {
-        p.to_ns - p.from_ns
-    };
-    let q = |x: f64| h.value_at_quantile(x) as f64 / 1000.0;
-    Ok(Row {
-        ops: done as f64 / (span as f64 / 1e9).max(1e-9),
-        p50: q(0.5),
-        p99: q(0.99),
-        p999: q(0.999),
-        max: h.max() as f64 / 1000.0,
-    })
-}
-
-fn write_json(
-    path: &Path,
-    rows: &[(&str, Row)],
-    all: &Row,
-    c: &Counts,
-    tl: &Timeline,
-) -> Result<()> {
-    let phases: serde_json::Map<String, serde_json::Value> = rows
-        .iter()
-        .map(|(n, r)| Ok(((*n).to_string(), serde_json::to_value(r)?)))
-        .collect::<Result<_>>()?;
-    let v = serde_json::json!({
-        "phases": phases,
-        "whole_run": all,
-        "counts": c,
-        "node_out_after_ms": tl.node_out.map(|(t, _)| t.saturating_sub(tl.kill_node) as f64 / 1e6),
-        "node_back_after_ms": tl.node_back.map(|t| t.saturating_sub(tl.restart_node) as f64 / 1e6),
-        "connections_killed": tl.connections_killed,
-        "proxy_path_down_events": tl.paths_down,
-        "role_table_off_network1_after_ms": tl.table_avoid.map(|t| t.saturating_sub(tl.mute.0) as f64 / 1e6),
-        "role_table_node_down_after_ms": tl.table_node_down.map(|t| t.saturating_sub(tl.kill_node) as f64 / 1e6),
-        "role_tables_applied_by_proxy": tl.tables,
-    });
-    std::fs::write(path, serde_json::to_vec_pretty(&v)?)
-        .with_context(|| format!("writing {}", path.display()))?;
-    Ok(())
 }

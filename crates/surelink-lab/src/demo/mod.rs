@@ -3,7 +3,9 @@
 //! `--stream --simulated` the same on the simulator ([`sim`]).
 
 mod cluster;
+mod faults;
 mod plot;
+mod report;
 mod sim;
 mod stream;
 

@@ -81,6 +81,7 @@
 //! [cache]                                           # `surelink cache node`
 //! memory_mb = 64                                    # item memory (memcached -m)
 //! max_item = 1048576                                # memcached -I
+//! # shards = 8                                      # store shards = recovery groups (1..=256)
 //! # backend = "memcached://127.0.0.1:11211"         # front a local memcached instead
 //! # backend_connections = 1
 //!

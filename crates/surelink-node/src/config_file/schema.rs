@@ -108,6 +108,10 @@ pub struct CacheSection {
     pub backend: Option<String>,
     /// Pipelined connections to the backend memcached (default 1).
     pub backend_connections: Option<usize>,
+    /// Shards of the embedded store, each a recovery group (default 8,
+    /// at most 256): a shard whose command fails is emptied and brought
+    /// back while the others serve.
+    pub shards: Option<usize>,
 }
 
 /// `[proxy]`: the memcached-protocol listener of a proxy.
