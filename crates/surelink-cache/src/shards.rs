@@ -200,4 +200,17 @@ mod tests {
         assert_eq!(sh.route(b"flush_all\r\n"), GroupId(0));
         assert_eq!(sh.route(b""), GroupId(0));
     }
+
+    /// memcached's largest default item (1 MiB) fits in a shard of a
+    /// default node (64 MiB in 8 shards), whatever the cores.
+    #[test]
+    fn the_largest_item_fits_in_a_shard() {
+        let sh = Shards::new(64 << 20, DEFAULT_SHARDS);
+        let big = "x".repeat(1_048_000);
+        assert_eq!(
+            run(&sh, &format!("set big 0 0 {}\r\n{big}\r\n", big.len())),
+            "STORED\r\n"
+        );
+        assert!(run(&sh, "get big\r\n").starts_with("VALUE big 0 1048000\r\n"));
+    }
 }

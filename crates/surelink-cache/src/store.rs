@@ -111,8 +111,37 @@ impl Store {
     /// A store holding at most `bytes` (keys, values and 64 bytes per item).
     pub fn new(bytes: u64) -> Store {
         let estimated = usize::try_from(bytes / 256).unwrap_or(usize::MAX).max(16);
+        // The cache splits its capacity over internal shards; an item
+        // larger than one is refused. Each keeps at least 4 MiB, so the
+        // largest item memcached takes by default (1 MiB) always fits —
+        // the default (4 per core) would leave 256 KiB of a 64 MiB store
+        // to each on a 64-core host.
+        let parallel = std::thread::available_parallelism().map_or(1, usize::from) * 4;
+        let internal = usize::try_from(bytes / (4 << 20))
+            .unwrap_or(usize::MAX)
+            .clamp(1, parallel);
+        // Rounded down to a power of two (the cache rounds up).
+        let internal = if internal.is_power_of_two() {
+            internal
+        } else {
+            internal.next_power_of_two() / 2
+        };
+        let items = quick_cache::OptionsBuilder::new()
+            .estimated_items_capacity(estimated)
+            .weight_capacity(bytes.max(1))
+            .shards(internal)
+            .build()
+            .map(|o| {
+                quick_cache::sync::Cache::with_options(
+                    o,
+                    Weight,
+                    quick_cache::DefaultHashBuilder::default(),
+                    quick_cache::sync::DefaultLifecycle::default(),
+                )
+            })
+            .unwrap_or_else(|_| quick_cache::sync::Cache::with_weighter(estimated, bytes.max(1), Weight));
         Store {
-            items: quick_cache::sync::Cache::with_weighter(estimated, bytes.max(1), Weight),
+            items,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             next_cas: AtomicU64::new(1),
             get_hits: AtomicU64::new(0),
