@@ -139,7 +139,9 @@ impl Store {
                     quick_cache::sync::DefaultLifecycle::default(),
                 )
             })
-            .unwrap_or_else(|_| quick_cache::sync::Cache::with_weighter(estimated, bytes.max(1), Weight));
+            .unwrap_or_else(|_| {
+                quick_cache::sync::Cache::with_weighter(estimated, bytes.max(1), Weight)
+            });
         Store {
             items,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),

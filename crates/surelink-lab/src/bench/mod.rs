@@ -346,6 +346,11 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<()> {
         std::fs::write(&path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
         eprintln!("wrote {}", path.display());
+        let png = args.out.join("recovery_bench.png");
+        match recovery::draw(&report, &png) {
+            Ok(()) => eprintln!("wrote {}", png.display()),
+            Err(e) => eprintln!("(bar chart not drawn: {e:#})"),
+        }
         return Ok(());
     }
     if args.only == Some(Only::Detector) {

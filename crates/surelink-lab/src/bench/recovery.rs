@@ -10,7 +10,10 @@
 //! back to back, each request's group drawn by the shares.
 //!
 //! Bad path: a request of group 1 fails with the probability that makes
-//! its `RECOVERY`-long recoveries 5 % of the aggregate execution time, and
+//! its `RECOVERY`-long recoveries 5 % of the aggregate execution time
+//! (from the service time measured in a calibration round first: a 1 ms
+//! sleep lasts about 2 on tokio's 1 ms timer; each round reports the
+//! overhead it got), and
 //! a request of group 1 that starts while that group recovers waits for
 //! the recovery to end (it needs the state being rebuilt). Where the
 //! recovery runs is each scheduler's own: the performance-oriented one
@@ -62,14 +65,23 @@ const MAPPINGS: [(Mapping, &str); 4] = [
     (Mapping::Dynamic, "dynamic"),
 ];
 
-fn fail_prob() -> f64 {
-    OVERHEAD * SERVICE.as_secs_f64() / (SHARES[usize::from(FAULTY)] * RECOVERY.as_secs_f64())
+/// The failure probability for `OVERHEAD` at a mean service of `service`.
+fn fail_prob(service: Duration) -> f64 {
+    (OVERHEAD * service.as_secs_f64() / (SHARES[usize::from(FAULTY)] * RECOVERY.as_secs_f64()))
+        .min(1.0)
 }
 
 /// What the server's handlers share: whether the bad path is on, and
 /// until when (ns since `origin`) the faulty group recovers.
 struct Fault {
     bad: AtomicBool,
+    /// The failure probability (f64 bits).
+    prob: AtomicU64,
+    /// Service time served, and requests served (the calibration).
+    served_ns: AtomicU64,
+    served: AtomicU64,
+    /// Recoveries begun.
+    recoveries: AtomicU64,
     rng: parking_lot::Mutex<rand_chacha::ChaCha8Rng>,
     origin: Instant,
     recovering_until: AtomicU64,
@@ -89,7 +101,12 @@ impl Fault {
         }
     }
 
+    fn prob(&self) -> f64 {
+        f64::from_bits(self.prob.load(Ordering::Relaxed))
+    }
+
     fn start_recovery(&self) {
+        self.recoveries.fetch_add(1, Ordering::Relaxed);
         let until = self.now_ns() + u64::try_from(RECOVERY.as_nanos()).unwrap_or(0);
         self.recovering_until.fetch_max(until, Ordering::AcqRel);
     }
@@ -113,10 +130,13 @@ async fn server(mapping: Mapping, fault: Arc<Fault>) -> Result<Pair> {
                 if faulty {
                     f.wait_recovery().await;
                 }
+                let t = Instant::now();
                 tokio::time::sleep(SERVICE).await;
-                let fails = faulty
-                    && f.bad.load(Ordering::Relaxed)
-                    && f.rng.lock().random_bool(fail_prob());
+                let took = u64::try_from(t.elapsed().as_nanos()).unwrap_or(0);
+                f.served_ns.fetch_add(took, Ordering::Relaxed);
+                f.served.fetch_add(1, Ordering::Relaxed);
+                let fails =
+                    faulty && f.bad.load(Ordering::Relaxed) && f.rng.lock().random_bool(f.prob());
                 if !fails {
                     return Ok(r.body);
                 }
@@ -150,6 +170,8 @@ struct RoundResult {
     p99_ms: f64,
     healthy_p99_ms: f64,
     failed: u64,
+    /// Recoveries' share of the workers' time in the measured window, %.
+    recovery_overhead_pct: f64,
 }
 
 /// One caller: draws a group by the shares, calls, records.
@@ -193,7 +215,7 @@ async fn caller(
     Ok((all, healthy, failed))
 }
 
-async fn round(p: &Pair, plan: &Plan, seed: u64) -> Result<RoundResult> {
+async fn round(p: &Pair, fault: &Fault, plan: &Plan, seed: u64) -> Result<RoundResult> {
     let record_from = Instant::now() + plan.warmup;
     let until = record_from + plan.measure;
     let tasks: Vec<_> = (0..CALLERS)
@@ -206,6 +228,10 @@ async fn round(p: &Pair, plan: &Plan, seed: u64) -> Result<RoundResult> {
             ))
         })
         .collect();
+    tokio::time::sleep_until(record_from.into()).await;
+    let rec_from = fault.recoveries.load(Ordering::Relaxed);
+    tokio::time::sleep_until(until.into()).await;
+    let recs = fault.recoveries.load(Ordering::Relaxed) - rec_from;
     let (mut all, mut healthy) = (new_histogram()?, new_histogram()?);
     let mut failed = 0;
     for t in tasks {
@@ -221,6 +247,8 @@ async fn round(p: &Pair, plan: &Plan, seed: u64) -> Result<RoundResult> {
         p99_ms: ms(&all, 0.99),
         healthy_p99_ms: ms(&healthy, 0.99),
         failed,
+        recovery_overhead_pct: 100.0 * recs as f64 * RECOVERY.as_secs_f64()
+            / (WORKERS as f64 * plan.measure.as_secs_f64()),
     })
 }
 
@@ -248,6 +276,8 @@ pub(super) struct RecoveryReport {
     service_ms: f64,
     recovery_ms: f64,
     callers: usize,
+    /// Mean service time measured in the calibration round.
+    measured_service_ms: f64,
     fail_prob: f64,
     cases: Vec<Case>,
 }
@@ -258,11 +288,30 @@ pub(super) async fn run(plan: &Plan) -> Result<RecoveryReport> {
     for (m, _) in MAPPINGS {
         let fault = Arc::new(Fault {
             bad: AtomicBool::new(false),
+            prob: AtomicU64::new(0),
+            served_ns: AtomicU64::new(0),
+            served: AtomicU64::new(0),
+            recoveries: AtomicU64::new(0),
             rng: parking_lot::Mutex::new(rand_chacha::ChaCha8Rng::seed_from_u64(7)),
             origin: Instant::now(),
             recovering_until: AtomicU64::new(0),
         });
         pairs.push((server(m, fault.clone()).await?, fault));
+    }
+    // Calibration: the service a request really gets, on the good path.
+    eprint!("calibrating the service time (one good-path round, performance-oriented) ... ");
+    round(&pairs[0].0, &pairs[0].1, plan, 999).await?;
+    let f = &pairs[0].1;
+    let service = Duration::from_nanos(
+        f.served_ns.load(Ordering::Relaxed) / f.served.load(Ordering::Relaxed).max(1),
+    );
+    let prob = fail_prob(service);
+    eprintln!(
+        "{:.3} ms per request: p = {prob:.4}",
+        service.as_secs_f64() * 1e3
+    );
+    for (_, f) in &pairs {
+        f.prob.store(prob.to_bits(), Ordering::Relaxed);
     }
     let mut results: Vec<Vec<RoundResult>> = vec![Vec::new(); MAPPINGS.len() * 2];
     let total = plan.rounds * results.len();
@@ -282,10 +331,10 @@ pub(super) async fn run(plan: &Plan) -> Result<RecoveryReport> {
                 r + 1,
                 plan.rounds
             );
-            let res = round(pair, plan, (r * 100 + k) as u64).await?;
+            let res = round(pair, fault, plan, (r * 100 + k) as u64).await?;
             eprintln!(
-                "{:.0} calls/s, mean {:.2} ms, p99 {:.2} ms, healthy p99 {:.2} ms, {} failed",
-                res.calls_per_s, res.mean_ms, res.p99_ms, res.healthy_p99_ms, res.failed
+                "{:.0} calls/s, mean {:.2} ms, p99 {:.2} ms, healthy p99 {:.2} ms, {} failed, recoveries {:.1} % of worker time",
+                res.calls_per_s, res.mean_ms, res.p99_ms, res.healthy_p99_ms, res.failed, res.recovery_overhead_pct
             );
             results[k].push(res);
         }
@@ -314,39 +363,64 @@ pub(super) async fn run(plan: &Plan) -> Result<RecoveryReport> {
         service_ms: SERVICE.as_secs_f64() * 1e3,
         recovery_ms: RECOVERY.as_secs_f64() * 1e3,
         callers: CALLERS,
-        fail_prob: fail_prob(),
+        measured_service_ms: service.as_secs_f64() * 1e3,
+        fail_prob: prob,
         cases,
     };
     print_table(&report, plan);
     Ok(report)
 }
 
+/// The bar charts of `experiment recovery`, for the real run.
+pub(super) fn draw(report: &RecoveryReport, png: &std::path::Path) -> Result<()> {
+    let rows: Vec<crate::experiment::recovery::Row<'_>> = report
+        .cases
+        .iter()
+        .map(|c| {
+            (
+                c.mapping,
+                c.bad_path,
+                [c.calls_per_s / 1e3, c.mean_ms, c.p99_ms, c.healthy_p99_ms],
+                [0.0, 0.0],
+            )
+        })
+        .collect();
+    crate::experiment::recovery::draw(
+        png,
+        "Recovery-conscious scheduling on the shell (16 groups, 8 workers, 1 ms of waiting per request)",
+        &rows,
+        false,
+    )
+}
+
 fn print_table(report: &RecoveryReport, plan: &Plan) {
     println!();
     println!(
-        "Recovery-conscious scheduling on the shell: {} workers (2 pools), {} ms of waiting per request, {} callers, 16 groups; bad path: group 1 fails with p = {:.4}, {} ms recoveries (5 % overhead); medians of {} rounds; client and server share the cores",
-        report.workers, report.service_ms, report.callers, report.fail_prob, report.recovery_ms, plan.rounds
+        "Recovery-conscious scheduling on the shell: {} workers (2 pools), {} ms of waiting per request ({:.2} ms measured), {} callers, 16 groups; bad path: group 1 fails with p = {:.4}, {} ms recoveries (5 % overhead); medians of {} rounds; client and server share the cores",
+        report.workers, report.service_ms, report.measured_service_ms, report.callers, report.fail_prob, report.recovery_ms, plan.rounds
     );
     println!(
-        "{:<22} {:<5} | {:>10} {:>8} | {:>9} {:>9} {:>12}",
-        "mapping", "path", "calls/s", "ratio", "mean ms", "p99 ms", "healthy p99"
+        "{:<22} {:<5} | {:>10} {:>8} | {:>9} {:>9} {:>12} | {:>9}",
+        "mapping", "path", "calls/s", "ratio", "mean ms", "p99 ms", "healthy p99", "recovery"
     );
-    println!("{}", "-".repeat(86));
+    println!("{}", "-".repeat(98));
     for c in &report.cases {
         let base = report
             .cases
             .iter()
             .find(|b| b.mapping == "performance-oriented" && b.bad_path == c.bad_path)
             .map_or(f64::NAN, |b| b.calls_per_s);
+        let overhead = median(c.rounds.iter().map(|r| r.recovery_overhead_pct).collect());
         println!(
-            "{:<22} {:<5} | {:>10.0} {:>8.3} | {:>9.2} {:>9.2} {:>12.2}",
+            "{:<22} {:<5} | {:>10.0} {:>8.3} | {:>9.2} {:>9.2} {:>12.2} | {:>8.1}%",
             c.mapping,
             if c.bad_path { "bad" } else { "good" },
             c.calls_per_s,
             c.calls_per_s / base,
             c.mean_ms,
             c.p99_ms,
-            c.healthy_p99_ms
+            c.healthy_p99_ms,
+            overhead
         );
     }
 }

@@ -142,24 +142,33 @@ pub(crate) async fn run(a: &RecoveryArgs) -> Result<()> {
     let json_path = a.out.join("recovery.json");
     std::fs::write(&json_path, serde_json::to_string_pretty(&json)?)?;
     let png = a.out.join("recovery.png");
-    draw(&png, &rows)?;
+    draw(
+        &png,
+        "Recovery-conscious scheduling on the simulator (16 groups, 8 pools)",
+        &rows,
+        true,
+    )?;
     println!("wrote {} and {}", json_path.display(), png.display());
     Ok(())
 }
 
-type Row<'a> = (&'a str, bool, [f64; 4], [f64; 2]);
+/// A scheduler's row: name, bad path, [throughput (k/s), mean response
+/// (ms), ..], and the paper's [throughput, response].
+pub(crate) type Row<'a> = (&'a str, bool, [f64; 4], [f64; 2]);
 
 /// Two panels, throughput and mean response time: per scheduler a bar for
 /// the good path and one for the bad path, the paper's as thin bars
-/// beside.
-fn draw(path: &std::path::Path, rows: &[Row<'_>]) -> Result<()> {
+/// beside (`with_paper`).
+pub(crate) fn draw(
+    path: &std::path::Path,
+    title: &str,
+    rows: &[Row<'_>],
+    with_paper: bool,
+) -> Result<()> {
     require_font()?;
     let root = BitMapBackend::new(path, (1100, 480)).into_drawing_area();
     root.fill(&WHITE)?;
-    let root = root.titled(
-        "Recovery-conscious scheduling on the simulator (16 groups, 8 pools)",
-        TITLE,
-    )?;
+    let root = root.titled(title, TITLE)?;
     let panels = root.split_evenly((1, 2));
     let good = RGBColor(70, 130, 180);
     let bad = RGBColor(205, 92, 92);
@@ -174,7 +183,7 @@ fn draw(path: &std::path::Path, rows: &[Row<'_>]) -> Result<()> {
     {
         let top = rows
             .iter()
-            .flat_map(|r| [r.2[measure], r.3[paper_i]])
+            .flat_map(|r| [r.2[measure], if with_paper { r.3[paper_i] } else { 0.0 }])
             .fold(0.0f64, f64::max)
             * 1.25;
         let mut c =
@@ -202,18 +211,22 @@ fn draw(path: &std::path::Path, rows: &[Row<'_>]) -> Result<()> {
                     [(x + off, 0.0), (x + off + 0.25, r.2[measure])],
                     color.filled(),
                 )))?;
-                c.draw_series(std::iter::once(Rectangle::new(
-                    [(x + off + 0.25, 0.0), (x + off + 0.32, r.3[paper_i])],
-                    paper.filled(),
-                )))?;
+                if with_paper {
+                    c.draw_series(std::iter::once(Rectangle::new(
+                        [(x + off + 0.25, 0.0), (x + off + 0.32, r.3[paper_i])],
+                        paper.filled(),
+                    )))?;
+                }
             }
         }
         if i == 1 {
-            for (label, color) in [
+            let legend = [
                 ("good path", good),
                 ("bad path (5 % recovery)", bad),
                 ("paper", paper),
-            ] {
+            ];
+            for (label, color) in &legend[..if with_paper { 3 } else { 2 }] {
+                let (label, color) = (*label, *color);
                 c.draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())?
                     .label(label)
                     .legend(span_legend(color));
