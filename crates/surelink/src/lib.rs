@@ -41,7 +41,7 @@
 //! `call.rs` calls and sends; `conn/` connections (write queue, reader,
 //! listening and accepting); `dial.rs` dialling; `detector/` SafeTimer's
 //! threads, the send gate and the endpoint's reactions to reports and to a
-//! closed fence; `server.rs` the executor; `incoming.rs` one-way delivery;
+//! closed fence; `server/` the executor and recovery groups; `incoming.rs` one-way delivery;
 //! `role/` the role service's task; `events.rs`, `stats.rs`,
 //! `exporter.rs` what an operator sees.
 //!

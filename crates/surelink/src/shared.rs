@@ -11,7 +11,7 @@
 //!
 //! The other parts live in their own modules and keep their own state:
 //! dialling (`dial.rs`), connections (`conn/`), the detector and its
-//! reactions (`detector/`), the request executor (`server.rs`), one-way
+//! reactions (`detector/`), the request executor (`server/`), one-way
 //! message delivery (`incoming.rs`), events, counters and the role task.
 //!
 //! Lock order: router, then a session, then leaf locks (a connection's
