@@ -24,6 +24,8 @@
 //! short and needs no fence; a *peer* report says the process is gone, and
 //! only it is backed by the fence, so its window covers the sender's slack.
 //! - [`datagram`]: the heartbeat and barrier datagrams.
+//! - [`Handshake`]: whether a heartbeat's private copy is the counted one
+//!   (the private ports' handshake, per peer and network).
 //!
 //! # Why the fence and the window fit together
 //!
@@ -45,10 +47,12 @@
 mod config;
 pub mod datagram;
 mod fence;
+mod handshake;
 mod monitor;
 
 pub use config::{DetectorConfig, DetectorMode};
 pub use fence::{Fence, FenceState, HeartbeatDue};
+pub use handshake::{Copies, Handshake};
 pub use monitor::{
     HeartbeatQueue, Monitor, MonitorAction, MonitorStats, PathReport, QueueAtBarrier,
     QueuesAtBarrier, StraysAtBarrier, Watch,

@@ -180,7 +180,7 @@ pub(crate) struct Detector {
     private: Mutex<private::Private>,
     /// Per peer and network: where our heartbeats go privately, and the
     /// handshake that says whether the private copy is the counted one.
-    handshakes: Mutex<BTreeMap<(NodeId, usize), private::Handshake>>,
+    handshakes: Mutex<BTreeMap<(NodeId, usize), surelink_proto::detector::Handshake>>,
     strays_read: AtomicU64,
     not_steered: AtomicU64,
     /// Networks this endpoint is silent on (test hook: see

@@ -19,14 +19,13 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use rustc_hash::FxHashMap;
 use tracing::{debug, warn};
 
 use surelink_proto::detector::datagram::{self, Datagram};
 use surelink_proto::detector::{HeartbeatQueue, QueueAtBarrier, QueuesAtBarrier, Watch};
-use surelink_proto::{Epoch, NodeId, Time};
+use surelink_proto::{NodeId, Time};
 use surelink_sys::steer::Batch;
 use surelink_sys::{PollRegistry, Poller, PrivateSocket};
 
@@ -38,46 +37,6 @@ pub(super) const MAX_PRIVATE: usize = 4096;
 /// Every this many heartbeats a copy also goes to a peer's public port,
 /// so a peer that restarted (and forgot our port) hears us anyway.
 pub(super) const PUBLIC_EVERY: u64 = 8;
-
-/// Per peer and network: the private ports' handshake (the heartbeat
-/// flags in `datagram`). We commit to the peer's private port — our fence
-/// counts that copy alone, and the public copy thins to every
-/// [`PUBLIC_EVERY`]th — only while the peer says our private copies reach
-/// it. Until then (a relay or NAT forwarding the public port only: for
-/// ever) the public copy is the counted one and a private copy goes along
-/// as a probe.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Handshake {
-    /// Where our heartbeats go privately: the peer's address on the
-    /// network and the port it gave us.
-    pub(super) dest: Option<SocketAddr>,
-    /// When a heartbeat of the peer last carried `FLAG_ACK`.
-    pub(super) acked_at: Option<Time>,
-    /// The peer's newest incarnation we accepted a heartbeat of.
-    pub(super) epoch: Option<Epoch>,
-    /// When a heartbeat of the peer last came out of our private socket
-    /// for it, and of which incarnation.
-    pub(super) heard_at: Option<(Epoch, Time)>,
-}
-
-impl Handshake {
-    /// Whether our heartbeat at `now` counts the private copy alone: the
-    /// peer acknowledged within `window`.
-    pub(super) fn committed(&self, now: Time, window: Duration) -> bool {
-        self.dest.is_some()
-            && self
-                .acked_at
-                .is_some_and(|t| now.saturating_since(t) <= window)
-    }
-
-    /// Whether our heartbeat at `now` tells the peer its private copies
-    /// reach us: one of its current incarnation came out of our private
-    /// socket within `window`.
-    pub(super) fn ack(&self, now: Time, window: Duration) -> bool {
-        self.heard_at
-            .is_some_and(|(e, t)| Some(e) == self.epoch && now.saturating_since(t) <= window)
-    }
-}
 
 /// What a token of the epoll set stands for.
 #[derive(Clone)]
@@ -318,7 +277,7 @@ impl Detector {
             .lock()
             .entry((peer, network))
             .or_default()
-            .heard_at = Some((hb.epoch, now));
+            .handle_private_arrival(now, hb.epoch);
         // Private for the monitor only if the sender's fence counted this
         // copy; an uncommitted one is a probe, and the path stays public.
         let queue = if hb.flags & datagram::FLAG_COMMITTED != 0 {

@@ -124,20 +124,8 @@ impl Detector {
                 .iter()
                 .map(|(k, public)| {
                     let h = hs.get(k).copied().unwrap_or_default();
-                    let mut flags = if h.ack(now, window) {
-                        datagram::FLAG_ACK
-                    } else {
-                        0
-                    };
-                    let (counted, extra) = match h.dest {
-                        Some(private) if h.committed(now, window) => {
-                            flags |= datagram::FLAG_COMMITTED;
-                            (private, (seq % PUBLIC_EVERY == 0).then_some(*public))
-                        }
-                        Some(private) => (*public, Some(private)),
-                        None => (*public, None),
-                    };
-                    (*k, counted, extra, flags)
+                    let c = h.copies(now, window, seq, PUBLIC_EVERY, *public);
+                    (*k, c.counted, c.extra, c.flags)
                 })
                 .collect()
         };

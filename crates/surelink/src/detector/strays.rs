@@ -211,12 +211,9 @@ impl Detector {
         let now = self.gate.now();
         {
             let mut hs = self.handshakes.lock();
-            let h = hs.entry((hb.node, network)).or_default();
-            h.dest = (hb.port != 0).then(|| SocketAddr::new(from.ip(), hb.port));
-            h.epoch = Some(hb.epoch);
-            if hb.flags & datagram::FLAG_ACK != 0 {
-                h.acked_at = Some(now);
-            }
+            hs.entry((hb.node, network))
+                .or_default()
+                .handle_heartbeat(now, from, hb.epoch, hb.port, hb.flags);
         }
         let watch = Watch {
             peer: hb.node,
