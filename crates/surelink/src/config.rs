@@ -128,8 +128,29 @@ impl ExecutorConfig {
         cfg
     }
 
+    /// The groups against the pools of the runtime this is called on (one
+    /// per worker thread): a home past them is refused.
+    pub(crate) fn validate_for_runtime(&self, max_concurrent: usize) -> Result<(), ConfigError> {
+        let pools = tokio::runtime::Handle::try_current()
+            .map_or(1, |h| h.metrics().num_workers())
+            .max(1);
+        let slots = max_concurrent.div_ceil(pools).max(1);
+        self.recovery_config(pools, slots, max_concurrent)
+            .validate()?;
+        Ok(())
+    }
+
     fn validate(&self, max_concurrent: usize) -> Result<(), ConfigError> {
-        self.recovery_config(1, max_concurrent, max_concurrent)
+        // The pools are the runtime's worker threads, known at bind: here
+        // as many as the homes name (a home past the runtime's pools is
+        // refused when the endpoint binds, and one group serves all).
+        let pools = self
+            .groups
+            .iter()
+            .flat_map(|g| g.home.iter().map(|p| usize::from(p.0) + 1))
+            .max()
+            .unwrap_or(1);
+        self.recovery_config(pools, max_concurrent, max_concurrent)
             .validate()?;
         let groups = self.groups.len().max(1);
         if self

@@ -344,3 +344,36 @@ fn groups_are_checked_with_the_configuration() {
     c.executor.groups[0].sigma = Some(1);
     c.validate().unwrap();
 }
+
+/// Homes name the runtime's pools, which are known at bind: a home past
+/// pool 0 is not refused by the configuration's check.
+#[test]
+fn homes_are_not_checked_against_one_pool() {
+    let mut c = Config::new(NodeId(1), surelink::proto::ClusterId(1));
+    c.insecure = true;
+    let mut g = GroupConfig::new("a");
+    g.home = vec![surelink::proto::rpc::recovery::PoolId(1)];
+    c.executor.groups = vec![g];
+    c.executor.mapping = surelink::Mapping::Static;
+    c.validate().unwrap();
+}
+
+/// ... but binding on a runtime with fewer pools than a home names is a
+/// typed error, not a silent fallback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_home_past_the_runtimes_pools_is_refused_at_bind() {
+    let mut lb = Loopback::new();
+    let mut g = GroupConfig::new("a");
+    g.home = vec![surelink::proto::rpc::recovery::PoolId(5)];
+    lb.server.executor.groups = vec![g];
+    lb.server.executor.mapping = surelink::Mapping::Static;
+    let r = Endpoint::bind(lb.server).await;
+    assert!(
+        matches!(
+            r,
+            Err(surelink::BindError::Config(ConfigError::Recovery(_)))
+        ),
+        "{:?}",
+        r.err()
+    );
+}

@@ -115,6 +115,10 @@ impl Endpoint {
     /// configured peers. Must be called within a tokio runtime.
     pub async fn bind(mut config: Config) -> Result<Endpoint, BindError> {
         config.validate()?;
+        // The groups' homes against this runtime's pools (one per worker).
+        config
+            .executor
+            .validate_for_runtime(config.max_concurrent_requests)?;
         // Each connection is a file descriptor: raise the soft limit where
         // allowed, and keep the accept limit well below what is left
         // (listeners, heartbeat sockets, dialled connections, the

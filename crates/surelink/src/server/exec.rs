@@ -152,8 +152,8 @@ impl Server {
         };
         let (cfg, scheduler) = match RecoveryScheduler::with_queues(&cfg, || kind.build()) {
             Ok(s) => (cfg, s),
-            // `Config::validate` checked it: only a configuration built
-            // past it gets here, and keeps one group.
+            // `Endpoint::bind` checked it for this runtime: only an
+            // executor built elsewhere gets here, and keeps one group.
             Err(e) => {
                 tracing::error!(error = %e, "recovery groups refused; one group serves all");
                 let c = fallback();
