@@ -92,6 +92,7 @@ pub(crate) async fn call(
     let deadline = tokio::time::Instant::now() + opts.timeout;
     let reply = loop {
         let session = shared.session_for(peer)?;
+        session.note_traffic(shared);
         let (tx, rx) = oneshot::channel();
         let attempt = session.with_output(shared, Reading::Fresh, |g, now| {
             let a = if g.is_ended() {
@@ -176,6 +177,7 @@ pub(crate) fn send_now(
     flush: Flush,
 ) -> Result<SendNow, SendError> {
     let session = shared.session_for(peer)?;
+    session.note_traffic(shared);
     session.with_output(shared, Reading::Cached, |g, now| {
         let mut r = Ok(SendNow::Done(None));
         let mut last = None;

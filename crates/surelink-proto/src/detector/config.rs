@@ -22,6 +22,15 @@ pub enum DetectorMode {
 
 /// Heartbeat timing.
 ///
+/// Heartbeats come at two paces (see [`crate::detector::Pacer`]). Every
+/// peer gets one every `idle_interval`: these are the fence's, TX-stamped,
+/// and they alone back a "dead" report. A peer with traffic in flight —
+/// ours to it, or its to us (it says so with `WATCH`) — also gets one every
+/// `interval`, so its paths are watched with the short `path_timeout`; an
+/// idle pair's paths with `idle_path_timeout`. So a quiet cluster pays per
+/// peer a few datagrams a second, and a busy pair fails over as fast as
+/// ever.
+///
 /// The defaults keep two promises at once. Path failover stays fast: a
 /// path silent for 50 ms (5 heartbeats) is failed over, which costs
 /// nothing when it was a false alarm (the path is used again when heard).
@@ -40,12 +49,24 @@ pub enum DetectorMode {
 pub struct DetectorConfig {
     /// Which detector runs.
     pub mode: DetectorMode,
-    /// Heartbeat period.
+    /// Heartbeat period of a busy pair (traffic in flight either way):
+    /// extra heartbeats, not the fence's, that keep `path_timeout` short.
     pub interval: Duration,
-    /// A path silent this long is suspected and, after the SafeTimer checks,
-    /// reported down: the session fails over. A path report claims nothing
-    /// about the peer, so this window may be short.
+    /// The fence's heartbeat period: every peer gets one this often, busy
+    /// or idle. `timeout` must cover it plus `send_slack` and
+    /// `max_network_delay`.
+    pub idle_interval: Duration,
+    /// A path of a busy pair silent this long is suspected and, after the
+    /// SafeTimer checks, reported down: the session fails over. A path
+    /// report claims nothing about the peer, so this window may be short.
     pub path_timeout: Duration,
+    /// The same for a pair with nothing in flight (heartbeats every
+    /// `idle_interval`). A call or message to the peer switches its paths
+    /// to `path_timeout` from the moment it is sent.
+    pub idle_path_timeout: Duration,
+    /// A pair stays busy this long after its last traffic (so a burst
+    /// every few hundred milliseconds does not switch pace each time).
+    pub busy_linger: Duration,
     /// A peer whose every path has been silent this long is suspected and,
     /// after the checks, reported dead. Only this report is backed by the
     /// sender fence, so it must be at least `interval + send_slack +
@@ -59,7 +80,9 @@ pub struct DetectorConfig {
     /// The longest the network itself may take to deliver a heartbeat (the
     /// paper's blackbox assumption). Local delays are not part of it.
     pub max_network_delay: Duration,
-    /// How often the receiver checks its windows.
+    /// The shortest spacing between two checks of the windows. The
+    /// checker wakes when a window is due (not on a fixed tick), but no
+    /// more often than this.
     pub check_every: Duration,
     /// A barrier not back within this is lost: no report that round.
     pub barrier_timeout: Duration,
@@ -71,6 +94,11 @@ impl Default for DetectorConfig {
         DetectorConfig {
             send_slack: Duration::from_millis(1500),
             timeout: Duration::from_secs(2),
+            // 250 + 1500 + 10 ≤ 2000: a quarter of a second to spare for a
+            // slow network.
+            idle_interval: Duration::from_millis(250),
+            idle_path_timeout: Duration::from_secs(1),
+            busy_linger: Duration::from_secs(1),
             ..DetectorConfig::with_interval(interval)
         }
     }
@@ -80,11 +108,15 @@ impl DetectorConfig {
     /// Compact settings scaled to one heartbeat `interval` (a tuning, not
     /// the default): path window 5 intervals, peer window 15, send slack
     /// 10 (a process may stall that long before it fences itself), network
-    /// delay 1, checks twice per interval.
+    /// delay 1, checks at most twice per interval; idle pairs: heartbeats
+    /// every 4 intervals, path window 10.
     pub fn with_interval(interval: Duration) -> Self {
         DetectorConfig {
             mode: DetectorMode::SafeTimer,
             interval,
+            idle_interval: interval * 4,
+            idle_path_timeout: interval * 10,
+            busy_linger: interval * 20,
             path_timeout: interval * 5,
             timeout: interval * 15,
             send_slack: interval * 10,
@@ -100,8 +132,11 @@ impl DetectorConfig {
         let ms = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         for (field, v) in [
             ("detector.interval", self.interval),
+            ("detector.idle_interval", self.idle_interval),
             ("detector.timeout", self.timeout),
             ("detector.path_timeout", self.path_timeout),
+            ("detector.idle_path_timeout", self.idle_path_timeout),
+            ("detector.busy_linger", self.busy_linger),
             ("detector.check_every", self.check_every),
             ("detector.barrier_timeout", self.barrier_timeout),
         ] {
@@ -109,14 +144,33 @@ impl DetectorConfig {
                 return Err(ConfigError::Zero { field });
             }
         }
-        let need = self.interval + self.send_slack + self.max_network_delay;
+        if self.idle_interval < self.interval {
+            return Err(ConfigError::Inconsistent {
+                field: "detector.idle_interval (µs)",
+                value: ms(self.idle_interval),
+                other: "detector.interval (µs)",
+                other_value: ms(self.interval),
+                why: "idle pairs cannot get heartbeats more often than busy ones",
+            });
+        }
+        let need = self.idle_interval + self.send_slack + self.max_network_delay;
         if self.timeout < need {
             return Err(ConfigError::Inconsistent {
                 field: "detector.timeout (µs)",
                 value: ms(self.timeout),
-                other: "interval + send_slack + max_network_delay (µs)",
+                other: "idle_interval + send_slack + max_network_delay (µs)",
                 other_value: ms(need),
                 why: "a shorter window could report a sender whose heartbeat is still on time",
+            });
+        }
+        let idle_need = (self.idle_interval * 2 + self.max_network_delay).max(self.path_timeout);
+        if self.idle_path_timeout < idle_need {
+            return Err(ConfigError::Inconsistent {
+                field: "detector.idle_path_timeout (µs)",
+                value: ms(self.idle_path_timeout),
+                other: "max(2 × idle_interval + max_network_delay, path_timeout) (µs)",
+                other_value: ms(idle_need),
+                why: "an idle path would be reported down between two of its heartbeats",
             });
         }
         if self.check_every > self.path_timeout.min(self.timeout) {
@@ -149,12 +203,26 @@ mod tests {
     #[test]
     fn window_shorter_than_schedule_is_rejected() {
         let mut c = DetectorConfig::with_interval(Duration::from_millis(10));
-        c.timeout = Duration::from_millis(110);
+        c.timeout = Duration::from_millis(140);
         assert!(matches!(
             c.validate(),
             Err(ConfigError::Inconsistent { .. })
         ));
-        c.timeout = Duration::from_millis(120);
+        c.timeout = Duration::from_millis(150);
+        c.validate().unwrap();
+        c.idle_interval = Duration::from_millis(5);
+        assert!(
+            matches!(c.validate(), Err(ConfigError::Inconsistent { .. })),
+            "idle pace faster than busy"
+        );
+        c.idle_interval = Duration::from_millis(40);
+        c.idle_path_timeout = Duration::from_millis(80);
+        c.timeout = Duration::from_millis(150);
+        assert!(
+            matches!(c.validate(), Err(ConfigError::Inconsistent { .. })),
+            "idle window shorter than two idle heartbeats"
+        );
+        c.idle_path_timeout = Duration::from_millis(90);
         c.validate().unwrap();
         c.interval = Duration::ZERO;
         assert!(matches!(c.validate(), Err(ConfigError::Zero { .. })));

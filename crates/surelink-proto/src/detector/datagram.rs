@@ -22,6 +22,12 @@
 //! on copies that cannot arrive; a receiver treats a path as private only
 //! on a committed heartbeat out of its private queue.
 //!
+//! Two more flags carry the pace (see [`super::Pacer`]), per pair:
+//! [`FLAG_FAST`] ("I send you heartbeats every `interval` now: watch my
+//! paths with the short window") and [`FLAG_WATCH`] ("I have traffic in
+//! flight with you: send me yours fast"). They are under the tag, so a
+//! stranger cannot make a pair slow (or fast).
+//!
 //! The tag is HMAC-SHA256 (first 16 bytes) over header (flags included) and the first 34
 //! body bytes, keyed per pair of nodes ([`HeartbeatKey`], from the
 //! members' static keys), so a heartbeat proves its sender without a
@@ -51,6 +57,12 @@ pub const FLAG_ACK: u16 = 1;
 /// the one the sender's fence counted (the copy to the public port, if
 /// any, is an extra).
 pub const FLAG_COMMITTED: u16 = 2;
+/// Heartbeat flag: the sender sends the receiver a heartbeat every
+/// `interval` (busy pace) until one without this flag says otherwise.
+pub const FLAG_FAST: u16 = 4;
+/// Heartbeat flag: the sender has traffic in flight with the receiver and
+/// asks for heartbeats at the busy pace.
+pub const FLAG_WATCH: u16 = 8;
 
 /// A decoded datagram.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,7 +81,8 @@ pub enum Datagram {
         /// The sender's private heartbeat port for us on this network (0:
         /// none; send to its public port).
         port: u16,
-        /// [`FLAG_ACK`] and [`FLAG_COMMITTED`] (others ignored).
+        /// [`FLAG_ACK`], [`FLAG_COMMITTED`], [`FLAG_FAST`], [`FLAG_WATCH`]
+        /// (others ignored).
         flags: u16,
     },
     /// One of our own barriers.

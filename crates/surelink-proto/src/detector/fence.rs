@@ -76,7 +76,9 @@ impl Fence {
     pub fn new(config: &DetectorConfig, now: Time) -> Self {
         Fence {
             origin: now,
-            interval: config.interval,
+            // The fence's heartbeats go to every peer at the idle pace; the
+            // busy pace's extra ones are not the fence's.
+            interval: config.idle_interval,
             slack: config.send_slack,
             next_seq: 0,
             confirmed: 0,
@@ -248,6 +250,7 @@ mod tests {
     /// Heartbeats every 10 ms, each due 20 ms after its slot.
     fn cfg() -> DetectorConfig {
         let mut c = DetectorConfig::with_interval(Duration::from_millis(10));
+        c.idle_interval = c.interval;
         c.send_slack = Duration::from_millis(20);
         c
     }

@@ -3,7 +3,7 @@
 //! Three pieces, each a plain state machine driven with explicit `now`:
 //!
 //! - [`Fence`] (the SafeTimer *sender*, paper Fig. 3): a fixed heartbeat
-//!   schedule; each heartbeat that provably left the host before its
+//!   schedule (every `idle_interval`, to every peer); each heartbeat that provably left the host before its
 //!   deadline extends `t_valid` to the next heartbeat's deadline (and covers
 //!   earlier heartbeats whose deadline it met, e.g. ones whose sends all
 //!   failed). The shell lets no frame leave after `t_valid`; a heartbeat
@@ -24,15 +24,19 @@
 //! short and needs no fence; a *peer* report says the process is gone, and
 //! only it is backed by the fence, so its window covers the sender's slack.
 //! - [`datagram`]: the heartbeat and barrier datagrams.
+//! - [`Pacer`]: which peers get heartbeats at the busy pace (traffic in
+//!   flight either way) on top of the fence's idle-pace ones, and the
+//!   flags that tell the receiver which window to watch a path with.
 //! - [`Handshake`]: whether a heartbeat's private copy is the counted one
 //!   (the private ports' handshake, per peer and network).
 //!
 //! # Why the fence and the window fit together
 //!
-//! Heartbeat `k` is scheduled at `origin + k·interval` and must leave by
-//! `deadline(k) = scheduled(k) + send_slack`. The receiver reports a peer
-//! dead at `t` only for a window `[t − timeout, t]` with nothing in it. If
-//! `timeout ≥ interval + send_slack + max_network_delay`, the window holds
+//! The fence's heartbeat `k` (one to every peer) is scheduled at `origin +
+//! k·idle_interval` and must leave by `deadline(k) = scheduled(k) +
+//! send_slack`. The receiver reports a peer dead at `t` only for a window
+//! `[t − timeout, t]` with nothing in it. If `timeout ≥ idle_interval +
+//! send_slack + max_network_delay`, the window holds
 //! the schedule of a heartbeat whose deadline plus the network delay is
 //! before `t`; if the sender were still valid at `t`, that heartbeat left in
 //! time and arrived inside the window. So a report at `t` means the sender
@@ -49,6 +53,7 @@ pub mod datagram;
 mod fence;
 mod handshake;
 mod monitor;
+mod pace;
 
 pub use config::{DetectorConfig, DetectorMode};
 pub use fence::{Fence, FenceState, HeartbeatDue};
@@ -57,3 +62,4 @@ pub use monitor::{
     HeartbeatQueue, Monitor, MonitorAction, MonitorStats, PathReport, QueueAtBarrier,
     QueuesAtBarrier, StraysAtBarrier, Watch,
 };
+pub use pace::Pacer;

@@ -2,9 +2,13 @@
 //!
 //! Watches paths, each identified by [`Watch`] (peer and network). A path
 //! comes under watch with its first heartbeat; after that, heartbeats and
-//! any other traffic on the path refresh it. Every `check_every` the
-//! monitor looks for paths silent for `path_timeout` and for peers silent
-//! on every path for `timeout`:
+//! any other traffic on the path refresh it. When a window is due (not on
+//! a fixed tick; no more often than `check_every`) the monitor looks for
+//! paths silent for their window — `path_timeout` while the peer's latest
+//! heartbeat there said `FAST`, `idle_path_timeout` otherwise, and
+//! `path_timeout` from the moment we asked a slow peer for the busy pace
+//! ([`Monitor::handle_watch_sent`]) — and for peers silent on every path
+//! for `timeout`:
 //!
 //! - Plain mode reports them at once.
 //! - SafeTimer mode asks the shell for a barrier (one round for all
@@ -17,6 +21,31 @@
 //!
 //! A down path comes back up with its next heartbeat, a dead peer with its
 //! next heartbeat on any path.
+//!
+//! # Proof obligations with two paces
+//!
+//! A *dead* report still rests on the fence alone: the peer's fence
+//! schedules a heartbeat to every peer every `idle_interval`, whatever
+//! the pace, and `timeout ≥ idle_interval + send_slack +
+//! max_network_delay` ([`DetectorConfig::validate`]). So a window of
+//! `timeout` with nothing heard holds the schedule of a fenced heartbeat
+//! whose deadline and delivery both fall inside it: if the peer were still
+//! valid at the report, that heartbeat left in time and was heard (the
+//! argument of [`crate::detector`], with `idle_interval` for `interval`).
+//! Busy-pace heartbeats are extra, unfenced and unstamped: they only make
+//! silence rarer. The receiver's barrier and drop checks guard every
+//! report, whatever window started it.
+//!
+//! A *path* report claims only that the path is silent now (it moves
+//! traffic; a false one costs a re-send), so its window follows the pace
+//! the peer announced: a peer's `FAST` heartbeats come every `interval`,
+//! and the path is watched with `path_timeout`; without `FAST` every
+//! `idle_interval`, watched with `idle_path_timeout ≥ 2·idle_interval +
+//! max_network_delay`. A peer leaving the busy pace says so first (two
+//! heartbeats without `FAST` at the busy pace), so the window widens before
+//! the gaps do. Traffic of ours to a slow peer asks it for the busy pace
+//! (`WATCH`) and narrows the window at once: from the ask, a path that
+//! carries nothing for `path_timeout` is suspect — as fast as a busy path.
 //!
 //! # Two queues: drops told apart by source
 //!
@@ -227,6 +256,11 @@ struct PathState {
     /// Which queue its heartbeats are in: where the latest came out of,
     /// except that `Private` stays for the epoch (see "Private queues").
     queue: HeartbeatQueue,
+    /// The peer's latest heartbeat here said `FAST`: the short window.
+    fast: bool,
+    /// We asked the (slow) peer for the busy pace then, and have heard
+    /// nothing on the path since.
+    asked: Option<Time>,
 }
 
 /// What a round may report.
@@ -308,6 +342,20 @@ impl Monitor {
         epoch: Epoch,
         queue: HeartbeatQueue,
     ) {
+        self.handle_heartbeat_paced(now, watch, epoch, queue, true);
+    }
+
+    /// [`Monitor::handle_heartbeat_from`] with the pace the heartbeat
+    /// announced: `fast` when it said `FAST` (the path is then watched with
+    /// `path_timeout`, else with `idle_path_timeout`).
+    pub fn handle_heartbeat_paced(
+        &mut self,
+        now: Time,
+        watch: Watch,
+        epoch: Epoch,
+        queue: HeartbeatQueue,
+        fast: bool,
+    ) {
         match self.paths.get_mut(&watch) {
             Some(p) if epoch < p.epoch => {}
             Some(p) => {
@@ -317,6 +365,7 @@ impl Monitor {
                 if !keep_private {
                     p.queue = queue;
                 }
+                p.fast = fast;
                 self.heard(now, watch);
             }
             None => {
@@ -328,11 +377,55 @@ impl Monitor {
                         down: false,
                         down_at: Time::ZERO,
                         queue,
+                        fast,
+                        asked: None,
                     },
                 );
                 // A heartbeat on a new network is news of a dead peer too.
                 self.heard(now, watch);
             }
+        }
+        // A narrower window may be due before the check planned.
+        let window = self.window(fast).min(self.config.timeout);
+        self.due_by(now + window);
+    }
+
+    /// We asked `peer` for the busy pace at `now` (our heartbeats started
+    /// saying `WATCH`: we have traffic in flight with it). Its paths that
+    /// are at the idle pace are suspect if nothing arrives on them within
+    /// `path_timeout` from now.
+    pub fn handle_watch_sent(&mut self, now: Time, peer: NodeId) {
+        let mut any = false;
+        for (_, p) in self.paths.range_mut(
+            Watch { peer, network: 0 }..=Watch {
+                peer,
+                network: u16::MAX,
+            },
+        ) {
+            if !p.fast && !p.down && p.asked.is_none() {
+                p.asked = Some(now);
+                any = true;
+            }
+        }
+        if any {
+            self.due_by(now + self.config.path_timeout);
+        }
+    }
+
+    /// The path window for a pace.
+    fn window(&self, fast: bool) -> std::time::Duration {
+        if fast {
+            self.config.path_timeout
+        } else {
+            self.config.idle_path_timeout
+        }
+    }
+
+    /// A window ends at `t`: check no later than just after it.
+    fn due_by(&mut self, t: Time) {
+        let t = t + std::time::Duration::from_micros(1);
+        if t < self.next_check {
+            self.next_check = t;
         }
     }
 
@@ -345,13 +438,20 @@ impl Monitor {
     /// from the first heartbeat.
     pub fn handle_heard(&mut self, now: Time, watch: Watch) {
         // Unsorted until a heartbeat says which queue its source reaches.
+        // At the idle pace until a heartbeat says otherwise.
+        let new = !self.paths.contains_key(&watch);
         self.paths.entry(watch).or_insert(PathState {
             last_heard: now,
             epoch: Epoch(0),
             down: false,
             down_at: Time::ZERO,
             queue: HeartbeatQueue::Strays,
+            fast: false,
+            asked: None,
         });
+        if new {
+            self.due_by(now + self.config.idle_path_timeout);
+        }
         self.heard(now, watch);
     }
 
@@ -362,13 +462,25 @@ impl Monitor {
         if now > p.last_heard {
             p.last_heard = now;
         }
+        if p.asked.is_some_and(|t| now >= t) {
+            p.asked = None;
+        }
+        let window = if p.fast {
+            self.config.path_timeout
+        } else {
+            self.config.idle_path_timeout
+        };
         if p.down && now > p.down_at {
             p.down = false;
+            // Watched again from now.
+            let t = now + window.min(self.config.timeout);
+            self.due_by(t);
             self.actions
                 .push_back(MonitorAction::Report(PathReport::PathUp { watch }));
         }
         if self.dead.get(&watch.peer).is_some_and(|at| now > *at) {
             self.dead.remove(&watch.peer);
+            self.due_by(now + window.min(self.config.timeout));
             self.actions
                 .push_back(MonitorAction::Report(PathReport::PeerUp {
                     peer: watch.peer,
@@ -638,27 +750,61 @@ impl Monitor {
         if now < self.next_check {
             return;
         }
-        // Late checks do not pile up: the next one is a period from now.
-        self.next_check = now + self.config.check_every;
         let start_of = |window| Time::from_nanos(now.as_nanos().saturating_sub(nanos(window)));
-        let path_window = self.config.path_timeout;
-        let mut suspects: Vec<(Suspect, Time)> = self
-            .paths
-            .iter()
-            .filter(|(_, p)| !p.down && p.last_heard + path_window < now)
-            .map(|(w, _)| (Suspect::Path(*w), start_of(path_window)))
-            .collect();
-        let peer_window = self.config.timeout;
-        let mut peers: Vec<NodeId> = self.paths.keys().map(|w| w.peer).collect();
-        peers.dedup();
-        for peer in peers {
-            let silent = self
-                .last_heard(Suspect::Peer(peer))
-                .is_some_and(|t| t + peer_window < now);
-            if silent && !self.dead.contains_key(&peer) {
-                suspects.push((Suspect::Peer(peer), start_of(peer_window)));
+        let short = self.config.path_timeout;
+        let mut suspects: Vec<(Suspect, Time)> = Vec::new();
+        // The earliest window still open: the next check.
+        let mut next = Time::from_nanos(u64::MAX);
+        for (w, p) in &self.paths {
+            if p.down {
+                continue;
+            }
+            let window = self.window(p.fast);
+            let asked = p.asked.filter(|t| p.last_heard < *t);
+            if p.last_heard + window < now {
+                suspects.push((Suspect::Path(*w), start_of(window)));
+            } else if let Some(t) = asked.filter(|t| *t + short < now) {
+                // Asked for the busy pace, and nothing since.
+                suspects.push((Suspect::Path(*w), t));
+            } else {
+                next = next.min(p.last_heard + window);
+                if let Some(t) = asked {
+                    next = next.min(t + short);
+                }
             }
         }
+        let peer_window = self.config.timeout;
+        let mut last: Option<(NodeId, Time)> = None;
+        let mut peers: Vec<(NodeId, Time)> = Vec::new();
+        for (w, p) in &self.paths {
+            match &mut last {
+                Some((peer, t)) if *peer == w.peer => *t = (*t).max(p.last_heard),
+                _ => {
+                    peers.extend(last.take());
+                    last = Some((w.peer, p.last_heard));
+                }
+            }
+        }
+        peers.extend(last);
+        for (peer, heard) in peers {
+            if self.dead.contains_key(&peer) {
+                continue;
+            }
+            if heard + peer_window < now {
+                suspects.push((Suspect::Peer(peer), start_of(peer_window)));
+            } else {
+                next = next.min(heard + peer_window);
+            }
+        }
+        // A suspect not reported this time (a round under way, a drop)
+        // is looked at again after `check_every`; otherwise the next
+        // window's end, but late checks do not pile up.
+        let floor = now + self.config.check_every;
+        self.next_check = if suspects.is_empty() {
+            (next + std::time::Duration::from_micros(1)).max(floor)
+        } else {
+            floor
+        };
         if suspects.is_empty() {
             return;
         }

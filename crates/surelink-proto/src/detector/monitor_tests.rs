@@ -298,6 +298,11 @@ fn traffic_starts_watching_a_path_and_old_epochs_are_ignored() {
         m.handle_timeout(ms(t));
     }
     assert_eq!(m.is_down(w(0)), Some(true));
+    // Traffic alone says nothing of the pace: the idle window (100 ms).
+    assert_eq!(m.is_down(w(3)), Some(false));
+    for t in 61..=102u64 {
+        m.handle_timeout(ms(t));
+    }
     assert_eq!(m.is_down(w(3)), Some(true));
 }
 
@@ -666,4 +671,73 @@ fn a_path_whose_sender_stopped_committing_is_public_again() {
         forged_flood(&mut m, 1, 400, &clear).is_some(),
         "an old epoch's word does not count"
     );
+}
+
+/// A path at the idle pace is watched with `idle_path_timeout` (100 ms
+/// here), one whose peer said FAST with `path_timeout` (50 ms); a peer's
+/// "dead" window is the same for both.
+#[test]
+fn the_window_follows_the_pace_the_peer_announced() {
+    let mut m = watching(DetectorMode::Plain);
+    m.handle_heartbeat_paced(ms(0), w(0), Epoch(1), HeartbeatQueue::Members, false);
+    let acts = tick(&mut m, 1, 99);
+    assert!(acts.is_empty(), "{acts:?}");
+    let acts = tick(&mut m, 100, 101);
+    assert!(acts.contains(&MonitorAction::Report(PathReport::PathDown {
+        watch: w(0),
+        last_heard: ms(0)
+    })));
+    // Fast again: the short window.
+    m.handle_heartbeat_paced(ms(200), w(0), Epoch(1), HeartbeatQueue::Members, true);
+    let acts = tick(&mut m, 200, 249);
+    assert_eq!(
+        acts,
+        vec![MonitorAction::Report(PathReport::PathUp { watch: w(0) })]
+    );
+    let acts = tick(&mut m, 250, 251);
+    assert_eq!(acts.len(), 1, "{acts:?}");
+}
+
+/// Asking a slow peer for the busy pace narrows its paths' window at once:
+/// a path that carries nothing for `path_timeout` after the ask is
+/// suspect, one that answers is not.
+#[test]
+fn an_ask_unanswered_within_the_short_window_is_suspect() {
+    let mut m = watching(DetectorMode::Plain);
+    for n in 0..2 {
+        m.handle_heartbeat_paced(ms(0), w(n), Epoch(1), HeartbeatQueue::Members, false);
+    }
+    m.handle_watch_sent(ms(10), A);
+    assert!(
+        m.poll_timeout() <= ms(61),
+        "a check when the ask's window ends"
+    );
+    // Network 0 answers (FAST); network 1 stays silent.
+    m.handle_heartbeat_paced(ms(12), w(0), Epoch(1), HeartbeatQueue::Members, true);
+    for t in (22..=52).step_by(10) {
+        m.handle_heartbeat_paced(ms(t), w(0), Epoch(1), HeartbeatQueue::Members, true);
+    }
+    let acts = tick(&mut m, 11, 61);
+    assert_eq!(
+        acts,
+        vec![MonitorAction::Report(PathReport::PathDown {
+            watch: w(1),
+            last_heard: ms(0)
+        })]
+    );
+}
+
+/// No fixed tick: with one idle path, the checks wait for its window.
+#[test]
+fn checks_wake_when_a_window_ends_not_on_a_tick() {
+    let mut m = watching(DetectorMode::SafeTimer);
+    m.handle_heartbeat_paced(ms(0), w(0), Epoch(1), HeartbeatQueue::Members, false);
+    m.handle_timeout(ms(5));
+    assert!(m.poll_timeout() >= ms(100), "{:?}", m.poll_timeout());
+    assert!(m.poll_timeout() <= ms(101), "{:?}", m.poll_timeout());
+    // Heard meanwhile: the check finds nothing due and waits again.
+    m.handle_heartbeat_paced(ms(40), w(0), Epoch(1), HeartbeatQueue::Members, false);
+    m.handle_timeout(m.poll_timeout());
+    assert!(actions(&mut m).is_empty());
+    assert!(m.poll_timeout() >= ms(140));
 }

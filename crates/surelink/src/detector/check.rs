@@ -1,4 +1,5 @@
-//! The checker thread: runs the monitor's windows, and before a report
+//! The checker thread: runs the monitor's windows (waking when one ends,
+//! not on a tick), and before a report
 //! sends barriers through the heartbeat sockets' own queues — one per CPU,
 //! pinned to each in turn, since the kernel queues a packet in the backlog
 //! of the CPU that sent or received it (SafeTimer's receiver side).
@@ -53,7 +54,11 @@ impl Detector {
                     });
                     wire
                 });
-                (barrier, c.monitor.poll_timeout())
+                let next = c.monitor.poll_timeout();
+                // Under the lock: whoever brings a deadline forward after
+                // this sees it and wakes us.
+                self.checker_wake.store(next.as_nanos(), Ordering::Relaxed);
+                (barrier, next)
             };
             if let Some(token) = barrier {
                 self.send_barriers(token, &cpus);

@@ -46,7 +46,7 @@ use tracing::warn;
 
 use surelink_proto::detector::datagram::{Freshness, HeartbeatKey};
 use surelink_proto::detector::{
-    DetectorConfig, DetectorMode, Fence, Monitor, MonitorStats, PathReport, Watch,
+    DetectorConfig, DetectorMode, Fence, Monitor, MonitorStats, Pacer, PathReport, Watch,
 };
 use surelink_proto::secure::{Keypair, Members, PublicKey};
 use surelink_proto::{ClusterId, Epoch, NodeId, Time};
@@ -106,6 +106,12 @@ pub struct DetectorSnapshot {
     pub strays: StraysSnapshot,
     /// Microseconds from now until `t_valid` (negative: the gate is shut).
     pub t_valid_in_us: i64,
+    /// Peers sent heartbeats at the busy pace now (traffic in flight).
+    pub busy_peers: u64,
+    /// Busy-pace rounds sent (the fence's rounds are `tx_timestamped`).
+    pub busy_rounds: u64,
+    /// Quiet pairs woken by traffic (each one a busy round at once).
+    pub kicks: u64,
     /// The monitor's counters.
     pub monitor: MonitorStats,
 }
@@ -178,6 +184,20 @@ pub(crate) struct Detector {
     members_in_hand: AtomicU64,
     /// Private sockets per peer and network, and our barriers' ones.
     private: Mutex<private::Private>,
+    /// Which peers get the busy pace.
+    pacer: Mutex<Pacer>,
+    /// When we last had traffic with each peer, ns on the gate's clock
+    /// (stamped by sessions; the sender folds them into the pacer).
+    traffic: Mutex<BTreeMap<NodeId, Arc<AtomicU64>>>,
+    /// Quiet pairs whose traffic just started: the sender goes at once.
+    kicks: Mutex<Vec<NodeId>>,
+    kick_count: AtomicU64,
+    busy_rounds: AtomicU64,
+    /// When the checker will look next, ns (it is woken for anything
+    /// earlier: a new path, an ask for the busy pace).
+    checker_wake: AtomicU64,
+    sender_thread: std::sync::OnceLock<std::thread::Thread>,
+    checker_thread: std::sync::OnceLock<std::thread::Thread>,
     /// Per peer and network: where our heartbeats go privately, and the
     /// handshake that says whether the private copy is the counted one.
     handshakes: Mutex<BTreeMap<(NodeId, usize), surelink_proto::detector::Handshake>>,
@@ -342,6 +362,14 @@ impl Detector {
             stray_in_hand: AtomicU64::new(0),
             members_in_hand: AtomicU64::new(0),
             private: Mutex::new(private),
+            pacer: Mutex::new(Pacer::new(cfg)),
+            traffic: Mutex::new(BTreeMap::new()),
+            kicks: Mutex::new(Vec::new()),
+            kick_count: AtomicU64::new(0),
+            busy_rounds: AtomicU64::new(0),
+            checker_wake: AtomicU64::new(0),
+            sender_thread: std::sync::OnceLock::new(),
+            checker_thread: std::sync::OnceLock::new(),
             handshakes: Mutex::new(BTreeMap::new()),
             strays_read: AtomicU64::new(0),
             not_steered: AtomicU64::new(0),
@@ -367,19 +395,22 @@ impl Detector {
         }
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             let h = std::thread::Builder::new().name(name).spawn(f)?;
+            let t = h.thread().clone();
             det.threads.lock().push(h);
-            Ok::<_, std::io::Error>(())
+            Ok::<_, std::io::Error>(t)
         };
         let d = det.clone();
-        spawn(
+        let t = spawn(
             "surelink-hb-send".into(),
             Box::new(move || d.sender_thread()),
         )?;
+        let _ = det.sender_thread.set(t);
         let d = det.clone();
-        spawn(
+        let t = spawn(
             "surelink-hb-check".into(),
             Box::new(move || d.checker_thread()),
         )?;
+        let _ = det.checker_thread.set(t);
         let d = det.clone();
         spawn(
             "surelink-hb-private".into(),
@@ -446,6 +477,55 @@ impl Detector {
         self.handshakes.lock().retain(|(p, _), _| *p != peer);
         self.private.lock().forget(peer);
         self.heard.lock().retain(|(p, _), _| *p != peer);
+        self.traffic.lock().remove(&peer);
+        self.pacer.lock().forget(peer);
+    }
+
+    /// The cell a session with `peer` stamps when it sends a call, a
+    /// message or a reply ([`Detector::note_traffic`]).
+    pub(crate) fn traffic_cell(&self, peer: NodeId) -> Arc<AtomicU64> {
+        self.traffic
+            .lock()
+            .entry(peer)
+            .or_insert_with(|| Arc::new(AtomicU64::new(0)))
+            .clone()
+    }
+
+    /// We have traffic in flight with `peer` (`cell` is its
+    /// [`Detector::traffic_cell`]): an atomic store, and on a quiet pair's
+    /// first traffic a kick — the sender asks the peer for the busy pace
+    /// at once, so a call on an idle pair is watched as closely as on a
+    /// busy one.
+    pub(crate) fn note_traffic(&self, peer: NodeId, cell: &AtomicU64) {
+        let now = self.gate.now().as_nanos().max(1);
+        let prev = cell.swap(now, Ordering::Relaxed);
+        let linger = u64::try_from(self.cfg.busy_linger.as_nanos()).unwrap_or(u64::MAX);
+        if now.saturating_sub(prev) >= linger {
+            self.kicks.lock().push(peer);
+            self.kick_count.fetch_add(1, Ordering::Relaxed);
+            if let Some(t) = self.sender_thread.get() {
+                t.unpark();
+            }
+        }
+    }
+
+    /// Wakes the sender: the pacer has a round due before it planned (a
+    /// peer asked for the busy pace).
+    fn wake_sender(&self) {
+        if let Some(t) = self.sender_thread.get() {
+            t.unpark();
+        }
+    }
+
+    /// Wakes the checker if the monitor now wants a check before the one
+    /// it sleeps towards. Call without the checker lock.
+    fn wake_checker_if_due(&self) {
+        let due = self.checker.lock().monitor.poll_timeout().as_nanos();
+        if due < self.checker_wake.load(Ordering::Relaxed) {
+            if let Some(t) = self.checker_thread.get() {
+                t.unpark();
+            }
+        }
     }
 
     /// Heartbeats for `peer` on `network` go to `addr` (its listener's
@@ -555,6 +635,9 @@ impl Detector {
             refused: self.junk.snapshot(),
             strays: self.strays_snapshot(),
             t_valid_in_us,
+            busy_peers: self.pacer.lock().fast_peers() as u64,
+            busy_rounds: self.busy_rounds.load(Ordering::Relaxed),
+            kicks: self.kick_count.load(Ordering::Relaxed),
             monitor: self.checker.lock().monitor.stats(),
         }
     }
@@ -584,9 +667,12 @@ impl Detector {
         }
     }
 
+    /// Parks until `t` (no fixed tick: `close`, a kick or a new deadline
+    /// unparks the thread).
     fn sleep_until(&self, t: Time) {
         let now = self.gate.now();
-        let d = t.saturating_since(now).min(READ_POLL);
+        // Bounded anyway, in case a wake is ever missed.
+        let d = t.saturating_since(now).min(Duration::from_secs(5));
         if !d.is_zero() {
             // Parked, so `close` can wake us.
             std::thread::park_timeout(d);

@@ -1,8 +1,11 @@
-//! The sender thread: runs the fence (SafeTimer's sender side). It sends
-//! each heartbeat to every known peer address, reads the kernel's TX
-//! timestamps as the proof it left in time, and moves `t_valid`; a
-//! heartbeat that missed its deadline closes the fence and tells the
-//! async side (a new incarnation follows).
+//! The sender thread: runs the fence (SafeTimer's sender side) and the
+//! pacer. The fence's heartbeat goes to every known peer address every
+//! `idle_interval`; the thread reads the kernel's TX timestamps as the
+//! proof it left in time, and moves `t_valid`; a heartbeat that missed its
+//! deadline closes the fence and tells the async side (a new incarnation
+//! follows). Between them, peers at the busy pace get a heartbeat every
+//! `interval` (not stamped, not waited for). The thread sleeps until the
+//! next of the two is due, or until a quiet pair's first traffic kicks it.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -20,9 +23,35 @@ use surelink_sys::TxTimestamp;
 use super::private::PUBLIC_EVERY;
 use super::{DelayPoint, Detector, Signal, TIMESTAMP_WAIT};
 
+/// Whom one round of heartbeats goes to.
+#[derive(Clone, Copy)]
+enum Round<'a> {
+    /// The fence's: every peer, each copy TX-stamped and waited for.
+    Fence,
+    /// The busy pace's: these peers with these pace flags, not waited for.
+    Busy(&'a [(NodeId, u16)]),
+}
+
+/// The sender thread's own books.
+#[derive(Default)]
+struct SenderState {
+    stamps: Vec<TxTimestamp>,
+    /// The heartbeats' wire sequence: grows with every round, fence or
+    /// busy (receivers refuse a (epoch, seq) not newer than the last).
+    wire_seq: u64,
+    /// Heartbeats sent per destination (every [`PUBLIC_EVERY`]th also
+    /// goes to a committed peer's public port).
+    per_dest: BTreeMap<(NodeId, usize), u64>,
+    /// The busy round in hand.
+    busy: Vec<(NodeId, u16)>,
+    /// Traffic stamps already given to the pacer, per peer.
+    folded: BTreeMap<NodeId, u64>,
+    kicked: Vec<NodeId>,
+}
+
 impl Detector {
     pub(super) fn sender_thread(self: Arc<Self>) {
-        let mut stamps = Vec::new();
+        let mut st = SenderState::default();
         let mut signalled = u64::MAX;
         let safetimer = self.cfg.mode == DetectorMode::SafeTimer;
         {
@@ -37,6 +66,7 @@ impl Detector {
         while !self.closed.load(Ordering::Relaxed) {
             self.stall(DelayPoint::Sender);
             let now = self.gate.now();
+            self.fold_traffic(now, &mut st);
             // Everything that reads or writes the fence, and the gate that
             // mirrors it, happens under the fence lock with the generation
             // read there: a fence replaced by `restart_fence` meanwhile is
@@ -54,7 +84,7 @@ impl Detector {
                 )
             };
             if let Some(due) = due {
-                let sent_at = self.send_heartbeats(due.seq, &mut stamps);
+                let sent_at = self.send_round(Round::Fence, &mut st);
                 let mut f = self.fence.lock();
                 if self.fence_generation.load(Ordering::Acquire) != generation {
                     continue;
@@ -72,6 +102,23 @@ impl Detector {
                 }
                 continue;
             }
+            let now = self.gate.now();
+            let mut busy = std::mem::take(&mut st.busy);
+            if self.pacer.lock().poll_round(now, &mut busy) {
+                self.send_round(Round::Busy(&busy), &mut st);
+                self.busy_rounds.fetch_add(1, Ordering::Relaxed);
+                if !st.kicked.is_empty() {
+                    // Our WATCH is out: the monitor expects the busy pace
+                    // back within the short window.
+                    let mut c = self.checker.lock();
+                    for peer in st.kicked.drain(..) {
+                        c.monitor.handle_watch_sent(now, peer);
+                    }
+                    drop(c);
+                    self.wake_checker_if_due();
+                }
+            }
+            st.busy = busy;
             let next = {
                 let mut f = self.fence.lock();
                 let generation = self.fence_generation.load(Ordering::Acquire);
@@ -88,20 +135,54 @@ impl Detector {
                     _ => f.poll_timeout(),
                 }
             };
-            match next {
-                Some(t) => self.sleep_until(t),
-                None => std::thread::sleep(Duration::from_millis(1)),
+            let busy_next = self.pacer.lock().poll_timeout(self.gate.now());
+            match (next, busy_next) {
+                (Some(a), Some(b)) => self.sleep_until(a.min(b)),
+                (Some(t), None) | (None, Some(t)) => self.sleep_until(t),
+                // Fenced, nobody busy: until a kick or the new epoch.
+                (None, None) => std::thread::park_timeout(Duration::from_millis(100)),
             }
         }
     }
 
-    /// Sends heartbeat `seq` to every known peer address. Returns when it
-    /// provably left the host *for every peer* — per peer the earliest
-    /// confirmed copy (any network), and the latest of those — or `None`
-    /// if some peer got no confirmed copy, which leaves the heartbeat
-    /// unconfirmed (the fence closes at its deadline). A copy is confirmed
-    /// by its kernel TX timestamp; only on a socket without timestamps does
-    /// the time after `sendmsg` returned stand in (the paper's `t_after`).
+    /// Gives the pacer the traffic stamped since the last look, and the
+    /// kicks (a quiet pair's first traffic) with it.
+    fn fold_traffic(&self, now: Time, st: &mut SenderState) {
+        let kicks: Vec<NodeId> = std::mem::take(&mut *self.kicks.lock());
+        let cells: Vec<(NodeId, u64)> = self
+            .traffic
+            .lock()
+            .iter()
+            .map(|(p, c)| (*p, c.load(Ordering::Relaxed)))
+            .collect();
+        let mut pacer = self.pacer.lock();
+        for (peer, t) in cells {
+            if t == 0 || st.folded.get(&peer) == Some(&t) {
+                continue;
+            }
+            st.folded.insert(peer, t);
+            if pacer.handle_traffic(Time::from_nanos(t).min(now), peer) {
+                st.kicked.push(peer);
+            }
+        }
+        for peer in kicks {
+            if pacer.handle_traffic(now, peer) || !pacer.is_fast(peer) {
+                st.kicked.push(peer);
+            }
+        }
+        st.kicked.sort_unstable();
+        st.kicked.dedup();
+    }
+
+    /// Sends one round of heartbeats on every network. For the fence's
+    /// round, returns when it provably left the host *for every peer* —
+    /// per peer the earliest confirmed copy (any network), and the latest
+    /// of those — or `None` if some peer got no confirmed copy, which
+    /// leaves the heartbeat unconfirmed (the fence closes at its deadline).
+    /// A copy is confirmed by its kernel TX timestamp; only on a socket
+    /// without timestamps does the time after `sendmsg` returned stand in
+    /// (the paper's `t_after`). A busy round is not the fence's: its
+    /// timestamps are only cleared away.
     ///
     /// Where a peer gave us a private port on a network and acknowledges
     /// that our copies there reach it, we are *committed*: the copy goes
@@ -111,23 +192,44 @@ impl Detector {
     /// Not yet acknowledged (or behind a relay that forwards the public
     /// port only), the public copy counts and a private one goes along as
     /// a probe.
-    fn send_heartbeats(&self, seq: u64, stamps: &mut Vec<TxTimestamp>) -> Option<Time> {
+    fn send_round(&self, round: Round<'_>, st: &mut SenderState) -> Option<Time> {
         let now = self.gate.now();
-        let window = self.cfg.path_timeout;
+        // Acks come with the peer's heartbeats, at the idle pace when it is
+        // idle: the handshake's window is the idle path window.
+        let window = self.cfg.idle_path_timeout;
+        let stamped = matches!(round, Round::Fence);
+        st.wire_seq += 1;
+        let seq = st.wire_seq;
         // Per destination: where the counted copy goes, an extra copy, and
         // the flags.
         type Dest = ((NodeId, usize), SocketAddr, Option<SocketAddr>, u16);
         let dests: Vec<Dest> = {
             let public = self.dests.lock();
             let hs = self.handshakes.lock();
-            public
-                .iter()
-                .map(|(k, public)| {
-                    let h = hs.get(k).copied().unwrap_or_default();
-                    let c = h.copies(now, window, seq, PUBLIC_EVERY, *public);
-                    (*k, c.counted, c.extra, c.flags)
-                })
-                .collect()
+            let pacer = self.pacer.lock();
+            let mut out = Vec::new();
+            let mut add = |k: &(NodeId, usize), public: &SocketAddr, pace: u16| {
+                let n = st.per_dest.entry(*k).or_insert(0);
+                *n += 1;
+                let h = hs.get(k).copied().unwrap_or_default();
+                let c = h.copies(now, window, *n, PUBLIC_EVERY, *public);
+                out.push((*k, c.counted, c.extra, c.flags | pace));
+            };
+            match round {
+                Round::Fence => {
+                    for (k, p) in public.iter() {
+                        add(k, p, pacer.flags(now, k.0));
+                    }
+                }
+                Round::Busy(peers) => {
+                    for (peer, flags) in peers {
+                        for (k, p) in public.range((*peer, 0)..=(*peer, usize::MAX)) {
+                            add(k, p, *flags);
+                        }
+                    }
+                }
+            }
+            out
         };
         let ports: Vec<u16> = {
             let p = self.private.lock();
@@ -149,10 +251,11 @@ impl Detector {
             return Some(self.gate.now());
         }
         let sockets = self.socks();
-        // Timestamps left from earlier rounds must not confirm this one.
+        // Timestamps left from earlier rounds must not confirm this one
+        // (nor fill the socket's error queue).
         for sock in &sockets {
-            stamps.clear();
-            let _ = sock.take_tx_timestamps(stamps);
+            st.stamps.clear();
+            let _ = sock.take_tx_timestamps(&mut st.stamps);
         }
         let round_start = SystemTime::now();
         let mut confirmed: BTreeMap<NodeId, Option<Time>> =
@@ -208,6 +311,9 @@ impl Detector {
         let n_sent: usize = sent.iter().map(Vec::len).sum();
         self.heartbeats_sent
             .fetch_add(n_sent as u64, Ordering::Relaxed);
+        if !stamped {
+            return Some(t_after);
+        }
         let confirm = |c: &mut BTreeMap<NodeId, Option<Time>>, peer: NodeId, at: Time| {
             if let Some(slot) = c.get_mut(&peer) {
                 *slot = Some(slot.map_or(at, |t| t.min(at)));
@@ -226,14 +332,17 @@ impl Detector {
         }
         let deadline = Instant::now() + TIMESTAMP_WAIT;
         let mut got: Vec<Vec<TxTimestamp>> = vec![Vec::new(); sockets.len()];
+        // Slept, not spun: the kernel stamps a datagram within
+        // microseconds, and a round is four times a second.
+        let mut nap = Duration::from_micros(20);
         loop {
             for (network, sock) in sockets.iter().enumerate() {
                 if !sock.timestamps_enabled() || sent[network].is_empty() {
                     continue;
                 }
-                stamps.clear();
-                let _ = sock.take_tx_timestamps(stamps);
-                got[network].extend(stamps.iter().filter(|ts| ts.at >= round_start));
+                st.stamps.clear();
+                let _ = sock.take_tx_timestamps(&mut st.stamps);
+                got[network].extend(st.stamps.iter().filter(|ts| ts.at >= round_start));
                 if failed[network] {
                     // Ids not trusted: every copy on this socket counts as
                     // confirmed only once as many stamps came back, at the
@@ -257,7 +366,8 @@ impl Detector {
             if confirmed.values().all(Option::is_some) || Instant::now() >= deadline {
                 break;
             }
-            std::thread::yield_now();
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_micros(500));
         }
         let mut latest = Time::ZERO;
         for t in confirmed.values() {

@@ -228,7 +228,23 @@ impl Detector {
             self.steer_source(hb.node, from.ip());
             self.ensure_private(c, hb.node, network, from);
         }
-        c.monitor.handle_heartbeat_from(now, watch, hb.epoch, queue);
+        c.monitor.handle_heartbeat_paced(
+            now,
+            watch,
+            hb.epoch,
+            queue,
+            hb.flags & datagram::FLAG_FAST != 0,
+        );
+        if c.monitor.poll_timeout().as_nanos() < self.checker_wake.load(Ordering::Relaxed) {
+            // A narrower window than the checker sleeps towards.
+            if let Some(t) = self.checker_thread.get() {
+                t.unpark();
+            }
+        }
+        let watching = hb.flags & datagram::FLAG_WATCH != 0;
+        if self.pacer.lock().handle_watch(now, hb.node, watching) {
+            self.wake_sender();
+        }
         Ok(())
     }
 

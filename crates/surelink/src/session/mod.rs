@@ -115,6 +115,9 @@ pub(crate) struct SessionHandle {
     ended: AtomicBool,
     /// The order its requests start in.
     pub(crate) start_order: StartOrder,
+    /// The detector's traffic stamp for the peer (see
+    /// [`SessionHandle::note_traffic`]).
+    traffic: std::sync::OnceLock<Arc<AtomicU64>>,
 }
 
 impl SessionInner {
@@ -188,6 +191,7 @@ impl SessionHandle {
             unflushed: AtomicUsize::new(0),
             ended: AtomicBool::new(false),
             start_order: StartOrder::default(),
+            traffic: std::sync::OnceLock::new(),
         }
     }
 
@@ -278,6 +282,16 @@ impl SessionHandle {
         self.space.notify_waiters();
     }
 
+    /// A call, message or reply is about to go to the peer: the failure
+    /// detector watches a pair with traffic in flight at the busy pace
+    /// (one atomic store; a quiet pair's first traffic wakes its sender).
+    pub(crate) fn note_traffic(&self, shared: &Shared) {
+        if let Some(d) = &shared.detector {
+            let cell = self.traffic.get_or_init(|| d.traffic_cell(self.node));
+            d.note_traffic(self.node, cell);
+        }
+    }
+
     /// A handler finished: the reply (or the error) goes back — at once if
     /// the session is idle, else with the replies finishing alongside it.
     pub(crate) fn complete(
@@ -286,6 +300,7 @@ impl SessionHandle {
         call: CallId,
         result: Result<Bytes, RemoteError>,
     ) {
+        self.note_traffic(shared);
         self.with_output(shared, Reading::Fresh, |g, now| {
             let len = result.as_ref().map_or(0, Bytes::len);
             if let Err(e) = g.core.complete(now, call, result) {
