@@ -16,6 +16,14 @@
 //! the receiver's queue; a flood forging the sender's address; a sender
 //! crash. The model steps in 100 µs ticks.
 //!
+//! Heartbeats come at two paces, as the shell sends them: the fence's
+//! every `idle_interval`, and while the pair is busy one every `interval`
+//! too (the core's [`Pacer`]). The sender is busy while its data thread
+//! sends; the receiver while a `receiver_busy` window lasts — its heartbeats
+//! to the sender then say `WATCH` (modelled as a datagram every `interval`
+//! back to the sender, delayed like the rest), and the first one is an ask
+//! its monitor starts the short window from.
+//!
 //! With `private` the receiver keeps the shell's private queues (the core
 //! monitor's "Private queues"): one per network that the sender's
 //! heartbeats go to (every 8th also to the public queue), and one for its
@@ -28,14 +36,17 @@ use std::time::Duration;
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use surelink_proto::detector::datagram::FLAG_FAST;
 use surelink_proto::detector::{
-    DetectorConfig, Fence, HeartbeatQueue, Monitor, MonitorAction, PathReport, QueueAtBarrier,
-    QueuesAtBarrier, Watch,
+    DetectorConfig, Fence, HeartbeatQueue, Monitor, MonitorAction, Pacer, PathReport,
+    QueueAtBarrier, QueuesAtBarrier, Watch,
 };
 use surelink_proto::{Epoch, NodeId, Time};
 
 /// The sender's node id in the model.
 pub const SENDER: NodeId = NodeId(1);
+/// The receiver's node id in the model.
+pub const RECEIVER: NodeId = NodeId(2);
 
 /// Which part of which process a pause stops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,6 +136,9 @@ pub struct DetectorScenario {
     pub lost_permille: u32,
     /// The receiver keeps private queues (see the module docs).
     pub private: bool,
+    /// Windows (start, length) in which the receiver has traffic in flight
+    /// with the sender and asks for the busy pace.
+    pub receiver_busy: Vec<(Duration, Duration)>,
 }
 
 /// What happened.
@@ -152,11 +166,15 @@ pub struct DetectorOutcome {
     /// Whether the receiver ever heard the sender (a peer never heard is
     /// not watched, so never reported).
     pub watched: bool,
+    /// Paths reported down: when, and which network.
+    pub path_reports: Vec<(Time, u16)>,
+    /// Heartbeats the sender let out (both paces).
+    pub heartbeats: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Item {
-    Heartbeat { network: u16 },
+    Heartbeat { network: u16, fast: bool },
     Barrier { token: u64 },
     Junk,
 }
@@ -252,6 +270,12 @@ impl DetectorScenario {
             })
     }
 
+    fn receiver_busy_at(&self, now: Time) -> bool {
+        self.receiver_busy
+            .iter()
+            .any(|&(a, len)| now >= at(a) && now < at(a + len))
+    }
+
     fn crash_time(&self) -> Option<Time> {
         self.faults
             .iter()
@@ -308,6 +332,12 @@ impl DetectorScenario {
             ..DetectorOutcome::default()
         };
         let mut fence = Fence::new(cfg, Time::ZERO);
+        let mut pacer = Pacer::new(cfg);
+        let mut busy_round = Vec::new();
+        // The receiver's WATCH datagrams on their way to the sender.
+        let mut watch_flight: Vec<Time> = Vec::new();
+        let mut receiver_was_busy = false;
+        let mut next_watch = Time::ZERO;
         let mut monitor = Monitor::new(cfg, Time::ZERO);
         monitor.handle_drop_count(Time::ZERO, 0);
         monitor.handle_system_drop_count(Time::ZERO, 0);
@@ -349,8 +379,33 @@ impl DetectorScenario {
                         true
                     }
                 });
+                // The receiver's asks that arrived, and our own traffic.
+                watch_flight.retain(|&t| {
+                    if t <= now {
+                        pacer.handle_watch(now, RECEIVER, true);
+                        false
+                    } else {
+                        true
+                    }
+                });
+                if self.data_every.is_some() && !self.paused(PauseTarget::SenderProcess, now) {
+                    pacer.handle_traffic(now, RECEIVER);
+                }
+                // What this tick sends: the fence's heartbeat (stamped), a
+                // busy one (not), or both at once.
+                let mut sends: Vec<(Option<u64>, bool)> = Vec::new();
                 if let Some(due) = fence.poll_heartbeat(now) {
+                    let fast = pacer.flags(now, RECEIVER) & FLAG_FAST != 0;
+                    sends.push((Some(due.seq), fast));
+                }
+                if pacer.poll_round(now, &mut busy_round) {
+                    for (_, flags) in &busy_round {
+                        sends.push((None, flags & FLAG_FAST != 0));
+                    }
+                }
+                for (stamped, fast) in sends {
                     if fence.may_send(now) {
+                        out.heartbeats += 1;
                         // The packet reaches the device a little later
                         // (sometimes much later, or never); that moment is
                         // its TX timestamp, read by the thread after it.
@@ -373,13 +428,13 @@ impl DetectorScenario {
                                 if self.cut(network, departs) {
                                     continue;
                                 }
-                                let item = Item::Heartbeat { network };
+                                let item = Item::Heartbeat { network, fast };
                                 let mut dests = vec![if self.private {
                                     Dest::Private(network)
                                 } else {
                                     Dest::Public
                                 }];
-                                if self.private && due.seq % PUBLIC_EVERY == 0 {
+                                if self.private && out.heartbeats % PUBLIC_EVERY == 0 {
                                     dests.push(Dest::Public);
                                 }
                                 for d in dests {
@@ -388,7 +443,9 @@ impl DetectorScenario {
                                     udp_flight.push((departs + delay, d, item));
                                 }
                             }
-                            stamps.push((departs + Duration::from_micros(50), due.seq, departs));
+                            if let Some(seq) = stamped {
+                                stamps.push((departs + Duration::from_micros(50), seq, departs));
+                            }
                         }
                     }
                 }
@@ -495,8 +552,14 @@ impl DetectorScenario {
                             break;
                         };
                         match item {
-                            Item::Heartbeat { network } => {
-                                monitor.handle_heartbeat_from(now, watch(network), Epoch(1), from);
+                            Item::Heartbeat { network, fast } => {
+                                monitor.handle_heartbeat_paced(
+                                    now,
+                                    watch(network),
+                                    Epoch(1),
+                                    from,
+                                    fast,
+                                );
                             }
                             Item::Barrier { token } => barriers_back.push(token),
                             Item::Junk => {}
@@ -536,6 +599,24 @@ impl DetectorScenario {
                     }
                 }
             }
+            // The receiver's heartbeats to the sender say WATCH while it is
+            // busy (its heartbeat thread; the first one is the ask).
+            if !self.paused(PauseTarget::ReceiverProcess, now) {
+                let busy = self.receiver_busy_at(now);
+                if busy && (!receiver_was_busy || now >= next_watch) {
+                    if !receiver_was_busy {
+                        monitor.handle_watch_sent(now, SENDER);
+                    }
+                    next_watch = now + cfg.interval;
+                    for network in 0..2u16 {
+                        if !self.cut(network, now) {
+                            let delay = Duration::from_micros(rng.random_range(0..=max_delay_us));
+                            watch_flight.push(now + delay);
+                        }
+                    }
+                }
+                receiver_was_busy = busy;
+            }
             if !self.paused(PauseTarget::ReceiverChecker, now) && now >= monitor.poll_timeout() {
                 // The checker reads the drop counters at every check, so a
                 // drop is dated close to when it happened.
@@ -565,6 +646,9 @@ impl DetectorScenario {
                     }
                     MonitorAction::Report(PathReport::PeerDown { .. }) => {
                         out.peer_reports.push(now)
+                    }
+                    MonitorAction::Report(PathReport::PathDown { watch, .. }) => {
+                        out.path_reports.push((now, watch.network))
                     }
                     MonitorAction::Report(_) => {}
                 }

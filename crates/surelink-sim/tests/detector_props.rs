@@ -8,6 +8,10 @@
 //! forging the sender's address as well: there the bound does not wait
 //! for such a flood to end.
 //!
+//! The pace changes as the sender's data thread and the receiver's busy
+//! windows come and go: neither promise may depend on it, and without
+//! faults no path is ever reported down across a change of pace.
+//!
 //! A failing case prints its scenario (faults and seed); paste it into
 //! `replay_one` to debug.
 
@@ -54,11 +58,19 @@ fn fault() -> impl Strategy<Value = DetectorFault> {
 fn tight() -> DetectorConfig {
     let ms = Duration::from_millis;
     let mut c = DetectorConfig::with_interval(ms(10));
+    c.idle_interval = ms(10);
+    c.idle_path_timeout = ms(30);
     c.send_slack = ms(20);
     c.timeout = ms(40);
     c.path_timeout = ms(20);
     c.validate().unwrap();
     c
+}
+
+/// Busy windows of the receiver (it asks for the busy pace).
+fn busy_windows() -> impl Strategy<Value = Vec<(Duration, Duration)>> {
+    let ms = |r: std::ops::Range<u64>| r.prop_map(Duration::from_millis);
+    proptest::collection::vec((ms(0..3500), ms(0..1500)), 0..3)
 }
 
 fn scenario() -> impl Strategy<Value = DetectorScenario> {
@@ -70,18 +82,22 @@ fn scenario() -> impl Strategy<Value = DetectorScenario> {
         0u32..30,
         0u32..10,
         any::<bool>(),
+        busy_windows(),
     )
         .prop_map(
-            |(faults, seed, tight_config, data, late, lost, private)| DetectorScenario {
-                config: if tight_config { tight() } else { config() },
-                faults,
-                run_for: RUN,
-                queue_capacity: 64,
-                seed,
-                data_every: data.then(|| Duration::from_millis(1)),
-                late_permille: late,
-                lost_permille: lost,
-                private,
+            |(faults, seed, tight_config, data, late, lost, private, receiver_busy)| {
+                DetectorScenario {
+                    config: if tight_config { tight() } else { config() },
+                    faults,
+                    run_for: RUN,
+                    queue_capacity: 64,
+                    seed,
+                    data_every: data.then(|| Duration::from_millis(1)),
+                    late_permille: late,
+                    lost_permille: lost,
+                    private,
+                    receiver_busy,
+                }
             },
         )
 }
@@ -168,6 +184,7 @@ fn a_two_second_receiver_pause_is_no_false_report() {
         late_permille: 0,
         lost_permille: 0,
         private: false,
+        receiver_busy: vec![],
     };
     let out = s.run();
     assert!(out.peer_reports.is_empty(), "{:?}", out.peer_reports);
@@ -191,6 +208,7 @@ fn a_stalled_sender_is_fenced_then_reported() {
         late_permille: 0,
         lost_permille: 0,
         private: false,
+        receiver_busy: vec![],
     };
     let out = s.run();
     let fenced = out.fenced_at.expect("fenced");
@@ -217,6 +235,7 @@ fn a_crash_is_reported_within_the_bound() {
         late_permille: 0,
         lost_permille: 0,
         private: false,
+        receiver_busy: vec![],
     };
     check(&s).unwrap();
     let out = s.run();
@@ -252,6 +271,7 @@ fn the_property_catches_a_window_below_the_validated_minimum() {
             late_permille: 100,
             lost_permille: 0,
             private: false,
+            receiver_busy: vec![],
         };
         if s.run().accuracy_violation().is_some() {
             broken += 1;
@@ -270,6 +290,8 @@ fn a_heartbeat_stamped_late_fences_even_if_read_later() {
     // would keep the sender going after the receiver reported it.
     let ms = Duration::from_millis;
     let mut c = DetectorConfig::with_interval(ms(100));
+    c.idle_interval = ms(100);
+    c.idle_path_timeout = ms(210);
     c.send_slack = ms(20);
     c.max_network_delay = ms(10);
     c.timeout = ms(130);
@@ -299,6 +321,7 @@ fn a_heartbeat_stamped_late_fences_even_if_read_later() {
             late_permille: 0,
             lost_permille: 0,
             private: false,
+            receiver_busy: vec![],
         };
         check(&s).unwrap();
         let out = s.run();
@@ -332,6 +355,7 @@ fn a_forged_flood_holds_back_a_crash_report_only_without_private_queues() {
         late_permille: 0,
         lost_permille: 0,
         private,
+        receiver_busy: vec![],
     };
     let s = scenario(true);
     check(&s).unwrap();
@@ -341,4 +365,131 @@ fn a_forged_flood_holds_back_a_crash_report_only_without_private_queues() {
     assert!(r > ms(1150) && r < ms(1180), "{r:?}");
     let out = scenario(false).run();
     assert!(out.peer_reports.is_empty(), "{:?}", out.peer_reports);
+}
+
+/// Settings where the two paces differ widely: busy heartbeats every
+/// 10 ms (path window 50 ms), idle ones every 100 ms (path window 400 ms).
+fn two_paces() -> DetectorConfig {
+    let ms = Duration::from_millis;
+    let mut c = DetectorConfig::with_interval(ms(10));
+    c.idle_interval = ms(100);
+    c.idle_path_timeout = ms(400);
+    c.busy_linger = ms(200);
+    c.timeout = ms(300);
+    c.validate().unwrap();
+    c
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// No faults: the pace going up and down (the sender's traffic, the
+    /// receiver's asks) never reports a path or the peer.
+    #[test]
+    fn a_change_of_pace_alone_reports_nothing(
+        seed in any::<u64>(),
+        data in any::<bool>(),
+        receiver_busy in busy_windows(),
+        two in any::<bool>(),
+    ) {
+        let s = DetectorScenario {
+            config: if two { two_paces() } else { config() },
+            faults: vec![],
+            run_for: RUN,
+            queue_capacity: 64,
+            seed,
+            data_every: data.then(|| Duration::from_millis(50)),
+            late_permille: 0,
+            lost_permille: 0,
+            private: seed % 2 == 0,
+            receiver_busy,
+        };
+        let out = s.run();
+        prop_assert!(out.path_reports.is_empty(), "{:?}\n{s:?}", out.path_reports);
+        prop_assert!(out.peer_reports.is_empty(), "{:?}\n{s:?}", out.peer_reports);
+    }
+}
+
+/// A network cut while the receiver is busy is found within the busy
+/// window; while the pair is idle, within the idle one; and a pair that
+/// turns busy after the cut (a call starts) finds it within the busy
+/// window from the ask, not the idle one.
+#[test]
+fn a_cut_is_found_within_the_window_of_the_pace() {
+    let ms = Duration::from_millis;
+    let cut = DetectorFault::Cut {
+        at: ms(1000),
+        len: ms(1500),
+    };
+    let run = |busy: Vec<(Duration, Duration)>| {
+        DetectorScenario {
+            config: two_paces(),
+            faults: vec![cut],
+            run_for: ms(3000),
+            queue_capacity: 64,
+            seed: 5,
+            data_every: None,
+            late_permille: 0,
+            lost_permille: 0,
+            private: false,
+            receiver_busy: busy,
+        }
+        .run()
+    };
+    let first = |out: &surelink_sim::detector::DetectorOutcome| {
+        out.path_reports
+            .iter()
+            .find(|(_, n)| *n == 1)
+            .map(|(t, _)| t.since_origin())
+            .expect("network 1 reported")
+    };
+    // Busy throughout: 50 ms window (+ delay, barrier).
+    let busy = first(&run(vec![(ms(500), ms(2000))]));
+    assert!(busy > ms(1040) && busy < ms(1080), "busy: {busy:?}");
+    // Idle: the last idle heartbeat before the cut, plus 400 ms.
+    let idle = first(&run(vec![]));
+    assert!(idle > ms(1300) && idle < ms(1420), "idle: {idle:?}");
+    // Idle, then a call at 1100 ms: 50 ms from the ask.
+    let asked = first(&run(vec![(ms(1100), ms(1000))]));
+    assert!(asked > ms(1150) && asked < ms(1170), "asked: {asked:?}");
+    // Network 0 is never reported, and nobody is reported dead.
+    for out in [
+        run(vec![(ms(500), ms(2000))]),
+        run(vec![]),
+        run(vec![(ms(1100), ms(1000))]),
+    ] {
+        assert!(
+            out.path_reports.iter().all(|(_, n)| *n == 1),
+            "{:?}",
+            out.path_reports
+        );
+        assert!(out.peer_reports.is_empty());
+    }
+}
+
+/// The cost: an idle pair sends the fence's heartbeats only (one per
+/// `idle_interval` per network), a busy one a heartbeat per `interval`.
+#[test]
+fn an_idle_pair_sends_at_the_idle_pace() {
+    let ms = Duration::from_millis;
+    let run = |busy: Vec<(Duration, Duration)>| {
+        DetectorScenario {
+            config: two_paces(),
+            faults: vec![],
+            run_for: ms(2000),
+            queue_capacity: 64,
+            seed: 6,
+            data_every: None,
+            late_permille: 0,
+            lost_permille: 0,
+            private: false,
+            receiver_busy: busy,
+        }
+        .run()
+        .heartbeats
+    };
+    let idle = run(vec![]);
+    assert!((20..=22).contains(&idle), "idle: {idle}");
+    let busy = run(vec![(ms(0), ms(2000))]);
+    assert!(busy >= 200, "busy: {busy}");
 }

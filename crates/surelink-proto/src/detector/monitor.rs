@@ -388,6 +388,13 @@ impl Monitor {
         // A narrower window may be due before the check planned.
         let window = self.window(fast).min(self.config.timeout);
         self.due_by(now + window);
+        if fast {
+            // The pace is the peer's, on every network: a path of it still
+            // at the idle pace must carry its busy heartbeats from now on
+            // (a network silent one way is found as fast as on a busy
+            // path).
+            self.expect_busy(now, watch.peer);
+        }
     }
 
     /// We asked `peer` for the busy pace at `now` (our heartbeats started
@@ -395,6 +402,13 @@ impl Monitor {
     /// are at the idle pace are suspect if nothing arrives on them within
     /// `path_timeout` from now.
     pub fn handle_watch_sent(&mut self, now: Time, peer: NodeId) {
+        self.expect_busy(now, peer);
+    }
+
+    /// `peer`'s heartbeats come at the busy pace from `now` on every
+    /// network (we asked, or one arrived): its paths still at the idle
+    /// pace are suspect if nothing arrives on them within `path_timeout`.
+    fn expect_busy(&mut self, now: Time, peer: NodeId) {
         let mut any = false;
         for (_, p) in self.paths.range_mut(
             Watch { peer, network: 0 }..=Watch {

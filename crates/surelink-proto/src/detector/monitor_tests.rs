@@ -298,11 +298,7 @@ fn traffic_starts_watching_a_path_and_old_epochs_are_ignored() {
         m.handle_timeout(ms(t));
     }
     assert_eq!(m.is_down(w(0)), Some(true));
-    // Traffic alone says nothing of the pace: the idle window (100 ms).
-    assert_eq!(m.is_down(w(3)), Some(false));
-    for t in 61..=102u64 {
-        m.handle_timeout(ms(t));
-    }
+    // Its heartbeats (at the busy pace) did not come on network 3.
     assert_eq!(m.is_down(w(3)), Some(true));
 }
 
@@ -740,4 +736,28 @@ fn checks_wake_when_a_window_ends_not_on_a_tick() {
     m.handle_timeout(m.poll_timeout());
     assert!(actions(&mut m).is_empty());
     assert!(m.poll_timeout() >= ms(140));
+}
+
+/// A FAST heartbeat on one network says the peer is at the busy pace on
+/// all: a path of it still at the idle pace that stays silent is suspect
+/// after the short window (a network muted one way is found fast).
+#[test]
+fn a_fast_heartbeat_on_one_network_narrows_the_others() {
+    let mut m = watching(DetectorMode::Plain);
+    for n in 0..2 {
+        m.handle_heartbeat_paced(ms(0), w(n), Epoch(1), HeartbeatQueue::Members, false);
+    }
+    for t in (20..=80).step_by(10) {
+        m.handle_heartbeat_paced(ms(t), w(1), Epoch(1), HeartbeatQueue::Members, true);
+    }
+    let acts = tick(&mut m, 1, 69);
+    assert!(acts.is_empty(), "{acts:?}");
+    let acts = tick(&mut m, 70, 71);
+    assert_eq!(
+        acts,
+        vec![MonitorAction::Report(PathReport::PathDown {
+            watch: w(0),
+            last_heard: ms(0)
+        })]
+    );
 }

@@ -191,6 +191,8 @@ pub(crate) struct Detector {
     traffic: Mutex<BTreeMap<NodeId, Arc<AtomicU64>>>,
     /// Quiet pairs whose traffic just started: the sender goes at once.
     kicks: Mutex<Vec<NodeId>>,
+    /// Peers with a new destination: the sender greets them at once.
+    greetings: Mutex<Vec<NodeId>>,
     kick_count: AtomicU64,
     busy_rounds: AtomicU64,
     /// When the checker will look next, ns (it is woken for anything
@@ -365,6 +367,7 @@ impl Detector {
             pacer: Mutex::new(Pacer::new(cfg)),
             traffic: Mutex::new(BTreeMap::new()),
             kicks: Mutex::new(Vec::new()),
+            greetings: Mutex::new(Vec::new()),
             kick_count: AtomicU64::new(0),
             busy_rounds: AtomicU64::new(0),
             checker_wake: AtomicU64::new(0),
@@ -500,13 +503,21 @@ impl Detector {
         let now = self.gate.now().as_nanos().max(1);
         let prev = cell.swap(now, Ordering::Relaxed);
         let linger = u64::try_from(self.cfg.busy_linger.as_nanos()).unwrap_or(u64::MAX);
-        if now.saturating_sub(prev) >= linger {
+        if prev == 0 || now.saturating_sub(prev) >= linger {
             self.kicks.lock().push(peer);
             self.kick_count.fetch_add(1, Ordering::Relaxed);
             if let Some(t) = self.sender_thread.get() {
                 t.unpark();
             }
         }
+    }
+
+    /// A new destination for `peer`: it hears from us at once (an extra
+    /// heartbeat, not the fence's), not only at the next fence round — so
+    /// it watches the path from the start.
+    fn greet(&self, peer: NodeId) {
+        self.greetings.lock().push(peer);
+        self.wake_sender();
     }
 
     /// Wakes the sender: the pacer has a round due before it planned (a
@@ -531,7 +542,9 @@ impl Detector {
     /// Heartbeats for `peer` on `network` go to `addr` (its listener's
     /// address: the heartbeat socket shares the port).
     pub(crate) fn add_destination(&self, peer: NodeId, network: usize, addr: SocketAddr) {
-        self.dests.lock().insert((peer, network), addr);
+        if self.dests.lock().insert((peer, network), addr) != Some(addr) {
+            self.greet(peer);
+        }
         // A configured peer's address: its heartbeats come from there.
         self.steer_source(peer, addr.ip());
     }

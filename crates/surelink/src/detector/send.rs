@@ -104,6 +104,16 @@ impl Detector {
             }
             let now = self.gate.now();
             let mut busy = std::mem::take(&mut st.busy);
+            let mut greet: Vec<NodeId> = std::mem::take(&mut *self.greetings.lock());
+            greet.sort_unstable();
+            greet.dedup();
+            if !greet.is_empty() {
+                let round: Vec<(NodeId, u16)> = {
+                    let pacer = self.pacer.lock();
+                    greet.iter().map(|p| (*p, pacer.flags(now, *p))).collect()
+                };
+                self.send_round(Round::Busy(&round), &mut st);
+            }
             if self.pacer.lock().poll_round(now, &mut busy) {
                 self.send_round(Round::Busy(&busy), &mut st);
                 self.busy_rounds.fetch_add(1, Ordering::Relaxed);

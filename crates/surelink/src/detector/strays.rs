@@ -207,7 +207,9 @@ impl Detector {
         // (one address per member and network), and is steered; its port
         // field, where they go privately (0: the sender has no private
         // socket for us, e.g. a new process: public only).
-        self.dests.lock().insert((hb.node, network), from);
+        if self.dests.lock().insert((hb.node, network), from) != Some(from) {
+            self.greet(hb.node);
+        }
         let now = self.gate.now();
         {
             let mut hs = self.handshakes.lock();
