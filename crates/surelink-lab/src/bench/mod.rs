@@ -91,6 +91,7 @@
 pub(crate) mod cache;
 mod detector;
 mod fixture;
+mod idle_peers;
 mod latency;
 mod nats;
 mod nats_server;
@@ -158,6 +159,10 @@ enum BenchSub {
     /// throughput, latency and CPU at fixed offered loads; `--failure`
     /// adds a link failure on the netns testbed (root).
     Cache(cache::CacheBenchArgs),
+    /// What failure detection costs a server per connected peer: server
+    /// CPU and loopback traffic at 0…500 idle clients and 100 loaded
+    /// ones, optionally against an older build (`--baseline-bin`).
+    IdlePeers(idle_peers::IdlePeersArgs),
 }
 
 /// Which measurements `--only` keeps.
@@ -320,8 +325,10 @@ impl Progress {
 /// as at the end of a run (the `nats-server` child is killed and reaped);
 /// during the setup it drops what was set up, which kills the child too.
 pub(crate) async fn run(args: &BenchArgs) -> Result<()> {
-    if let Some(BenchSub::Cache(c)) = &args.sub {
-        return cache::run(c).await;
+    match &args.sub {
+        Some(BenchSub::Cache(c)) => return cache::run(c).await,
+        Some(BenchSub::IdlePeers(a)) => return idle_peers::run(a).await,
+        None => {}
     }
     let plan = Plan::new(args)?;
     // Fail on an unwritable output directory before measuring anything.

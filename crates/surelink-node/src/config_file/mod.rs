@@ -72,8 +72,11 @@
 //!
 //! [detector]                                        # all optional; defaults shown
 //! mode = "safetimer"                                # or "plain", "off"
-//! interval_ms = 10                                  # given: the others scale with it
-//! path_timeout_ms = 50
+//! interval_ms = 10                                  # busy pace; given: the others scale with it
+//! path_timeout_ms = 50                              # a busy pair's path window
+//! idle_interval_ms = 250                            # the fence's pace, every peer
+//! idle_path_timeout_ms = 1000                       # an idle pair's path window
+//! busy_linger_ms = 1000                             # busy this long after the last traffic
 //! timeout_ms = 2000
 //! send_slack_ms = 1500
 //! max_network_delay_ms = 10
@@ -454,6 +457,9 @@ fn detector(c: &mut Config, d: schema::Detector) -> Result<(), ConfigError> {
     let det = &mut c.detector;
     for (v, field) in [
         (d.path_timeout_ms, &mut det.path_timeout),
+        (d.idle_interval_ms, &mut det.idle_interval),
+        (d.idle_path_timeout_ms, &mut det.idle_path_timeout),
+        (d.busy_linger_ms, &mut det.busy_linger),
         (d.timeout_ms, &mut det.timeout),
         (d.send_slack_ms, &mut det.send_slack),
         (d.max_network_delay_ms, &mut det.max_network_delay),

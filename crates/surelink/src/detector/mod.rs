@@ -638,6 +638,10 @@ impl Detector {
             let d = i128::from(t_valid) - i128::from(now);
             i64::try_from(d / 1000).unwrap_or(i64::MIN)
         };
+        // One lock at a time: a temporary guard lives to the end of the
+        // statement, and the reader takes the pacer under the checker.
+        let busy_peers = self.pacer.lock().fast_peers() as u64;
+        let monitor = self.checker.lock().monitor.stats();
         DetectorSnapshot {
             mode: Some(self.cfg.mode),
             heartbeats_sent: self.heartbeats_sent.load(Ordering::Relaxed),
@@ -648,10 +652,10 @@ impl Detector {
             refused: self.junk.snapshot(),
             strays: self.strays_snapshot(),
             t_valid_in_us,
-            busy_peers: self.pacer.lock().fast_peers() as u64,
+            busy_peers,
             busy_rounds: self.busy_rounds.load(Ordering::Relaxed),
             kicks: self.kick_count.load(Ordering::Relaxed),
-            monitor: self.checker.lock().monitor.stats(),
+            monitor,
         }
     }
 

@@ -1,0 +1,449 @@
+//! `surelink-lab bench idle-peers`: what failure detection costs a server
+//! per connected peer, idle and under load.
+//!
+//! One `surelink serve` (the echo server, default configuration, two
+//! networks: 127.0.1.1 and 127.0.2.1) and N `surelink call` clients, each
+//! its own process and member (keys made for the run), connected on both
+//! networks. Idle: each client makes one call and then waits. Loaded: each
+//! calls every `--loaded-interval-ms`. Measured over `--seconds`, after
+//! the clients are up and a warm-up: the server's CPU (utime + stime from
+//! /proc, % of one core), every client's CPU summed, and what crossed the
+//! loopback interface (packets and bytes per second; heartbeats are most
+//! of it when idle).
+//!
+//! With `--baseline-bin` (an older `surelink` binary) each step runs with
+//! both builds, alternating, so the ratio comes from one run on one
+//! machine. Server and clients share the machine's cores: a build whose
+//! clients saturate them shows a server throttled by it (the clients' CPU
+//! is reported next to it, and the step is marked saturated).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use serde::Serialize;
+
+/// `surelink-lab bench idle-peers`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct IdlePeersArgs {
+    /// Client counts to measure, idle.
+    #[arg(long, value_delimiter = ',', default_value = "0,10,100,500")]
+    peers: Vec<usize>,
+    /// Client count measured under load as well (0: none).
+    #[arg(long, default_value_t = 100)]
+    loaded_peers: usize,
+    /// Under load, each client calls this often.
+    #[arg(long, default_value_t = 10)]
+    loaded_interval_ms: u64,
+    /// Seconds measured per step.
+    #[arg(long, default_value_t = 8.0)]
+    seconds: f64,
+    /// Rounds (each build once per round, alternating).
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// The `surelink` binary measured (default: next to this one).
+    #[arg(long)]
+    surelink_bin: Option<PathBuf>,
+    /// An older `surelink` binary measured in the same run.
+    #[arg(long)]
+    baseline_bin: Option<PathBuf>,
+    /// Directory for idle_peers.json and idle_peers.png.
+    #[arg(long, default_value = "results/bench")]
+    out: PathBuf,
+}
+
+/// One measured step.
+#[derive(Serialize, Clone, Debug)]
+pub(crate) struct Step {
+    build: String,
+    peers: usize,
+    loaded: bool,
+    round: usize,
+    /// The server's CPU, % of one core.
+    server_cpu_pct: f64,
+    /// Every client's CPU summed, % of one core.
+    clients_cpu_pct: f64,
+    /// Loopback packets per second (both directions counted once).
+    lo_packets_per_s: f64,
+    /// Loopback bytes per second.
+    lo_bytes_per_s: f64,
+    /// Clients that were still running at the end.
+    clients_alive: usize,
+    /// Server plus clients used ≥ 90 % of the machine's cores.
+    saturated: bool,
+}
+
+const CLUSTER: u64 = 7;
+const SERVER: u64 = 1;
+
+fn ticks_of(pid: u32) -> u64 {
+    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    // Fields after the command name (which may hold spaces): utime is the
+    // 14th field, stime the 15th.
+    let Some(rest) = s.rsplit_once(')').map(|(_, r)| r) else {
+        return 0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    n(11) + n(12)
+}
+
+fn lo_counters() -> (u64, u64) {
+    let read = |f: &str| {
+        std::fs::read_to_string(format!("/sys/class/net/lo/statistics/{f}"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (read("tx_packets"), read("tx_bytes"))
+}
+
+/// /proc's clock ticks per second (`USER_HZ`: 100 on every Linux ABI).
+const USER_HZ: f64 = 100.0;
+
+/// Kills and reaps on drop.
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+        }
+        for c in &mut self.0 {
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The run's key files and configurations.
+struct Setup {
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Setup {
+    fn new(peers: usize) -> Result<Setup> {
+        let dir = std::env::temp_dir().join(format!("surelink-idle-peers-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let nodes: Vec<surelink::proto::NodeId> = (SERVER..=SERVER + peers as u64)
+            .map(surelink::proto::NodeId)
+            .collect();
+        surelink_node::keys::make_key_dir(&dir, &nodes)?;
+        let ip = "127.0.1.1".parse()?;
+        let port = surelink_lab::host::free_port(ip)?;
+        Ok(Setup { dir, port })
+    }
+
+    fn public(&self, node: u64) -> Result<String> {
+        Ok(
+            std::fs::read_to_string(self.dir.join(format!("node-{node}.pub")))?
+                .trim()
+                .to_string(),
+        )
+    }
+
+    /// The server's and every client's configuration files.
+    fn write(&self, peers: usize) -> Result<(PathBuf, Vec<PathBuf>)> {
+        let port = self.port;
+        let mut server = format!(
+            "node = {SERVER}\ncluster = {CLUSTER}\nkey_file = \"node-{SERVER}.key\"\n\
+             listen = [\"127.0.1.1:{port}\", \"127.0.2.1:{port}\"]\n"
+        );
+        for n in 0..peers as u64 {
+            let node = SERVER + 1 + n;
+            server.push_str(&format!(
+                "\n[[members]]\nnode = {node}\npublic_key = \"{}\"\n",
+                self.public(node)?
+            ));
+        }
+        let server_path = self.dir.join("server.toml");
+        std::fs::write(&server_path, server)?;
+        let server_key = self.public(SERVER)?;
+        let mut clients = Vec::new();
+        for n in 0..peers as u64 {
+            let node = SERVER + 1 + n;
+            let c = format!(
+                "node = {node}\ncluster = {CLUSTER}\nkey_file = \"node-{node}.key\"\n\
+                 dial_from = [\"127.0.1.2:0\", \"127.0.2.2:0\"]\n\n\
+                 [[members]]\nnode = {SERVER}\npublic_key = \"{server_key}\"\n\n\
+                 [[peers]]\nnode = {SERVER}\naddrs = [\"127.0.1.1:{port}\", \"127.0.2.1:{port}\"]\n"
+            );
+            let p = self.dir.join(format!("client-{node}.toml"));
+            std::fs::write(&p, c)?;
+            clients.push(p);
+        }
+        Ok((server_path, clients))
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn wait_listening(addr: SocketAddr, within: Duration) -> Result<()> {
+    let end = Instant::now() + within;
+    while Instant::now() < end {
+        if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("the server did not listen on {addr}")
+}
+
+/// One step: a server and `clients` with `bin`, measured.
+fn step(
+    bin: &Path,
+    setup: &Setup,
+    server_cfg: &Path,
+    clients: &[PathBuf],
+    loaded_interval: Option<u64>,
+    seconds: f64,
+) -> Result<(f64, f64, f64, f64, usize)> {
+    let mut procs = Procs(Vec::new());
+    let server = Command::new(bin)
+        .args(["serve", "--config"])
+        .arg(server_cfg)
+        .current_dir(&setup.dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let server_pid = server.id();
+    procs.0.push(server);
+    wait_listening(
+        SocketAddr::new("127.0.1.1".parse()?, setup.port),
+        Duration::from_secs(10),
+    )?;
+    let (count, interval) = match loaded_interval {
+        // Far more calls than the step lasts.
+        Some(ms) => (1_000_000u64, ms),
+        // One call, then idle for longer than the step.
+        None => (2, 3_600_000),
+    };
+    let mut client_pids = Vec::new();
+    for c in clients {
+        let child = Command::new(bin)
+            .args(["call", "--peer", "1", "--count"])
+            .arg(count.to_string())
+            .arg("--interval-ms")
+            .arg(interval.to_string())
+            .arg("--config")
+            .arg(c)
+            .current_dir(&setup.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting a client")?;
+        client_pids.push(child.id());
+        procs.0.push(child);
+    }
+    // Every client connected and past its first call, then a warm-up.
+    std::thread::sleep(Duration::from_secs(3) + Duration::from_millis(10 * clients.len() as u64));
+    let hz = USER_HZ;
+    let s0 = ticks_of(server_pid);
+    let c0: u64 = client_pids.iter().map(|p| ticks_of(*p)).sum();
+    let (p0, b0) = lo_counters();
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    let dt = t0.elapsed().as_secs_f64();
+    let s1 = ticks_of(server_pid);
+    let c1: u64 = client_pids.iter().map(|p| ticks_of(*p)).sum();
+    let (p1, b1) = lo_counters();
+    let alive = procs
+        .0
+        .iter_mut()
+        .skip(1)
+        .filter_map(|c| c.try_wait().ok())
+        .filter(Option::is_none)
+        .count();
+    ensure!(
+        matches!(procs.0[0].try_wait(), Ok(None)),
+        "the server exited during the step"
+    );
+    let pct = |a: u64, b: u64| (b.saturating_sub(a)) as f64 / hz / dt * 100.0;
+    Ok((
+        pct(s0, s1),
+        pct(c0, c1),
+        (p1 - p0) as f64 / dt,
+        (b1 - b0) as f64 / dt,
+        alive,
+    ))
+}
+
+pub(crate) async fn run(args: &IdlePeersArgs) -> Result<()> {
+    ensure!(
+        args.seconds.is_finite() && (0.5..=600.0).contains(&args.seconds),
+        "--seconds must be 0.5..600"
+    );
+    ensure!((1..=20).contains(&args.rounds), "--rounds must be 1..20");
+    ensure!(
+        args.peers.iter().all(|n| *n <= 2000) && args.loaded_peers <= 2000,
+        "at most 2000 peers"
+    );
+    let _ = surelink_sys::raise_fd_limit();
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let current = crate::attack::surelink_bin(args.surelink_bin.as_deref())?;
+    let mut builds = vec![("current".to_string(), current)];
+    if let Some(b) = &args.baseline_bin {
+        ensure!(b.exists(), "{} does not exist", b.display());
+        builds.push(("baseline".to_string(), b.clone()));
+    }
+    let mut plan: Vec<(usize, bool)> = args.peers.iter().map(|n| (*n, false)).collect();
+    if args.loaded_peers > 0 {
+        plan.push((args.loaded_peers, true));
+    }
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as f64;
+    let total = plan.len() * args.rounds * builds.len();
+    let mut steps = Vec::new();
+    let mut done = 0;
+    for &(peers, loaded) in &plan {
+        let setup = tokio::task::block_in_place(|| Setup::new(peers))?;
+        let (server_cfg, clients) = setup.write(peers)?;
+        for round in 0..args.rounds {
+            // Alternate which build goes first.
+            let mut order: Vec<&(String, PathBuf)> = builds.iter().collect();
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            for (name, bin) in order {
+                done += 1;
+                eprintln!(
+                    "[{done}/{total}] {name}: {peers} peers{}, round {}",
+                    if loaded { " under load" } else { " idle" },
+                    round + 1
+                );
+                let interval = loaded.then_some(args.loaded_interval_ms);
+                let (server, clients_cpu, pkts, bytes, alive) =
+                    tokio::task::block_in_place(|| {
+                        step(bin, &setup, &server_cfg, &clients, interval, args.seconds)
+                    })?;
+                let s = Step {
+                    build: name.clone(),
+                    peers,
+                    loaded,
+                    round,
+                    server_cpu_pct: server,
+                    clients_cpu_pct: clients_cpu,
+                    lo_packets_per_s: pkts,
+                    lo_bytes_per_s: bytes,
+                    clients_alive: alive,
+                    saturated: server + clients_cpu >= 90.0 * cores,
+                };
+                eprintln!(
+                    "    server {:.1} % · clients {:.1} % · lo {:.0} pkt/s {:.0} B/s · {} alive{}",
+                    s.server_cpu_pct,
+                    s.clients_cpu_pct,
+                    s.lo_packets_per_s,
+                    s.lo_bytes_per_s,
+                    s.clients_alive,
+                    if s.saturated { " · SATURATED" } else { "" }
+                );
+                steps.push(s);
+                // Let the ports and the kernel settle.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+    print_table(&steps, &builds, &plan);
+    let json = args.out.join("idle_peers.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&steps)?)?;
+    let png = args.out.join("idle_peers.png");
+    draw(&steps, &builds, &args.peers, &png)?;
+    println!("wrote {} and {}", json.display(), png.display());
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn med(steps: &[Step], build: &str, peers: usize, loaded: bool, f: fn(&Step) -> f64) -> f64 {
+    median(
+        steps
+            .iter()
+            .filter(|s| s.build == build && s.peers == peers && s.loaded == loaded)
+            .map(f)
+            .collect(),
+    )
+}
+
+fn print_table(steps: &[Step], builds: &[(String, PathBuf)], plan: &[(usize, bool)]) {
+    println!("\nserver CPU (% of one core) and loopback traffic, medians over rounds");
+    println!(
+        "{:>6} {:>7} {:>10} {:>14} {:>14} {:>14}",
+        "peers", "load", "build", "server CPU %", "clients CPU %", "lo pkt/s"
+    );
+    for &(peers, loaded) in plan {
+        for (b, _) in builds {
+            println!(
+                "{:>6} {:>7} {:>10} {:>14.2} {:>14.1} {:>14.0}",
+                peers,
+                if loaded { "loaded" } else { "idle" },
+                b,
+                med(steps, b, peers, loaded, |s| s.server_cpu_pct),
+                med(steps, b, peers, loaded, |s| s.clients_cpu_pct),
+                med(steps, b, peers, loaded, |s| s.lo_packets_per_s),
+            );
+        }
+        if builds.len() == 2 {
+            let cur = med(steps, "current", peers, loaded, |s| s.server_cpu_pct);
+            let base = med(steps, "baseline", peers, loaded, |s| s.server_cpu_pct);
+            println!("{:>6} {:>7} {:>10} {:>14.3}", "", "", "ratio", cur / base);
+        }
+    }
+}
+
+fn draw(steps: &[Step], builds: &[(String, PathBuf)], peers: &[usize], png: &Path) -> Result<()> {
+    use plotters::prelude::*;
+    let root = BitMapBackend::new(png, (900, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let max_x = peers.iter().copied().max().unwrap_or(1).max(1) as f64;
+    let max_y = steps
+        .iter()
+        .filter(|s| !s.loaded)
+        .map(|s| s.server_cpu_pct)
+        .fold(1.0, f64::max)
+        * 1.1;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Server CPU with idle client peers (surelink serve, 2 networks)",
+            ("sans-serif", 20),
+        )
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..max_x, 0.0..max_y)?;
+    chart
+        .configure_mesh()
+        .x_desc("idle client peers")
+        .y_desc("server CPU, % of one core")
+        .draw()?;
+    for (i, (b, _)) in builds.iter().enumerate() {
+        let color = if i == 0 { BLUE } else { RED };
+        let pts: Vec<(f64, f64)> = peers
+            .iter()
+            .map(|&n| (n as f64, med(steps, b, n, false, |s| s.server_cpu_pct)))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
+            .label(b.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart.draw_series(pts.iter().map(|p| Circle::new(*p, 4, color.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
