@@ -513,12 +513,27 @@ impl StatsSnapshot {
                     "Barriers refused: not this process's",
                     d.refused.barrier,
                 ),
+                (
+                    "busy_rounds_total",
+                    "Heartbeat rounds at the busy pace (peers with traffic in flight)",
+                    d.busy_rounds,
+                ),
+                (
+                    "kicks_total",
+                    "Quiet pairs whose first traffic woke the heartbeat sender",
+                    d.kicks,
+                ),
             ] {
                 let _ = writeln!(
                     s,
                     "# HELP surelink_detector_{name} {help}\n# TYPE surelink_detector_{name} counter\nsurelink_detector_{name} {v}"
                 );
             }
+            let _ = writeln!(
+                s,
+                "# HELP surelink_detector_busy_peers Peers sent heartbeats at the busy pace now\n# TYPE surelink_detector_busy_peers gauge\nsurelink_detector_busy_peers {}",
+                d.busy_peers
+            );
             let _ = writeln!(
                 s,
                 "# HELP surelink_detector_steered_sources Source addresses steered to the members' heartbeat queue\n# TYPE surelink_detector_steered_sources gauge\nsurelink_detector_steered_sources {}",

@@ -176,6 +176,17 @@ impl NodeArgs {
         if let Some(t) = self.network_delay_ms {
             d.max_network_delay = ms(t);
         }
+        if self.interval_ms.is_some() {
+            // Windows given in busy intervals: the idle pace fits in what
+            // the peer window leaves after the slack and the delay, and an
+            // idle path's window holds two of its heartbeats.
+            let room = d.timeout.saturating_sub(d.send_slack + d.max_network_delay);
+            d.idle_interval = d.idle_interval.min(room).max(d.interval);
+            d.idle_path_timeout = d
+                .idle_path_timeout
+                .max(d.idle_interval * 2 + d.max_network_delay)
+                .max(d.path_timeout);
+        }
         d
     }
 }

@@ -7,13 +7,19 @@
 //!   sr-c (node 3) ──┘        └── br2 (network 1, 10.78.2.0/24) ──┘
 //! ```
 //!
-//! Nodes 1 and 3 call node 2 every millisecond. Node 3 is first steered
+//! Busy arms: nodes 1 and 3 call node 2 every millisecond. Node 3 is first steered
 //! onto network 1 (its network-0 connections to node 2 killed, as `ss -K`;
 //! the balance rule keeps a light load on the path it is on). Then node
 //! 2's link to network 1 fails one way: nothing reaches node 2 there,
 //! what it sends still leaves. Measured: how long after the fault node 3
 //! (and node 1) last sent data to node 2 on network 1 — with the role
 //! service (candidate node 1, defaults) and with every node alone.
+//!
+//! Idle arms: node 1 calls node 2 as before, node 3 has nothing in flight
+//! with node 2 (an idle pair, watched at the idle pace). Measured: when
+//! node 3 first knows network 1 to node 2 is unusable — its pushed table
+//! says so (role service), or node 2, having found node 3 silent there on
+//! its own (the idle window), closed node 3's connections on it.
 //!
 //! `surelink-lab experiment-role-node` (hidden) is the process on each host.
 
@@ -65,6 +71,9 @@ pub(crate) struct RoleNodeArgs {
     /// Call this node every millisecond.
     #[arg(long)]
     call: Option<u64>,
+    /// Watch this node's paths and the table without calling it.
+    #[arg(long)]
+    watch: Option<u64>,
 }
 
 fn out(v: &Value) {
@@ -146,12 +155,24 @@ pub(crate) async fn node(a: &RoleNodeArgs) -> Result<()> {
                 }
             }
         });
+    }
+    if let Some(peer) = a.call.or(a.watch).map(NodeId) {
         let sampler = ep.clone();
         tokio::spawn(async move {
             let mut last = [0u64; 2];
             let mut last_table = (0, 0);
+            let mut last_paths1 = usize::MAX;
             loop {
                 tokio::time::sleep(Duration::from_millis(1)).await;
+                let paths1 = sampler
+                    .paths()
+                    .iter()
+                    .filter(|p| p.peer == Some(peer) && p.network == 1)
+                    .count();
+                if paths1 != last_paths1 {
+                    last_paths1 = paths1;
+                    out(&json!({"t": wall_us(), "ev": "paths1", "n": paths1}));
+                }
                 let nets: HashMap<_, _> = sampler
                     .paths()
                     .into_iter()
@@ -257,6 +278,9 @@ fn last_on_net1(events: &[Value], from: u64) -> Option<u64> {
 }
 
 struct Round {
+    /// Idle arm: when node 3's last connection to node 2 on network 1
+    /// closed.
+    c_closed_ms: Option<f64>,
     c_stop_ms: Option<f64>,
     a_stop_ms: Option<f64>,
     table_ms: Option<f64>,
@@ -264,7 +288,7 @@ struct Round {
     why: Vec<String>,
 }
 
-async fn round(role: bool, keys: &std::path::Path) -> Result<Option<Round>> {
+async fn round(role: bool, idle: bool, keys: &std::path::Path) -> Result<Option<Round>> {
     let mut procs = Vec::new();
     for (i, h) in HOSTS.iter().enumerate() {
         let node = i as u64 + 1;
@@ -277,13 +301,32 @@ async fn round(role: bool, keys: &std::path::Path) -> Result<Option<Round>> {
         if role {
             args.push("--role".into());
         }
-        if node != 2 {
+        if node == 3 && idle {
+            args.extend(["--watch".to_string(), "2".to_string()]);
+        } else if node != 2 {
             args.extend(["--call".to_string(), "2".to_string()]);
         }
         let (p, _) = NodeProc::spawn_in(Some(h), "experiment-role-node", &args).await?;
         procs.push(p);
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    if idle {
+        // Nothing to steer: node 3 sends nothing to node 2. It must be
+        // connected there, though.
+        let connected = procs[2]
+            .events()
+            .iter()
+            .rev()
+            .find(|v| v["ev"] == "paths1")
+            .is_some_and(|v| v["n"].as_u64().unwrap_or(0) > 0);
+        if !connected {
+            for p in procs {
+                p.quit().await;
+            }
+            return Ok(None);
+        }
+        return idle_fault(procs).await.map(Some);
+    }
     // Steer node 3 onto network 1.
     let _ = sh(&[
         "ip",
@@ -334,6 +377,7 @@ async fn round(role: bool, keys: &std::path::Path) -> Result<Option<Round>> {
     why.sort();
     why.dedup();
     let r = Round {
+        c_closed_ms: None,
         why,
         c_stop_ms: last_on_net1(&c_ev, t_fault).map(ms),
         a_stop_ms: last_on_net1(&a_ev, t_fault).map(ms),
@@ -344,6 +388,43 @@ async fn round(role: bool, keys: &std::path::Path) -> Result<Option<Round>> {
         p.quit().await;
     }
     Ok(Some(r))
+}
+
+/// The idle arm's fault and what node 3 learnt, when.
+async fn idle_fault(procs: Vec<NodeProc>) -> Result<Round> {
+    let t_fault = wall_us();
+    fault(true)?;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    fault(false)?;
+    let ms = |t: u64| t.saturating_sub(t_fault) as f64 / 1000.0;
+    let c_ev = procs[2].events();
+    let a_ev = procs[0].events();
+    let table = c_ev
+        .iter()
+        .find(|v| v["ev"] == "table" && v["avoid1"] == true && procs::t(v) >= t_fault)
+        .map(|v| ms(procs::t(v)));
+    let closed = c_ev
+        .iter()
+        .find(|v| v["ev"] == "paths1" && v["n"] == 0 && procs::t(v) >= t_fault)
+        .map(|v| ms(procs::t(v)));
+    let failed = a_ev
+        .iter()
+        .filter(|v| v["ev"] == "calls")
+        .filter_map(|v| v["failed"].as_u64())
+        .max()
+        .unwrap_or(0);
+    let r = Round {
+        c_closed_ms: closed,
+        c_stop_ms: None,
+        a_stop_ms: last_on_net1(&a_ev, t_fault).map(ms),
+        table_ms: table,
+        failed,
+        why: Vec::new(),
+    };
+    for p in procs {
+        p.quit().await;
+    }
+    Ok(r)
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -360,12 +441,13 @@ pub(crate) async fn run(a: &RoleNotifyArgs) -> Result<()> {
     surelink_node::keys::make_key_dir(&keys, &[NodeId(1), NodeId(2), NodeId(3)])?;
     let result = async {
         let mut rows = Vec::new();
-        for role in [false, true] {
+        for (idle, role) in [(false, false), (false, true), (true, false), (true, true)] {
             let mut rounds = Vec::new();
             let mut skipped = 0;
             for i in 0..a.rounds {
                 eprintln!(
-                    "  {} round {}/{}",
+                    "  {}, {} round {}/{}",
+                    if idle { "node 3 idle" } else { "node 3 busy" },
                     if role {
                         "with the role service"
                     } else {
@@ -374,12 +456,12 @@ pub(crate) async fn run(a: &RoleNotifyArgs) -> Result<()> {
                     i + 1,
                     a.rounds
                 );
-                match round(role, &keys).await? {
+                match round(role, idle, &keys).await? {
                     Some(r) => rounds.push(r),
                     None => skipped += 1,
                 }
             }
-            rows.push((role, rounds, skipped));
+            rows.push((idle, role, rounds, skipped));
         }
         Ok::<_, anyhow::Error>(rows)
     }
@@ -387,18 +469,26 @@ pub(crate) async fn run(a: &RoleNotifyArgs) -> Result<()> {
     down();
     let _ = std::fs::remove_dir_all(&keys);
     let rows = result?;
-    println!("non-local fault notification: node 2's link to network 1 fails one way (nothing arrives there); nodes 1 and 3 call node 2 every 1 ms, node 3 steered onto network 1 first");
+    println!("non-local fault notification: node 2's link to network 1 fails one way (nothing arrives there); node 1 calls node 2 every 1 ms; node 3 busy (the same, steered onto network 1 first) or idle (nothing in flight with node 2)");
     println!(
-        "{:<24} {:>7} {:>22} {:>22} {:>18} {:>8}",
-        "arm", "rounds", "node 3 last on net 1", "node 1 last on net 1", "table (node 3)", "failed"
+        "{:<34} {:>7} {:>22} {:>22} {:>22} {:>18} {:>8}",
+        "arm",
+        "rounds",
+        "node 3 last on net 1",
+        "node 3 net 1 closed",
+        "node 1 last on net 1",
+        "table (node 3)",
+        "failed"
     );
     let mut summary = Vec::new();
-    for (role, rounds, skipped) in rows {
+    for (idle, role, rounds, skipped) in rows {
         summary.push(json!({
+            "idle": idle,
             "role": role,
             "rounds": rounds.len(),
             "skipped": skipped,
             "node3_stop_ms": rounds.iter().map(|r| r.c_stop_ms).collect::<Vec<_>>(),
+            "node3_closed_ms": rounds.iter().map(|r| r.c_closed_ms).collect::<Vec<_>>(),
             "node1_stop_ms": rounds.iter().map(|r| r.a_stop_ms).collect::<Vec<_>>(),
             "table_ms": rounds.iter().map(|r| r.table_ms).collect::<Vec<_>>(),
             "failed": rounds.iter().map(|r| r.failed).sum::<u64>(),
@@ -413,12 +503,16 @@ pub(crate) async fn run(a: &RoleNotifyArgs) -> Result<()> {
             }
         };
         println!(
-            "{:<24} {:>7} {:>22} {:>22} {:>18} {:>8}",
-            if role {
-                "with the role service"
-            } else {
-                "nodes alone"
-            },
+            "{:<34} {:>7} {:>22} {:>22} {:>22} {:>18} {:>8}",
+            format!(
+                "node 3 {}, {}",
+                if idle { "idle" } else { "busy" },
+                if role {
+                    "with the role service"
+                } else {
+                    "nodes alone"
+                }
+            ),
             format!(
                 "{}{}",
                 rounds.len(),
@@ -429,12 +523,13 @@ pub(crate) async fn run(a: &RoleNotifyArgs) -> Result<()> {
                 }
             ),
             p(&|r| r.c_stop_ms),
+            p(&|r| r.c_closed_ms),
             p(&|r| r.a_stop_ms),
             p(&|r| r.table_ms),
             rounds.iter().map(|r| r.failed).sum::<u64>(),
         );
     }
-    println!("(median / max after the fault; `skipped`: node 3 was not on network 1 when the fault came)");
+    println!("(median / max after the fault; `skipped`: node 3 was not on network 1 (busy) or not connected there (idle) when the fault came)");
     println!("json: {}", Value::Array(summary));
     Ok(())
 }
