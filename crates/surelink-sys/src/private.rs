@@ -24,6 +24,8 @@ use crate::steer::{queue_state, recv_batch, Batch, QueueState};
 pub struct PrivateSocket {
     sock: UdpSocket,
     peer: SocketAddr,
+    /// Read once (every heartbeat carries it: no system call per send).
+    port: u16,
 }
 
 impl PrivateSocket {
@@ -33,12 +35,13 @@ impl PrivateSocket {
         let sock = UdpSocket::bind(SocketAddr::new(local, 0))?;
         sock.connect(peer)?;
         sock.set_nonblocking(true)?;
-        Ok(PrivateSocket { sock, peer })
+        let port = sock.local_addr()?.port();
+        Ok(PrivateSocket { sock, peer, port })
     }
 
     /// The port the peer is to send to.
     pub fn port(&self) -> u16 {
-        self.sock.local_addr().map_or(0, |a| a.port())
+        self.port
     }
 
     /// The bound address.

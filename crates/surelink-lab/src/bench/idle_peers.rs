@@ -3,8 +3,11 @@
 //!
 //! One `surelink serve` (the echo server, default configuration, two
 //! networks: 127.0.1.1 and 127.0.2.1) and N `surelink call` clients, each
-//! its own process and member (keys made for the run), connected on both
-//! networks. Idle: each client makes one call and then waits. Loaded: each
+//! its own process and member (keys made for the run) with addresses of
+//! its own (127.10.x.y and 127.20.x.y, 50 per /24, as hosts of their own
+//! would be), connected on both networks. The server's `max_connections`
+//! is raised to 4096 (the default 1024 holds 500 two-network clients only
+//! with members' addresses listed); nothing else is tuned. Idle: each client makes one call and then waits. Loaded: each
 //! calls every `--loaded-interval-ms`. Measured over `--seconds`, after
 //! the clients are up and a warm-up: the server's CPU (utime + stime from
 //! /proc, % of one core), every client's CPU summed, and what crossed the
@@ -35,7 +38,7 @@ pub(crate) struct IdlePeersArgs {
     #[arg(long, default_value_t = 100)]
     loaded_peers: usize,
     /// Under load, each client calls this often.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 50)]
     loaded_interval_ms: u64,
     /// Seconds measured per step.
     #[arg(long, default_value_t = 8.0)]
@@ -63,6 +66,9 @@ pub(crate) struct Step {
     round: usize,
     /// The server's CPU, % of one core.
     server_cpu_pct: f64,
+    /// Of it, the failure detector's threads (on loopback their sends
+    /// also pay the receiving clients' kernel work).
+    server_detector_cpu_pct: f64,
     /// Every client's CPU summed, % of one core.
     clients_cpu_pct: f64,
     /// Loopback packets per second (both directions counted once).
@@ -71,6 +77,9 @@ pub(crate) struct Step {
     lo_bytes_per_s: f64,
     /// Clients that were still running at the end.
     clients_alive: usize,
+    /// Established connections to the server as the measurement began
+    /// (two per client when all are in).
+    connections: usize,
     /// Server plus clients used ≥ 90 % of the machine's cores.
     saturated: bool,
 }
@@ -79,7 +88,11 @@ const CLUSTER: u64 = 7;
 const SERVER: u64 = 1;
 
 fn ticks_of(pid: u32) -> u64 {
-    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+    ticks_of_path(&format!("/proc/{pid}/stat"))
+}
+
+fn ticks_of_path(path: &str) -> u64 {
+    let Ok(s) = std::fs::read_to_string(path) else {
         return 0;
     };
     // Fields after the command name (which may hold spaces): utime is the
@@ -90,6 +103,22 @@ fn ticks_of(pid: u32) -> u64 {
     let f: Vec<&str> = rest.split_whitespace().collect();
     let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     n(11) + n(12)
+}
+
+/// CPU ticks of `pid`'s failure-detector threads (named `surelink-hb-*`).
+fn detector_ticks_of(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.starts_with("surelink-hb"))
+        })
+        .filter_map(|t| t.file_name().to_str().and_then(|s| s.parse::<u32>().ok()))
+        .map(|tid| ticks_of_path(&format!("/proc/{pid}/task/{tid}/stat")))
+        .sum()
 }
 
 fn lo_counters() -> (u64, u64) {
@@ -151,7 +180,7 @@ impl Setup {
         let port = self.port;
         let mut server = format!(
             "node = {SERVER}\ncluster = {CLUSTER}\nkey_file = \"node-{SERVER}.key\"\n\
-             listen = [\"127.0.1.1:{port}\", \"127.0.2.1:{port}\"]\n"
+             listen = [\"127.0.1.1:{port}\", \"127.0.2.1:{port}\"]\nmax_connections = 4096\n"
         );
         for n in 0..peers as u64 {
             let node = SERVER + 1 + n;
@@ -166,9 +195,10 @@ impl Setup {
         let mut clients = Vec::new();
         for n in 0..peers as u64 {
             let node = SERVER + 1 + n;
+            let (hi, lo) = (n / 50, n % 50 + 1);
             let c = format!(
                 "node = {node}\ncluster = {CLUSTER}\nkey_file = \"node-{node}.key\"\n\
-                 dial_from = [\"127.0.1.2:0\", \"127.0.2.2:0\"]\n\n\
+                 dial_from = [\"127.10.{hi}.{lo}:0\", \"127.20.{hi}.{lo}:0\"]\n\n\
                  [[members]]\nnode = {SERVER}\npublic_key = \"{server_key}\"\n\n\
                  [[peers]]\nnode = {SERVER}\naddrs = [\"127.0.1.1:{port}\", \"127.0.2.1:{port}\"]\n"
             );
@@ -197,6 +227,34 @@ fn wait_listening(addr: SocketAddr, within: Duration) -> Result<()> {
     bail!("the server did not listen on {addr}")
 }
 
+/// What one step measured.
+struct Measured {
+    server: f64,
+    detector: f64,
+    clients: f64,
+    packets: f64,
+    bytes: f64,
+    alive: usize,
+    connections: usize,
+}
+
+/// Established TCP connections to the server's port (both networks), as
+/// the measurement starts: every client should hold two.
+fn established(port: u16) -> usize {
+    let local = |line: &str| line.split_whitespace().nth(1).map(str::to_owned);
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .flat_map(|s| s.lines().skip(1).map(str::to_owned).collect::<Vec<_>>())
+        .filter(|l| {
+            // st 01 = ESTABLISHED, on the server's side of the port.
+            l.split_whitespace().nth(3) == Some("01")
+                && local(l).is_some_and(|a| a.ends_with(&want))
+        })
+        .count()
+}
+
 /// One step: a server and `clients` with `bin`, measured.
 fn step(
     bin: &Path,
@@ -205,7 +263,7 @@ fn step(
     clients: &[PathBuf],
     loaded_interval: Option<u64>,
     seconds: f64,
-) -> Result<(f64, f64, f64, f64, usize)> {
+) -> Result<Measured> {
     let mut procs = Procs(Vec::new());
     let server = Command::new(bin)
         .args(["serve", "--config"])
@@ -245,15 +303,18 @@ fn step(
         procs.0.push(child);
     }
     // Every client connected and past its first call, then a warm-up.
-    std::thread::sleep(Duration::from_secs(3) + Duration::from_millis(10 * clients.len() as u64));
+    std::thread::sleep(Duration::from_secs(3) + Duration::from_millis(20 * clients.len() as u64));
+    let connections = established(setup.port);
     let hz = USER_HZ;
     let s0 = ticks_of(server_pid);
+    let d0 = detector_ticks_of(server_pid);
     let c0: u64 = client_pids.iter().map(|p| ticks_of(*p)).sum();
     let (p0, b0) = lo_counters();
     let t0 = Instant::now();
     std::thread::sleep(Duration::from_secs_f64(seconds));
     let dt = t0.elapsed().as_secs_f64();
     let s1 = ticks_of(server_pid);
+    let d1 = detector_ticks_of(server_pid);
     let c1: u64 = client_pids.iter().map(|p| ticks_of(*p)).sum();
     let (p1, b1) = lo_counters();
     let alive = procs
@@ -268,13 +329,15 @@ fn step(
         "the server exited during the step"
     );
     let pct = |a: u64, b: u64| (b.saturating_sub(a)) as f64 / hz / dt * 100.0;
-    Ok((
-        pct(s0, s1),
-        pct(c0, c1),
-        (p1 - p0) as f64 / dt,
-        (b1 - b0) as f64 / dt,
+    Ok(Measured {
+        server: pct(s0, s1),
+        detector: pct(d0, d1),
+        clients: pct(c0, c1),
+        packets: (p1 - p0) as f64 / dt,
+        bytes: (b1 - b0) as f64 / dt,
         alive,
-    ))
+        connections,
+    })
 }
 
 pub(crate) async fn run(args: &IdlePeersArgs) -> Result<()> {
@@ -321,29 +384,33 @@ pub(crate) async fn run(args: &IdlePeersArgs) -> Result<()> {
                     round + 1
                 );
                 let interval = loaded.then_some(args.loaded_interval_ms);
-                let (server, clients_cpu, pkts, bytes, alive) =
-                    tokio::task::block_in_place(|| {
-                        step(bin, &setup, &server_cfg, &clients, interval, args.seconds)
-                    })?;
+                let m = tokio::task::block_in_place(|| {
+                    step(bin, &setup, &server_cfg, &clients, interval, args.seconds)
+                })?;
+                let (server, clients_cpu) = (m.server, m.clients);
                 let s = Step {
                     build: name.clone(),
                     peers,
                     loaded,
                     round,
                     server_cpu_pct: server,
+                    server_detector_cpu_pct: m.detector,
                     clients_cpu_pct: clients_cpu,
-                    lo_packets_per_s: pkts,
-                    lo_bytes_per_s: bytes,
-                    clients_alive: alive,
+                    lo_packets_per_s: m.packets,
+                    lo_bytes_per_s: m.bytes,
+                    clients_alive: m.alive,
+                    connections: m.connections,
                     saturated: server + clients_cpu >= 90.0 * cores,
                 };
                 eprintln!(
-                    "    server {:.1} % · clients {:.1} % · lo {:.0} pkt/s {:.0} B/s · {} alive{}",
+                    "    server {:.1} % (detector threads {:.1} %) · clients {:.1} % · lo {:.0} pkt/s {:.0} B/s · {} alive · {} connections{}",
                     s.server_cpu_pct,
+                    s.server_detector_cpu_pct,
                     s.clients_cpu_pct,
                     s.lo_packets_per_s,
                     s.lo_bytes_per_s,
                     s.clients_alive,
+                    s.connections,
                     if s.saturated { " · SATURATED" } else { "" }
                 );
                 steps.push(s);
@@ -379,17 +446,18 @@ fn med(steps: &[Step], build: &str, peers: usize, loaded: bool, f: fn(&Step) -> 
 fn print_table(steps: &[Step], builds: &[(String, PathBuf)], plan: &[(usize, bool)]) {
     println!("\nserver CPU (% of one core) and loopback traffic, medians over rounds");
     println!(
-        "{:>6} {:>7} {:>10} {:>14} {:>14} {:>14}",
-        "peers", "load", "build", "server CPU %", "clients CPU %", "lo pkt/s"
+        "{:>6} {:>7} {:>10} {:>14} {:>16} {:>14} {:>14}",
+        "peers", "load", "build", "server CPU %", "detector thr. %", "clients CPU %", "lo pkt/s"
     );
     for &(peers, loaded) in plan {
         for (b, _) in builds {
             println!(
-                "{:>6} {:>7} {:>10} {:>14.2} {:>14.1} {:>14.0}",
+                "{:>6} {:>7} {:>10} {:>14.2} {:>16.2} {:>14.1} {:>14.0}",
                 peers,
                 if loaded { "loaded" } else { "idle" },
                 b,
                 med(steps, b, peers, loaded, |s| s.server_cpu_pct),
+                med(steps, b, peers, loaded, |s| s.server_detector_cpu_pct),
                 med(steps, b, peers, loaded, |s| s.clients_cpu_pct),
                 med(steps, b, peers, loaded, |s| s.lo_packets_per_s),
             );
@@ -404,6 +472,7 @@ fn print_table(steps: &[Step], builds: &[(String, PathBuf)], plan: &[(usize, boo
 
 fn draw(steps: &[Step], builds: &[(String, PathBuf)], peers: &[usize], png: &Path) -> Result<()> {
     use plotters::prelude::*;
+    crate::plot_style::require_font()?;
     let root = BitMapBackend::new(png, (900, 560)).into_drawing_area();
     root.fill(&WHITE)?;
     let max_x = peers.iter().copied().max().unwrap_or(1).max(1) as f64;
@@ -416,7 +485,7 @@ fn draw(steps: &[Step], builds: &[(String, PathBuf)], peers: &[usize], png: &Pat
     let mut chart = ChartBuilder::on(&root)
         .caption(
             "Server CPU with idle client peers (surelink serve, 2 networks)",
-            ("sans-serif", 20),
+            crate::plot_style::TITLE,
         )
         .margin(15)
         .x_label_area_size(40)

@@ -74,8 +74,8 @@
 //! mode = "safetimer"                                # or "plain", "off"
 //! interval_ms = 10                                  # busy pace; given: the others scale with it
 //! path_timeout_ms = 50                              # a busy pair's path window
-//! idle_interval_ms = 250                            # the fence's pace, every peer
-//! idle_path_timeout_ms = 1000                       # an idle pair's path window
+//! idle_interval_ms = 400                            # the fence's pace, every peer
+//! idle_path_timeout_ms = 1200                       # an idle pair's path window
 //! busy_linger_ms = 1000                             # busy this long after the last traffic
 //! timeout_ms = 2000
 //! send_slack_ms = 1500

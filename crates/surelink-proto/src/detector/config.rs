@@ -94,10 +94,11 @@ impl Default for DetectorConfig {
         DetectorConfig {
             send_slack: Duration::from_millis(1500),
             timeout: Duration::from_secs(2),
-            // 250 + 1500 + 10 ≤ 2000: a quarter of a second to spare for a
-            // slow network.
-            idle_interval: Duration::from_millis(250),
-            idle_path_timeout: Duration::from_secs(1),
+            // 400 + 1500 + 10 ≤ 2000: 90 ms to spare for a slow network.
+            // Per idle peer and network, 2.5 heartbeats a second each way.
+            idle_interval: Duration::from_millis(400),
+            // Three idle heartbeats: one lost datagram is no report.
+            idle_path_timeout: Duration::from_millis(1200),
             busy_linger: Duration::from_secs(1),
             ..DetectorConfig::with_interval(interval)
         }

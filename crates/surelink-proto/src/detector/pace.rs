@@ -256,9 +256,10 @@ mod tests {
         assert!(p.poll_round(ms(1), &mut out));
         assert_eq!(out, vec![(b, FLAG_FAST)]);
         assert!(!p.handle_watch(ms(5), b, true), "fast already: no kick");
-        assert!(p.poll_round(ms(254), &mut out));
+        // Its last WATCH at 5 ms holds for an idle interval (400 ms).
+        assert!(p.poll_round(ms(401), &mut out));
         assert_eq!(out, vec![(b, FLAG_FAST)]);
-        assert!(p.poll_round(ms(264), &mut out));
+        assert!(p.poll_round(ms(411), &mut out));
         assert_eq!(out, vec![(b, 0)], "its watch lapsed");
         assert!(!p.is_fast(b));
     }

@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use rustc_hash::FxHashMap;
 use tracing::{debug, warn};
@@ -31,6 +32,12 @@ use surelink_sys::{PollRegistry, Poller, PrivateSocket};
 
 use super::strays::Refused;
 use super::{CheckerState, DelayPoint, Detector, READ_POLL};
+
+/// With more private sockets than this, the private thread lets arrivals
+/// gather for [`GATHER`] after each wake-up.
+const GATHER_ABOVE: usize = 64;
+/// How long arrivals gather (see [`GATHER_ABOVE`]).
+const GATHER: Duration = Duration::from_millis(3);
 
 /// Private sockets in all (members × networks, with room to spare).
 pub(super) const MAX_PRIVATE: usize = 4096;
@@ -211,6 +218,21 @@ impl Detector {
                 std::thread::sleep(READ_POLL);
                 continue;
             }
+            if self.private.lock().by_token.len() > GATHER_ABOVE {
+                // Many peers' heartbeats arrive spread out: let a few
+                // gather rather than wake for each (a wake-up costs more
+                // than the datagrams it reads). Heartbeats and barriers
+                // are then read up to this much later: heard later (never
+                // a false silence), barriers back later (a report later).
+                std::thread::sleep(GATHER);
+                // Edge-triggered: the sockets already reported stay in the
+                // list (a second wait does not report them again).
+                let mut more = Vec::new();
+                let _ = poller.wait(Duration::ZERO, &mut more);
+                ready.extend(more);
+                ready.sort_unstable();
+                ready.dedup();
+            }
             for token in &ready {
                 let Some(slot) = self.private.lock().by_token.get(token).cloned() else {
                     continue;
@@ -218,11 +240,14 @@ impl Detector {
                 let sock = match &slot {
                     Slot::Peer(_, _, s) | Slot::Barrier(s) => s.clone(),
                 };
-                // Edge-triggered: read until the queue is empty.
+                // Edge-triggered: read until the queue is empty. A batch
+                // that came back short emptied it (what arrives later is a
+                // new edge): no extra call just to hear "nothing left".
                 while let Ok(n) = sock.recv_batch(&mut batch) {
                     if n == 0 {
                         break;
                     }
+                    let drained = n < surelink_sys::steer::BATCH;
                     self.stall(DelayPoint::Reader);
                     for (bytes, from) in batch.iter() {
                         match &slot {
@@ -231,6 +256,9 @@ impl Detector {
                                 self.private_heartbeat(*peer, *network, bytes, from);
                             }
                         }
+                    }
+                    if drained {
+                        break;
                     }
                 }
                 if let (Slot::Peer(peer, network, _), Ok(q)) = (&slot, sock.queue_state()) {

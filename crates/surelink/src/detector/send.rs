@@ -32,6 +32,10 @@ enum Round<'a> {
     Busy(&'a [(NodeId, u16)]),
 }
 
+/// One datagram to send: its bytes, where it goes, and whose counted copy
+/// it is (`None`: an extra copy).
+type Outgoing = (Vec<u8>, SocketAddr, Option<NodeId>);
+
 /// The sender thread's own books.
 #[derive(Default)]
 struct SenderState {
@@ -277,10 +281,13 @@ impl Detector {
         let mut failed = vec![false; sockets.len()];
         #[cfg(feature = "test-util")]
         let mut lost_on_wire: Vec<NodeId> = Vec::new();
+        // Per socket: the datagrams, where each goes, and whose counted
+        // copy it is (`None`: an extra copy).
+        let mut out: Vec<Vec<Outgoing>> = vec![Vec::new(); sockets.len()];
         for (((peer, network), counted, extra, flags), port) in dests.into_iter().zip(ports) {
-            let Some(sock) = sockets.get(network) else {
+            if network >= sockets.len() {
                 continue;
-            };
+            }
             // Silent on this network (test hook): the datagram is lost on
             // the wire, as in a blackhole; our side did send it in time.
             #[cfg(feature = "test-util")]
@@ -299,18 +306,30 @@ impl Detector {
             };
             let hb =
                 datagram::encode_heartbeat(self.cluster, self.node, epoch, seq, port, flags, key);
-            match sock.send_to(&hb, counted) {
-                Ok(id) => sent[network].push((peer, id)),
-                Err(e) => {
-                    failed[network] = true;
-                    debug!(addr = %counted, error = %e, "heartbeat not sent");
-                }
-            }
             if let Some(addr) = extra {
-                if let Err(e) = sock.send_to(&hb, addr) {
-                    // Its id may be taken: the socket's ids are not trusted.
-                    failed[network] = true;
-                    debug!(%addr, error = %e, "heartbeat not sent");
+                out[network].push((hb.to_vec(), addr, None));
+            }
+            out[network].push((hb.to_vec(), counted, Some(peer)));
+        }
+        // One system call per 64 datagrams rather than one each.
+        for (network, sock) in sockets.iter().enumerate() {
+            let batch: Vec<(&[u8], SocketAddr)> = out[network]
+                .iter()
+                .map(|(b, a, _)| (b.as_slice(), *a))
+                .collect();
+            if batch.is_empty() {
+                continue;
+            }
+            for (r, (_, addr, counted)) in sock.send_batch(&batch).into_iter().zip(&out[network]) {
+                match (r, counted) {
+                    (Ok(id), Some(peer)) => sent[network].push((*peer, id)),
+                    (Ok(_), None) => {}
+                    (Err(e), _) => {
+                        // Its id may be taken: the socket's ids are not
+                        // trusted this round.
+                        failed[network] = true;
+                        debug!(%addr, error = %e, "heartbeat not sent");
+                    }
                 }
             }
         }
