@@ -3,7 +3,11 @@
 //! round per arm. Node 2's link to network 1 fails one way while nodes 1
 //! and 3 call it every millisecond: no call may fail, every sender must
 //! stop using network 1 towards node 2, and with the role service node
-//! 3's table must tell it to avoid that network. Default configuration.
+//! 3's table must tell it to avoid that network. In the idle arms node 3
+//! has nothing in flight with node 2 (the idle pace, a 1.2 s path window):
+//! node 2's probe of its other peers on network 1, set off by the busy
+//! pair's report, must make node 3's path there close (and its table say
+//! so) well within the idle window. Default configuration.
 //!
 //! Needs root, `ip`, `ss` and `nft`; without them the test prints a
 //! SKIPPED notice and does nothing (`.ci/run` runs as root and installs
@@ -40,8 +44,26 @@ fn a_one_way_link_fault_is_avoided_with_and_without_the_role_service() {
         .expect("a json line");
     let arms: serde_json::Value = serde_json::from_str(json).unwrap();
     let arms = arms.as_array().unwrap();
-    assert_eq!(arms.len(), 2);
-    for arm in arms {
+    assert_eq!(arms.len(), 4);
+    for arm in arms.iter().filter(|a| a["idle"] == true) {
+        assert_eq!(arm["failed"], 0, "calls failed: {arm}");
+        let within = |v: &serde_json::Value| v.as_f64().is_some_and(|ms| ms < 600.0);
+        for t in arm["node3_closed_ms"].as_array().unwrap() {
+            assert!(
+                within(t),
+                "node 2 did not find the idle pair's path silent in time: {arm}"
+            );
+        }
+        if arm["role"] == true {
+            for t in arm["table_ms"].as_array().unwrap() {
+                assert!(
+                    within(t),
+                    "the table did not tell idle node 3 to avoid network 1 in time: {arm}"
+                );
+            }
+        }
+    }
+    for arm in arms.iter().filter(|a| a["idle"] == false) {
         assert_eq!(arm["failed"], 0, "calls failed: {arm}");
         for stop in arm["node3_stop_ms"].as_array().unwrap() {
             // Null: node 3 sent nothing on network 1 after the fault.

@@ -651,6 +651,8 @@ impl DetectorScenario {
                         out.path_reports.push((now, watch.network))
                     }
                     MonitorAction::Report(_) => {}
+                    // One sender in the model: nobody else to probe.
+                    MonitorAction::ProbeNetwork { .. } => {}
                 }
             }
             now += TICK;

@@ -523,6 +523,11 @@ impl StatsSnapshot {
                     "Quiet pairs whose first traffic woke the heartbeat sender",
                     d.kicks,
                 ),
+                (
+                    "probes_total",
+                    "Networks probed after a path on them was reported down",
+                    d.probes,
+                ),
             ] {
                 let _ = writeln!(
                     s,

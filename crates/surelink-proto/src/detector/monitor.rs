@@ -165,6 +165,18 @@ pub enum MonitorAction {
     },
     /// Report this.
     Report(PathReport),
+    /// A path on `network` was just reported down: ask every other peer
+    /// on that network for the busy pace now ([`super::Pacer::handle_probe`]),
+    /// so that if this node is the one cut off there, its idle pairs find
+    /// out within the short window too, not the idle one — and so do
+    /// their peers, through this node's reports and the role service's
+    /// tables. At most once per network per `idle_path_timeout`.
+    ProbeNetwork {
+        /// The network.
+        network: u16,
+        /// The peer whose path was reported (it needs no probe).
+        except: NodeId,
+    },
 }
 
 /// Which receive queue a heartbeat came out of (see the module docs).
@@ -300,6 +312,8 @@ pub struct Monitor {
     t_system_drop: Option<Time>,
     /// The same per private queue.
     private_drops: BTreeMap<Watch, (u64, Option<Time>)>,
+    /// When each network was last probed (see [`MonitorAction::ProbeNetwork`]).
+    probed: BTreeMap<u16, Time>,
     actions: VecDeque<MonitorAction>,
     stats: MonitorStats,
 }
@@ -321,6 +335,7 @@ impl Monitor {
             system_drops: None,
             t_system_drop: None,
             private_drops: BTreeMap::new(),
+            probed: BTreeMap::new(),
             actions: VecDeque::new(),
             stats: MonitorStats::default(),
         }
@@ -738,6 +753,17 @@ impl Monitor {
                             watch,
                             last_heard,
                         }));
+                    let recently = self
+                        .probed
+                        .get(&watch.network)
+                        .is_some_and(|t| now.saturating_since(*t) < self.config.idle_path_timeout);
+                    if !recently {
+                        self.probed.insert(watch.network, now);
+                        self.actions.push_back(MonitorAction::ProbeNetwork {
+                            network: watch.network,
+                            except: watch.peer,
+                        });
+                    }
                 }
                 Suspect::Peer(peer) => {
                     if self.dead.insert(peer, now).is_none() {

@@ -18,7 +18,15 @@ fn w(network: u16) -> Watch {
     Watch { peer: A, network }
 }
 
+/// The monitor's actions but its probes (`probes` tests those).
 fn actions(m: &mut Monitor) -> Vec<MonitorAction> {
+    std::iter::from_fn(|| m.poll_action())
+        .filter(|a| !matches!(a, MonitorAction::ProbeNetwork { .. }))
+        .collect()
+}
+
+/// Every action, probes included.
+fn all_actions(m: &mut Monitor) -> Vec<MonitorAction> {
     std::iter::from_fn(|| m.poll_action()).collect()
 }
 
@@ -760,4 +768,41 @@ fn a_fast_heartbeat_on_one_network_narrows_the_others() {
             last_heard: ms(0)
         })]
     );
+}
+
+/// A path reported down probes its network once (every other peer there
+/// asked for the busy pace), and not again within the idle path window.
+#[test]
+fn a_path_down_probes_its_network_once_per_window() {
+    let mut m = watching(DetectorMode::Plain);
+    let mut got = Vec::new();
+    for t in 1..=60u64 {
+        m.handle_timeout(ms(t));
+        got.extend(all_actions(&mut m));
+    }
+    let probes: Vec<_> = got
+        .iter()
+        .filter(|a| matches!(a, MonitorAction::ProbeNetwork { .. }))
+        .collect();
+    assert_eq!(
+        probes,
+        vec![&MonitorAction::ProbeNetwork {
+            network: 0,
+            except: A
+        }]
+    );
+    // Up and down again within the window: no second probe.
+    m.handle_heartbeat(ms(70), w(0), Epoch(1));
+    let mut got = Vec::new();
+    for t in 70..=130u64 {
+        m.handle_timeout(ms(t));
+        got.extend(all_actions(&mut m));
+    }
+    assert!(got.contains(&MonitorAction::Report(PathReport::PathDown {
+        watch: w(0),
+        last_heard: ms(70)
+    })));
+    assert!(!got
+        .iter()
+        .any(|a| matches!(a, MonitorAction::ProbeNetwork { .. })));
 }

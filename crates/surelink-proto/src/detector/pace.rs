@@ -67,6 +67,7 @@ pub struct Pacer {
     interval: Duration,
     linger: Duration,
     watch_linger: Duration,
+    probe: Duration,
     peers: BTreeMap<NodeId, PeerPace>,
     /// The next busy-pace round (`None`: no peer is busy).
     next_round: Option<Time>,
@@ -80,6 +81,7 @@ impl Pacer {
             interval: config.interval,
             linger: config.busy_linger,
             watch_linger: config.idle_interval,
+            probe: config.path_timeout,
             peers: BTreeMap::new(),
             next_round: None,
             kicks: 0,
@@ -98,6 +100,25 @@ impl Pacer {
         }
         // A kick also when busy already but only because the peer asked:
         // our WATCH must go out now, as it would have when quiet.
+        let kick = !was;
+        if kick && !p.kicked {
+            p.kicked = true;
+            self.kicks += 1;
+        }
+        kick
+    }
+
+    /// Probe `peer` at `now` (a path of another peer on a network we share
+    /// with it was reported down): the busy pace and `WATCH` for a short
+    /// while (`path_timeout`), enough for the peer to answer at its busy
+    /// pace for an idle interval. Returns whether that is a kick.
+    pub fn handle_probe(&mut self, now: Time, peer: NodeId) -> bool {
+        let p = self.peers.entry(peer).or_default();
+        let was = p.busy(now);
+        let until = now + self.probe;
+        if p.busy_until.is_none_or(|t| t < until) {
+            p.busy_until = Some(until);
+        }
         let kick = !was;
         if kick && !p.kicked {
             p.kicked = true;
@@ -262,6 +283,22 @@ mod tests {
         assert!(p.poll_round(ms(411), &mut out));
         assert_eq!(out, vec![(b, 0)], "its watch lapsed");
         assert!(!p.is_fast(b));
+    }
+
+    /// A probe is a short busy spell: WATCH goes out at once, and the pace
+    /// drops again after `path_timeout` (50 ms) with its notices.
+    #[test]
+    fn a_probe_asks_at_once_and_lasts_briefly() {
+        let mut p = pacer();
+        let c = NodeId(3);
+        let mut out = Vec::new();
+        assert!(p.handle_probe(ms(100), c));
+        assert!(p.poll_round(ms(100), &mut out));
+        assert_eq!(out, vec![(c, FLAG_FAST | FLAG_WATCH)]);
+        assert!(p.poll_round(ms(140), &mut out));
+        assert_eq!(out, vec![(c, FLAG_FAST | FLAG_WATCH)]);
+        assert!(p.poll_round(ms(150), &mut out));
+        assert_eq!(out, vec![(c, 0)], "50 ms later: notices");
     }
 
     #[test]

@@ -12,7 +12,7 @@ use tracing::debug;
 
 use surelink_proto::detector::datagram;
 use surelink_proto::detector::{MonitorAction, Watch};
-use surelink_proto::Time;
+use surelink_proto::{NodeId, Time};
 use surelink_sys::cpu;
 
 use super::{random_u64, CheckerState, DelayPoint, Detector, RoundState, Signal};
@@ -94,6 +94,38 @@ impl Detector {
         }
     }
 
+    /// Asks every peer but `except` that we send to on `network` for the
+    /// busy pace now (see `MonitorAction::ProbeNetwork`). Called under the
+    /// checker lock: takes the destinations', the pacer's and the kicks'
+    /// locks, never the checker's.
+    fn probe_network(&self, network: usize, except: NodeId) {
+        let peers: Vec<NodeId> = self
+            .dests
+            .lock()
+            .keys()
+            .filter(|(p, n)| *n == network && *p != except)
+            .map(|(p, _)| *p)
+            .collect();
+        if peers.is_empty() {
+            return;
+        }
+        let now = self.gate.now();
+        let mut kicked = Vec::new();
+        {
+            let mut pacer = self.pacer.lock();
+            for p in peers {
+                if pacer.handle_probe(now, p) {
+                    kicked.push(p);
+                }
+            }
+        }
+        if !kicked.is_empty() {
+            self.probes.fetch_add(1, Ordering::Relaxed);
+            self.probed.lock().extend(kicked);
+            self.wake_sender();
+        }
+    }
+
     /// Forwards the monitor's reports; returns a barrier request if any.
     pub(super) fn dispatch(&self, c: &mut CheckerState) -> Option<u64> {
         let mut barrier = None;
@@ -102,6 +134,9 @@ impl Detector {
                 MonitorAction::SendBarrier { token } => barrier = Some(token),
                 MonitorAction::Report(r) => {
                     let _ = self.signals.send(Signal::Report(r));
+                }
+                MonitorAction::ProbeNetwork { network, except } => {
+                    self.probe_network(usize::from(network), except);
                 }
             }
         }

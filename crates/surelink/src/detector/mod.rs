@@ -112,6 +112,9 @@ pub struct DetectorSnapshot {
     pub busy_rounds: u64,
     /// Quiet pairs woken by traffic (each one a busy round at once).
     pub kicks: u64,
+    /// Networks probed after a path on them was reported down (every
+    /// other peer there asked for the busy pace).
+    pub probes: u64,
     /// The monitor's counters.
     pub monitor: MonitorStats,
 }
@@ -193,6 +196,10 @@ pub(crate) struct Detector {
     kicks: Mutex<Vec<NodeId>>,
     /// Peers with a new destination: the sender greets them at once.
     greetings: Mutex<Vec<NodeId>>,
+    /// Peers just probed (a path on a network we share was reported down):
+    /// the monitor expects their busy pace once our ask is out.
+    probed: Mutex<Vec<NodeId>>,
+    probes: AtomicU64,
     kick_count: AtomicU64,
     busy_rounds: AtomicU64,
     /// When the checker will look next, ns (it is woken for anything
@@ -368,6 +375,8 @@ impl Detector {
             traffic: Mutex::new(BTreeMap::new()),
             kicks: Mutex::new(Vec::new()),
             greetings: Mutex::new(Vec::new()),
+            probed: Mutex::new(Vec::new()),
+            probes: AtomicU64::new(0),
             kick_count: AtomicU64::new(0),
             busy_rounds: AtomicU64::new(0),
             checker_wake: AtomicU64::new(0),
@@ -522,7 +531,7 @@ impl Detector {
 
     /// Wakes the sender: the pacer has a round due before it planned (a
     /// peer asked for the busy pace).
-    fn wake_sender(&self) {
+    pub(super) fn wake_sender(&self) {
         if let Some(t) = self.sender_thread.get() {
             t.unpark();
         }
@@ -655,6 +664,7 @@ impl Detector {
             busy_peers,
             busy_rounds: self.busy_rounds.load(Ordering::Relaxed),
             kicks: self.kick_count.load(Ordering::Relaxed),
+            probes: self.probes.load(Ordering::Relaxed),
             monitor,
         }
     }

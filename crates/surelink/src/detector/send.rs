@@ -184,6 +184,9 @@ impl Detector {
                 st.kicked.push(peer);
             }
         }
+        drop(pacer);
+        // Probed by the checker: already busy in the pacer.
+        st.kicked.extend(std::mem::take(&mut *self.probed.lock()));
         st.kicked.sort_unstable();
         st.kicked.dedup();
     }
