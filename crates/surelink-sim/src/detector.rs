@@ -547,6 +547,12 @@ impl DetectorScenario {
                         // is dated when that queue is read).
                         monitor.handle_private_drop_count(now, watch(n), q.drops);
                     }
+                    if let (Dest::Public, false) = (dest, q.items.is_empty()) {
+                        // So does the members' reader (`SO_RXQ_OVFL` comes
+                        // with each datagram): a drop is dated as the queue
+                        // it left full is read, not at the next check.
+                        monitor.handle_drop_count(now, q.drops);
+                    }
                     for _ in 0..READ_PER_TICK {
                         let Some(item) = q.items.pop_front() else {
                             break;

@@ -26,7 +26,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// `surelink-lab bench idle-peers`.
 #[derive(clap::Args, Debug)]
@@ -55,10 +55,14 @@ pub(crate) struct IdlePeersArgs {
     /// Directory for idle_peers.json and idle_peers.png.
     #[arg(long, default_value = "results/bench")]
     out: PathBuf,
+    /// Measure nothing: print the table and draw the plot of an earlier
+    /// run's idle_peers.json.
+    #[arg(long)]
+    from_json: Option<PathBuf>,
 }
 
 /// One measured step.
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub(crate) struct Step {
     build: String,
     peers: usize,
@@ -340,7 +344,35 @@ fn step(
     })
 }
 
+/// The table and the plot of earlier steps.
+fn report(steps: &[Step], png: &Path) -> Result<()> {
+    let mut builds: Vec<(String, PathBuf)> = Vec::new();
+    for b in ["current", "baseline"] {
+        if steps.iter().any(|s| s.build == b) {
+            builds.push((b.to_string(), PathBuf::new()));
+        }
+    }
+    let mut plan: Vec<(usize, bool)> = steps.iter().map(|s| (s.peers, s.loaded)).collect();
+    plan.sort_unstable();
+    plan.dedup();
+    plan.sort_by_key(|&(n, loaded)| (loaded, n));
+    let peers: Vec<usize> = plan.iter().filter(|p| !p.1).map(|p| p.0).collect();
+    print_table(steps, &builds, &plan);
+    draw(steps, &builds, &peers, png)
+}
+
 pub(crate) async fn run(args: &IdlePeersArgs) -> Result<()> {
+    if let Some(json) = &args.from_json {
+        let steps: Vec<Step> = serde_json::from_str(
+            &std::fs::read_to_string(json)
+                .with_context(|| format!("reading {}", json.display()))?,
+        )
+        .with_context(|| format!("parsing {}", json.display()))?;
+        let png = json.with_extension("png");
+        report(&steps, &png)?;
+        println!("wrote {}", png.display());
+        return Ok(());
+    }
     ensure!(
         args.seconds.is_finite() && (0.5..=600.0).contains(&args.seconds),
         "--seconds must be 0.5..600"
@@ -419,11 +451,10 @@ pub(crate) async fn run(args: &IdlePeersArgs) -> Result<()> {
             }
         }
     }
-    print_table(&steps, &builds, &plan);
     let json = args.out.join("idle_peers.json");
     std::fs::write(&json, serde_json::to_string_pretty(&steps)?)?;
     let png = args.out.join("idle_peers.png");
-    draw(&steps, &builds, &args.peers, &png)?;
+    report(&steps, &png)?;
     println!("wrote {} and {}", json.display(), png.display());
     Ok(())
 }
@@ -462,6 +493,17 @@ fn print_table(steps: &[Step], builds: &[(String, PathBuf)], plan: &[(usize, boo
                 med(steps, b, peers, loaded, |s| s.lo_packets_per_s),
             );
         }
+        for (b, _) in builds {
+            if steps
+                .iter()
+                .any(|s| s.build == *b && s.peers == peers && s.loaded == loaded && s.saturated)
+            {
+                println!(
+                    "{:>6} {:>7} {:>10} saturated: the clients used the machine's cores",
+                    "", "", b
+                );
+            }
+        }
         if builds.len() == 2 {
             let cur = med(steps, "current", peers, loaded, |s| s.server_cpu_pct);
             let base = med(steps, "baseline", peers, loaded, |s| s.server_cpu_pct);
@@ -478,13 +520,13 @@ fn draw(steps: &[Step], builds: &[(String, PathBuf)], peers: &[usize], png: &Pat
     let max_x = peers.iter().copied().max().unwrap_or(1).max(1) as f64;
     let max_y = steps
         .iter()
-        .filter(|s| !s.loaded)
+        .filter(|s| !s.loaded && !s.saturated)
         .map(|s| s.server_cpu_pct)
         .fold(1.0, f64::max)
         * 1.1;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            "Server CPU with idle client peers (surelink serve, 2 networks)",
+            "Server CPU with idle client peers (saturated runs left out)",
             crate::plot_style::TITLE,
         )
         .margin(15)
@@ -498,8 +540,15 @@ fn draw(steps: &[Step], builds: &[(String, PathBuf)], peers: &[usize], png: &Pat
         .draw()?;
     for (i, (b, _)) in builds.iter().enumerate() {
         let color = if i == 0 { BLUE } else { RED };
+        // A point whose clients saturated the machine says nothing of the
+        // server: left out (the table marks it).
         let pts: Vec<(f64, f64)> = peers
             .iter()
+            .filter(|&&n| {
+                !steps
+                    .iter()
+                    .any(|s| s.build == *b && s.peers == n && !s.loaded && s.saturated)
+            })
             .map(|&n| (n as f64, med(steps, b, n, false, |s| s.server_cpu_pct)))
             .collect();
         chart

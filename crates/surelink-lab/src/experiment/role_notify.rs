@@ -355,17 +355,10 @@ async fn round(role: bool, idle: bool, keys: &std::path::Path) -> Result<Option<
     let ms = |t: u64| t.saturating_sub(t_fault) as f64 / 1000.0;
     let c_ev = procs[2].events();
     let a_ev = procs[0].events();
-    let table = c_ev
-        .iter()
-        .find(|v| v["ev"] == "table" && v["avoid1"] == true && procs::t(v) >= t_fault)
-        .map(|v| ms(procs::t(v)));
-    let failed = c_ev
-        .iter()
-        .chain(a_ev.iter())
-        .filter(|v| v["ev"] == "calls")
-        .filter_map(|v| v["failed"].as_u64())
-        .max()
-        .unwrap_or(0);
+    let table = first_ms(&c_ev, t_fault, |v| {
+        v["ev"] == "table" && v["avoid1"] == true
+    });
+    let failed = failed_calls(c_ev.iter().chain(a_ev.iter()));
     let mut why: Vec<String> = c_ev
         .iter()
         .chain(a_ev.iter())
@@ -390,6 +383,24 @@ async fn round(role: bool, idle: bool, keys: &std::path::Path) -> Result<Option<
     Ok(Some(r))
 }
 
+/// Milliseconds after `t_fault` of the first event from then on that
+/// `pred` accepts.
+fn first_ms(events: &[Value], t_fault: u64, pred: impl Fn(&Value) -> bool) -> Option<f64> {
+    events
+        .iter()
+        .find(|v| procs::t(v) >= t_fault && pred(v))
+        .map(|v| procs::t(v).saturating_sub(t_fault) as f64 / 1000.0)
+}
+
+/// The most failed calls any of `events` reported.
+fn failed_calls<'a>(events: impl Iterator<Item = &'a Value>) -> u64 {
+    events
+        .filter(|v| v["ev"] == "calls")
+        .filter_map(|v| v["failed"].as_u64())
+        .max()
+        .unwrap_or(0)
+}
+
 /// The idle arm's fault and what node 3 learnt, when.
 async fn idle_fault(procs: Vec<NodeProc>) -> Result<Round> {
     let t_fault = wall_us();
@@ -399,20 +410,11 @@ async fn idle_fault(procs: Vec<NodeProc>) -> Result<Round> {
     let ms = |t: u64| t.saturating_sub(t_fault) as f64 / 1000.0;
     let c_ev = procs[2].events();
     let a_ev = procs[0].events();
-    let table = c_ev
-        .iter()
-        .find(|v| v["ev"] == "table" && v["avoid1"] == true && procs::t(v) >= t_fault)
-        .map(|v| ms(procs::t(v)));
-    let closed = c_ev
-        .iter()
-        .find(|v| v["ev"] == "paths1" && v["n"] == 0 && procs::t(v) >= t_fault)
-        .map(|v| ms(procs::t(v)));
-    let failed = a_ev
-        .iter()
-        .filter(|v| v["ev"] == "calls")
-        .filter_map(|v| v["failed"].as_u64())
-        .max()
-        .unwrap_or(0);
+    let table = first_ms(&c_ev, t_fault, |v| {
+        v["ev"] == "table" && v["avoid1"] == true
+    });
+    let closed = first_ms(&c_ev, t_fault, |v| v["ev"] == "paths1" && v["n"] == 0);
+    let failed = failed_calls(a_ev.iter());
     let r = Round {
         c_closed_ms: closed,
         c_stop_ms: None,

@@ -36,6 +36,13 @@
 //! silence rarer. The receiver's barrier and drop checks guard every
 //! report, whatever window started it.
 //!
+//! Drops are dated when first read, later than they happened (so they
+//! hold back more, never less). With no fixed tick the shell must read
+//! them as its readers take datagrams (a drop leaves a full queue, which
+//! is read at once), not only at the checker's wakes, which may be a
+//! whole idle window apart; the interfaces' counters are still read at
+//! the checks (at most every 100 ms while the checker is awake).
+//!
 //! A *path* report claims only that the path is silent now (it moves
 //! traffic; a false one costs a re-send), so its window follows the pace
 //! the peer announced: a peer's `FAST` heartbeats come every `interval`,

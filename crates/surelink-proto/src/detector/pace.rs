@@ -92,14 +92,17 @@ impl Pacer {
     /// reply went to it). Returns whether that is a kick: the pair was
     /// quiet, so the shell should wake its sender now.
     pub fn handle_traffic(&mut self, now: Time, peer: NodeId) -> bool {
+        self.busy_for(now, peer, self.linger)
+    }
+
+    /// Keeps the pair busy until `now + d` at least; a kick if it was not.
+    fn busy_for(&mut self, now: Time, peer: NodeId, d: Duration) -> bool {
         let p = self.peers.entry(peer).or_default();
         let was = p.busy(now);
-        let until = now + self.linger;
+        let until = now + d;
         if p.busy_until.is_none_or(|t| t < until) {
             p.busy_until = Some(until);
         }
-        // A kick also when busy already but only because the peer asked:
-        // our WATCH must go out now, as it would have when quiet.
         let kick = !was;
         if kick && !p.kicked {
             p.kicked = true;
@@ -113,18 +116,7 @@ impl Pacer {
     /// while (`path_timeout`), enough for the peer to answer at its busy
     /// pace for an idle interval. Returns whether that is a kick.
     pub fn handle_probe(&mut self, now: Time, peer: NodeId) -> bool {
-        let p = self.peers.entry(peer).or_default();
-        let was = p.busy(now);
-        let until = now + self.probe;
-        if p.busy_until.is_none_or(|t| t < until) {
-            p.busy_until = Some(until);
-        }
-        let kick = !was;
-        if kick && !p.kicked {
-            p.kicked = true;
-            self.kicks += 1;
-        }
-        kick
+        self.busy_for(now, peer, self.probe)
     }
 
     /// An authentic heartbeat of `peer` arrived at `now`, saying `WATCH`

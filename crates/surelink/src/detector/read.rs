@@ -60,7 +60,14 @@ impl Detector {
         self.stall(DelayPoint::Reader);
         let mut c = self.checker.lock();
         if let Some(d) = r.drops {
-            c.ovfl[network] = u64::from(d);
+            if c.ovfl[network] != u64::from(d) {
+                c.ovfl[network] = u64::from(d);
+                // Dated now, with the datagram that told us (the checker
+                // sleeps until a window ends: dated at its next wake, a
+                // drop would hold back reports for longer than it must).
+                let total = self.drop_total(&c.ovfl, false);
+                c.monitor.handle_drop_count(self.gate.now(), total);
+            }
         }
         let bytes = &buf[..r.len.min(buf.len())];
         match datagram::decode_datagram(bytes) {

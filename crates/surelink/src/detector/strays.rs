@@ -364,6 +364,16 @@ impl Detector {
             let n = sock.recv_batch(&mut batch).unwrap_or(0);
             read += n as u64;
             self.strays_read.fetch_add(n as u64, Ordering::Relaxed);
+            if n > 0 {
+                // Its drops dated as the queue is read, not at the
+                // checker's next wake (which may be a window away).
+                let drops = self.stray_drops();
+                let now = self.gate.now();
+                self.checker
+                    .lock()
+                    .monitor
+                    .handle_stray_drop_count(now, drops);
+            }
             for (bytes, from) in batch.iter() {
                 let Some(from) = from else {
                     self.refuse(Refused::Malformed);
