@@ -28,10 +28,12 @@
 
 mod check;
 mod gate;
+mod pace;
 mod private;
 mod react;
 mod read;
 mod send;
+mod snapshot;
 mod strays;
 
 use std::collections::BTreeMap;
@@ -46,7 +48,7 @@ use tracing::warn;
 
 use surelink_proto::detector::datagram::{Freshness, HeartbeatKey};
 use surelink_proto::detector::{
-    DetectorConfig, DetectorMode, Fence, Monitor, MonitorStats, Pacer, PathReport, Watch,
+    DetectorConfig, DetectorMode, Fence, Monitor, Pacer, PathReport, Watch,
 };
 use surelink_proto::secure::{Keypair, Members, PublicKey};
 use surelink_proto::{ClusterId, Epoch, NodeId, Time};
@@ -54,6 +56,7 @@ use surelink_sys::{counters, HeartbeatSocket, StraySocket};
 
 pub(crate) use gate::Gate;
 pub(crate) use react::signal_loop;
+pub use snapshot::DetectorSnapshot;
 pub use strays::{RefusedCounts, StraysSnapshot};
 
 /// How long a blocked reader waits before looking at the closed flag.
@@ -81,42 +84,6 @@ pub enum DelayPoint {
 pub(crate) enum Signal {
     Report(PathReport),
     Fenced { at: Time, missed_seq: u64 },
-}
-
-/// Detector counters for stats and experiments.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DetectorSnapshot {
-    /// Which detector runs.
-    pub mode: Option<DetectorMode>,
-    /// Heartbeats sent (one per peer address per interval).
-    pub heartbeats_sent: u64,
-    /// Heartbeats received.
-    pub heartbeats_received: u64,
-    /// Heartbeats whose TX timestamp came from the kernel (the rest used
-    /// the time after the send call returned).
-    pub tx_timestamped: u64,
-    /// Times this process fenced itself.
-    pub fences: u64,
-    /// Datagrams refused: heartbeats with a bad tag, from a non-member or
-    /// replayed; barriers not from this process or with a stale token.
-    pub datagrams_refused: u64,
-    /// The same by reason.
-    pub refused: RefusedCounts,
-    /// The port's split by source: members' queue and strays' queue.
-    pub strays: StraysSnapshot,
-    /// Microseconds from now until `t_valid` (negative: the gate is shut).
-    pub t_valid_in_us: i64,
-    /// Peers sent heartbeats at the busy pace now (traffic in flight).
-    pub busy_peers: u64,
-    /// Busy-pace rounds sent (the fence's rounds are `tx_timestamped`).
-    pub busy_rounds: u64,
-    /// Quiet pairs woken by traffic (each one a busy round at once).
-    pub kicks: u64,
-    /// Networks probed after a path on them was reported down (every
-    /// other peer there asked for the busy pace).
-    pub probes: u64,
-    /// The monitor's counters.
-    pub monitor: MonitorStats,
 }
 
 struct RoundState {
@@ -493,61 +460,6 @@ impl Detector {
         self.pacer.lock().forget(peer);
     }
 
-    /// The cell a session with `peer` stamps when it sends a call, a
-    /// message or a reply ([`Detector::note_traffic`]).
-    pub(crate) fn traffic_cell(&self, peer: NodeId) -> Arc<AtomicU64> {
-        self.traffic
-            .lock()
-            .entry(peer)
-            .or_insert_with(|| Arc::new(AtomicU64::new(0)))
-            .clone()
-    }
-
-    /// We have traffic in flight with `peer` (`cell` is its
-    /// [`Detector::traffic_cell`]): an atomic store, and on a quiet pair's
-    /// first traffic a kick — the sender asks the peer for the busy pace
-    /// at once, so a call on an idle pair is watched as closely as on a
-    /// busy one.
-    pub(crate) fn note_traffic(&self, peer: NodeId, cell: &AtomicU64) {
-        let now = self.gate.now().as_nanos().max(1);
-        let prev = cell.swap(now, Ordering::Relaxed);
-        let linger = u64::try_from(self.cfg.busy_linger.as_nanos()).unwrap_or(u64::MAX);
-        if prev == 0 || now.saturating_sub(prev) >= linger {
-            self.kicks.lock().push(peer);
-            self.kick_count.fetch_add(1, Ordering::Relaxed);
-            if let Some(t) = self.sender_thread.get() {
-                t.unpark();
-            }
-        }
-    }
-
-    /// A new destination for `peer`: it hears from us at once (an extra
-    /// heartbeat, not the fence's), not only at the next fence round — so
-    /// it watches the path from the start.
-    fn greet(&self, peer: NodeId) {
-        self.greetings.lock().push(peer);
-        self.wake_sender();
-    }
-
-    /// Wakes the sender: the pacer has a round due before it planned (a
-    /// peer asked for the busy pace).
-    pub(super) fn wake_sender(&self) {
-        if let Some(t) = self.sender_thread.get() {
-            t.unpark();
-        }
-    }
-
-    /// Wakes the checker if the monitor now wants a check before the one
-    /// it sleeps towards. Call without the checker lock.
-    fn wake_checker_if_due(&self) {
-        let due = self.checker.lock().monitor.poll_timeout().as_nanos();
-        if due < self.checker_wake.load(Ordering::Relaxed) {
-            if let Some(t) = self.checker_thread.get() {
-                t.unpark();
-            }
-        }
-    }
-
     /// Heartbeats for `peer` on `network` go to `addr` (its listener's
     /// address: the heartbeat socket shares the port).
     pub(crate) fn add_destination(&self, peer: NodeId, network: usize, addr: SocketAddr) {
@@ -636,37 +548,6 @@ impl Detector {
             s.set_recv_buffer(bytes)?;
         }
         Ok(())
-    }
-
-    pub(crate) fn snapshot(&self) -> DetectorSnapshot {
-        let now = self.gate.now().as_nanos();
-        let t_valid = self.gate.t_valid.load(Ordering::Acquire);
-        let t_valid_in_us = if t_valid == u64::MAX {
-            i64::MAX
-        } else {
-            let d = i128::from(t_valid) - i128::from(now);
-            i64::try_from(d / 1000).unwrap_or(i64::MIN)
-        };
-        // One lock at a time: a temporary guard lives to the end of the
-        // statement, and the reader takes the pacer under the checker.
-        let busy_peers = self.pacer.lock().fast_peers() as u64;
-        let monitor = self.checker.lock().monitor.stats();
-        DetectorSnapshot {
-            mode: Some(self.cfg.mode),
-            heartbeats_sent: self.heartbeats_sent.load(Ordering::Relaxed),
-            heartbeats_received: self.heartbeats_received.load(Ordering::Relaxed),
-            tx_timestamped: self.tx_timestamped.load(Ordering::Relaxed),
-            fences: self.fences.load(Ordering::Relaxed),
-            datagrams_refused: self.refused.load(Ordering::Relaxed),
-            refused: self.junk.snapshot(),
-            strays: self.strays_snapshot(),
-            t_valid_in_us,
-            busy_peers,
-            busy_rounds: self.busy_rounds.load(Ordering::Relaxed),
-            kicks: self.kick_count.load(Ordering::Relaxed),
-            probes: self.probes.load(Ordering::Relaxed),
-            monitor,
-        }
     }
 
     /// After a fence: heartbeats carry `epoch` and a fresh schedule starts.

@@ -1,0 +1,68 @@
+//! The shell's side of the two paces: sessions stamp their traffic per
+//! peer (a quiet pair's first traffic kicks the sender), new destinations
+//! are greeted at once, and the threads are woken when the core's pacer or
+//! monitor brings something forward.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use surelink_proto::NodeId;
+
+use super::Detector;
+
+impl Detector {
+    /// The cell a session with `peer` stamps when it sends a call, a
+    /// message or a reply ([`Detector::note_traffic`]).
+    pub(crate) fn traffic_cell(&self, peer: NodeId) -> Arc<AtomicU64> {
+        self.traffic
+            .lock()
+            .entry(peer)
+            .or_insert_with(|| Arc::new(AtomicU64::new(0)))
+            .clone()
+    }
+
+    /// We have traffic in flight with `peer` (`cell` is its
+    /// [`Detector::traffic_cell`]): an atomic store, and on a quiet pair's
+    /// first traffic a kick — the sender asks the peer for the busy pace
+    /// at once, so a call on an idle pair is watched as closely as on a
+    /// busy one.
+    pub(crate) fn note_traffic(&self, peer: NodeId, cell: &AtomicU64) {
+        let now = self.gate.now().as_nanos().max(1);
+        let prev = cell.swap(now, Ordering::Relaxed);
+        let linger = u64::try_from(self.cfg.busy_linger.as_nanos()).unwrap_or(u64::MAX);
+        if prev == 0 || now.saturating_sub(prev) >= linger {
+            self.kicks.lock().push(peer);
+            self.kick_count.fetch_add(1, Ordering::Relaxed);
+            if let Some(t) = self.sender_thread.get() {
+                t.unpark();
+            }
+        }
+    }
+
+    /// A new destination for `peer`: it hears from us at once (an extra
+    /// heartbeat, not the fence's), not only at the next fence round — so
+    /// it watches the path from the start.
+    pub(super) fn greet(&self, peer: NodeId) {
+        self.greetings.lock().push(peer);
+        self.wake_sender();
+    }
+
+    /// Wakes the sender: the pacer has a round due before it planned (a
+    /// peer asked for the busy pace).
+    pub(super) fn wake_sender(&self) {
+        if let Some(t) = self.sender_thread.get() {
+            t.unpark();
+        }
+    }
+
+    /// Wakes the checker if the monitor now wants a check before the one
+    /// it sleeps towards. Call without the checker lock.
+    pub(super) fn wake_checker_if_due(&self) {
+        let due = self.checker.lock().monitor.poll_timeout().as_nanos();
+        if due < self.checker_wake.load(Ordering::Relaxed) {
+            if let Some(t) = self.checker_thread.get() {
+                t.unpark();
+            }
+        }
+    }
+}
