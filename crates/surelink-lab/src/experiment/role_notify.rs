@@ -348,13 +348,8 @@ async fn round(role: bool, idle: bool, keys: &std::path::Path) -> Result<Option<
         }
         return Ok(None);
     }
-    let t_fault = wall_us();
-    fault(true)?;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    fault(false)?;
+    let (t_fault, c_ev, a_ev) = fault_window(&procs, Duration::from_millis(1500)).await?;
     let ms = |t: u64| t.saturating_sub(t_fault) as f64 / 1000.0;
-    let c_ev = procs[2].events();
-    let a_ev = procs[0].events();
     let table = first_ms(&c_ev, t_fault, |v| {
         v["ev"] == "table" && v["avoid1"] == true
     });
@@ -383,6 +378,15 @@ async fn round(role: bool, idle: bool, keys: &std::path::Path) -> Result<Option<
     Ok(Some(r))
 }
 
+/// The fault for `hold`; when it began, and node 3's and node 1's events.
+async fn fault_window(procs: &[NodeProc], hold: Duration) -> Result<(u64, Vec<Value>, Vec<Value>)> {
+    let t_fault = wall_us();
+    fault(true)?;
+    tokio::time::sleep(hold).await;
+    fault(false)?;
+    Ok((t_fault, procs[2].events(), procs[0].events()))
+}
+
 /// Milliseconds after `t_fault` of the first event from then on that
 /// `pred` accepts.
 fn first_ms(events: &[Value], t_fault: u64, pred: impl Fn(&Value) -> bool) -> Option<f64> {
@@ -403,13 +407,8 @@ fn failed_calls<'a>(events: impl Iterator<Item = &'a Value>) -> u64 {
 
 /// The idle arm's fault and what node 3 learnt, when.
 async fn idle_fault(procs: Vec<NodeProc>) -> Result<Round> {
-    let t_fault = wall_us();
-    fault(true)?;
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    fault(false)?;
+    let (t_fault, c_ev, a_ev) = fault_window(&procs, Duration::from_millis(2500)).await?;
     let ms = |t: u64| t.saturating_sub(t_fault) as f64 / 1000.0;
-    let c_ev = procs[2].events();
-    let a_ev = procs[0].events();
     let table = first_ms(&c_ev, t_fault, |v| {
         v["ev"] == "table" && v["avoid1"] == true
     });
