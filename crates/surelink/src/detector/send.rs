@@ -169,6 +169,12 @@ impl Detector {
             .iter()
             .map(|(p, c)| (*p, c.load(Ordering::Relaxed)))
             .collect();
+        // A forgotten peer's stamp goes with it (cells only ever leave
+        // the map with their peer, so a longer `folded` means one left).
+        if st.folded.len() > cells.len() {
+            let live: std::collections::BTreeSet<NodeId> = cells.iter().map(|(p, _)| *p).collect();
+            st.folded.retain(|p, _| live.contains(p));
+        }
         let mut pacer = self.pacer.lock();
         for (peer, t) in cells {
             if t == 0 || st.folded.get(&peer) == Some(&t) {
@@ -225,6 +231,10 @@ impl Detector {
             let hs = self.handshakes.lock();
             let pacer = self.pacer.lock();
             let mut out = Vec::new();
+            if matches!(round, Round::Fence) {
+                // A forgotten peer's count goes with it.
+                st.per_dest.retain(|k, _| public.contains_key(k));
+            }
             let mut add = |k: &(NodeId, usize), public: &SocketAddr, pace: u16| {
                 let n = st.per_dest.entry(*k).or_insert(0);
                 *n += 1;
