@@ -34,7 +34,7 @@ mod socket;
 pub mod steer;
 
 pub use private::{PollRegistry, Poller, PrivateSocket};
-pub use socket::{HeartbeatSocket, Received, TxTimestamp};
+pub use socket::{is_local_shortage, HeartbeatSocket, Received, TxTimestamp};
 pub use steer::{QueueState, StraySocket};
 
 /// Signals for experiments that stop and resume a process.
@@ -80,6 +80,24 @@ pub fn boottime() -> std::time::Duration {
         u64::try_from(ts.tv_sec).unwrap_or(0),
         u32::try_from(ts.tv_nsec).unwrap_or(0),
     )
+}
+
+/// Puts the calling thread in the lowest real-time class (`SCHED_RR`,
+/// priority 1), where the host allows it (`CAP_SYS_NICE`): it then runs
+/// ahead of every ordinary thread when it wakes, instead of waiting its
+/// turn behind them on a busy host. For a thread that sleeps nearly all
+/// the time (the heartbeat sender); the kernel's real-time throttling
+/// (`sched_rt_runtime_us`) still bounds what it can take.
+pub fn realtime_thread() -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: 1 };
+    // SAFETY: plain system call on the calling thread (pid 0) with a
+    // valid parameter.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_RR, &param) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Raises this process's soft limit on open files to its hard limit (what

@@ -65,6 +65,13 @@ impl PrivateSocket {
         queue_state(&self.sock)
     }
 
+    /// Shuts it down: a [`Poller`] watching it wakes (readable, at end of
+    /// file).
+    pub fn shutdown(&self) {
+        // SAFETY: plain system call on our own descriptor.
+        unsafe { libc::shutdown(self.sock.as_raw_fd(), libc::SHUT_RDWR) };
+    }
+
     /// The descriptor, for a [`Poller`].
     pub fn fd(&self) -> i32 {
         self.sock.as_raw_fd()

@@ -84,6 +84,10 @@ pub(crate) struct Step {
     /// Established connections to the server as the measurement began
     /// (two per client when all are in).
     connections: usize,
+    /// Established connections as it ended (fewer: clients reconnected
+    /// during the step, which then measured more than the idle state).
+    #[serde(default)]
+    connections_after: usize,
     /// Server plus clients used ≥ 90 % of the machine's cores.
     saturated: bool,
 }
@@ -240,6 +244,7 @@ struct Measured {
     bytes: f64,
     alive: usize,
     connections: usize,
+    connections_after: usize,
 }
 
 /// Established TCP connections to the server's port (both networks), as
@@ -267,14 +272,26 @@ fn step(
     clients: &[PathBuf],
     loaded_interval: Option<u64>,
     seconds: f64,
+    log: &Path,
 ) -> Result<Measured> {
     let mut procs = Procs(Vec::new());
+    // The server's log, each step's after the last (why a client was
+    // dropped, if one was).
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    {
+        use std::io::Write;
+        writeln!(log, "=== {} with {} clients", bin.display(), clients.len())?;
+    }
     let server = Command::new(bin)
         .args(["serve", "--config"])
         .arg(server_cfg)
         .current_dir(&setup.dir)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))?;
     let server_pid = server.id();
@@ -305,9 +322,18 @@ fn step(
             .context("starting a client")?;
         client_pids.push(child.id());
         procs.0.push(child);
+        // A hundred a second: 500 handshakes at once on two cores time
+        // out and retry, and the step would measure the storm.
+        std::thread::sleep(Duration::from_millis(10));
     }
-    // Every client connected and past its first call, then a warm-up.
-    std::thread::sleep(Duration::from_secs(3) + Duration::from_millis(20 * clients.len() as u64));
+    // Every client connected (two connections each) and past its first
+    // call, then a warm-up: the step measures the idle steady state.
+    let want = 2 * clients.len();
+    let end = Instant::now() + Duration::from_secs(60);
+    while established(setup.port) < want && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(3));
     let connections = established(setup.port);
     let hz = USER_HZ;
     let s0 = ticks_of(server_pid);
@@ -321,6 +347,7 @@ fn step(
     let d1 = detector_ticks_of(server_pid);
     let c1: u64 = client_pids.iter().map(|p| ticks_of(*p)).sum();
     let (p1, b1) = lo_counters();
+    let connections_after = established(setup.port);
     let alive = procs
         .0
         .iter_mut()
@@ -341,6 +368,7 @@ fn step(
         bytes: (b1 - b0) as f64 / dt,
         alive,
         connections,
+        connections_after,
     })
 }
 
@@ -385,6 +413,8 @@ pub(crate) async fn run(args: &IdlePeersArgs) -> Result<()> {
     let _ = surelink_sys::raise_fd_limit();
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
+    let server_log = args.out.join("idle_peers_server.log");
+    let _ = std::fs::remove_file(&server_log);
     let current = crate::attack::surelink_bin(args.surelink_bin.as_deref())?;
     let mut builds = vec![("current".to_string(), current)];
     if let Some(b) = &args.baseline_bin {
@@ -417,7 +447,15 @@ pub(crate) async fn run(args: &IdlePeersArgs) -> Result<()> {
                 );
                 let interval = loaded.then_some(args.loaded_interval_ms);
                 let m = tokio::task::block_in_place(|| {
-                    step(bin, &setup, &server_cfg, &clients, interval, args.seconds)
+                    step(
+                        bin,
+                        &setup,
+                        &server_cfg,
+                        &clients,
+                        interval,
+                        args.seconds,
+                        &server_log,
+                    )
                 })?;
                 let (server, clients_cpu) = (m.server, m.clients);
                 let s = Step {
@@ -432,10 +470,11 @@ pub(crate) async fn run(args: &IdlePeersArgs) -> Result<()> {
                     lo_bytes_per_s: m.bytes,
                     clients_alive: m.alive,
                     connections: m.connections,
+                    connections_after: m.connections_after,
                     saturated: server + clients_cpu >= 90.0 * cores,
                 };
                 eprintln!(
-                    "    server {:.1} % (detector threads {:.1} %) · clients {:.1} % · lo {:.0} pkt/s {:.0} B/s · {} alive · {} connections{}",
+                    "    server {:.1} % (detector threads {:.1} %) · clients {:.1} % · lo {:.0} pkt/s {:.0} B/s · {} alive · {}→{} connections{}",
                     s.server_cpu_pct,
                     s.server_detector_cpu_pct,
                     s.clients_cpu_pct,
@@ -443,6 +482,7 @@ pub(crate) async fn run(args: &IdlePeersArgs) -> Result<()> {
                     s.lo_bytes_per_s,
                     s.clients_alive,
                     s.connections,
+                    s.connections_after,
                     if s.saturated { " · SATURATED" } else { "" }
                 );
                 steps.push(s);

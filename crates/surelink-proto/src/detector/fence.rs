@@ -21,7 +21,10 @@
 //! left the host. Nobody can have heard that incarnation before, so nobody
 //! can count a gap in it; without this, a process cut off from every link
 //! would fence again every slack for as long as the outage lasts (a new
-//! epoch each time), instead of once.
+//! epoch each time), instead of once. "Left" means confirmed by its TX
+//! timestamp or, when none comes back, handed to the kernel
+//! ([`Fence::handle_handed`]): a heartbeat peers may hear arms the fence
+//! either way.
 
 use std::time::Duration;
 
@@ -219,6 +222,30 @@ impl Fence {
         }
     }
 
+    /// Heartbeat `seq` was handed to the kernel no earlier than `at`, and
+    /// no TX timestamp has confirmed when it left. An unarmed fence arms
+    /// here all the same: receivers may hear this heartbeat, so from now on
+    /// they may count a gap in this incarnation. The heartbeat stays
+    /// unconfirmed, so the fence closes at `at + slack` unless a later one
+    /// is confirmed in time. `at` is a lower bound of the departure, which
+    /// makes every deadline early, never late. An armed fence ignores it
+    /// (an unconfirmed heartbeat proves nothing there).
+    ///
+    /// Without it, an incarnation whose heartbeats left but were never
+    /// confirmed (stamps lost) ran with no deadline while its peers heard
+    /// it: a stall then went unfenced.
+    pub fn handle_handed(&mut self, seq: u64, at: Time) {
+        if self.armed || self.fenced.is_some() || seq >= self.next_seq {
+            return;
+        }
+        let nanos = u64::try_from(self.interval.as_nanos())
+            .unwrap_or(u64::MAX)
+            .saturating_mul(seq);
+        self.origin = Time::from_nanos(at.as_nanos().saturating_sub(nanos));
+        self.confirmed = seq;
+        self.armed = true;
+    }
+
     /// The schedule slot `now` falls in.
     fn slot_at(&self, now: Time) -> u64 {
         let i = u64::try_from(self.interval.as_nanos())
@@ -257,6 +284,34 @@ mod tests {
 
     fn ms(m: u64) -> Time {
         Time::from_millis(m)
+    }
+
+    /// An unarmed fence whose heartbeats leave unconfirmed arms on the
+    /// first one handed out, and fences a slack later unless a later
+    /// heartbeat is confirmed in time.
+    #[test]
+    fn an_unconfirmed_heartbeat_arms_an_unarmed_fence() {
+        let mut f = Fence::unarmed(&cfg(), ms(100));
+        assert!(!f.is_armed());
+        let due = f.poll_heartbeat(ms(100)).unwrap();
+        f.handle_handed(due.seq, ms(100));
+        assert!(f.is_armed());
+        assert_eq!(f.t_valid(), ms(120));
+        // A later heartbeat confirmed in time keeps it valid...
+        let next = f.poll_heartbeat(ms(110)).unwrap();
+        f.handle_sent(next.seq, ms(111));
+        assert_eq!(f.t_valid(), ms(140));
+        // ...and with none confirmed it closes at the deadline.
+        let mut g = Fence::unarmed(&cfg(), ms(100));
+        let due = g.poll_heartbeat(ms(100)).unwrap();
+        g.handle_handed(due.seq, ms(100));
+        g.poll_heartbeat(ms(110)).unwrap();
+        assert!(matches!(g.state(ms(121)), FenceState::Fenced { at, .. } if at == ms(120)));
+        // Armed already: an unconfirmed heartbeat changes nothing.
+        let mut h = Fence::new(&cfg(), ms(0));
+        let due = h.poll_heartbeat(ms(0)).unwrap();
+        h.handle_handed(due.seq, ms(0));
+        assert_eq!(h.t_valid(), ms(20));
     }
 
     #[test]

@@ -59,8 +59,12 @@ pub(crate) use react::signal_loop;
 pub use snapshot::DetectorSnapshot;
 pub use strays::{RefusedCounts, StraysSnapshot};
 
-/// How long a blocked reader waits before looking at the closed flag.
-const READ_POLL: Duration = Duration::from_millis(50);
+/// How long a blocked reader waits before looking at the closed flag. A
+/// fallback only: closing shuts the sockets down, which wakes every reader
+/// at once (an idle process has no reader waking on a timer).
+const READ_POLL: Duration = Duration::from_secs(1);
+/// How long a read blocks once a wait said a datagram is there.
+const RECV_TIMEOUT: Duration = Duration::from_millis(50);
 /// How often the checker reads the interfaces' drop counters between barriers.
 const SYSTEM_COUNTERS_EVERY: Duration = Duration::from_millis(100);
 /// How long the sender waits for the kernel's TX timestamps of one round.
@@ -247,7 +251,7 @@ impl Detector {
         let mut strays = Vec::new();
         for addr in local {
             let s = HeartbeatSocket::bind(*addr)?;
-            s.set_read_timeout(Some(READ_POLL))?;
+            s.set_read_timeout(Some(RECV_TIMEOUT))?;
             // The split by source is what keeps a junk flood from holding
             // back reports; without it (no reuseport) one queue, as before.
             match s.open_strays() {
@@ -513,6 +517,8 @@ impl Detector {
         for s in self.strays.lock().iter().flatten() {
             s.shutdown();
         }
+        // Wakes the private sockets' reader (its epoll set holds them).
+        self.private.lock().shutdown();
         let threads: Vec<_> = self.threads.lock().drain(..).collect();
         let me = std::thread::current().id();
         for t in &threads {

@@ -138,6 +138,16 @@ impl Private {
         }
     }
 
+    /// Shuts every socket down: the reading thread wakes (the endpoint
+    /// closes).
+    pub(super) fn shutdown(&self) {
+        for slot in self.by_token.values() {
+            match slot {
+                Slot::Peer(_, _, s) | Slot::Barrier(s) => s.shutdown(),
+            }
+        }
+    }
+
     /// Closes every socket (the endpoint closes).
     pub(super) fn clear(&mut self) {
         let tokens: Vec<u64> = self.by_token.keys().copied().collect();
@@ -211,6 +221,7 @@ impl Detector {
     /// Reads every private socket: peers' heartbeats and our barriers.
     pub(super) fn private_thread(self: Arc<Self>, mut poller: Poller) {
         let mut ready = Vec::new();
+        let mut slots: Vec<Slot> = Vec::new();
         let mut batch = Batch::default();
         while !self.closed.load(Ordering::Relaxed) {
             if let Err(e) = poller.wait(READ_POLL, &mut ready) {
@@ -233,10 +244,13 @@ impl Detector {
                 ready.sort_unstable();
                 ready.dedup();
             }
-            for token in &ready {
-                let Some(slot) = self.private.lock().by_token.get(token).cloned() else {
-                    continue;
-                };
+            // One look at the sockets per wake-up, not one per socket.
+            slots.clear();
+            {
+                let p = self.private.lock();
+                slots.extend(ready.iter().filter_map(|t| p.by_token.get(t).cloned()));
+            }
+            for slot in slots.drain(..) {
                 let sock = match &slot {
                     Slot::Peer(_, _, s) | Slot::Barrier(s) => s.clone(),
                 };

@@ -13,6 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use rustc_hash::FxHashMap;
 use tracing::debug;
 
 use surelink_proto::detector::datagram;
@@ -31,6 +32,13 @@ enum Round<'a> {
     /// The busy pace's: these peers with these pace flags, not waited for.
     Busy(&'a [(NodeId, u16)]),
 }
+
+/// A fence heartbeat this close to its deadline is logged (debug).
+const LATE_WARNING: Duration = Duration::from_millis(500);
+
+/// Datagrams per send call, after which the call's TX timestamps are read
+/// (well under what a socket's error queue holds).
+const STAMP_CHUNK: usize = 64;
 
 /// One datagram to send: its bytes, where it goes, and whose counted copy
 /// it is (`None`: an extra copy).
@@ -51,10 +59,22 @@ struct SenderState {
     /// Traffic stamps already given to the pacer, per peer.
     folded: BTreeMap<NodeId, u64>,
     kicked: Vec<NodeId>,
+    /// When the last fence round began handing heartbeats to the kernel
+    /// (`None`: nothing of it was handed over).
+    handed_at: Option<Time>,
 }
 
 impl Detector {
     pub(super) fn sender_thread(self: Arc<Self>) {
+        // On a host whose cores are all busy an ordinary thread can wait
+        // a hundred milliseconds for its turn, and a fence round that
+        // waits past its slack fences the process (then every session
+        // starts again): the sender runs ahead of ordinary threads where
+        // the host allows it. A heartbeat still late fences, as before.
+        match surelink_sys::realtime_thread() {
+            Ok(()) => debug!("heartbeat sender at real-time priority"),
+            Err(e) => debug!(error = %e, "heartbeat sender at ordinary priority"),
+        }
         let mut st = SenderState::default();
         let mut signalled = u64::MAX;
         let safetimer = self.cfg.mode == DetectorMode::SafeTimer;
@@ -89,14 +109,28 @@ impl Detector {
             };
             if let Some(due) = due {
                 let sent_at = self.send_round(Round::Fence, &mut st);
+                if sent_at.is_none_or(|t| t + LATE_WARNING > due.deadline) {
+                    debug!(
+                        seq = due.seq,
+                        handed = ?now,
+                        ?sent_at,
+                        deadline = ?due.deadline,
+                        "fence heartbeat late or unconfirmed"
+                    );
+                }
                 let mut f = self.fence.lock();
                 if self.fence_generation.load(Ordering::Acquire) != generation {
                     continue;
                 }
                 match (safetimer, sent_at) {
                     (true, Some(t)) => f.handle_sent(due.seq, t),
-                    // Unconfirmed: the fence closes at its deadline.
-                    (true, None) => {}
+                    // Unconfirmed: the fence closes at its deadline (and an
+                    // unarmed one arms: peers may have heard it).
+                    (true, None) => {
+                        if let Some(at) = st.handed_at {
+                            f.handle_handed(due.seq, at);
+                        }
+                    }
                     (false, _) => f.handle_sent(due.seq, Time::ZERO),
                 }
                 if safetimer {
@@ -217,6 +251,7 @@ impl Detector {
     /// a probe.
     fn send_round(&self, round: Round<'_>, st: &mut SenderState) -> Option<Time> {
         let now = self.gate.now();
+        st.handed_at = None;
         // Acks come with the peer's heartbeats, at the idle pace when it is
         // idle: the handshake's window is the idle path window.
         let window = self.cfg.idle_path_timeout;
@@ -324,25 +359,46 @@ impl Detector {
             }
             out[network].push((hb.to_vec(), counted, Some(peer)));
         }
+        // Stamps drained as they come, per socket: the error queue holds
+        // only what the socket's receive buffer does (about 250 stamps by
+        // default) and the kernel drops the rest, which left every round
+        // past that many peers unconfirmed.
+        let mut early: Vec<Vec<TxTimestamp>> = vec![Vec::new(); sockets.len()];
+        // Counted copies the path refused (an ICMP error, no route, a
+        // filter): lost on the way, not late.
+        let mut refused: Vec<NodeId> = Vec::new();
+        let handed_at = self.gate.now();
         // One system call per 64 datagrams rather than one each.
         for (network, sock) in sockets.iter().enumerate() {
             let batch: Vec<(&[u8], SocketAddr)> = out[network]
                 .iter()
                 .map(|(b, a, _)| (b.as_slice(), *a))
                 .collect();
-            if batch.is_empty() {
-                continue;
-            }
-            for (r, (_, addr, counted)) in sock.send_batch(&batch).into_iter().zip(&out[network]) {
-                match (r, counted) {
-                    (Ok(id), Some(peer)) => sent[network].push((*peer, id)),
-                    (Ok(_), None) => {}
-                    (Err(e), _) => {
-                        // Its id may be taken: the socket's ids are not
-                        // trusted this round.
-                        failed[network] = true;
-                        debug!(%addr, error = %e, "heartbeat not sent");
+            for (msgs, outgoing) in batch
+                .chunks(STAMP_CHUNK)
+                .zip(out[network].chunks(STAMP_CHUNK))
+            {
+                for (r, (_, addr, counted)) in sock.send_batch(msgs).into_iter().zip(outgoing) {
+                    match (r, counted) {
+                        (Ok(id), Some(peer)) => sent[network].push((*peer, id)),
+                        (Ok(_), None) => {}
+                        (Err(e), counted) => {
+                            // Its id may be taken: the socket's ids are not
+                            // trusted this round.
+                            failed[network] = true;
+                            if let (Some(peer), false) =
+                                (counted, surelink_sys::is_local_shortage(&e))
+                            {
+                                refused.push(*peer);
+                            }
+                            debug!(%addr, error = %e, "heartbeat not sent");
+                        }
                     }
+                }
+                if stamped && sock.timestamps_enabled() {
+                    st.stamps.clear();
+                    let _ = sock.take_tx_timestamps(&mut st.stamps);
+                    early[network].extend(st.stamps.iter().filter(|ts| ts.at >= round_start));
                 }
             }
         }
@@ -353,6 +409,9 @@ impl Detector {
         let n_sent: usize = sent.iter().map(Vec::len).sum();
         self.heartbeats_sent
             .fetch_add(n_sent as u64, Ordering::Relaxed);
+        if n_sent > 0 {
+            st.handed_at = Some(handed_at);
+        }
         if !stamped {
             return Some(t_after);
         }
@@ -365,6 +424,15 @@ impl Detector {
         for peer in lost_on_wire {
             confirm(&mut confirmed, peer, t_after);
         }
+        // A peer whose path refused our copy does not hold back the round
+        // (one unreachable peer would fence the process and end every
+        // session) — as long as something left for someone: a host whose
+        // every copy failed is cut off, and fences as before.
+        if n_sent > 0 {
+            for peer in refused {
+                confirm(&mut confirmed, peer, t_after);
+            }
+        }
         for (network, sock) in sockets.iter().enumerate() {
             if !sock.timestamps_enabled() {
                 for (peer, _) in &sent[network] {
@@ -373,7 +441,14 @@ impl Detector {
             }
         }
         let deadline = Instant::now() + TIMESTAMP_WAIT;
-        let mut got: Vec<Vec<TxTimestamp>> = vec![Vec::new(); sockets.len()];
+        // Per socket: whose copy each datagram id is, the stamps of this
+        // round seen so far, and the latest of them.
+        let owners: Vec<FxHashMap<u32, NodeId>> = sent
+            .iter()
+            .map(|v| v.iter().map(|(peer, id)| (*id, *peer)).collect())
+            .collect();
+        let mut got = vec![0usize; sockets.len()];
+        let mut latest_stamp: Vec<Option<SystemTime>> = vec![None; sockets.len()];
         // Slept, not spun: the kernel stamps a datagram within
         // microseconds, and a round is four times a second.
         let mut nap = Duration::from_micros(20);
@@ -383,24 +458,25 @@ impl Detector {
                     continue;
                 }
                 st.stamps.clear();
+                st.stamps.append(&mut early[network]);
                 let _ = sock.take_tx_timestamps(&mut st.stamps);
-                got[network].extend(st.stamps.iter().filter(|ts| ts.at >= round_start));
-                if failed[network] {
+                for ts in st.stamps.iter().filter(|ts| ts.at >= round_start) {
+                    got[network] += 1;
+                    latest_stamp[network] = latest_stamp[network].max(Some(ts.at));
+                    if !failed[network] {
+                        if let Some(peer) = owners[network].get(&ts.id) {
+                            confirm(&mut confirmed, *peer, self.to_time(ts.at));
+                        }
+                    }
+                }
+                if failed[network] && got[network] >= sent[network].len() {
                     // Ids not trusted: every copy on this socket counts as
                     // confirmed only once as many stamps came back, at the
                     // latest of them.
-                    if got[network].len() >= sent[network].len() {
-                        if let Some(latest) = got[network].iter().map(|ts| ts.at).max() {
-                            let at = self.to_time(latest);
-                            for (peer, _) in &sent[network] {
-                                confirm(&mut confirmed, *peer, at);
-                            }
-                        }
-                    }
-                } else {
-                    for ts in &got[network] {
-                        if let Some((peer, _)) = sent[network].iter().find(|(_, id)| *id == ts.id) {
-                            confirm(&mut confirmed, *peer, self.to_time(ts.at));
+                    if let Some(latest) = latest_stamp[network] {
+                        let at = self.to_time(latest);
+                        for (peer, _) in &sent[network] {
+                            confirm(&mut confirmed, *peer, at);
                         }
                     }
                 }
@@ -410,6 +486,20 @@ impl Detector {
             }
             std::thread::sleep(nap);
             nap = (nap * 2).min(Duration::from_micros(500));
+        }
+        let unconfirmed = confirmed.values().filter(|t| t.is_none()).count();
+        if unconfirmed > 0 {
+            let first = confirmed.iter().find(|(_, t)| t.is_none()).map(|(p, _)| *p);
+            debug!(
+                unconfirmed,
+                peers = confirmed.len(),
+                ?first,
+                sent = ?sent.iter().map(Vec::len).collect::<Vec<_>>(),
+                stamps = ?got,
+                ?failed,
+                "fence round not confirmed"
+            );
+            return None;
         }
         let mut latest = Time::ZERO;
         for t in confirmed.values() {
