@@ -134,6 +134,13 @@ pub struct DetectorScenario {
     /// Per mille of heartbeats the sender's kernel drops without a TX
     /// timestamp.
     pub lost_permille: u32,
+    /// Per mille of the fence's heartbeats that leave but whose TX
+    /// timestamp never comes back (an overflowing error queue): the thread
+    /// knows only that it handed them over ([`Fence::handle_handed`]).
+    pub unstamped_permille: u32,
+    /// The sender starts as the incarnation after a fence: no deadline
+    /// until a heartbeat is out ([`Fence::unarmed`]).
+    pub start_unarmed: bool,
     /// The receiver keeps private queues (see the module docs).
     pub private: bool,
     /// Windows (start, length) in which the receiver has traffic in flight
@@ -331,7 +338,11 @@ impl DetectorScenario {
             crashed_at: self.crash_time(),
             ..DetectorOutcome::default()
         };
-        let mut fence = Fence::new(cfg, Time::ZERO);
+        let mut fence = if self.start_unarmed {
+            Fence::unarmed(cfg, Time::ZERO)
+        } else {
+            Fence::new(cfg, Time::ZERO)
+        };
         let mut pacer = Pacer::new(cfg);
         let mut busy_round = Vec::new();
         // The receiver's WATCH datagrams on their way to the sender.
@@ -351,6 +362,9 @@ impl DetectorScenario {
         let mut qs = Queues::default();
         // TX timestamps the heartbeat thread has not read yet.
         let mut stamps: Vec<(Time, u64, Time)> = Vec::new();
+        // Heartbeats out with no stamp to come: (when the thread gives up
+        // waiting, seq, when it handed them over).
+        let mut handed: Vec<(Time, u64, Time)> = Vec::new();
         let mut next_data = Time::ZERO;
         let mut round: Option<(u64, usize)> = None;
         let floods: Vec<(Time, usize)> = self
@@ -374,6 +388,14 @@ impl DetectorScenario {
                 stamps.retain(|&(ready, seq, stamp)| {
                     if ready <= now {
                         fence.handle_sent(seq, stamp);
+                        false
+                    } else {
+                        true
+                    }
+                });
+                handed.retain(|&(ready, seq, at)| {
+                    if ready <= now {
+                        fence.handle_handed(seq, at);
                         false
                     } else {
                         true
@@ -444,7 +466,20 @@ impl DetectorScenario {
                                 }
                             }
                             if let Some(seq) = stamped {
-                                stamps.push((departs + Duration::from_micros(50), seq, departs));
+                                // Drawn only when asked for: the other
+                                // scenarios keep their random sequence.
+                                let unstamped = self.unstamped_permille > 0
+                                    && rng.random_range(0..1000u32) < self.unstamped_permille;
+                                if unstamped {
+                                    // The shell waits 2 ms for stamps.
+                                    handed.push((now + Duration::from_millis(2), seq, now));
+                                } else {
+                                    stamps.push((
+                                        departs + Duration::from_micros(50),
+                                        seq,
+                                        departs,
+                                    ));
+                                }
                             }
                         }
                     }

@@ -83,9 +83,22 @@ fn scenario() -> impl Strategy<Value = DetectorScenario> {
         0u32..10,
         any::<bool>(),
         busy_windows(),
+        prop_oneof![Just(0u32), 1u32..300, Just(1000u32)],
+        any::<bool>(),
     )
         .prop_map(
-            |(faults, seed, tight_config, data, late, lost, private, receiver_busy)| {
+            |(
+                faults,
+                seed,
+                tight_config,
+                data,
+                late,
+                lost,
+                private,
+                receiver_busy,
+                unstamped,
+                start_unarmed,
+            )| {
                 DetectorScenario {
                     config: if tight_config { tight() } else { config() },
                     faults,
@@ -95,6 +108,8 @@ fn scenario() -> impl Strategy<Value = DetectorScenario> {
                     data_every: data.then(|| Duration::from_millis(1)),
                     late_permille: late,
                     lost_permille: lost,
+                    unstamped_permille: unstamped,
+                    start_unarmed,
                     private,
                     receiver_busy,
                 }
@@ -183,6 +198,8 @@ fn a_two_second_receiver_pause_is_no_false_report() {
         data_every: Some(Duration::from_millis(1)),
         late_permille: 0,
         lost_permille: 0,
+        unstamped_permille: 0,
+        start_unarmed: false,
         private: false,
         receiver_busy: vec![],
     };
@@ -207,6 +224,8 @@ fn a_stalled_sender_is_fenced_then_reported() {
         data_every: Some(Duration::from_millis(1)),
         late_permille: 0,
         lost_permille: 0,
+        unstamped_permille: 0,
+        start_unarmed: false,
         private: false,
         receiver_busy: vec![],
     };
@@ -234,6 +253,8 @@ fn a_crash_is_reported_within_the_bound() {
         data_every: Some(Duration::from_millis(1)),
         late_permille: 0,
         lost_permille: 0,
+        unstamped_permille: 0,
+        start_unarmed: false,
         private: false,
         receiver_busy: vec![],
     };
@@ -270,6 +291,8 @@ fn the_property_catches_a_window_below_the_validated_minimum() {
             data_every: None,
             late_permille: 100,
             lost_permille: 0,
+            unstamped_permille: 0,
+            start_unarmed: false,
             private: false,
             receiver_busy: vec![],
         };
@@ -320,6 +343,8 @@ fn a_heartbeat_stamped_late_fences_even_if_read_later() {
             data_every: None,
             late_permille: 0,
             lost_permille: 0,
+            unstamped_permille: 0,
+            start_unarmed: false,
             private: false,
             receiver_busy: vec![],
         };
@@ -354,6 +379,8 @@ fn a_forged_flood_holds_back_a_crash_report_only_without_private_queues() {
         data_every: Some(ms(1)),
         late_permille: 0,
         lost_permille: 0,
+        unstamped_permille: 0,
+        start_unarmed: false,
         private,
         receiver_busy: vec![],
     };
@@ -401,6 +428,8 @@ proptest! {
             data_every: data.then(|| Duration::from_millis(50)),
             late_permille: 0,
             lost_permille: 0,
+            unstamped_permille: 0,
+            start_unarmed: false,
             private: seed % 2 == 0,
             receiver_busy,
         };
@@ -431,6 +460,8 @@ fn a_cut_is_found_within_the_window_of_the_pace() {
             data_every: None,
             late_permille: 0,
             lost_permille: 0,
+            unstamped_permille: 0,
+            start_unarmed: false,
             private: false,
             receiver_busy: busy,
         }
@@ -482,6 +513,8 @@ fn an_idle_pair_sends_at_the_idle_pace() {
             data_every: None,
             late_permille: 0,
             lost_permille: 0,
+            unstamped_permille: 0,
+            start_unarmed: false,
             private: false,
             receiver_busy: busy,
         }

@@ -82,24 +82,6 @@ pub fn boottime() -> std::time::Duration {
     )
 }
 
-/// Puts the calling thread in the lowest real-time class (`SCHED_RR`,
-/// priority 1), where the host allows it (`CAP_SYS_NICE`): it then runs
-/// ahead of every ordinary thread when it wakes, instead of waiting its
-/// turn behind them on a busy host. For a thread that sleeps nearly all
-/// the time (the heartbeat sender); the kernel's real-time throttling
-/// (`sched_rt_runtime_us`) still bounds what it can take.
-pub fn realtime_thread() -> std::io::Result<()> {
-    let param = libc::sched_param { sched_priority: 1 };
-    // SAFETY: plain system call on the calling thread (pid 0) with a
-    // valid parameter.
-    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_RR, &param) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
 /// Raises this process's soft limit on open files to its hard limit (what
 /// an unprivileged process may do) and returns the soft limit now in
 /// force. Each connection is a file descriptor: an endpoint sizes its

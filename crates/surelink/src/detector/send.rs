@@ -66,15 +66,6 @@ struct SenderState {
 
 impl Detector {
     pub(super) fn sender_thread(self: Arc<Self>) {
-        // On a host whose cores are all busy an ordinary thread can wait
-        // a hundred milliseconds for its turn, and a fence round that
-        // waits past its slack fences the process (then every session
-        // starts again): the sender runs ahead of ordinary threads where
-        // the host allows it. A heartbeat still late fences, as before.
-        match surelink_sys::realtime_thread() {
-            Ok(()) => debug!("heartbeat sender at real-time priority"),
-            Err(e) => debug!(error = %e, "heartbeat sender at ordinary priority"),
-        }
         let mut st = SenderState::default();
         let mut signalled = u64::MAX;
         let safetimer = self.cfg.mode == DetectorMode::SafeTimer;
