@@ -362,9 +362,6 @@ impl DetectorScenario {
         let mut qs = Queues::default();
         // TX timestamps the heartbeat thread has not read yet.
         let mut stamps: Vec<(Time, u64, Time)> = Vec::new();
-        // Heartbeats out with no stamp to come: (when the thread gives up
-        // waiting, seq, when it handed them over).
-        let mut handed: Vec<(Time, u64, Time)> = Vec::new();
         let mut next_data = Time::ZERO;
         let mut round: Option<(u64, usize)> = None;
         let floods: Vec<(Time, usize)> = self
@@ -388,14 +385,6 @@ impl DetectorScenario {
                 stamps.retain(|&(ready, seq, stamp)| {
                     if ready <= now {
                         fence.handle_sent(seq, stamp);
-                        false
-                    } else {
-                        true
-                    }
-                });
-                handed.retain(|&(ready, seq, at)| {
-                    if ready <= now {
-                        fence.handle_handed(seq, at);
                         false
                     } else {
                         true
@@ -427,6 +416,11 @@ impl DetectorScenario {
                 }
                 for (stamped, fast) in sends {
                     if fence.may_send(now) {
+                        // Handed to the kernel: an unarmed fence arms
+                        // (peers may hear it), as the shell's does.
+                        if let Some(seq) = stamped {
+                            fence.handle_handed(seq, now);
+                        }
                         out.heartbeats += 1;
                         // The packet reaches the device a little later
                         // (sometimes much later, or never); that moment is
@@ -470,10 +464,7 @@ impl DetectorScenario {
                                 // scenarios keep their random sequence.
                                 let unstamped = self.unstamped_permille > 0
                                     && rng.random_range(0..1000u32) < self.unstamped_permille;
-                                if unstamped {
-                                    // The shell waits 2 ms for stamps.
-                                    handed.push((now + Duration::from_millis(2), seq, now));
-                                } else {
+                                if !unstamped {
                                     stamps.push((
                                         departs + Duration::from_micros(50),
                                         seq,

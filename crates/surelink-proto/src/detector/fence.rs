@@ -199,14 +199,8 @@ impl Fence {
             return;
         }
         if !self.armed {
-            // The first heartbeat out: deadlines start, counted from it
-            // (sequence numbers keep growing: receivers refuse old ones).
-            let nanos = u64::try_from(self.interval.as_nanos())
-                .unwrap_or(u64::MAX)
-                .saturating_mul(seq);
-            self.origin = Time::from_nanos(sent_at.as_nanos().saturating_sub(nanos));
-            self.confirmed = seq + 1;
-            self.armed = true;
+            // The first heartbeat out: deadlines start, counted from it.
+            self.arm(sent_at, self.next_seq);
             return;
         }
         if sent_at > self.deadline(seq) {
@@ -238,11 +232,26 @@ impl Fence {
         if self.armed || self.fenced.is_some() || seq >= self.next_seq {
             return;
         }
+        self.arm(at, self.next_seq - 1);
+    }
+
+    /// Deadlines start: the last heartbeat handed out so far counts as
+    /// scheduled at `at` (when the arming one left, or was handed over),
+    /// and every heartbeat from `confirmed` on must be confirmed in time.
+    ///
+    /// Re-based on the *last* one handed out, not on the arming one:
+    /// several may have been handed out while the first waited (a stuck
+    /// transmit queue lets them all leave at once); re-based on the first,
+    /// the next one would be scheduled that many intervals after `at`, and
+    /// a receiver that heard the burst at `at` timed out before it came —
+    /// while the fence still let frames out. The simulator found it.
+    fn arm(&mut self, at: Time, confirmed: u64) {
+        let last = self.next_seq.saturating_sub(1);
         let nanos = u64::try_from(self.interval.as_nanos())
             .unwrap_or(u64::MAX)
-            .saturating_mul(seq);
+            .saturating_mul(last);
         self.origin = Time::from_nanos(at.as_nanos().saturating_sub(nanos));
-        self.confirmed = seq;
+        self.confirmed = confirmed;
         self.armed = true;
     }
 

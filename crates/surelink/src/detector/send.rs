@@ -113,15 +113,15 @@ impl Detector {
                 if self.fence_generation.load(Ordering::Acquire) != generation {
                     continue;
                 }
+                // Handed over: an unarmed fence arms (peers may hear it),
+                // confirmed or not.
+                if let (true, Some(at)) = (safetimer, st.handed_at) {
+                    f.handle_handed(due.seq, at);
+                }
                 match (safetimer, sent_at) {
                     (true, Some(t)) => f.handle_sent(due.seq, t),
-                    // Unconfirmed: the fence closes at its deadline (and an
-                    // unarmed one arms: peers may have heard it).
-                    (true, None) => {
-                        if let Some(at) = st.handed_at {
-                            f.handle_handed(due.seq, at);
-                        }
-                    }
+                    // Unconfirmed: the fence closes at its deadline.
+                    (true, None) => {}
                     (false, _) => f.handle_sent(due.seq, Time::ZERO),
                 }
                 if safetimer {
