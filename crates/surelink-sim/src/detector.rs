@@ -16,6 +16,13 @@
 //! the receiver's queue; a flood forging the sender's address; a sender
 //! crash. The model steps in 100 µs ticks.
 //!
+//! Data frames go on network 0 or alternate between both (`data_paths`)
+//! and wait in a per-network stream queue until the
+//! receiver's connection reader takes them; as in the shell, a busy copy
+//! to a network that carried data within `interval` is left out
+//! ([`Pacer::admit_copy`]), and a round's end reports the stream queues
+//! holding unread bytes ([`QueuesAtBarrier::unread_streams`]).
+//!
 //! Heartbeats come at two paces, as the shell sends them: the fence's
 //! every `idle_interval`, and while the pair is busy one every `interval`
 //! too (the core's [`Pacer`]). The sender is busy while its data thread
@@ -36,10 +43,9 @@ use std::time::Duration;
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use surelink_proto::detector::datagram::FLAG_FAST;
 use surelink_proto::detector::{
-    DetectorConfig, Fence, HeartbeatQueue, Monitor, MonitorAction, Pacer, PathReport,
-    QueueAtBarrier, QueuesAtBarrier, Watch,
+    DetectorConfig, Fence, HeartbeatQueue, Monitor, MonitorAction, Pace, Pacer, PathReport,
+    PathUse, QueueAtBarrier, QueuesAtBarrier, Watch,
 };
 use surelink_proto::{Epoch, NodeId, Time};
 
@@ -65,6 +71,9 @@ pub enum PauseTarget {
     ReceiverReader,
     /// The receiver's checker.
     ReceiverChecker,
+    /// The receiver's connection reader (an async runtime that stalls):
+    /// data waits in its stream queues.
+    ReceiverStream,
 }
 
 /// One fault.
@@ -141,6 +150,9 @@ pub struct DetectorScenario {
     /// The sender starts as the incarnation after a fence: no deadline
     /// until a heartbeat is out ([`Fence::unarmed`]).
     pub start_unarmed: bool,
+    /// Networks the data frames alternate between (1: network 0 only,
+    /// network 1 on standby; 2: both).
+    pub data_paths: u16,
     /// The receiver keeps private queues (see the module docs).
     pub private: bool,
     /// Windows (start, length) in which the receiver has traffic in flight
@@ -181,7 +193,7 @@ pub struct DetectorOutcome {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Item {
-    Heartbeat { network: u16, fast: bool },
+    Heartbeat { network: u16, pace: Pace },
     Barrier { token: u64 },
     Junk,
 }
@@ -246,7 +258,8 @@ impl DetectorScenario {
                     || (matches!(
                         target,
                         PauseTarget::ReceiverReader | PauseTarget::ReceiverChecker
-                    ) && t == PauseTarget::ReceiverProcess);
+                    ) && t == PauseTarget::ReceiverProcess)
+                    || (target == PauseTarget::ReceiverStream && t == PauseTarget::ReceiverProcess);
                 hit && now >= at(a) && now < at(a + len)
             }
             _ => false,
@@ -303,7 +316,8 @@ impl DetectorScenario {
                     target:
                         PauseTarget::ReceiverProcess
                         | PauseTarget::ReceiverReader
-                        | PauseTarget::ReceiverChecker,
+                        | PauseTarget::ReceiverChecker
+                        | PauseTarget::ReceiverStream,
                     at: a,
                     len,
                 } => Some(at(a + len)),
@@ -359,6 +373,11 @@ impl DetectorScenario {
         // In flight: (arrival, queue, item) for UDP, arrival for TCP.
         let mut udp_flight: Vec<(Time, Dest, Item)> = Vec::new();
         let mut tcp_flight: VecDeque<(Time, u16)> = VecDeque::new();
+        // Data arrived and not yet read, per network (the connections'
+        // receive queues); when data last left per network.
+        let mut streams: [usize; 2] = [0, 0];
+        let mut carried: [Option<Time>; 2] = [None, None];
+        let mut next_data_network = 0u16;
         let mut qs = Queues::default();
         // TX timestamps the heartbeat thread has not read yet.
         let mut stamps: Vec<(Time, u64, Time)> = Vec::new();
@@ -403,18 +422,33 @@ impl DetectorScenario {
                     pacer.handle_traffic(now, RECEIVER);
                 }
                 // What this tick sends: the fence's heartbeat (stamped), a
-                // busy one (not), or both at once.
-                let mut sends: Vec<(Option<u64>, bool)> = Vec::new();
+                // busy one (not), or both at once; per network, whether
+                // the copy goes (a busy copy may be left out where data
+                // flows, as the shell's).
+                let mut sends: Vec<(Option<u64>, [Option<u16>; 2])> = Vec::new();
+                // The sender only writes data (the receiver's asks are
+                // datagrams): a path's use is its writes.
+                let usage = |n: u16| PathUse {
+                    wrote: carried[usize::from(n)],
+                    used: carried[usize::from(n)],
+                    pair_used: carried[0].max(carried[1]),
+                };
                 if let Some(due) = fence.poll_heartbeat(now) {
-                    let fast = pacer.flags(now, RECEIVER) & FLAG_FAST != 0;
-                    sends.push((Some(due.seq), fast));
+                    let flags = pacer.flags(now, RECEIVER);
+                    let nets = [0u16, 1]
+                        .map(|n| pacer.admit_copy(now, RECEIVER, n, flags, false, usage(n)));
+                    sends.push((Some(due.seq), nets));
                 }
                 if pacer.poll_round(now, &mut busy_round) {
                     for (_, flags) in &busy_round {
-                        sends.push((None, flags & FLAG_FAST != 0));
+                        let nets = [0u16, 1]
+                            .map(|n| pacer.admit_copy(now, RECEIVER, n, *flags, true, usage(n)));
+                        if nets.iter().any(Option::is_some) {
+                            sends.push((None, nets));
+                        }
                     }
                 }
-                for (stamped, fast) in sends {
+                for (stamped, nets) in sends {
                     if fence.may_send(now) {
                         // Handed to the kernel: an unarmed fence arms
                         // (peers may hear it), as the shell's does.
@@ -441,10 +475,16 @@ impl DetectorScenario {
                             out.data_sent.push(now);
                             out.last_departure = out.last_departure.max(Some(departs));
                             for network in 0..2u16 {
+                                let Some(flags) = nets[usize::from(network)] else {
+                                    continue;
+                                };
                                 if self.cut(network, departs) {
                                     continue;
                                 }
-                                let item = Item::Heartbeat { network, fast };
+                                let item = Item::Heartbeat {
+                                    network,
+                                    pace: Pace::of(flags),
+                                };
                                 let mut dests = vec![if self.private {
                                     Dest::Private(network)
                                 } else {
@@ -486,7 +526,13 @@ impl DetectorScenario {
                     out.data_sent.push(now);
                     let departs = self.departure(now);
                     out.last_departure = out.last_departure.max(Some(departs));
-                    let network = u16::from(self.cut(0, departs));
+                    // Frames alternate between the paths; one on a cut
+                    // network is lost (the sender does not know).
+                    let network = next_data_network;
+                    if self.data_paths > 1 {
+                        next_data_network = 1 - next_data_network;
+                    }
+                    carried[usize::from(network)] = Some(now);
                     if !self.cut(network, departs) {
                         let delay = Duration::from_micros(rng.random_range(0..=max_delay_us));
                         tcp_flight.push_back((departs + delay, network));
@@ -542,16 +588,15 @@ impl DetectorScenario {
                 enqueue(&mut qs, Dest::Public, Item::Junk, &mut out);
             }
             // ---- receiver ----
-            if !self.paused(PauseTarget::ReceiverProcess, now) {
-                while tcp_flight.front().is_some_and(|(t, _)| *t <= now) {
-                    if let Some((_, network)) = tcp_flight.pop_front() {
-                        monitor.handle_heard(
-                            now,
-                            Watch {
-                                peer: SENDER,
-                                network,
-                            },
-                        );
+            while tcp_flight.front().is_some_and(|(t, _)| *t <= now) {
+                if let Some((_, network)) = tcp_flight.pop_front() {
+                    streams[usize::from(network)] += 1;
+                }
+            }
+            if !self.paused(PauseTarget::ReceiverStream, now) {
+                for (n, queued) in streams.iter_mut().enumerate() {
+                    if std::mem::take(queued) > 0 {
+                        monitor.handle_heard(now, watch(u16::try_from(n).unwrap_or(0)));
                     }
                 }
             }
@@ -584,13 +629,13 @@ impl DetectorScenario {
                             break;
                         };
                         match item {
-                            Item::Heartbeat { network, fast } => {
-                                monitor.handle_heartbeat_paced(
+                            Item::Heartbeat { network, pace } => {
+                                monitor.handle_heartbeat_at(
                                     now,
                                     watch(network),
                                     Epoch(1),
                                     from,
-                                    fast,
+                                    pace,
                                 );
                             }
                             Item::Barrier { token } => barriers_back.push(token),
@@ -610,6 +655,10 @@ impl DetectorScenario {
                         continue;
                     }
                     round = None;
+                    let unread_streams: Vec<Watch> = (0..2u16)
+                        .filter(|n| streams[usize::from(*n)] > 0)
+                        .map(watch)
+                        .collect();
                     if self.private {
                         let at_barrier = |q: &Queue| QueueAtBarrier {
                             drops: q.drops,
@@ -624,10 +673,21 @@ impl DetectorScenario {
                                 (watch(0), at_barrier(&qs.private[0])),
                                 (watch(1), at_barrier(&qs.private[1])),
                             ],
+                            unread_streams,
                         };
                         monitor.handle_barrier_queues(now, token, &queues);
                     } else {
-                        monitor.handle_barrier(now, token, qs.public.drops);
+                        // One queue: the barrier came out behind everything
+                        // in it (as `Monitor::handle_barrier`).
+                        let queues = QueuesAtBarrier {
+                            drops: qs.public.drops,
+                            system_drops: 0,
+                            members_empty: true,
+                            strays: None,
+                            private: Vec::new(),
+                            unread_streams,
+                        };
+                        monitor.handle_barrier_queues(now, token, &queues);
                     }
                 }
             }

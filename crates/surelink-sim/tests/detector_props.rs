@@ -12,6 +12,10 @@
 //! windows come and go: neither promise may depend on it, and without
 //! faults no path is ever reported down across a change of pace.
 //!
+//! Data frames stand in for busy heartbeats on the paths that carry them:
+//! a stalled connection reader must not read as a silent path, and a cut
+//! path is found as fast as with heartbeats.
+//!
 //! A failing case prints its scenario (faults and seed); paste it into
 //! `replay_one` to debug.
 
@@ -37,6 +41,7 @@ fn target() -> impl Strategy<Value = PauseTarget> {
         Just(PauseTarget::ReceiverProcess),
         Just(PauseTarget::ReceiverReader),
         Just(PauseTarget::ReceiverChecker),
+        Just(PauseTarget::ReceiverStream),
     ]
 }
 
@@ -110,6 +115,7 @@ fn scenario() -> impl Strategy<Value = DetectorScenario> {
                     lost_permille: lost,
                     unstamped_permille: unstamped,
                     start_unarmed,
+                    data_paths: 1 + u16::from(seed % 3 == 0),
                     private,
                     receiver_busy,
                 }
@@ -200,6 +206,7 @@ fn a_two_second_receiver_pause_is_no_false_report() {
         lost_permille: 0,
         unstamped_permille: 0,
         start_unarmed: false,
+        data_paths: 2,
         private: false,
         receiver_busy: vec![],
     };
@@ -226,6 +233,7 @@ fn a_stalled_sender_is_fenced_then_reported() {
         lost_permille: 0,
         unstamped_permille: 0,
         start_unarmed: false,
+        data_paths: 2,
         private: false,
         receiver_busy: vec![],
     };
@@ -255,6 +263,7 @@ fn a_crash_is_reported_within_the_bound() {
         lost_permille: 0,
         unstamped_permille: 0,
         start_unarmed: false,
+        data_paths: 2,
         private: false,
         receiver_busy: vec![],
     };
@@ -293,6 +302,7 @@ fn the_property_catches_a_window_below_the_validated_minimum() {
             lost_permille: 0,
             unstamped_permille: 0,
             start_unarmed: false,
+            data_paths: 2,
             private: false,
             receiver_busy: vec![],
         };
@@ -345,6 +355,7 @@ fn a_heartbeat_stamped_late_fences_even_if_read_later() {
             lost_permille: 0,
             unstamped_permille: 0,
             start_unarmed: false,
+            data_paths: 2,
             private: false,
             receiver_busy: vec![],
         };
@@ -381,6 +392,7 @@ fn a_forged_flood_holds_back_a_crash_report_only_without_private_queues() {
         lost_permille: 0,
         unstamped_permille: 0,
         start_unarmed: false,
+        data_paths: 2,
         private,
         receiver_busy: vec![],
     };
@@ -430,6 +442,7 @@ proptest! {
             lost_permille: 0,
             unstamped_permille: 0,
             start_unarmed: false,
+            data_paths: 2,
             private: seed % 2 == 0,
             receiver_busy,
         };
@@ -462,6 +475,7 @@ fn a_cut_is_found_within_the_window_of_the_pace() {
             lost_permille: 0,
             unstamped_permille: 0,
             start_unarmed: false,
+            data_paths: 2,
             private: false,
             receiver_busy: busy,
         }
@@ -515,6 +529,7 @@ fn an_idle_pair_sends_at_the_idle_pace() {
             lost_permille: 0,
             unstamped_permille: 0,
             start_unarmed: false,
+            data_paths: 2,
             private: false,
             receiver_busy: busy,
         }
@@ -525,4 +540,144 @@ fn an_idle_pair_sends_at_the_idle_pace() {
     assert!((20..=22).contains(&idle), "idle: {idle}");
     let busy = run(vec![(ms(0), ms(2000))]);
     assert!(busy >= 200, "busy: {busy}");
+}
+
+/// A busy pair with data on `data_paths` paths: the default settings.
+fn carrying(
+    faults: Vec<DetectorFault>,
+    seed: u64,
+    private: bool,
+    data_paths: u16,
+) -> DetectorScenario {
+    DetectorScenario {
+        config: DetectorConfig::default(),
+        faults,
+        run_for: Duration::from_millis(3000),
+        queue_capacity: 64,
+        seed,
+        data_every: Some(Duration::from_millis(1)),
+        late_permille: 0,
+        lost_permille: 0,
+        unstamped_permille: 0,
+        start_unarmed: false,
+        data_paths,
+        private,
+        receiver_busy: vec![(Duration::ZERO, Duration::from_millis(3000))],
+    }
+}
+
+/// Data stands in for the busy pace's heartbeats: a pair busy for 3 s with
+/// data on both paths sends the fence's heartbeats and one busy copy per
+/// path every half idle interval — not one every interval — and no path is
+/// reported.
+#[test]
+fn data_stands_in_for_busy_heartbeats() {
+    let out = carrying(vec![], 11, false, 2).run();
+    // Default: interval 10 ms (300 busy rounds), idle 400 ms (8 fence
+    // rounds), a busy copy at least every 200 ms per path.
+    assert!(out.heartbeats <= 40, "heartbeats: {}", out.heartbeats);
+    assert!(out.path_reports.is_empty(), "{:?}", out.path_reports);
+    // Data on network 0 only: network 1 stands by, a copy every 100 ms.
+    let out = carrying(vec![], 11, false, 1).run();
+    assert!(
+        (30..=70).contains(&out.heartbeats),
+        "heartbeats: {}",
+        out.heartbeats
+    );
+    assert!(out.path_reports.is_empty(), "{:?}", out.path_reports);
+    let mut quiet = carrying(vec![], 11, false, 2);
+    quiet.data_every = None;
+    let hb = quiet.run().heartbeats;
+    assert!(hb >= 290, "without data the busy pace heartbeats: {hb}");
+}
+
+/// A cut path is found within the busy window although the sender keeps
+/// writing to it (its data is lost on the way, so its busy copies are
+/// left out): silence is silence.
+#[test]
+fn a_cut_path_carrying_data_is_found_within_the_busy_window() {
+    let ms = Duration::from_millis;
+    let out = carrying(
+        vec![DetectorFault::Cut {
+            at: ms(1000),
+            len: ms(1000),
+        }],
+        3,
+        true,
+        2,
+    )
+    .run();
+    let first = out
+        .path_reports
+        .iter()
+        .find(|(_, n)| *n == 1)
+        .map(|(t, _)| t.since_origin())
+        .expect("network 1 reported");
+    assert!(first > ms(1040) && first < ms(1075), "{first:?}");
+    assert!(out.path_reports.iter().all(|(_, n)| *n == 1));
+    assert!(out.peer_reports.is_empty());
+}
+
+/// A standby path (data on the other one) cut is found within the
+/// standby window: 300 ms after its last copy, which went at most 100 ms
+/// before the cut.
+#[test]
+fn a_cut_standby_path_is_found_within_its_window() {
+    let ms = Duration::from_millis;
+    let out = carrying(
+        vec![DetectorFault::Cut {
+            at: ms(1000),
+            len: ms(1000),
+        }],
+        4,
+        false,
+        1,
+    )
+    .run();
+    let first = out
+        .path_reports
+        .iter()
+        .find(|(_, n)| *n == 1)
+        .map(|(t, _)| t.since_origin())
+        .expect("network 1 reported");
+    assert!(first > ms(1190) && first < ms(1320), "{first:?}");
+    assert!(out.path_reports.iter().all(|(_, n)| *n == 1));
+    assert!(out.peer_reports.is_empty());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Data on both paths, busy heartbeats left out, and the receiver's
+    /// threads stall at random (its connection reader too: the data then
+    /// waits unread): no path and no peer is ever reported.
+    #[test]
+    fn stalls_of_a_receiver_of_data_report_nothing(
+        seed in any::<u64>(),
+        private in any::<bool>(),
+        pauses in proptest::collection::vec(
+            (
+                prop_oneof![
+                    Just(PauseTarget::ReceiverProcess),
+                    Just(PauseTarget::ReceiverReader),
+                    Just(PauseTarget::ReceiverChecker),
+                    Just(PauseTarget::ReceiverStream),
+                ],
+                0u64..2500,
+                0u64..800,
+            ),
+            1..4,
+        ),
+        data_paths in 1u16..=2,
+    ) {
+        let ms = Duration::from_millis;
+        let faults = pauses
+            .into_iter()
+            .map(|(target, at, len)| DetectorFault::Pause { target, at: ms(at), len: ms(len) })
+            .collect();
+        let s = carrying(faults, seed, private, data_paths);
+        let out = s.run();
+        prop_assert!(out.path_reports.is_empty(), "{:?}\n{s:?}", out.path_reports);
+        prop_assert!(out.peer_reports.is_empty(), "{:?}\n{s:?}", out.peer_reports);
+    }
 }

@@ -11,6 +11,7 @@
 //!   from sources not on a list (members' addresses), so a flood from
 //!   elsewhere overflows only its queue; `SO_MEMINFO` queue state; batch
 //!   receive.
+//! - [`stream`]: bytes waiting unread in a connection's receive queue.
 //! - [`cpu`]: pinning the calling thread to one CPU, so a barrier can be sent
 //!   through each CPU's receive backlog in turn.
 //!
@@ -32,6 +33,7 @@ pub mod cpu;
 pub mod private;
 mod socket;
 pub mod steer;
+pub mod stream;
 
 pub use private::{PollRegistry, Poller, PrivateSocket};
 pub use socket::{is_local_shortage, HeartbeatSocket, Received, TxTimestamp};

@@ -63,6 +63,11 @@ pub const FLAG_FAST: u16 = 4;
 /// Heartbeat flag: the sender has traffic in flight with the receiver and
 /// asks for heartbeats at the busy pace.
 pub const FLAG_WATCH: u16 = 8;
+/// Heartbeat flag (with `FAST`): this path carries none of the sender's
+/// data now, so its busy-pace copies come only every `standby_interval`;
+/// watch it with `standby_path_timeout`. A path that carries data needs no
+/// more: its data is heard.
+pub const FLAG_STANDBY: u16 = 16;
 
 /// A decoded datagram.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

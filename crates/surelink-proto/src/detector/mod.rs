@@ -59,7 +59,7 @@ pub use config::{DetectorConfig, DetectorMode};
 pub use fence::{Fence, FenceState, HeartbeatDue};
 pub use handshake::{Copies, Handshake};
 pub use monitor::{
-    HeartbeatQueue, Monitor, MonitorAction, MonitorStats, PathReport, QueueAtBarrier,
+    HeartbeatQueue, Monitor, MonitorAction, MonitorStats, Pace, PathReport, QueueAtBarrier,
     QueuesAtBarrier, StraysAtBarrier, Watch,
 };
-pub use pace::Pacer;
+pub use pace::{Pacer, PathUse};

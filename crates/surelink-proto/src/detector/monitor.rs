@@ -54,6 +54,26 @@
 //! (`WATCH`) and narrows the window at once: from the ask, a path that
 //! carries nothing for `path_timeout` is suspect — as fast as a busy path.
 //!
+//! # Data as heartbeats
+//!
+//! Anything authentic read from a path's connection counts as heard
+//! ([`Monitor::handle_heard`]), and a busy peer leaves out its busy-pace
+//! heartbeats on a path that carries data ([`super::Pacer::admit_copy`]).
+//! Then a busy path's only sign of life may be its data, which waits in
+//! the connection's receive queue — not in any heartbeat queue the barrier
+//! proves clear — while our connection reader is stalled. So a round's
+//! end also takes, for every suspect path, its connections' state
+//! ([`QueuesAtBarrier::unread_streams`]): a suspect with a connection
+//! holding unread bytes, or whose reader read bytes it has not stamped
+//! yet, is held back (`saved_by_stream`). The shell reads each connection's
+//! queue (`FIONREAD`), then its reader's in-read flag, then the heard
+//! stamps, in that order: bytes that arrived in the window are then either
+//! still queued, in a read not yet stamped, or stamped. A stalled reader
+//! holds back only the path reports of its own connections.
+//!
+//! The *dead* report does not lean on data: the fence's heartbeats are
+//! never left out, and the argument above holds unchanged.
+//!
 //! # Two queues: drops told apart by source
 //!
 //! A drop counted since a suspect's window began holds its report back (a
@@ -186,6 +206,31 @@ pub enum MonitorAction {
     },
 }
 
+/// The pace a heartbeat announces for its path, and so the path's window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Pace {
+    /// No `FAST`: the fence's heartbeats only; `idle_path_timeout`.
+    #[default]
+    Idle,
+    /// `FAST` and `STANDBY`: a busy pair's path that carries no data;
+    /// `standby_path_timeout`.
+    Standby,
+    /// `FAST`: heartbeats every `interval`, or data; `path_timeout`.
+    Busy,
+}
+
+impl Pace {
+    /// The pace a heartbeat's flags announce.
+    pub fn of(flags: u16) -> Pace {
+        use super::datagram::{FLAG_FAST, FLAG_STANDBY};
+        match (flags & FLAG_FAST != 0, flags & FLAG_STANDBY != 0) {
+            (false, _) => Pace::Idle,
+            (true, true) => Pace::Standby,
+            (true, false) => Pace::Busy,
+        }
+    }
+}
+
 /// Which receive queue a heartbeat came out of (see the module docs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -229,6 +274,10 @@ pub struct QueuesAtBarrier {
     pub strays: Option<QueueAtBarrier>,
     /// Each private queue.
     pub private: Vec<(Watch, QueueAtBarrier)>,
+    /// Paths whose connections held bytes not yet read, or whose reader
+    /// was between a read and its stamp, as the round ended (see "Data as
+    /// heartbeats"). The shell need look only at [`Monitor::round_paths`].
+    pub unread_streams: Vec<Watch>,
 }
 
 /// Counters, for experiments and stats.
@@ -262,6 +311,10 @@ pub struct MonitorStats {
     /// datagrams during their window: a flood forging members' addresses
     /// that would have held them back without private queues.
     pub reported_through_member_drops: u64,
+    /// Suspects not reported because one of their connections held bytes
+    /// not yet read as the round ended: data the peer sent, waiting behind
+    /// our own stalled reader.
+    pub saved_by_stream: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -275,8 +328,8 @@ struct PathState {
     /// Which queue its heartbeats are in: where the latest came out of,
     /// except that `Private` stays for the epoch (see "Private queues").
     queue: HeartbeatQueue,
-    /// The peer's latest heartbeat here said `FAST`: the short window.
-    fast: bool,
+    /// The pace the peer's latest heartbeat here announced.
+    pace: Pace,
     /// We asked the (slow) peer for the busy pace then, and have heard
     /// nothing on the path since.
     asked: Option<Time>,
@@ -378,6 +431,21 @@ impl Monitor {
         queue: HeartbeatQueue,
         fast: bool,
     ) {
+        let pace = if fast { Pace::Busy } else { Pace::Idle };
+        self.handle_heartbeat_at(now, watch, epoch, queue, pace);
+    }
+
+    /// [`Monitor::handle_heartbeat_from`] with the pace the heartbeat
+    /// announced ([`Pace::of`] its flags).
+    pub fn handle_heartbeat_at(
+        &mut self,
+        now: Time,
+        watch: Watch,
+        epoch: Epoch,
+        queue: HeartbeatQueue,
+        pace: Pace,
+    ) {
+        let fast = pace != Pace::Idle;
         match self.paths.get_mut(&watch) {
             Some(p) if epoch < p.epoch => {}
             Some(p) => {
@@ -387,7 +455,7 @@ impl Monitor {
                 if !keep_private {
                     p.queue = queue;
                 }
-                p.fast = fast;
+                p.pace = pace;
                 self.heard(now, watch);
             }
             None => {
@@ -399,7 +467,7 @@ impl Monitor {
                         down: false,
                         down_at: Time::ZERO,
                         queue,
-                        fast,
+                        pace,
                         asked: None,
                     },
                 );
@@ -408,7 +476,7 @@ impl Monitor {
             }
         }
         // A narrower window may be due before the check planned.
-        let window = self.window(fast).min(self.config.timeout);
+        let window = self.window(pace).min(self.config.timeout);
         self.due_by(now + window);
         if fast {
             // The pace is the peer's, on every network: a path of it still
@@ -438,7 +506,7 @@ impl Monitor {
                 network: u16::MAX,
             },
         ) {
-            if !p.fast && !p.down && p.asked.is_none() {
+            if p.pace == Pace::Idle && !p.down && p.asked.is_none() {
                 p.asked = Some(now);
                 any = true;
             }
@@ -449,11 +517,11 @@ impl Monitor {
     }
 
     /// The path window for a pace.
-    fn window(&self, fast: bool) -> std::time::Duration {
-        if fast {
-            self.config.path_timeout
-        } else {
-            self.config.idle_path_timeout
+    fn window(&self, pace: Pace) -> std::time::Duration {
+        match pace {
+            Pace::Busy => self.config.path_timeout,
+            Pace::Standby => self.config.standby_path_timeout,
+            Pace::Idle => self.config.idle_path_timeout,
         }
     }
 
@@ -482,7 +550,7 @@ impl Monitor {
             down: false,
             down_at: Time::ZERO,
             queue: HeartbeatQueue::Strays,
-            fast: false,
+            pace: Pace::Idle,
             asked: None,
         });
         if new {
@@ -501,10 +569,10 @@ impl Monitor {
         if p.asked.is_some_and(|t| now >= t) {
             p.asked = None;
         }
-        let window = if p.fast {
-            self.config.path_timeout
-        } else {
-            self.config.idle_path_timeout
+        let window = match p.pace {
+            Pace::Busy => self.config.path_timeout,
+            Pace::Standby => self.config.standby_path_timeout,
+            Pace::Idle => self.config.idle_path_timeout,
         };
         if p.down && now > p.down_at {
             p.down = false;
@@ -522,6 +590,23 @@ impl Monitor {
                     peer: watch.peer,
                 }));
         }
+    }
+
+    /// The paths of the suspects of the barrier round under way (a peer's:
+    /// all of them): the ones whose connections the shell must look at as
+    /// the round ends ([`QueuesAtBarrier::unread_streams`]).
+    pub fn round_paths(&self) -> Vec<Watch> {
+        let Some(r) = &self.round else {
+            return Vec::new();
+        };
+        let mut out: Vec<Watch> = r
+            .suspects
+            .iter()
+            .flat_map(|(s, _)| self.suspect_paths(*s).map(|(w, _)| w))
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// When the suspect was last heard (for a peer: on any path).

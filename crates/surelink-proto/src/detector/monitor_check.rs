@@ -27,7 +27,7 @@ impl Monitor {
             if p.down {
                 continue;
             }
-            let window = self.window(p.fast);
+            let window = self.window(p.pace);
             let asked = p.asked.filter(|t| p.last_heard < *t);
             if p.last_heard + window < now {
                 suspects.push((Suspect::Path(*w), start_of(window)));

@@ -109,6 +109,7 @@ impl Monitor {
                 members_empty: true,
                 strays,
                 private: Vec::new(),
+                unread_streams: Vec::new(),
             },
         );
     }
@@ -174,6 +175,11 @@ impl Monitor {
             });
             if private_held {
                 self.stats.saved_by_private += 1;
+                continue;
+            }
+            if watches.iter().any(|(w, _)| q.unread_streams.contains(w)) {
+                // Its data may be waiting behind our own connection reader.
+                self.stats.saved_by_stream += 1;
                 continue;
             }
             if stray_drop {

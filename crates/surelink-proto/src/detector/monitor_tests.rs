@@ -532,6 +532,7 @@ fn forged_flood(
                                 (w, QueueAtBarrier { drops, empty })
                             })
                             .collect(),
+                        unread_streams: Vec::new(),
                     };
                     m.handle_barrier_queues(ms(t), token, &q);
                 }
@@ -614,6 +615,7 @@ fn system_drops_hold_back_a_private_suspect() {
                 },
             ),
         ],
+        unread_streams: Vec::new(),
     };
     m.handle_barrier_queues(ms(155), token, &q);
     assert!(!m.is_dead(A));
@@ -805,4 +807,37 @@ fn a_path_down_probes_its_network_once_per_window() {
     assert!(!got
         .iter()
         .any(|a| matches!(a, MonitorAction::ProbeNetwork { .. })));
+}
+
+/// A busy path whose only sign of life is its data: bytes waiting unread
+/// in its connection (our reader stalled) hold the path back, and the
+/// round asks about exactly the suspect's paths; with the connection read
+/// empty the path is reported.
+#[test]
+fn unread_bytes_in_a_connection_hold_back_its_path() {
+    let run = |unread: bool| {
+        let mut m = Monitor::new(&cfg(DetectorMode::SafeTimer), ms(0));
+        m.handle_drop_count(ms(0), 0);
+        m.handle_system_drop_count(ms(0), 0);
+        m.handle_heartbeat_paced(ms(0), w(0), Epoch(1), HeartbeatQueue::Members, true);
+        m.handle_heartbeat_paced(ms(0), w(1), Epoch(1), HeartbeatQueue::Members, true);
+        // Network 1 carries data until 10 ms, network 0 until 60 ms.
+        m.handle_heard(ms(10), w(1));
+        m.handle_heard(ms(60), w(0));
+        let token = barrier_token(&tick(&mut m, 1, 61));
+        assert_eq!(m.round_paths(), vec![w(1)], "only the suspect path");
+        let q = QueuesAtBarrier {
+            drops: 0,
+            system_drops: 0,
+            members_empty: true,
+            strays: None,
+            private: Vec::new(),
+            unread_streams: if unread { vec![w(1)] } else { Vec::new() },
+        };
+        m.handle_barrier_queues(ms(61), token, &q);
+        let acts = actions(&mut m);
+        (downs(&acts), m.stats().saved_by_stream)
+    };
+    assert_eq!(run(true), (0, 1), "held back by its unread bytes");
+    assert_eq!(run(false), (1, 0), "reported once read empty");
 }

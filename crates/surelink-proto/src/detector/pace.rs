@@ -22,13 +22,45 @@
 //! heartbeats at once instead of at the next tick, and the monitor expects
 //! the peer's answer within `path_timeout` ([`super::Monitor::handle_watch_sent`]).
 //!
-//! What it does not do: send anything, or know about networks (the pace is
-//! per peer; the shell sends on every network).
+//! # Data stands in for busy heartbeats
+//!
+//! A busy pair's data path carries data both ways, and the receiver
+//! counts anything authentic it reads from a path as heard. So a busy
+//! copy to a path that carried data within `interval` is left out
+//! ([`Pacer::admit_copy`]) — as long as it would say what the last copy
+//! sent there said, and one went there within `idle_interval / 2` (the
+//! peer's `WATCH` linger is `idle_interval`: it never lapses for want of a
+//! heartbeat). A live path then goes at most about two intervals without
+//! data or a heartbeat, well inside `path_timeout`. A path whose data
+//! stopped arriving (a cut, a stuck transmit queue) is found as before: it
+//! is silent.
+//!
+//! A busy pair's *other* paths — the session keeps a stream on one path
+//! while it has room — carry nothing to stand in for heartbeats. While
+//! another path of the pair carries data (either way), they are on
+//! standby: their copies say `STANDBY` and go every `standby_interval`
+//! (the receiver watches them with `standby_path_timeout`), after two at
+//! the busy pace so one lost copy does not leave the receiver with the
+//! short window. When data moves onto a standby path its next copy drops
+//! `STANDBY` (a change of flags always goes at once), and its data is
+//! heard from the first frame. A busy pair none of whose paths carries
+//! data (a call waiting on a slow handler, a peer's `WATCH` alone) keeps
+//! the busy pace on every path, as before: whichever path the reply
+//! takes is watched with the short window. What the receiver must add (see [`super::Monitor`], "Data
+//! as heartbeats"): a barrier round also checks that the suspect path's
+//! connections hold no unread bytes, since a stalled connection reader
+//! would otherwise read as silence.
+//!
+//! The fence's copies and greetings are never left out.
+//!
+//! What it does not do: send anything. The pace is per peer; the shell
+//! sends on every network, and asks per copy whether a busy one may be
+//! left out.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::datagram::{FLAG_FAST, FLAG_WATCH};
+use super::datagram::{FLAG_FAST, FLAG_STANDBY, FLAG_WATCH};
 use super::DetectorConfig;
 use crate::ids::NodeId;
 use crate::time::Time;
@@ -51,6 +83,26 @@ struct PeerPace {
     kicked: bool,
 }
 
+/// When a path (peer, network) carried data, as the shell saw it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PathUse {
+    /// Our last write of data to the path's connection.
+    pub wrote: Option<Time>,
+    /// Our last write to it or read from it.
+    pub used: Option<Time>,
+    /// The same for any path of the peer (this one included).
+    pub pair_used: Option<Time>,
+}
+
+/// What was last sent on one path (peer, network).
+#[derive(Clone, Copy, Debug)]
+struct PathPace {
+    flags: u16,
+    sent: Time,
+    /// Copies in a row with these flags.
+    repeats: u8,
+}
+
 impl PeerPace {
     fn busy(&self, now: Time) -> bool {
         self.busy_until.is_some_and(|t| now < t)
@@ -69,6 +121,12 @@ pub struct Pacer {
     watch_linger: Duration,
     probe: Duration,
     peers: BTreeMap<NodeId, PeerPace>,
+    /// The last copy sent per path (see "Data stands in for busy
+    /// heartbeats").
+    paths: BTreeMap<(NodeId, u16), PathPace>,
+    /// A busy copy still goes out this often on a path carrying data.
+    refresh: Duration,
+    standby: Duration,
     /// The next busy-pace round (`None`: no peer is busy).
     next_round: Option<Time>,
     kicks: usize,
@@ -83,6 +141,9 @@ impl Pacer {
             watch_linger: config.idle_interval,
             probe: config.path_timeout,
             peers: BTreeMap::new(),
+            paths: BTreeMap::new(),
+            refresh: config.idle_interval / 2,
+            standby: config.standby_interval,
             next_round: None,
             kicks: 0,
         }
@@ -151,6 +212,58 @@ impl Pacer {
         f
     }
 
+    /// A copy of a heartbeat to `peer` on `network` is about to go out at
+    /// `now` with `flags` (the final ones, handshake flags included);
+    /// `busy` when it is a busy-pace copy (not the fence's, not a
+    /// greeting), and `usage` when the path and the pair carried data.
+    /// Returns the flags to send it with (`STANDBY` added to a `FAST` copy
+    /// on a path that carried no data either way within `standby_interval`
+    /// while another path of the pair did), or `None` to leave it out: a
+    /// busy copy whose flags repeat the last one's there, when we wrote
+    /// data to the path within `interval` and a copy went within
+    /// `idle_interval / 2`, or when the path is on standby, two copies said
+    /// so, and one went within `standby_interval`. A copy sent is
+    /// remembered.
+    pub fn admit_copy(
+        &mut self,
+        now: Time,
+        peer: NodeId,
+        network: u16,
+        flags: u16,
+        busy: bool,
+        usage: PathUse,
+    ) -> Option<u16> {
+        let recent = |t: Option<Time>| t.is_some_and(|t| t + self.standby >= now);
+        let standby = flags & FLAG_FAST != 0 && !recent(usage.used) && recent(usage.pair_used);
+        let carried = usage.wrote;
+        let flags = if standby { flags | FLAG_STANDBY } else { flags };
+        let last = self
+            .paths
+            .get(&(peer, network))
+            .filter(|l| l.flags == flags);
+        let skip = busy
+            && last.is_some_and(|l| {
+                if standby {
+                    l.repeats >= NOTICES && l.sent + self.standby > now
+                } else {
+                    carried.is_some_and(|t| t + self.interval >= now) && l.sent + self.refresh > now
+                }
+            });
+        if skip {
+            return None;
+        }
+        let repeats = last.map_or(1, |l| l.repeats.saturating_add(1));
+        self.paths.insert(
+            (peer, network),
+            PathPace {
+                flags,
+                sent: now,
+                repeats,
+            },
+        );
+        Some(flags)
+    }
+
     /// Whether `peer` is sent heartbeats at the busy pace now.
     pub fn is_fast(&self, peer: NodeId) -> bool {
         self.peers.get(&peer).is_some_and(|p| p.fast)
@@ -200,6 +313,7 @@ impl Pacer {
 
     /// The peer left: no busy pace for it.
     pub fn forget(&mut self, peer: NodeId) {
+        self.paths.retain(|(p, _), _| *p != peer);
         if self.peers.remove(&peer).is_some_and(|p| p.kicked) {
             self.kicks = self.kicks.saturating_sub(1);
         }
@@ -291,6 +405,98 @@ mod tests {
         assert_eq!(out, vec![(c, FLAG_FAST | FLAG_WATCH)]);
         assert!(p.poll_round(ms(150), &mut out));
         assert_eq!(out, vec![(c, 0)], "50 ms later: notices");
+    }
+
+    /// A busy copy to a path that carried data is left out while it says
+    /// the same as the last one, but one still goes every half idle
+    /// interval; a change of flags, a fence copy go out. A path without
+    /// data is on standby: two copies at the busy pace say so, then one
+    /// per standby interval.
+    #[test]
+    fn data_stands_in_for_busy_copies_and_other_paths_stand_by() {
+        let mut p = pacer();
+        let a = NodeId(4);
+        let ff = FLAG_FAST | FLAG_WATCH;
+        let sb = ff | FLAG_STANDBY;
+        // Network 0 carries our data; `pair` says when the pair last did.
+        let wrote = |t: u64| PathUse {
+            wrote: Some(ms(t)),
+            used: Some(ms(t)),
+            pair_used: Some(ms(t)),
+        };
+        let idle_here = |pair: u64| PathUse {
+            wrote: None,
+            used: None,
+            pair_used: Some(ms(pair)),
+        };
+        // Nothing sent there yet: the first copy goes.
+        assert_eq!(p.admit_copy(ms(0), a, 0, ff, true, wrote(0)), Some(ff));
+        assert_eq!(p.admit_copy(ms(10), a, 0, ff, true, wrote(5)), None);
+        assert_eq!(
+            p.admit_copy(ms(20), a, 0, ff, true, wrote(9)),
+            Some(ff),
+            "no data within the last interval"
+        );
+        assert_eq!(p.admit_copy(ms(30), a, 0, ff, true, wrote(29)), None);
+        assert_eq!(
+            p.admit_copy(ms(30), a, 0, FLAG_FAST, true, wrote(29)),
+            Some(FLAG_FAST),
+            "the flags changed"
+        );
+        assert_eq!(
+            p.admit_copy(ms(219), a, 0, FLAG_FAST, true, wrote(218)),
+            None
+        );
+        assert!(
+            p.admit_copy(ms(230), a, 0, FLAG_FAST, true, wrote(229))
+                .is_some(),
+            "200 ms since the last copy there"
+        );
+        assert!(
+            p.admit_copy(ms(231), a, 0, FLAG_FAST, false, wrote(231))
+                .is_some(),
+            "the fence's copies always go"
+        );
+        // Network 1 carries nothing while network 0 does: standby, twice
+        // at the busy pace, then every 100 ms.
+        assert_eq!(p.admit_copy(ms(0), a, 1, ff, true, idle_here(0)), Some(sb));
+        assert_eq!(p.admit_copy(ms(10), a, 1, ff, true, idle_here(9)), Some(sb));
+        assert_eq!(p.admit_copy(ms(20), a, 1, ff, true, idle_here(19)), None);
+        assert_eq!(p.admit_copy(ms(109), a, 1, ff, true, idle_here(108)), None);
+        assert_eq!(
+            p.admit_copy(ms(110), a, 1, ff, true, idle_here(109)),
+            Some(sb)
+        );
+        // Data moves there: the next copy says so at once.
+        assert_eq!(p.admit_copy(ms(120), a, 1, ff, true, wrote(115)), Some(ff));
+        // No path of the pair carries data (a call waits on a slow
+        // handler): the busy pace everywhere.
+        assert_eq!(
+            p.admit_copy(ms(400), a, 1, ff, true, idle_here(120)),
+            Some(ff)
+        );
+        assert_eq!(
+            p.admit_copy(ms(410), a, 1, ff, true, idle_here(120)),
+            Some(ff)
+        );
+        // What the peer sent us on a path counts as the path's data.
+        let read = PathUse {
+            wrote: None,
+            used: Some(ms(415)),
+            pair_used: Some(ms(415)),
+        };
+        assert_eq!(p.admit_copy(ms(420), a, 1, ff, true, read), Some(ff));
+        // A quiet pair's copies are not standby ones.
+        assert_eq!(
+            p.admit_copy(ms(430), a, 1, 0, false, idle_here(429)),
+            Some(0)
+        );
+        p.forget(a);
+        assert!(
+            p.admit_copy(ms(432), a, 0, FLAG_FAST, true, wrote(432))
+                .is_some(),
+            "a forgotten peer's paths start afresh"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod read;
 use std::collections::VecDeque;
 use std::io;
 use std::net::{Shutdown, SocketAddr};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +29,7 @@ use surelink_proto::wire::CloseCode;
 use surelink_proto::{NodeId, PathId};
 
 use crate::admission::ConnSlot;
-use crate::detector::{Detector, Gate};
+use crate::detector::{Detector, Gate, StreamHandles};
 
 pub(crate) use open::{accept_loop, bind_device, configure, listen, start};
 
@@ -64,6 +65,9 @@ pub(crate) struct ConnIo {
     detector: Option<Arc<Detector>>,
     /// Stamped on every read once the peer is known (see `Detector::heard_cell`).
     heard: std::sync::OnceLock<Arc<AtomicU64>>,
+    /// Once the peer is known: when our data last left on this path, and
+    /// the probe the detector's barrier reads (see `detector/streams.rs`).
+    streams: std::sync::OnceLock<StreamHandles>,
     /// The node whose key the handshake proved (`None` when insecure).
     pub(crate) authenticated: Option<NodeId>,
     /// This connection's place under the accept limits (accepted ones only).
@@ -236,6 +240,10 @@ impl ConnIo {
             }
             match written {
                 Ok(mut n) => {
+                    if let (true, Some(h), Some(g)) = (n > 0, self.streams.get(), &self.gate) {
+                        // Data stands in for busy heartbeats on this path.
+                        h.carried.store(g.now().as_nanos(), Ordering::Relaxed);
+                    }
                     let mut p = self.pending.lock();
                     let q = &mut p.q;
                     while n > 0 {
@@ -287,6 +295,9 @@ impl ConnIo {
         self.peer.store(peer.0, Ordering::Relaxed);
         if let Some(d) = &self.detector {
             let _ = self.heard.set(d.heard_cell(peer, self.network));
+            if let Some(h) = d.attach_stream(peer, self.network, self.stream.as_ref().as_fd()) {
+                let _ = self.streams.set(h);
+            }
             if self.authenticated.is_some() {
                 d.vouch(peer, self.remote.ip());
             }

@@ -76,6 +76,7 @@ pub(crate) fn start(
         gate: shared.detector.as_ref().map(|d| d.gate.clone()),
         detector: shared.detector.clone(),
         heard: std::sync::OnceLock::new(),
+        streams: std::sync::OnceLock::new(),
         authenticated,
         _slot: slot,
         writes: shared.stats.write_counter(),

@@ -2,6 +2,7 @@
 //! and feeds the plaintext to its session — or, until its HELLO binds it,
 //! to the router — then reports the path down when the connection ends.
 
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -43,7 +44,24 @@ pub(super) async fn read_loop(
             if into.capacity() - into.len() < READ_CHUNK / 4 {
                 into.reserve(READ_CHUNK);
             }
-            match reader.read_buf(into).await {
+            // The barrier must not take bytes read but not yet stamped
+            // for silence: the probe's flag covers them (up only around
+            // the read itself, not while it waits).
+            let read = reader.read_buf(into);
+            tokio::pin!(read);
+            let got = std::future::poll_fn(|cx| {
+                let probe = io.streams.get().map(|h| &h.probe);
+                if let Some(p) = probe {
+                    p.begin_read();
+                }
+                let r = read.as_mut().poll(cx);
+                if let (Some(p), true) = (probe, r.is_pending()) {
+                    p.end_read();
+                }
+                r
+            })
+            .await;
+            match got {
                 Ok(0) => break,
                 Ok(n) => shared.stats.bytes_received(n),
                 Err(e) => {
@@ -56,6 +74,7 @@ pub(super) async fn read_loop(
             if feed(&shared, &io, &mut bound, &mut buf).is_err() {
                 break 'read;
             }
+            end_read(&io);
             continue;
         };
         // Every whole record of this read, opened in place, then one feed:
@@ -70,10 +89,20 @@ pub(super) async fn read_loop(
             refused(&shared, &io, &e, "refused a record; closing the connection");
             break 'read;
         }
+        // A partial record in hand is not stamped: nothing authentic yet.
+        end_read(&io);
     }
+    end_read(&io);
     match bound {
         Some(h) => h.path_down(&shared, io.path),
         None => shared.unbound_down(io.path),
+    }
+}
+
+/// What the reader read is stamped as heard (or was nothing authentic).
+fn end_read(io: &ConnIo) {
+    if let Some(h) = io.streams.get() {
+        h.probe.end_read();
     }
 }
 
@@ -105,6 +134,7 @@ fn feed(
     if let (Some(cell), Some(gate)) = (io.heard.get(), &io.gate) {
         cell.store(gate.now().as_nanos(), Ordering::Relaxed);
     }
+    end_read(io);
     loop {
         let r = match &*bound {
             Some(h) => match h.input(shared, io.path, buf) {

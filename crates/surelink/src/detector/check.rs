@@ -11,8 +11,8 @@ use std::sync::Arc;
 use tracing::debug;
 
 use surelink_proto::detector::datagram;
-use surelink_proto::detector::{MonitorAction, Watch};
-use surelink_proto::{NodeId, Time};
+use surelink_proto::detector::MonitorAction;
+use surelink_proto::NodeId;
 use surelink_sys::cpu;
 
 use super::{random_u64, CheckerState, DelayPoint, Detector, RoundState, Signal};
@@ -35,13 +35,7 @@ impl Detector {
                 if self.split() {
                     c.monitor.handle_stray_drop_count(now, self.stray_drops());
                 }
-                for (&(peer, network), cell) in self.heard.lock().iter() {
-                    let t = cell.load(Ordering::Relaxed);
-                    if let (true, Ok(network)) = (t > 0, u16::try_from(network)) {
-                        c.monitor
-                            .handle_heard(Time::from_nanos(t), Watch { peer, network });
-                    }
-                }
+                self.fold_heard(&mut c.monitor);
                 c.monitor.handle_timeout(now);
                 let barrier = self.dispatch(&mut c).map(|token| {
                     self.read_private_drops(&mut c, now);

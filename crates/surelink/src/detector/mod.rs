@@ -35,6 +35,7 @@ mod read;
 mod send;
 mod snapshot;
 mod strays;
+mod streams;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -58,6 +59,7 @@ pub(crate) use gate::Gate;
 pub(crate) use react::signal_loop;
 pub use snapshot::DetectorSnapshot;
 pub use strays::{RefusedCounts, StraysSnapshot};
+pub(crate) use streams::StreamHandles;
 
 /// How long a blocked reader waits before looking at the closed flag. A
 /// fallback only: closing shuts the sockets down, which wakes every reader
@@ -128,6 +130,8 @@ pub(crate) struct Detector {
     dests: Mutex<BTreeMap<(NodeId, usize), SocketAddr>>,
     /// When traffic last arrived per (peer, network), ns on the gate's clock.
     heard: Mutex<BTreeMap<(NodeId, usize), Arc<AtomicU64>>>,
+    /// Per path, when our data last left and its connections' probes.
+    streams: Mutex<streams::Streams>,
     /// The interfaces' drop counters' last sum and when it was read.
     system_drops: Mutex<(u64, Option<Time>)>,
     signals: mpsc::UnboundedSender<Signal>,
@@ -321,6 +325,7 @@ impl Detector {
             fence_generation: AtomicU64::new(0),
             dests: Mutex::new(BTreeMap::new()),
             heard: Mutex::new(BTreeMap::new()),
+            streams: Mutex::new(streams::Streams::default()),
             system_drops: Mutex::new((0, None)),
             signals: tx,
             delays: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -460,6 +465,7 @@ impl Detector {
         self.handshakes.lock().retain(|(p, _), _| *p != peer);
         self.private.lock().forget(peer);
         self.heard.lock().retain(|(p, _), _| *p != peer);
+        self.streams.lock().forget(peer);
         self.traffic.lock().remove(&peer);
         self.pacer.lock().forget(peer);
     }

@@ -355,6 +355,9 @@ impl Detector {
         if let Some(token) = done {
             c.round = None;
             let queues = self.queues_at_barrier(&mut c);
+            // After the connections' queues and flags were read: a stamp
+            // made before a flag went down is seen.
+            self.fold_heard(&mut c.monitor);
             c.monitor.handle_barrier_queues(now, token, &queues);
         }
         self.dispatch(&mut c);
@@ -405,6 +408,7 @@ impl Detector {
             members_empty,
             strays: self.split().then(|| self.strays_at_barrier()),
             private,
+            unread_streams: self.unread_streams(&c.monitor.round_paths()),
         }
     }
 

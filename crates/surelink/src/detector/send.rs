@@ -17,7 +17,7 @@ use rustc_hash::FxHashMap;
 use tracing::debug;
 
 use surelink_proto::detector::datagram;
-use surelink_proto::detector::{DetectorMode, Fence, FenceState};
+use surelink_proto::detector::{DetectorMode, Fence, FenceState, Pacer};
 use surelink_proto::{Epoch, NodeId, Time};
 use surelink_sys::TxTimestamp;
 
@@ -29,8 +29,20 @@ use super::{DelayPoint, Detector, Signal, TIMESTAMP_WAIT};
 enum Round<'a> {
     /// The fence's: every peer, each copy TX-stamped and waited for.
     Fence,
-    /// The busy pace's: these peers with these pace flags, not waited for.
+    /// The busy pace's: these peers with these pace flags, not waited for;
+    /// a copy to a path that carries data may be left out
+    /// (`Pacer::admit_copy`).
     Busy(&'a [(NodeId, u16)]),
+    /// New destinations': like the busy pace's, but every copy goes.
+    Greet(&'a [(NodeId, u16)]),
+}
+
+/// The peers a round goes to (`None`: every peer).
+fn round_peers<'a>(round: Round<'a>) -> Option<&'a [(NodeId, u16)]> {
+    match round {
+        Round::Fence => None,
+        Round::Busy(p) | Round::Greet(p) => Some(p),
+    }
 }
 
 /// A fence heartbeat this close to its deadline is logged (debug).
@@ -141,7 +153,7 @@ impl Detector {
                     let pacer = self.pacer.lock();
                     greet.iter().map(|p| (*p, pacer.flags(now, *p))).collect()
                 };
-                self.send_round(Round::Busy(&round), &mut st);
+                self.send_round(Round::Greet(&round), &mut st);
             }
             if self.pacer.lock().poll_round(now, &mut busy) {
                 self.send_round(Round::Busy(&busy), &mut st);
@@ -252,32 +264,43 @@ impl Detector {
         // Per destination: where the counted copy goes, an extra copy, and
         // the flags.
         type Dest = ((NodeId, usize), SocketAddr, Option<SocketAddr>, u16);
+        // When each destination's path carried data (read before the
+        // pacer's lock: the cells' locks are the connections').
+        let usage = self.path_usage(round_peers(round));
         let dests: Vec<Dest> = {
             let public = self.dests.lock();
             let hs = self.handshakes.lock();
-            let pacer = self.pacer.lock();
+            let mut pacer = self.pacer.lock();
             let mut out = Vec::new();
             if matches!(round, Round::Fence) {
                 // A forgotten peer's count goes with it.
                 st.per_dest.retain(|k, _| public.contains_key(k));
             }
-            let mut add = |k: &(NodeId, usize), public: &SocketAddr, pace: u16| {
-                let n = st.per_dest.entry(*k).or_insert(0);
-                *n += 1;
-                let h = hs.get(k).copied().unwrap_or_default();
-                let c = h.copies(now, window, *n, PUBLIC_EVERY, *public);
-                out.push((*k, c.counted, c.extra, c.flags | pace));
-            };
+            let busy = matches!(round, Round::Busy(_));
+            let mut add =
+                |pacer: &mut Pacer, k: &(NodeId, usize), public: &SocketAddr, pace: u16| {
+                    let n = st.per_dest.entry(*k).or_insert(0);
+                    let h = hs.get(k).copied().unwrap_or_default();
+                    let c = h.copies(now, window, *n + 1, PUBLIC_EVERY, *public);
+                    let flags = c.flags | pace;
+                    let network = u16::try_from(k.1).unwrap_or(u16::MAX);
+                    let data = usage.get(k).copied().unwrap_or_default();
+                    if let Some(flags) = pacer.admit_copy(now, k.0, network, flags, busy, data) {
+                        *n += 1;
+                        out.push((*k, c.counted, c.extra, flags));
+                    }
+                };
             match round {
                 Round::Fence => {
                     for (k, p) in public.iter() {
-                        add(k, p, pacer.flags(now, k.0));
+                        let pace = pacer.flags(now, k.0);
+                        add(&mut pacer, k, p, pace);
                     }
                 }
-                Round::Busy(peers) => {
+                Round::Busy(peers) | Round::Greet(peers) => {
                     for (peer, flags) in peers {
                         for (k, p) in public.range((*peer, 0)..=(*peer, usize::MAX)) {
-                            add(k, p, *flags);
+                            add(&mut pacer, k, p, *flags);
                         }
                     }
                 }

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 use surelink_proto::detector::datagram::{self, Datagram};
-use surelink_proto::detector::{HeartbeatQueue, StraysAtBarrier, Watch};
+use surelink_proto::detector::{HeartbeatQueue, Pace, StraysAtBarrier, Watch};
 use surelink_proto::{Epoch, NodeId};
 use surelink_sys::steer::{Batch, MAX_STEERED};
 
@@ -230,13 +230,8 @@ impl Detector {
             self.steer_source(hb.node, from.ip());
             self.ensure_private(c, hb.node, network, from);
         }
-        c.monitor.handle_heartbeat_paced(
-            now,
-            watch,
-            hb.epoch,
-            queue,
-            hb.flags & datagram::FLAG_FAST != 0,
-        );
+        c.monitor
+            .handle_heartbeat_at(now, watch, hb.epoch, queue, Pace::of(hb.flags));
         if c.monitor.poll_timeout().as_nanos() < self.checker_wake.load(Ordering::Relaxed) {
             // A narrower window than the checker sleeps towards.
             if let Some(t) = self.checker_thread.get() {
