@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::stream::{FuturesOrdered, StreamExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tracing::debug;
@@ -246,7 +247,7 @@ impl Drop for Conn {
 
 /// Serves one client until it leaves, sends `quit`, breaks the protocol,
 /// or stays idle for `idle_timeout`.
-pub(super) async fn client(shared: &Arc<Shared>, stream: TcpStream) -> std::io::Result<()> {
+pub(super) async fn client(shared: &Arc<Shared>, mut stream: TcpStream) -> std::io::Result<()> {
     let limits = shared.cfg.limits;
     let idle = shared.cfg.idle_timeout;
     let mut parser = Parser::new(limits);
@@ -280,6 +281,13 @@ pub(super) async fn client(shared: &Arc<Shared>, stream: TcpStream) -> std::io::
         // waiting on a node ends by its own deadline).
         let idle_at = last_activity + idle;
         let watch_idle = !idle.is_zero() && c.inflight.is_empty();
+        if can_read && buf.capacity() - buf.len() < 4096 {
+            buf.reserve(16 * 1024);
+        }
+        // Read through `AsyncRead`: a short read clears the socket's
+        // readiness, so a drained socket costs no second `recv` that would
+        // only say "would block" (one per request at low load).
+        let (mut rd, wr) = stream.split();
         tokio::select! {
             // Replies first: they free pipeline slots and memory.
             biased;
@@ -291,9 +299,9 @@ pub(super) async fn client(shared: &Arc<Shared>, stream: TcpStream) -> std::io::
                 }
                 last_activity = Instant::now();
             }
-            r = stream.writable(), if !c.out.is_empty() => {
+            r = wr.as_ref().writable(), if !c.out.is_empty() => {
                 r?;
-                match stream.try_write_vectored(&c.out.slices()) {
+                match wr.as_ref().try_write_vectored(&c.out.slices()) {
                     Ok(n) => {
                         c.out.advance(n);
                         last_activity = Instant::now();
@@ -302,10 +310,8 @@ pub(super) async fn client(shared: &Arc<Shared>, stream: TcpStream) -> std::io::
                     Err(e) => return Err(e),
                 }
             }
-            r = stream.readable(), if can_read => {
-                r?;
-                buf.reserve(16 * 1024);
-                match stream.try_read_buf(&mut buf) {
+            r = rd.read_buf(&mut buf), if can_read => {
+                match r {
                     Ok(0) => reading = false,
                     Ok(_) => {
                         last_activity = Instant::now();
