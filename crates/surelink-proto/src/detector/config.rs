@@ -64,13 +64,6 @@ pub struct DetectorConfig {
     /// `idle_interval`). A call or message to the peer switches its paths
     /// to `path_timeout` from the moment it is sent.
     pub idle_path_timeout: Duration,
-    /// A busy pair's path that carries none of our data (the session's
-    /// other paths carry it) gets its busy-pace heartbeats this often
-    /// (`FLAG_STANDBY`): it is watched so a failover finds it alive, not
-    /// so it fails over itself.
-    pub standby_interval: Duration,
-    /// The window of such a standby path.
-    pub standby_path_timeout: Duration,
     /// A pair stays busy this long after its last traffic (so a burst
     /// every few hundred milliseconds does not switch pace each time).
     pub busy_linger: Duration,
@@ -107,10 +100,6 @@ impl Default for DetectorConfig {
             // Three idle heartbeats: one lost datagram is no report.
             idle_path_timeout: Duration::from_millis(1200),
             busy_linger: Duration::from_secs(1),
-            // A standby path: 10 heartbeats a second each way, found dead
-            // within 300 ms (before its traffic would need it, mostly).
-            standby_interval: Duration::from_millis(100),
-            standby_path_timeout: Duration::from_millis(300),
             ..DetectorConfig::with_interval(interval)
         }
     }
@@ -129,8 +118,6 @@ impl DetectorConfig {
             idle_interval: interval * 4,
             idle_path_timeout: interval * 10,
             busy_linger: interval * 20,
-            standby_interval: interval * 2,
-            standby_path_timeout: interval * 5,
             path_timeout: interval * 5,
             timeout: interval * 15,
             send_slack: interval * 10,
@@ -138,6 +125,27 @@ impl DetectorConfig {
             check_every: interval / 2,
             barrier_timeout: interval.max(Duration::from_millis(5)),
         }
+    }
+
+    /// How often a busy pair's *standby* path — one that carries none of
+    /// our data while another path of the pair does — gets a busy-pace
+    /// heartbeat (`FLAG_STANDBY`): ten intervals, but no less often than
+    /// the fence's pace (defaults: 100 ms). It is watched so a failover
+    /// finds it alive, not to fail traffic over from it (it has none).
+    pub fn standby_interval(&self) -> Duration {
+        (self.interval * 10)
+            .min(self.idle_interval)
+            .max(self.interval)
+    }
+
+    /// The window of a standby path: three of its heartbeats, or two and
+    /// the network's delay, and never less than `path_timeout` (defaults:
+    /// 300 ms).
+    pub fn standby_path_timeout(&self) -> Duration {
+        let s = self.standby_interval();
+        (s * 3)
+            .max(s * 2 + self.max_network_delay)
+            .max(self.path_timeout)
     }
 
     /// Checks the settings; the relation between them is what makes a
@@ -151,8 +159,6 @@ impl DetectorConfig {
             ("detector.path_timeout", self.path_timeout),
             ("detector.idle_path_timeout", self.idle_path_timeout),
             ("detector.busy_linger", self.busy_linger),
-            ("detector.standby_interval", self.standby_interval),
-            ("detector.standby_path_timeout", self.standby_path_timeout),
             ("detector.check_every", self.check_every),
             ("detector.barrier_timeout", self.barrier_timeout),
         ] {
@@ -187,26 +193,6 @@ impl DetectorConfig {
                 other: "max(2 × idle_interval + max_network_delay, path_timeout) (µs)",
                 other_value: ms(idle_need),
                 why: "an idle path would be reported down between two of its heartbeats",
-            });
-        }
-        if self.standby_interval < self.interval {
-            return Err(ConfigError::Inconsistent {
-                field: "detector.standby_interval (µs)",
-                value: ms(self.standby_interval),
-                other: "detector.interval (µs)",
-                other_value: ms(self.interval),
-                why: "a standby path cannot get heartbeats more often than a busy one",
-            });
-        }
-        let standby_need =
-            (self.standby_interval * 2 + self.max_network_delay).max(self.path_timeout);
-        if self.standby_path_timeout < standby_need {
-            return Err(ConfigError::Inconsistent {
-                field: "detector.standby_path_timeout (µs)",
-                value: ms(self.standby_path_timeout),
-                other: "max(2 × standby_interval + max_network_delay, path_timeout) (µs)",
-                other_value: ms(standby_need),
-                why: "a standby path would be reported down between two of its heartbeats",
             });
         }
         if self.check_every > self.path_timeout.min(self.timeout) {

@@ -64,8 +64,8 @@ pub const FLAG_FAST: u16 = 4;
 /// asks for heartbeats at the busy pace.
 pub const FLAG_WATCH: u16 = 8;
 /// Heartbeat flag (with `FAST`): this path carries none of the sender's
-/// data now, so its busy-pace copies come only every `standby_interval`;
-/// watch it with `standby_path_timeout`. A path that carries data needs no
+/// data now, so its busy-pace copies come only every `standby_interval()`;
+/// watch it with `standby_path_timeout()`. A path that carries data needs no
 /// more: its data is heard.
 pub const FLAG_STANDBY: u16 = 16;
 

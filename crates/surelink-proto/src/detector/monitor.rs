@@ -45,10 +45,14 @@
 //!
 //! A *path* report claims only that the path is silent now (it moves
 //! traffic; a false one costs a re-send), so its window follows the pace
-//! the peer announced: a peer's `FAST` heartbeats come every `interval`,
-//! and the path is watched with `path_timeout`; without `FAST` every
-//! `idle_interval`, watched with `idle_path_timeout ≥ 2·idle_interval +
-//! max_network_delay`. A peer leaving the busy pace says so first (two
+//! the peer announced: a peer's `FAST` heartbeats come every `interval`
+//! (or its data does, see "Data as heartbeats"), and the path is watched
+//! with `path_timeout`; with `FAST` and `STANDBY` (a busy pair's path that
+//! carries no data while another does) every `standby_interval()`, watched
+//! with `standby_path_timeout() ≥ 2·standby_interval() + max_network_delay`;
+//! without `FAST` every `idle_interval`, watched with `idle_path_timeout
+//! ≥ 2·idle_interval + max_network_delay`. A path leaving a pace for a
+//! slower one says so in two copies at the faster pace first. A peer leaving the busy pace says so first (two
 //! heartbeats without `FAST` at the busy pace), so the window widens before
 //! the gaps do. Traffic of ours to a slow peer asks it for the busy pace
 //! (`WATCH`) and narrows the window at once: from the ask, a path that
@@ -213,7 +217,7 @@ pub enum Pace {
     #[default]
     Idle,
     /// `FAST` and `STANDBY`: a busy pair's path that carries no data;
-    /// `standby_path_timeout`.
+    /// `standby_path_timeout()`.
     Standby,
     /// `FAST`: heartbeats every `interval`, or data; `path_timeout`.
     Busy,
@@ -520,7 +524,7 @@ impl Monitor {
     fn window(&self, pace: Pace) -> std::time::Duration {
         match pace {
             Pace::Busy => self.config.path_timeout,
-            Pace::Standby => self.config.standby_path_timeout,
+            Pace::Standby => self.config.standby_path_timeout(),
             Pace::Idle => self.config.idle_path_timeout,
         }
     }
@@ -571,7 +575,7 @@ impl Monitor {
         }
         let window = match p.pace {
             Pace::Busy => self.config.path_timeout,
-            Pace::Standby => self.config.standby_path_timeout,
+            Pace::Standby => self.config.standby_path_timeout(),
             Pace::Idle => self.config.idle_path_timeout,
         };
         if p.down && now > p.down_at {

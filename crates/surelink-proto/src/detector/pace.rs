@@ -38,8 +38,8 @@
 //! A busy pair's *other* paths — the session keeps a stream on one path
 //! while it has room — carry nothing to stand in for heartbeats. While
 //! another path of the pair carries data (either way), they are on
-//! standby: their copies say `STANDBY` and go every `standby_interval`
-//! (the receiver watches them with `standby_path_timeout`), after two at
+//! standby: their copies say `STANDBY` and go every `standby_interval()`
+//! (the receiver watches them with `standby_path_timeout()`), after two at
 //! the busy pace so one lost copy does not leave the receiver with the
 //! short window. When data moves onto a standby path its next copy drops
 //! `STANDBY` (a change of flags always goes at once), and its data is
@@ -143,7 +143,7 @@ impl Pacer {
             peers: BTreeMap::new(),
             paths: BTreeMap::new(),
             refresh: config.idle_interval / 2,
-            standby: config.standby_interval,
+            standby: config.standby_interval(),
             next_round: None,
             kicks: 0,
         }
@@ -217,12 +217,12 @@ impl Pacer {
     /// `busy` when it is a busy-pace copy (not the fence's, not a
     /// greeting), and `usage` when the path and the pair carried data.
     /// Returns the flags to send it with (`STANDBY` added to a `FAST` copy
-    /// on a path that carried no data either way within `standby_interval`
+    /// on a path that carried no data either way within `standby_interval()`
     /// while another path of the pair did), or `None` to leave it out: a
     /// busy copy whose flags repeat the last one's there, when we wrote
     /// data to the path within `interval` and a copy went within
     /// `idle_interval / 2`, or when the path is on standby, two copies said
-    /// so, and one went within `standby_interval`. A copy sent is
+    /// so, and one went within `standby_interval()`. A copy sent is
     /// remembered.
     pub fn admit_copy(
         &mut self,
