@@ -591,31 +591,33 @@ fn data_stands_in_for_busy_heartbeats() {
     assert!(hb >= 290, "without data the busy pace heartbeats: {hb}");
 }
 
+/// Network 1 cut from 1 s to 2 s on a busy pair (data on `data_paths`
+/// paths): when it was first reported, after checking only network 1 was
+/// and nobody was reported dead.
+fn first_report_of_a_cut(seed: u64, private: bool, data_paths: u16) -> Duration {
+    let ms = Duration::from_millis;
+    let cut = DetectorFault::Cut {
+        at: ms(1000),
+        len: ms(1000),
+    };
+    let out = carrying(vec![cut], seed, private, data_paths).run();
+    assert!(out.path_reports.iter().all(|(_, n)| *n == 1));
+    assert!(out.peer_reports.is_empty());
+    out.path_reports
+        .iter()
+        .find(|(_, n)| *n == 1)
+        .map(|(t, _)| t.since_origin())
+        .expect("network 1 reported")
+}
+
 /// A cut path is found within the busy window although the sender keeps
 /// writing to it (its data is lost on the way, so its busy copies are
 /// left out): silence is silence.
 #[test]
 fn a_cut_path_carrying_data_is_found_within_the_busy_window() {
+    let first = first_report_of_a_cut(3, true, 2);
     let ms = Duration::from_millis;
-    let out = carrying(
-        vec![DetectorFault::Cut {
-            at: ms(1000),
-            len: ms(1000),
-        }],
-        3,
-        true,
-        2,
-    )
-    .run();
-    let first = out
-        .path_reports
-        .iter()
-        .find(|(_, n)| *n == 1)
-        .map(|(t, _)| t.since_origin())
-        .expect("network 1 reported");
     assert!(first > ms(1040) && first < ms(1075), "{first:?}");
-    assert!(out.path_reports.iter().all(|(_, n)| *n == 1));
-    assert!(out.peer_reports.is_empty());
 }
 
 /// A standby path (data on the other one) cut is found within the
@@ -623,26 +625,9 @@ fn a_cut_path_carrying_data_is_found_within_the_busy_window() {
 /// before the cut.
 #[test]
 fn a_cut_standby_path_is_found_within_its_window() {
+    let first = first_report_of_a_cut(4, false, 1);
     let ms = Duration::from_millis;
-    let out = carrying(
-        vec![DetectorFault::Cut {
-            at: ms(1000),
-            len: ms(1000),
-        }],
-        4,
-        false,
-        1,
-    )
-    .run();
-    let first = out
-        .path_reports
-        .iter()
-        .find(|(_, n)| *n == 1)
-        .map(|(t, _)| t.since_origin())
-        .expect("network 1 reported");
     assert!(first > ms(1190) && first < ms(1320), "{first:?}");
-    assert!(out.path_reports.iter().all(|(_, n)| *n == 1));
-    assert!(out.peer_reports.is_empty());
 }
 
 proptest! {
