@@ -90,6 +90,48 @@ async fn stalled_reader_is_no_false_report_for_safetimer() {
     assert_eq!(d.monitor.reported_down, 0);
 }
 
+/// On a busy pair the data is the path's heartbeat (the client leaves its
+/// busy copies out on the path it writes to; with the defaults one still
+/// goes every 200 ms). When our own connection readers stall, that data
+/// waits unread in the sockets, where no heartbeat barrier looks: the
+/// round's end must see it there (`FIONREAD`) or a live path is reported
+/// silent (it is, with that check removed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_connection_reader_is_no_path_report() {
+    let p = Loopback::new().start().await.unwrap();
+    let (server, client) = (p.server, p.client);
+    let mut events = server.events();
+    let sink = server.clone();
+    tokio::spawn(async move { while sink.recv().await.is_some() {} });
+    let sender = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(1));
+        for _ in 0..1500 {
+            tick.tick().await;
+            if client
+                .send(SERVER, 0, Bytes::from_static(b"x"))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    // Data flowing: the client's busy copies on its data path stop.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server
+        .testing()
+        .inject_delay(DelayPoint::ConnectionReader, Duration::from_millis(400));
+    let got = reports(&mut events, Duration::from_millis(800)).await;
+    assert!(got.is_empty(), "false reports: {got:?}");
+    let d = server.stats().detector.unwrap();
+    assert!(
+        d.monitor.saved_by_stream > 0,
+        "the data waiting in the sockets held a suspect back: {d:?}"
+    );
+    assert_eq!(d.monitor.reported_down, 0);
+    sender.await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_reader_is_a_false_report_for_the_plain_detector() {
     let (server, _client) = pair(DetectorMode::Plain).await;

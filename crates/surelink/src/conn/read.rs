@@ -47,6 +47,10 @@ pub(super) async fn read_loop(
             // The barrier must not take bytes read but not yet stamped
             // for silence: the probe's flag covers them (up only around
             // the read itself, not while it waits).
+            #[cfg(feature = "test-util")]
+            if let Some(d) = &io.detector {
+                d.stall_connection_reader().await;
+            }
             let read = reader.read_buf(into);
             tokio::pin!(read);
             let got = std::future::poll_fn(|cx| {

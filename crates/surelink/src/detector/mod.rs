@@ -83,6 +83,10 @@ pub enum DelayPoint {
     Checker,
     /// The thread that sends heartbeats.
     Sender,
+    /// Not a detector thread: every connection's reader (an async task),
+    /// before its next read — the peer's data waits in the sockets, as
+    /// behind a stalled runtime. Tests only.
+    ConnectionReader,
 }
 
 /// What the threads tell the async side.
@@ -135,7 +139,7 @@ pub(crate) struct Detector {
     /// The interfaces' drop counters' last sum and when it was read.
     system_drops: Mutex<(u64, Option<Time>)>,
     signals: mpsc::UnboundedSender<Signal>,
-    delays: [AtomicU64; 3],
+    delays: [AtomicU64; 4],
     closed: AtomicBool,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     heartbeats_sent: AtomicU64,
@@ -573,6 +577,17 @@ impl Detector {
             .t_valid
             .store(f.t_valid().as_nanos(), Ordering::Release);
         self.fence_generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// Sleeps (async) while an injected [`DelayPoint::ConnectionReader`]
+    /// delay lasts.
+    #[cfg(feature = "test-util")]
+    pub(crate) async fn stall_connection_reader(&self) {
+        let until = self.delays[DelayPoint::ConnectionReader as usize].load(Ordering::Relaxed);
+        let now = self.gate.now().as_nanos();
+        if until > now {
+            tokio::time::sleep(Duration::from_nanos(until - now)).await;
+        }
     }
 
     /// Sleeps while an injected delay for `point` lasts.
