@@ -474,6 +474,11 @@ impl StatsSnapshot {
                     m.reported_through_member_drops,
                 ),
                 (
+                    "saved_by_stream_total",
+                    "Suspects not reported because one of their connections held bytes not yet read (our own reader stalled)",
+                    m.saved_by_stream,
+                ),
+                (
                     "strays_dropped_total",
                     "Datagrams from unsteered sources the kernel dropped (a flood)",
                     d.strays.dropped,
