@@ -104,8 +104,11 @@ fn scenario() -> impl Strategy<Value = DetectorScenario> {
                 unstamped,
                 start_unarmed,
             )| {
+                let mut config = if tight_config { tight() } else { config() };
+                // Half the cases let the data stand in for busy heartbeats.
+                config.data_as_heartbeat = seed % 2 == 1;
                 DetectorScenario {
-                    config: if tight_config { tight() } else { config() },
+                    config,
                     faults,
                     run_for: RUN,
                     queue_capacity: 64,
@@ -549,8 +552,12 @@ fn carrying(
     private: bool,
     data_paths: u16,
 ) -> DetectorScenario {
+    let config = DetectorConfig {
+        data_as_heartbeat: true,
+        ..DetectorConfig::default()
+    };
     DetectorScenario {
-        config: DetectorConfig::default(),
+        config,
         faults,
         run_for: Duration::from_millis(3000),
         queue_capacity: 64,

@@ -98,7 +98,10 @@ async fn stalled_reader_is_no_false_report_for_safetimer() {
 /// silent (it is, with that check removed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_connection_reader_is_no_path_report() {
-    let p = Loopback::new().start().await.unwrap();
+    let mut lb = Loopback::new();
+    lb.server.detector.data_as_heartbeat = true;
+    lb.client.detector.data_as_heartbeat = true;
+    let p = lb.start().await.unwrap();
     let (server, client) = (p.server, p.client);
     let mut events = server.events();
     let sink = server.clone();

@@ -117,6 +117,8 @@ impl PeerPace {
 #[derive(Clone, Debug)]
 pub struct Pacer {
     interval: Duration,
+    /// `DetectorConfig::data_as_heartbeat`.
+    data: bool,
     linger: Duration,
     watch_linger: Duration,
     probe: Duration,
@@ -137,6 +139,7 @@ impl Pacer {
     pub fn new(config: &DetectorConfig) -> Self {
         Pacer {
             interval: config.interval,
+            data: config.data_as_heartbeat,
             linger: config.busy_linger,
             watch_linger: config.idle_interval,
             probe: config.path_timeout,
@@ -234,14 +237,16 @@ impl Pacer {
         usage: PathUse,
     ) -> Option<u16> {
         let recent = |t: Option<Time>| t.is_some_and(|t| t + self.standby >= now);
-        let standby = flags & FLAG_FAST != 0 && !recent(usage.used) && recent(usage.pair_used);
+        let standby =
+            self.data && flags & FLAG_FAST != 0 && !recent(usage.used) && recent(usage.pair_used);
         let carried = usage.wrote;
         let flags = if standby { flags | FLAG_STANDBY } else { flags };
         let last = self
             .paths
             .get(&(peer, network))
             .filter(|l| l.flags == flags);
-        let skip = busy
+        let skip = self.data
+            && busy
             && last.is_some_and(|l| {
                 if standby {
                     l.repeats >= NOTICES && l.sent + self.standby > now
@@ -414,7 +419,10 @@ mod tests {
     /// per standby interval.
     #[test]
     fn data_stands_in_for_busy_copies_and_other_paths_stand_by() {
-        let mut p = pacer();
+        let mut p = Pacer::new(&DetectorConfig {
+            data_as_heartbeat: true,
+            ..DetectorConfig::default()
+        });
         let a = NodeId(4);
         let ff = FLAG_FAST | FLAG_WATCH;
         let sb = ff | FLAG_STANDBY;
@@ -497,6 +505,28 @@ mod tests {
                 .is_some(),
             "a forgotten peer's paths start afresh"
         );
+    }
+
+    /// Off (the default), every copy goes, with the flags it was given.
+    #[test]
+    fn by_default_data_stands_in_for_nothing() {
+        let mut p = pacer();
+        let a = NodeId(4);
+        let ff = FLAG_FAST | FLAG_WATCH;
+        let wrote = PathUse {
+            wrote: Some(ms(9)),
+            used: Some(ms(9)),
+            pair_used: Some(ms(9)),
+        };
+        let other = PathUse {
+            wrote: None,
+            used: None,
+            pair_used: Some(ms(9)),
+        };
+        for t in [0, 10, 20] {
+            assert_eq!(p.admit_copy(ms(t), a, 0, ff, true, wrote), Some(ff));
+            assert_eq!(p.admit_copy(ms(t), a, 1, ff, true, other), Some(ff));
+        }
     }
 
     #[test]

@@ -97,6 +97,9 @@ pub(super) async fn read_loop(
         end_read(&io);
     }
     end_read(&io);
+    if let Some(h) = io.streams.get() {
+        h.probe.reader_gone();
+    }
     match bound {
         Some(h) => h.path_down(&shared, io.path),
         None => shared.unbound_down(io.path),

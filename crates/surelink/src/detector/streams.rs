@@ -27,6 +27,10 @@ pub(crate) struct StreamProbe {
     fd: OwnedFd,
     /// The reader is between a read and the stamp of what it read.
     reading: AtomicBool,
+    /// The reader has exited: what the socket still holds is read by
+    /// nobody, and says nothing of the path (a killed connection may
+    /// linger until its session lets it go).
+    gone: AtomicBool,
 }
 
 impl StreamProbe {
@@ -41,11 +45,19 @@ impl StreamProbe {
         self.reading.store(false, Ordering::Release);
     }
 
+    /// The connection's reader exited.
+    pub(crate) fn reader_gone(&self) {
+        self.gone.store(true, Ordering::Release);
+    }
+
     /// Whether bytes may be waiting unstamped: queued in the socket, or
     /// read and not stamped yet. The queue is read before the flag: bytes
     /// a read took after the first look are covered by its flag, and once
     /// the flag is down, by its stamp. An error reads as "maybe".
     fn unread(&self) -> bool {
+        if self.gone.load(Ordering::Acquire) {
+            return false;
+        }
         let queued = surelink_sys::stream::unread_bytes(self.fd.as_fd()).map_or(true, |n| n > 0);
         queued || self.reading.load(Ordering::Acquire)
     }
@@ -92,6 +104,7 @@ impl Detector {
         let probe = Arc::new(StreamProbe {
             fd,
             reading: AtomicBool::new(false),
+            gone: AtomicBool::new(false),
         });
         let mut s = self.streams.lock();
         let path = s.paths.entry((peer, network)).or_default();
