@@ -78,6 +78,10 @@ pub(crate) struct NodeArgs {
     /// Assumed network delay bound, ms.
     #[arg(long)]
     pub(crate) network_delay_ms: Option<u64>,
+    /// Data as heartbeats (`DetectorConfig::data_as_heartbeat`): `true` or
+    /// `false`; without it, the product's default.
+    #[arg(long)]
+    pub(crate) data_as_heartbeat: Option<bool>,
     /// Local addresses, one per network (port 0: any).
     #[arg(long, value_delimiter = ',', required = true)]
     pub(crate) local: Vec<SocketAddr>,
@@ -175,6 +179,9 @@ impl NodeArgs {
         }
         if let Some(t) = self.network_delay_ms {
             d.max_network_delay = ms(t);
+        }
+        if let Some(on) = self.data_as_heartbeat {
+            d.data_as_heartbeat = on;
         }
         if self.interval_ms.is_some() {
             // Windows given in busy intervals: the idle pace fits in what

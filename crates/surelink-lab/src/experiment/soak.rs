@@ -47,6 +47,10 @@ pub(crate) struct SoakArgs {
     /// longest full outage + 100 ms.
     #[arg(long)]
     blips: bool,
+    /// Data as heartbeats on both nodes (`true` or `false`; without it,
+    /// the product's default).
+    #[arg(long)]
+    data_as_heartbeat: Option<bool>,
 }
 
 /// Whether `f` on a link stops all traffic on it both ways.
@@ -91,9 +95,17 @@ fn undo_all() {
     }
 }
 
-/// The nodes run the product's default detector (no settings given).
-fn detector_args() -> Vec<String> {
-    strs(&["--quiet"])
+/// The nodes run the product's default detector (no settings given
+/// unless data as heartbeats is chosen).
+fn detector_args(args: &SoakArgs) -> Vec<String> {
+    let mut a = strs(&["--quiet"]);
+    if let Some(on) = args.data_as_heartbeat {
+        a.extend(strs(&[
+            "--data-as-heartbeat",
+            if on { "true" } else { "false" },
+        ]));
+    }
+    a
 }
 
 fn last(p: &NodeProc, ev: &str) -> Value {
@@ -118,7 +130,7 @@ pub(crate) async fn run(args: &SoakArgs) -> Result<()> {
     let _bed = Bed::up("soak", &args.out, false)?;
     let two = "10.77.1.2:7600,10.77.2.2:7600".to_owned();
     let mut ra = strs(&["--role", "receiver", "--local", &two]);
-    ra.extend(detector_args());
+    ra.extend(detector_args(args));
     let (rx, _) = NodeProc::spawn_in(Some("sl-b"), "experiment-node", &ra)
         .await
         .context("starting the receiver")?;
@@ -135,7 +147,7 @@ pub(crate) async fn run(args: &SoakArgs) -> Result<()> {
         "5",
         "--reliable",
     ]);
-    sa.extend(detector_args());
+    sa.extend(detector_args(args));
     let (mut tx, _) = NodeProc::spawn_in(Some("sl-a"), "experiment-node", &sa)
         .await
         .context("starting the sender")?;

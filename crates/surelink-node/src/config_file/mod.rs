@@ -80,6 +80,7 @@
 //! timeout_ms = 2000
 //! send_slack_ms = 1500
 //! max_network_delay_ms = 10
+//! data_as_heartbeat = true                          # busy pairs' data stands in for heartbeats
 //!
 //! [cache]                                           # `surelink cache node`
 //! memory_mb = 64                                    # item memory (memcached -m)
@@ -469,6 +470,9 @@ fn detector(c: &mut Config, d: schema::Detector) -> Result<(), ConfigError> {
         if let Some(v) = v {
             *field = ms(v);
         }
+    }
+    if let Some(on) = d.data_as_heartbeat {
+        det.data_as_heartbeat = on;
     }
     Ok(())
 }

@@ -169,6 +169,7 @@ pub(super) struct Detector {
     pub(super) max_network_delay_ms: Option<u64>,
     pub(super) check_every_ms: Option<u64>,
     pub(super) barrier_timeout_ms: Option<u64>,
+    pub(super) data_as_heartbeat: Option<bool>,
 }
 
 #[derive(Deserialize, Debug)]

@@ -88,11 +88,13 @@ pub struct DetectorConfig {
     pub barrier_timeout: Duration,
     /// Let a busy pair's data stand in for its busy-pace heartbeats, and
     /// its paths without data stand by (see [`crate::detector::Pacer`],
-    /// "Data stands in for busy heartbeats"). Off by default: it cuts the
-    /// heartbeats of a busy cache cluster from ~1 400 to ~100 a second,
-    /// but in the blips soak it made calls that had a path slower (p99
-    /// 58–60 ms against 39 ms on one seed) for a reason not yet found.
-    /// The receiver's check of connections' unread bytes runs either way.
+    /// "Data stands in for busy heartbeats"). On by default: it cuts the
+    /// heartbeats of a busy cache cluster from ~1 400 to ~100 a second.
+    /// The cost: a path of a busy pair that carries no data is watched
+    /// with [`standby_path_timeout`](Self::standby_path_timeout) (300 ms)
+    /// instead of `path_timeout`, so a second failure on it while the
+    /// first path is down is found later. The receiver's check of
+    /// connections' unread bytes runs either way.
     pub data_as_heartbeat: bool,
 }
 
@@ -132,7 +134,7 @@ impl DetectorConfig {
             max_network_delay: interval,
             check_every: interval / 2,
             barrier_timeout: interval.max(Duration::from_millis(5)),
-            data_as_heartbeat: false,
+            data_as_heartbeat: true,
         }
     }
 

@@ -507,10 +507,13 @@ mod tests {
         );
     }
 
-    /// Off (the default), every copy goes, with the flags it was given.
+    /// Switched off, every copy goes, with the flags it was given.
     #[test]
-    fn by_default_data_stands_in_for_nothing() {
-        let mut p = pacer();
+    fn switched_off_data_stands_in_for_nothing() {
+        let mut p = Pacer::new(&DetectorConfig {
+            data_as_heartbeat: false,
+            ..DetectorConfig::default()
+        });
         let a = NodeId(4);
         let ff = FLAG_FAST | FLAG_WATCH;
         let wrote = PathUse {
