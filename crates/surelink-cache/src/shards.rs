@@ -93,17 +93,9 @@ impl Shards {
     /// `flush_all` empties every shard.
     pub fn apply(&self, cmd: &Command, now: i64, out: &mut BytesMut) {
         match cmd {
-            Command::Get { keys, cas } if self.stores.len() > 1 => {
+            Command::Get { keys, cas } => {
                 for k in keys {
-                    let one = Command::Get {
-                        keys: vec![k.clone()],
-                        cas: *cas,
-                    };
-                    let mut part = BytesMut::new();
-                    self.stores[self.shard_of(k)].apply(&one, now, &mut part);
-                    // Each answer ends with its own END: one for all.
-                    let body = part.len().saturating_sub(b"END\r\n".len());
-                    out.put_slice(&part[..body]);
+                    self.stores[self.shard_of(k)].get_into(k, *cas, now, out);
                 }
                 out.put_slice(b"END\r\n");
             }
