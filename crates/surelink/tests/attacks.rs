@@ -253,3 +253,56 @@ async fn every_attack_is_refused_or_harmless() {
     );
     b.pair.shutdown().await;
 }
+
+/// Insecure mode has no keys to tell a forged heartbeat from a real one:
+/// a heartbeat in the name of a node the server neither dials nor holds a
+/// connection from is refused, so a flood of made-up names becomes no
+/// state and no destinations of its heartbeats, and the client's calls go
+/// on. (Before the check every name became a destination, greeted at
+/// once and sent every fence round.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insecure_heartbeats_in_unknown_names_are_refused() {
+    let mut lb = Loopback::new();
+    lb.server.insecure = true;
+    lb.client.insecure = true;
+    let pair = lb.start().await.unwrap();
+    pair.server.serve(|r: Request| async move { r.body });
+    let hb = pair.server.heartbeat_addrs();
+    let sent = |p: &LoopbackPair| p.server.stats().detector.unwrap().heartbeats_sent;
+    let window = Duration::from_millis(1000);
+    let before = sent(&pair);
+    tokio::time::sleep(window).await;
+    let quiet = sent(&pair) - before;
+
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let names = 2000u64;
+    for i in 0..names {
+        let d = encode_heartbeat(ClusterId(9), NodeId(1000 + i), Epoch(1), 1, 0, 0, None);
+        for a in &hb {
+            let _ = sock.send_to(&d, a);
+        }
+        if i % 200 == 0 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = sent(&pair);
+    tokio::time::sleep(window).await;
+    let flooded = sent(&pair) - before;
+    let d = pair.server.stats().detector.unwrap();
+    eprintln!(
+        "heartbeats sent per {window:?}: {quiet} quiet, {flooded} after the flood; refused {:?}",
+        d.refused
+    );
+    assert!(
+        flooded <= 2 * quiet + 50,
+        "{flooded} heartbeats in {window:?} after the flood against {quiet} before: forged names became destinations"
+    );
+    assert!(
+        d.refused.stranger >= names,
+        "forged names counted as strangers: {:?}",
+        d.refused
+    );
+    p50_us(&pair, 50).await;
+    pair.shutdown().await;
+}

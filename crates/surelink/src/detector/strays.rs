@@ -81,7 +81,8 @@ pub struct RefusedCounts {
     pub malformed: u64,
     /// Another cluster's, or claiming to be this node.
     pub foreign: u64,
-    /// From a node with no heartbeat key here (not a member).
+    /// From a node with no heartbeat key here (not a member); insecure:
+    /// from a node we neither dial nor hold a connection from.
     pub stranger: u64,
     /// A tag that does not verify.
     pub bad_tag: u64,
@@ -174,6 +175,12 @@ impl Detector {
             if !v.iter().any(|k| datagram::verify_heartbeat(bytes, k)) {
                 return Err(Refused::BadTag);
             }
+        } else if !self.knows(node) {
+            // Insecure: no key says who sent it. A node we neither dial
+            // nor hold a connection from is nobody we watch — else every
+            // forged name would become state here and a destination of
+            // our heartbeats.
+            return Err(Refused::Stranger);
         }
         Ok(Checked {
             node,
@@ -182,6 +189,15 @@ impl Detector {
             port,
             flags,
         })
+    }
+
+    /// Whether `node` is one we dial (a destination) or hold a
+    /// connection from.
+    fn knows(&self, node: NodeId) -> bool {
+        fn has<V>(m: &BTreeMap<(NodeId, usize), V>, node: NodeId) -> bool {
+            m.range((node, 0)..=(node, usize::MAX)).next().is_some()
+        }
+        has(&self.dests.lock(), node) || has(&self.heard.lock(), node)
     }
 
     /// Hands an authentic heartbeat to the monitor (under the checker
