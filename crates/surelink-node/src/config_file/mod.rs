@@ -80,7 +80,7 @@
 //! timeout_ms = 2000
 //! send_slack_ms = 1500
 //! max_network_delay_ms = 10
-//! data_as_heartbeat = true                          # busy pairs' data stands in for heartbeats
+//! data_as_heartbeat = false                         # busy pairs' data stands in for heartbeats
 //!
 //! [cache]                                           # `surelink cache node`
 //! memory_mb = 64                                    # item memory (memcached -m)

@@ -507,13 +507,10 @@ mod tests {
         );
     }
 
-    /// Switched off, every copy goes, with the flags it was given.
+    /// Off (the default), every copy goes, with the flags it was given.
     #[test]
-    fn switched_off_data_stands_in_for_nothing() {
-        let mut p = Pacer::new(&DetectorConfig {
-            data_as_heartbeat: false,
-            ..DetectorConfig::default()
-        });
+    fn by_default_data_stands_in_for_nothing() {
+        let mut p = pacer();
         let a = NodeId(4);
         let ff = FLAG_FAST | FLAG_WATCH;
         let wrote = PathUse {
