@@ -88,11 +88,11 @@ pub struct DetectorConfig {
     pub barrier_timeout: Duration,
     /// Let a busy pair's data stand in for its busy-pace heartbeats, and
     /// its paths without data stand by (see [`crate::detector::Pacer`],
-    /// "Data stands in for busy heartbeats"). Off by default: it cuts the
-    /// heartbeats of a busy cache cluster from ~1 400 to ~100 a second,
-    /// but in the long-fault soak (faults held 0.2–2.5 s) it made calls
-    /// that had a working path wait up to 1.5 s (p99.9 1.4 s against
-    /// 0.64–0.70 s without it), for a reason not yet found. A path of a
+    /// "Data stands in for busy heartbeats"). Off by default for now: it
+    /// cuts the heartbeats of a busy cache cluster from ~1 400 to ~100 a
+    /// second and the soaks show it no worse, but the long-fault soak has
+    /// an open stall of in-flight calls (README, known issue) that must be
+    /// fixed and re-measured with it on first. A path of a
     /// busy pair that carries no data is also watched with
     /// [`standby_path_timeout`](Self::standby_path_timeout) (300 ms), not
     /// `path_timeout`. The receiver's check of connections' unread bytes
