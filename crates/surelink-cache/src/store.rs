@@ -191,6 +191,7 @@ impl Store {
         let mut unique = itoa::Buffer::new();
         let (flags, len) = (flags.format(i.flags), len.format(i.data.len()));
         let unique = if cas { unique.format(i.cas) } else { "" };
+        // Two or three spaces and two CRLFs besides the fields: 5 at most.
         out.reserve(
             b"VALUE ".len()
                 + key.len()
