@@ -72,6 +72,17 @@ impl PrivateSocket {
         unsafe { libc::shutdown(self.sock.as_raw_fd(), libc::SHUT_RDWR) };
     }
 
+    /// Whether it is still bound to its port and connected to its peer.
+    /// Someone outside can undo both: `ss -K` (the kernel's `SOCK_DESTROY`)
+    /// on a connected UDP socket disconnects it and gives its ephemeral
+    /// port up, and from then on it receives nothing, ever — it must be
+    /// replaced. Two system calls: for after a receive error, not per
+    /// datagram.
+    pub fn is_intact(&self) -> bool {
+        self.sock.peer_addr().is_ok_and(|p| p == self.peer)
+            && self.sock.local_addr().is_ok_and(|a| a.port() == self.port)
+    }
+
     /// The descriptor, for a [`Poller`].
     pub fn fd(&self) -> i32 {
         self.sock.as_raw_fd()
@@ -165,5 +176,32 @@ mod tests {
         assert_eq!(from, Some(peer.local_addr().unwrap()));
         assert_eq!(p.queue_state().unwrap().drops, 0);
         reg.remove(p.fd()).unwrap();
+    }
+
+    /// A socket destroyed from outside (`ss -K`, as an administrator or a
+    /// fault injector would) is seen as such; a live one is intact.
+    #[test]
+    fn a_socket_destroyed_from_outside_is_not_intact() {
+        let peer = UdpSocket::bind("127.0.3.2:0").unwrap();
+        let p =
+            PrivateSocket::open("127.0.3.1".parse().unwrap(), peer.local_addr().unwrap()).unwrap();
+        assert!(p.is_intact());
+        match std::process::Command::new("ss")
+            .args(["-K", "-u", "state", "established", "src", "127.0.3.1"])
+            .output()
+        {
+            // Root: destroyed.
+            Ok(o) if o.status.success() && !p.is_intact() => {
+                let mut batch = Batch::default();
+                assert!(
+                    p.recv_batch(&mut batch).is_err(),
+                    "no error after destruction"
+                );
+            }
+            _ => {
+                eprintln!("SKIPPED: ss -K destroyed nothing here (needs root and iproute2)");
+                assert!(p.is_intact());
+            }
+        }
     }
 }

@@ -69,6 +69,18 @@ impl Handshake {
         self.heard_at = Some((epoch, now));
     }
 
+    /// Our private socket for the peer was replaced (destroyed from
+    /// outside): nothing has come out of the new one, and the peer may
+    /// have lost its own too (`ss -K` takes both ends), so until the peer
+    /// acknowledges again our counted copy goes to its public port. Else
+    /// each side would send its counted copies to the other's dead port,
+    /// each learning the other's new port only from the thinned public
+    /// copies — a silence longer than a window, on a working path.
+    pub fn handle_socket_replaced(&mut self) {
+        self.acked_at = None;
+        self.heard_at = None;
+    }
+
     /// Whether our heartbeat at `now` counts the private copy alone: the
     /// peer acknowledged within `window`.
     pub fn committed(&self, now: Time, window: Duration) -> bool {
@@ -168,5 +180,24 @@ mod tests {
             "a new incarnation's copies have not come"
         );
         assert!(!h.committed(at(142), W), "no port: nothing to commit to");
+    }
+
+    /// A replaced private socket: no ack from us, and our counted copy
+    /// public (the private one a probe) until the peer acknowledges again.
+    #[test]
+    fn a_replaced_socket_uncommits_until_acknowledged_again() {
+        let public: SocketAddr = "10.0.0.2:7000".parse().unwrap();
+        let private: SocketAddr = "10.0.0.2:41000".parse().unwrap();
+        let mut h = Handshake::default();
+        h.handle_heartbeat(at(10), public, Epoch(3), 41000, FLAG_ACK);
+        h.handle_private_arrival(at(11), Epoch(3));
+        let c = h.copies(at(12), W, 1, 8, public);
+        assert_eq!((c.counted, c.flags), (private, FLAG_COMMITTED | FLAG_ACK));
+        h.handle_socket_replaced();
+        let c = h.copies(at(13), W, 1, 8, public);
+        assert_eq!((c.counted, c.extra, c.flags), (public, Some(private), 0));
+        h.handle_heartbeat(at(20), public, Epoch(3), 41002, FLAG_ACK);
+        let c = h.copies(at(21), W, 1, 8, public);
+        assert_eq!(c.counted, "10.0.0.2:41002".parse().unwrap());
     }
 }

@@ -16,6 +16,28 @@ use surelink_proto::NodeId;
 use surelink_sys::cpu;
 
 use super::{random_u64, CheckerState, DelayPoint, Detector, RoundState, Signal};
+use surelink_proto::detector::MonitorStats;
+
+/// Says at debug level what a check or a round's end decided (why a
+/// silent path was or was not reported), when it decided anything.
+pub(super) fn log_round(before: &MonitorStats, after: &MonitorStats) {
+    if before == after {
+        return;
+    }
+    let d = |a: u64, b: u64| b.saturating_sub(a);
+    debug!(
+        rounds = d(before.barrier_rounds, after.barrier_rounds),
+        lost = d(before.barriers_lost, after.barriers_lost),
+        down = d(before.reported_down, after.reported_down),
+        dead = d(before.reported_dead, after.reported_dead),
+        saved_by_barrier = d(before.saved_by_barrier, after.saved_by_barrier),
+        saved_by_drop = d(before.saved_by_drop, after.saved_by_drop),
+        saved_by_stray = d(before.saved_by_stray, after.saved_by_stray),
+        saved_by_private = d(before.saved_by_private, after.saved_by_private),
+        saved_by_stream = d(before.saved_by_stream, after.saved_by_stream),
+        "detector check"
+    );
+}
 
 impl Detector {
     pub(super) fn checker_thread(self: Arc<Self>) {
@@ -23,7 +45,7 @@ impl Detector {
         while !self.closed.load(Ordering::Relaxed) {
             self.stall(DelayPoint::Checker);
             let now = self.gate.now();
-            let (barrier, next) = {
+            let (barrier, next, lost) = {
                 let mut c = self.checker.lock();
                 // Read the drop counters at every check, so a drop is dated
                 // close to when it happened (a later round is not blocked
@@ -36,7 +58,11 @@ impl Detector {
                     c.monitor.handle_stray_drop_count(now, self.stray_drops());
                 }
                 self.fold_heard(&mut c.monitor);
+                let before = c.monitor.stats();
                 c.monitor.handle_timeout(now);
+                let after = c.monitor.stats();
+                log_round(&before, &after);
+                let lost = after.barriers_lost > before.barriers_lost;
                 let barrier = self.dispatch(&mut c).map(|token| {
                     self.read_private_drops(&mut c, now);
                     let copies = self.networks * cpus.len().max(1);
@@ -52,13 +78,36 @@ impl Detector {
                 // Under the lock: whoever brings a deadline forward after
                 // this sees it and wakes us.
                 self.checker_wake.store(next.as_nanos(), Ordering::Relaxed);
-                (barrier, next)
+                (barrier, next, lost)
             };
             if let Some(token) = barrier {
                 self.send_barriers(token, &cpus);
             }
+            if lost {
+                // Outside the checker lock: a replacement sends the round's
+                // barriers again.
+                self.check_barrier_sockets();
+            }
             self.sleep_until(next);
         }
+    }
+
+    /// Sends the barriers of the round under way again, under a new wire
+    /// token (a barrier socket was replaced: copies sent to the old one
+    /// are lost, and copies counted before must not complete the new
+    /// count). Takes the checker lock: not to be called under it.
+    pub(super) fn restart_round(&self) {
+        let cpus = cpu::allowed_cpus().unwrap_or_default();
+        let wire = {
+            let mut c = self.checker.lock();
+            let Some(r) = c.round.as_mut() else {
+                return;
+            };
+            r.wire = random_u64();
+            r.missing = self.networks * cpus.len().max(1);
+            r.wire
+        };
+        self.send_barriers(wire, &cpus);
     }
 
     /// One barrier per CPU per socket, each sent while pinned to that CPU,

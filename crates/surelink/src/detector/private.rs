@@ -50,8 +50,8 @@ pub(super) const PUBLIC_EVERY: u64 = 8;
 enum Slot {
     /// A peer's private socket on a network.
     Peer(NodeId, usize, Arc<PrivateSocket>),
-    /// Our barriers' socket on a network.
-    Barrier(Arc<PrivateSocket>),
+    /// Our barriers' socket on a network (its index).
+    Barrier(usize, Arc<PrivateSocket>),
 }
 
 /// The private sockets and the epoll set's registry.
@@ -85,11 +85,11 @@ impl Private {
             next_token: 1,
             barrier_to: Vec::new(),
         };
-        for from in barrier_from {
+        for (network, from) in barrier_from.iter().enumerate() {
             let ip = bind_ip(*from);
             let s = Arc::new(PrivateSocket::open(ip, SocketAddr::new(ip, from.port()))?);
             p.barrier_to.push(s.local_addr()?);
-            p.add(Slot::Barrier(s))?;
+            p.add(Slot::Barrier(network, s))?;
         }
         Ok((p, poller))
     }
@@ -98,7 +98,7 @@ impl Private {
         let token = self.next_token;
         self.next_token += 1;
         let fd = match &slot {
-            Slot::Peer(_, _, s) | Slot::Barrier(s) => s.fd(),
+            Slot::Peer(_, _, s) | Slot::Barrier(_, s) => s.fd(),
         };
         self.registry.add(fd, token)?;
         self.by_token.insert(token, slot);
@@ -106,9 +106,40 @@ impl Private {
     }
 
     fn remove(&mut self, token: u64) {
-        if let Some(Slot::Peer(_, _, s) | Slot::Barrier(s)) = self.by_token.remove(&token) {
+        if let Some(Slot::Peer(_, _, s) | Slot::Barrier(_, s)) = self.by_token.remove(&token) {
             let _ = self.registry.remove(s.fd());
         }
+    }
+
+    /// Replaces network `network`'s barrier socket, found broken (see
+    /// [`PrivateSocket::is_intact`]), with a new one connected to the same
+    /// sender. False if `old` was replaced already or no new one opens.
+    fn replace_barrier(&mut self, network: usize, old: &Arc<PrivateSocket>) -> bool {
+        let Some(token) = self.by_token.iter().find_map(|(t, s)| match s {
+            Slot::Barrier(n, s) if *n == network && Arc::ptr_eq(s, old) => Some(*t),
+            _ => None,
+        }) else {
+            return false;
+        };
+        let opened =
+            PrivateSocket::open(old.peer().ip(), old.peer()).and_then(|s| Ok((s.local_addr()?, s)));
+        let sock = match opened {
+            Ok((to, s)) => {
+                if let Some(t) = self.barrier_to.get_mut(network) {
+                    *t = to;
+                }
+                Arc::new(s)
+            }
+            Err(e) => {
+                warn!(network, error = %e, "barrier socket broken and not replaced: no report until it is");
+                return false;
+            }
+        };
+        self.remove(token);
+        if let Err(e) = self.add(Slot::Barrier(network, sock)) {
+            warn!(network, error = %e, "barrier socket not watched");
+        }
+        true
     }
 
     /// Where this network's barriers go.
@@ -143,7 +174,7 @@ impl Private {
     pub(super) fn shutdown(&self) {
         for slot in self.by_token.values() {
             match slot {
-                Slot::Peer(_, _, s) | Slot::Barrier(s) => s.shutdown(),
+                Slot::Peer(_, _, s) | Slot::Barrier(_, s) => s.shutdown(),
             }
         }
     }
@@ -183,13 +214,22 @@ impl Detector {
         network: usize,
         from: SocketAddr,
     ) {
-        let mut p = self.private.lock();
-        if p.by_path
+        if self
+            .private
+            .lock()
+            .by_path
             .get(&(peer, network))
             .is_some_and(|(_, s)| s.peer() == from)
         {
             return;
         }
+        self.open_private(c, peer, network, from);
+    }
+
+    /// Opens our private socket for `peer` on `network`, connected to
+    /// `from`, in place of the one there (if any).
+    fn open_private(&self, c: &mut CheckerState, peer: NodeId, network: usize, from: SocketAddr) {
+        let mut p = self.private.lock();
         let old = p.by_path.get(&(peer, network)).map(|(t, _)| *t);
         if old.is_none() && p.by_path.len() >= MAX_PRIVATE {
             return;
@@ -252,20 +292,27 @@ impl Detector {
             }
             for slot in slots.drain(..) {
                 let sock = match &slot {
-                    Slot::Peer(_, _, s) | Slot::Barrier(s) => s.clone(),
+                    Slot::Peer(_, _, s) | Slot::Barrier(_, s) => s.clone(),
                 };
                 // Edge-triggered: read until the queue is empty. A batch
                 // that came back short emptied it (what arrives later is a
                 // new edge): no extra call just to hear "nothing left".
-                while let Ok(n) = sock.recv_batch(&mut batch) {
-                    if n == 0 {
-                        break;
-                    }
+                loop {
+                    let n = match sock.recv_batch(&mut batch) {
+                        Ok(0) => break,
+                        Ok(n) => n,
+                        Err(e) => {
+                            if !sock.is_intact() {
+                                self.replace_broken(&slot, &e);
+                            }
+                            break;
+                        }
+                    };
                     let drained = n < surelink_sys::steer::BATCH;
                     self.stall(DelayPoint::Reader);
                     for (bytes, from) in batch.iter() {
                         match &slot {
-                            Slot::Barrier(_) => self.barrier_datagram(bytes),
+                            Slot::Barrier(..) => self.barrier_datagram(bytes),
                             Slot::Peer(peer, network, _) => {
                                 self.private_heartbeat(*peer, *network, bytes, from);
                             }
@@ -293,6 +340,62 @@ impl Detector {
                     }
                 }
             }
+        }
+    }
+
+    /// `slot`'s socket was destroyed from outside (`e` said so): it will
+    /// never receive again. A barrier socket is replaced and the round
+    /// under way sends its barriers afresh; a peer's is replaced too, and
+    /// the path counts as public until the peer learns the new port (from
+    /// our next heartbeat). Without this, every later round's barrier is
+    /// lost and no path is ever reported down again.
+    fn replace_broken(&self, slot: &Slot, e: &std::io::Error) {
+        match slot {
+            Slot::Barrier(network, s) => {
+                if !self.private.lock().replace_barrier(*network, s) {
+                    return;
+                }
+                warn!(network, error = %e, "barrier socket destroyed from outside: replaced");
+                self.restart_round();
+            }
+            Slot::Peer(peer, network, s) => {
+                {
+                    let mut c = self.checker.lock();
+                    let current = self
+                        .private
+                        .lock()
+                        .by_path
+                        .get(&(*peer, *network))
+                        .is_some_and(|(_, cur)| Arc::ptr_eq(cur, s));
+                    if !current {
+                        return;
+                    }
+                    warn!(%peer, network, error = %e, "private heartbeat socket destroyed from outside: replaced");
+                    self.open_private(&mut c, *peer, *network, s.peer());
+                }
+                self.handshakes
+                    .lock()
+                    .entry((*peer, *network))
+                    .or_default()
+                    .handle_socket_replaced();
+            }
+        }
+    }
+
+    /// Checks every barrier socket and replaces the broken ones (after a
+    /// round's barriers were lost: an error report may have been missed).
+    pub(super) fn check_barrier_sockets(&self) {
+        let broken: Vec<Slot> = self
+            .private
+            .lock()
+            .by_token
+            .values()
+            .filter(|s| matches!(s, Slot::Barrier(_, s) if !s.is_intact()))
+            .cloned()
+            .collect();
+        for slot in broken {
+            let e = std::io::Error::from(std::io::ErrorKind::NotConnected);
+            self.replace_broken(&slot, &e);
         }
     }
 
@@ -358,7 +461,9 @@ impl Detector {
             // After the connections' queues and flags were read: a stamp
             // made before a flag went down is seen.
             self.fold_heard(&mut c.monitor);
+            let before = c.monitor.stats();
             c.monitor.handle_barrier_queues(now, token, &queues);
+            super::check::log_round(&before, &c.monitor.stats());
         }
         self.dispatch(&mut c);
     }
