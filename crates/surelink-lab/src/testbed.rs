@@ -90,6 +90,11 @@ pub(crate) enum Fault {
     Kill,
     /// A blackhole route to b's address on the network, on host a.
     Blackhole,
+    /// TCP dropped both ways, UDP passing: a stateful firewall or
+    /// middlebox that lost the connections' state (a gray failure the
+    /// heartbeats do not see; only the sessions' retransmission timeouts
+    /// can).
+    TcpOnly,
 }
 
 /// Runs a command to completion; its stdout.
@@ -204,11 +209,11 @@ pub(crate) fn inject(net: usize, fault: Fault, percent: u8) -> Result<()> {
                  add rule inet {table} in ip saddr {a} ip daddr {b} drop\n"
             ),
         )?,
-        Fault::BothWays | Fault::Loss => {
-            let cond = if fault == Fault::Loss {
-                format!("numgen random mod 100 < {percent} ")
-            } else {
-                String::new()
+        Fault::BothWays | Fault::Loss | Fault::TcpOnly => {
+            let cond = match fault {
+                Fault::Loss => format!("numgen random mod 100 < {percent} "),
+                Fault::TcpOnly => "meta l4proto tcp ".to_string(),
+                _ => String::new(),
             };
             for (ns, from, to) in [("sl-b", a, b), ("sl-a", b, a)] {
                 nft_in(
@@ -235,7 +240,7 @@ pub(crate) fn inject(net: usize, fault: Fault, percent: u8) -> Result<()> {
 pub(crate) fn undo(net: usize, fault: Fault) -> Result<()> {
     match fault {
         Fault::LinkDown => link(net, "up")?,
-        Fault::OneWay | Fault::BothWays | Fault::Loss => {
+        Fault::OneWay | Fault::BothWays | Fault::Loss | Fault::TcpOnly => {
             for ns in HOSTS {
                 let _ = nft_in(ns, &format!("delete table inet {}\n", nft_table(net)));
             }

@@ -109,6 +109,7 @@ fn no_loss_duplicate_or_reorder_under_every_fault_on_a_real_network() {
         "loss",
         "kill",
         "blackhole",
+        "tcp-only",
     ] {
         lab(&["testbed", "fault", fault]).unwrap();
         std::thread::sleep(Duration::from_millis(800));

@@ -36,12 +36,13 @@ pub(crate) struct FailoverArgs {
     quick: bool,
 }
 
-const FAULTS: [Fault; 5] = [
+const FAULTS: [Fault; 6] = [
     Fault::LinkDown,
     Fault::OneWay,
     Fault::BothWays,
     Fault::Kill,
     Fault::Loss,
+    Fault::TcpOnly,
 ];
 
 /// One run's figures.
