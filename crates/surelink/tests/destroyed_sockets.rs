@@ -7,8 +7,8 @@
 //! the link" stall: after its first `Kill` step, no report at all).
 //!
 //! Its own test binary: `ss -K` here destroys every connected UDP socket
-//! on the loopback pair's addresses, and no other test may be using them.
-//! Needs root (else SKIPPED).
+//! of this process, and no other test may be using them. Needs root (else
+//! SKIPPED).
 
 #![allow(clippy::unwrap_used)]
 
@@ -20,31 +20,35 @@ use surelink::testing::Loopback;
 use surelink::{DetectorConfig, DetectorMode, Endpoint, NetEvent};
 
 const CLIENT: NodeId = NodeId(2);
-/// The loopback pair's addresses (see `surelink::testing::Loopback`).
-const ADDRS: [&str; 4] = ["127.0.1.1", "127.0.2.1", "127.0.1.2", "127.0.2.2"];
-
-/// Connected UDP sockets on the pair's addresses (the detector's private
-/// and barrier sockets), as `ss` lists them.
-fn connected_udp() -> usize {
-    ADDRS
-        .iter()
-        .map(|a| {
-            let out = Command::new("ss")
-                .args(["-H", "-n", "-u", "state", "established", "src", a])
-                .output()
-                .unwrap();
-            String::from_utf8_lossy(&out.stdout).lines().count()
+/// This process's connected UDP sockets (the detector's private and
+/// barrier sockets): `(local, peer)` as `ss -p` lists them. Only ours, so
+/// the test leaves alone any other process on these addresses (an example
+/// cluster running beside it).
+fn connected_udp() -> Vec<(String, String)> {
+    let out = Command::new("ss")
+        .args(["-H", "-n", "-u", "-p", "state", "established"])
+        .output()
+        .unwrap();
+    let me = format!("pid={},", std::process::id());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&me))
+        .filter_map(|l| {
+            // Recv-Q Send-Q Local Peer users:(…)
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((f.get(2)?.to_string(), f.get(3)?.to_string()))
         })
-        .sum()
+        .collect()
 }
 
-/// Destroys them; how many `ss` says it destroyed.
+/// Destroys them, each by its exact addresses; how many `ss` says it
+/// destroyed.
 fn destroy_connected_udp() -> usize {
-    ADDRS
+    connected_udp()
         .iter()
-        .map(|a| {
+        .map(|(local, peer)| {
             let st = Command::new("ss")
-                .args(["-H", "-n", "-K", "-u", "state", "established", "src", a])
+                .args(["-H", "-n", "-K", "-u", "src", local, "dst", peer])
                 .output()
                 .unwrap();
             assert!(st.status.success(), "ss -K failed: {st:?}");
@@ -85,12 +89,12 @@ async fn destroyed_private_sockets_are_replaced_and_reports_go_on() {
     let (server, client) = pair().await;
     // The private handshake completes and the sockets exist.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while connected_udp() < 4 {
+    while connected_udp().len() < 4 {
         assert!(Instant::now() < deadline, "no private sockets appeared");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = connected_udp();
+    let before = connected_udp().len();
     let mut events = server.events();
     let destroyed = destroy_connected_udp();
     assert!(
@@ -105,7 +109,7 @@ async fn destroyed_private_sockets_are_replaced_and_reports_go_on() {
             "a live peer reported after its sockets were replaced: {e:?}"
         );
     }
-    let after = connected_udp();
+    let after = connected_udp().len();
     assert!(
         after >= before,
         "sockets not replaced: {before} connected before, {after} after"
