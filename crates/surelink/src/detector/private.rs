@@ -297,6 +297,7 @@ impl Detector {
                 // Edge-triggered: read until the queue is empty. A batch
                 // that came back short emptied it (what arrives later is a
                 // new edge): no extra call just to hear "nothing left".
+                let mut errors = 0;
                 loop {
                     let n = match sock.recv_batch(&mut batch) {
                         Ok(0) => break,
@@ -304,8 +305,16 @@ impl Detector {
                         Err(e) => {
                             if !sock.is_intact() {
                                 self.replace_broken(&slot, &e);
+                                break;
                             }
-                            break;
+                            // A pending error (an ICMP report) taken by
+                            // the read: what is queued behind it is read
+                            // now, not at the next edge.
+                            errors += 1;
+                            if errors > 1 {
+                                break;
+                            }
+                            continue;
                         }
                     };
                     let drained = n < surelink_sys::steer::BATCH;
