@@ -186,8 +186,13 @@ mod tests {
         let p =
             PrivateSocket::open("127.0.3.1".parse().unwrap(), peer.local_addr().unwrap()).unwrap();
         assert!(p.is_intact());
+        // This socket alone, by its exact addresses.
+        let (src, dst) = (
+            p.local_addr().unwrap().to_string(),
+            peer.local_addr().unwrap().to_string(),
+        );
         match std::process::Command::new("ss")
-            .args(["-K", "-u", "state", "established", "src", "127.0.3.1"])
+            .args(["-K", "-u", "src", &src, "dst", &dst])
             .output()
         {
             // Root: destroyed.
