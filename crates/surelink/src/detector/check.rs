@@ -65,12 +65,11 @@ impl Detector {
                 let lost = after.barriers_lost > before.barriers_lost;
                 let barrier = self.dispatch(&mut c).map(|token| {
                     self.read_private_drops(&mut c, now);
-                    let copies = self.networks * cpus.len().max(1);
                     let wire = random_u64();
                     c.round = Some(RoundState {
                         token,
                         wire,
-                        missing: copies,
+                        missing: self.barrier_copies(&cpus),
                     });
                     wire
                 });
@@ -92,6 +91,12 @@ impl Detector {
         }
     }
 
+    /// Barrier copies a round sends (see [`Detector::send_barriers`]): one
+    /// per CPU per network.
+    fn barrier_copies(&self, cpus: &[usize]) -> usize {
+        self.networks * cpus.len().max(1)
+    }
+
     /// Sends the barriers of the round under way again, under a new wire
     /// token (a barrier socket was replaced: copies sent to the old one
     /// are lost, and copies counted before must not complete the new
@@ -104,7 +109,7 @@ impl Detector {
                 return;
             };
             r.wire = random_u64();
-            r.missing = self.networks * cpus.len().max(1);
+            r.missing = self.barrier_copies(&cpus);
             r.wire
         };
         self.send_barriers(wire, &cpus);
