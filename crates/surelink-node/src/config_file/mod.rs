@@ -80,7 +80,8 @@
 //! timeout_ms = 2000
 //! send_slack_ms = 1500
 //! max_network_delay_ms = 10
-//! data_as_heartbeat = false                         # busy pairs' data stands in for heartbeats
+//! data_as_heartbeat = true                          # busy pairs' data stands in for heartbeats
+//! standby_interval_ms = 20                          # then: a busy pair's path without data
 //!
 //! [cache]                                           # `surelink cache node`
 //! memory_mb = 64                                    # item memory (memcached -m)
@@ -466,6 +467,7 @@ fn detector(c: &mut Config, d: schema::Detector) -> Result<(), ConfigError> {
         (d.max_network_delay_ms, &mut det.max_network_delay),
         (d.check_every_ms, &mut det.check_every),
         (d.barrier_timeout_ms, &mut det.barrier_timeout),
+        (d.standby_interval_ms, &mut det.standby_interval),
     ] {
         if let Some(v) = v {
             *field = ms(v);

@@ -170,6 +170,7 @@ pub(super) struct Detector {
     pub(super) check_every_ms: Option<u64>,
     pub(super) barrier_timeout_ms: Option<u64>,
     pub(super) data_as_heartbeat: Option<bool>,
+    pub(super) standby_interval_ms: Option<u64>,
 }
 
 #[derive(Deserialize, Debug)]

@@ -88,16 +88,24 @@ pub struct DetectorConfig {
     pub barrier_timeout: Duration,
     /// Let a busy pair's data stand in for its busy-pace heartbeats, and
     /// its paths without data stand by (see [`crate::detector::Pacer`],
-    /// "Data stands in for busy heartbeats"). Off by default for now: it
-    /// cuts the heartbeats of a busy cache cluster from ~1 400 to ~100 a
-    /// second and the soaks show it no worse, but the long-fault soak has
-    /// an open stall of in-flight calls (README, known issue) that must be
-    /// fixed and re-measured with it on first. A path of a
-    /// busy pair that carries no data is also watched with
-    /// [`standby_path_timeout`](Self::standby_path_timeout) (300 ms), not
+    /// "Data stands in for busy heartbeats"). On by default since
+    /// 2026-11-29, with the standby pace at two intervals: a busy cache
+    /// cluster's heartbeats fall by about three quarters and every path
+    /// stays watched within ~60 ms (docs/detector.md has the soaks). A
+    /// path of a busy pair that carries no data is watched with
+    /// [`standby_path_timeout`](Self::standby_path_timeout), not
     /// `path_timeout`. The receiver's check of connections' unread bytes
     /// runs either way.
     pub data_as_heartbeat: bool,
+    /// How often a busy pair's *standby* path (one that carries none of
+    /// our data while another path of the pair does) gets a busy-pace
+    /// heartbeat, with `data_as_heartbeat`. It is watched so a failover
+    /// finds it alive; its window is
+    /// [`standby_path_timeout`](Self::standby_path_timeout). At least
+    /// `interval`; above `idle_interval` it is taken as `idle_interval`.
+    /// Longer saves heartbeats and costs failover onto a path that died
+    /// unnoticed (default two intervals: 20 ms, window 60 ms).
+    pub standby_interval: Duration,
 }
 
 impl Default for DetectorConfig {
@@ -122,7 +130,8 @@ impl DetectorConfig {
     /// the default): path window 5 intervals, peer window 15, send slack
     /// 10 (a process may stall that long before it fences itself), network
     /// delay 1, checks at most twice per interval; idle pairs: heartbeats
-    /// every 4 intervals, path window 10.
+    /// every 4 intervals, path window 10; standby paths of a busy pair:
+    /// heartbeats every 2 intervals.
     pub fn with_interval(interval: Duration) -> Self {
         DetectorConfig {
             mode: DetectorMode::SafeTimer,
@@ -136,24 +145,23 @@ impl DetectorConfig {
             max_network_delay: interval,
             check_every: interval / 2,
             barrier_timeout: interval.max(Duration::from_millis(5)),
-            data_as_heartbeat: false,
+            data_as_heartbeat: true,
+            standby_interval: interval * 2,
         }
     }
 
-    /// How often a busy pair's *standby* path — one that carries none of
-    /// our data while another path of the pair does — gets a busy-pace
-    /// heartbeat (`FLAG_STANDBY`): ten intervals, but no less often than
-    /// the fence's pace (defaults: 100 ms). It is watched so a failover
-    /// finds it alive, not to fail traffic over from it (it has none).
+    /// How often a standby path gets a busy-pace heartbeat:
+    /// [`standby_interval`](Self::standby_interval), kept between
+    /// `interval` and `idle_interval`.
     pub fn standby_interval(&self) -> Duration {
-        (self.interval * 10)
+        self.standby_interval
             .min(self.idle_interval)
             .max(self.interval)
     }
 
     /// The window of a standby path: three of its heartbeats, or two and
     /// the network's delay, and never less than `path_timeout` (defaults:
-    /// 300 ms).
+    /// 60 ms).
     pub fn standby_path_timeout(&self) -> Duration {
         let s = self.standby_interval();
         (s * 3)
@@ -174,6 +182,7 @@ impl DetectorConfig {
             ("detector.busy_linger", self.busy_linger),
             ("detector.check_every", self.check_every),
             ("detector.barrier_timeout", self.barrier_timeout),
+            ("detector.standby_interval", self.standby_interval),
         ] {
             if v.is_zero() {
                 return Err(ConfigError::Zero { field });
@@ -186,6 +195,15 @@ impl DetectorConfig {
                 other: "detector.interval (µs)",
                 other_value: ms(self.interval),
                 why: "idle pairs cannot get heartbeats more often than busy ones",
+            });
+        }
+        if self.standby_interval < self.interval {
+            return Err(ConfigError::Inconsistent {
+                field: "detector.standby_interval (µs)",
+                value: ms(self.standby_interval),
+                other: "detector.interval (µs)",
+                other_value: ms(self.interval),
+                why: "a standby path gets heartbeats no more often than a busy one",
             });
         }
         let need = self.idle_interval + self.send_slack + self.max_network_delay;

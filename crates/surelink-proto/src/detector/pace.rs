@@ -419,8 +419,10 @@ mod tests {
     /// per standby interval.
     #[test]
     fn data_stands_in_for_busy_copies_and_other_paths_stand_by() {
+        // A standby pace of 100 ms (the default is 20) spreads the steps.
         let mut p = Pacer::new(&DetectorConfig {
             data_as_heartbeat: true,
+            standby_interval: Duration::from_millis(100),
             ..DetectorConfig::default()
         });
         let a = NodeId(4);
@@ -507,10 +509,35 @@ mod tests {
         );
     }
 
-    /// Off (the default), every copy goes, with the flags it was given.
+    /// By default a standby path gets a copy every 20 ms (window 60 ms).
     #[test]
-    fn by_default_data_stands_in_for_nothing() {
+    fn by_default_a_standby_path_gets_a_copy_every_two_intervals() {
+        let c = DetectorConfig::default();
+        assert!(c.data_as_heartbeat);
+        assert_eq!(c.standby_path_timeout(), Duration::from_millis(60));
         let mut p = pacer();
+        let a = NodeId(4);
+        let ff = FLAG_FAST | FLAG_WATCH;
+        let sb = ff | FLAG_STANDBY;
+        let idle_here = |pair: u64| PathUse {
+            wrote: None,
+            used: None,
+            pair_used: Some(ms(pair)),
+        };
+        let sent: Vec<u64> = (0..=60)
+            .step_by(10)
+            .filter(|t| p.admit_copy(ms(*t), a, 1, ff, true, idle_here(*t)) == Some(sb))
+            .collect();
+        assert_eq!(sent, vec![0, 10, 30, 50], "two notices, then every 20 ms");
+    }
+
+    /// Off, every copy goes, with the flags it was given.
+    #[test]
+    fn off_data_stands_in_for_nothing() {
+        let mut p = Pacer::new(&DetectorConfig {
+            data_as_heartbeat: false,
+            ..DetectorConfig::default()
+        });
         let a = NodeId(4);
         let ff = FLAG_FAST | FLAG_WATCH;
         let wrote = PathUse {
