@@ -26,6 +26,7 @@
 //! - [`rpc`]: the client state machine, the [`rpc::Scheduler`] that picks
 //!   which admitted request runs next, and the header codec.
 //! - [`detector`]: the failure detector's logic (SafeTimer).
+//! - [`helper`]: PostMan helpers' logic (when a helper sends a batch).
 //! - [`Endpoint`]: a router and its sessions in one value, for
 //!   single-threaded drivers (the simulator drives exactly this code; the
 //!   tokio shell keeps the same router and sessions behind locks and
@@ -104,6 +105,7 @@ mod endpoint;
 mod error;
 mod event;
 mod handshake;
+pub mod helper;
 mod ids;
 pub mod role;
 mod router;

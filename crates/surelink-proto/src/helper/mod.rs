@@ -1,0 +1,18 @@
+//! PostMan helpers' logic (issue 28, `../shared/papers/postman.txt`):
+//! what a helper that relays many clients' small messages to a hot server
+//! decides, as state machines with no clock and no socket.
+//!
+//! - [`Batcher`]: when to send what has been gathered for one server —
+//!   PostMan's Algorithm 1 (an interval and a size, each retuned when a
+//!   batch's observed period or size leaves [0.5×, 1.5×] of it, with
+//!   floors) or a self-clocking policy (send when the server has answered
+//!   everything sent to it, or the frame is full), chosen by
+//!   [`BatchPolicy`].
+//!
+//! What it does not do yet: carry records (the helper's path, its
+//! per-message header), choose a helper, or publish load; see
+//! docs/postman.md for the design and what is built.
+
+mod batcher;
+
+pub use batcher::{AdaptiveConfig, BatchPolicy, Batcher, BatcherConfig, BatcherError, Flush};
