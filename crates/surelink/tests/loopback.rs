@@ -51,6 +51,54 @@ async fn echo_call_over_two_networks() {
     assert_eq!(client.stats().call_errors, 0);
 }
 
+/// Calls that reach a server between its `bind` and its `serve` wait for
+/// the handler (it used to answer them "no request handler": the first
+/// calls of clients waiting for a restarted server failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_before_serve_wait_for_the_handler() {
+    let LoopbackPair { server, client } = pair().await;
+    let calls: Vec<_> = (0..5u8)
+        .map(|i| {
+            let c = client.clone();
+            tokio::spawn(async move {
+                c.call(SERVER, 0, Bytes::from(vec![i]), Duration::from_secs(5))
+                    .await
+            })
+        })
+        .collect();
+    // Long enough for the requests to arrive and find no handler.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.serve(|r: Request| async move { r.body });
+    for (i, c) in calls.into_iter().enumerate() {
+        assert_eq!(c.await.unwrap().unwrap(), Bytes::from(vec![i as u8]));
+    }
+}
+
+/// An endpoint that never serves answers "no request handler" once its
+/// first 2 s are over — a misdirected call fails at once, it does not
+/// wait for its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_handler_answers_no_handler_after_its_grace() {
+    let LoopbackPair {
+        server: _server,
+        client,
+    } = pair().await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let start = std::time::Instant::now();
+    let r = client
+        .call(SERVER, 0, Bytes::from_static(b"x"), Duration::from_secs(5))
+        .await;
+    assert!(
+        matches!(r, Err(CallError::Remote(surelink::RemoteError::NoHandler))),
+        "{r:?}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn call_survives_its_connections_being_killed_mid_flight() {
     let LoopbackPair { server, client } = pair().await;

@@ -178,6 +178,12 @@ impl Endpoint {
     /// the caller as [`CallError::Remote`]. A handler that panics is
     /// caught: the caller gets [`RemoteError::Panicked`](crate::RemoteError::Panicked)
     /// and the endpoint carries on.
+    ///
+    /// Requests that arrive before `serve` (callers reach the endpoint as
+    /// soon as it is bound) wait for it, to their deadline, during the
+    /// endpoint's first 2 s; after that a request with no handler is
+    /// answered [`RemoteError::NoHandler`](crate::RemoteError::NoHandler)
+    /// at once.
     pub fn serve<H: Handler>(&self, handler: H) {
         self.shared.server.set_handler(Arc::new(handler));
         crate::server::Server::dispatch(&self.shared);

@@ -21,10 +21,18 @@ use surelink_proto::{CallId, ChannelId};
 
 use super::groups::{Handlers, RecoveryEvent, RouteInfo};
 use super::{Cleanup, Handler, Request};
+use crate::clock::Clock;
 use crate::config::{ExecutorConfig, SchedulerConfig};
 use crate::session::SessionHandle;
 use crate::shared::Shared;
 use crate::sync::{lock, read, write};
+
+/// How long after the endpoint starts a request that finds no handler
+/// waits for one (to its deadline at most) rather than being answered
+/// `NoHandler`. A service binds its endpoint and then calls `serve`;
+/// callers that were waiting for it to come back reach it between the
+/// two, and their first calls must not fail for that.
+pub(crate) const HANDLER_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A ticket on its way to a worker, with the session to answer through.
 pub(crate) struct Job {
@@ -120,6 +128,9 @@ pub(crate) struct Server {
     /// Clean-up blocks that panicked.
     pub(super) cleanup_panics: AtomicU64,
     pub(super) events: broadcast::Sender<RecoveryEvent>,
+    /// A handler was given (`serve`, `serve_group`): requests waiting for
+    /// one look again.
+    pub(super) handler_given: Notify,
 }
 
 /// A task's end, as its pool reports it to the scheduler.
@@ -191,11 +202,39 @@ impl Server {
             next_task: AtomicU64::new(0),
             cleanup_panics: AtomicU64::new(0),
             events: broadcast::channel(256).0,
+            handler_given: Notify::new(),
         }
     }
 
     pub(crate) fn set_handler(&self, h: Arc<dyn Handler>) {
         write(&self.handlers).default = Some(h);
+        self.handler_given.notify_waiters();
+    }
+
+    /// `group`'s handler; if there is none yet and the endpoint started
+    /// less than [`HANDLER_GRACE`] ago, waits for one until then or until
+    /// `deadline`, whichever is first.
+    async fn await_handler(
+        &self,
+        clock: &Clock,
+        group: GroupId,
+        deadline: Option<surelink_proto::Time>,
+    ) -> Option<Arc<dyn Handler>> {
+        let grace = surelink_proto::Time::ZERO + HANDLER_GRACE;
+        let until = deadline.map_or(grace, |d| d.min(grace));
+        loop {
+            let notified = self.handler_given.notified();
+            tokio::pin!(notified);
+            // Registered before the look: a handler given in between wakes it.
+            notified.as_mut().enable();
+            if let Some(h) = read(&self.handlers).for_group(group) {
+                return Some(h);
+            }
+            if clock.now() >= until {
+                return None;
+            }
+            let _ = tokio::time::timeout_at(clock.instant(until), notified).await;
+        }
     }
 
     /// The group a ticket runs in: the service's routing, else its
@@ -424,8 +463,17 @@ async fn run(
     let Job { session, ticket } = job;
     session.start_order.wait(turn).await;
     let turn = Turn(&session.start_order, turn);
-    let now = shared.clock.now_cached();
     let cleanup = Cleanup::default();
+    let (handler, now) = match handler {
+        Some(h) => (Some(h), shared.clock.now_cached()),
+        None => {
+            let h = shared
+                .server
+                .await_handler(&shared.clock, group, ticket.deadline)
+                .await;
+            (h, shared.clock.now())
+        }
+    };
     let (result, outcome) = match handler {
         None => (Err(RemoteError::NoHandler), TaskOutcome::Completed),
         Some(_) if ticket.deadline.is_some_and(|d| d <= now) => {

@@ -124,6 +124,7 @@ impl Server {
     ) -> Result<(), GroupError> {
         let i = self.group_index(group)?;
         crate::sync::write(&self.handlers).per_group[i] = Some(h);
+        self.handler_given.notify_waiters();
         Ok(())
     }
 
