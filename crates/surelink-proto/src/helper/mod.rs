@@ -8,11 +8,16 @@
 //!   floors) or a self-clocking policy (send when the server has answered
 //!   everything sent to it, or the frame is full), chosen by
 //!   [`BatchPolicy`].
+//! - [`Record`]: what a helper packs into one message to a server — many
+//!   clients' streams (virtual connections), each record behind a 7-byte
+//!   header — and [`decode_records`].
 //!
-//! What it does not do yet: carry records (the helper's path, its
-//! per-message header), choose a helper, or publish load; see
+//! What it does not do yet: run the virtual connections (the transport
+//! that feeds them to the router), choose a helper, or publish load; see
 //! docs/postman.md for the design and what is built.
 
 mod batcher;
+mod record;
 
 pub use batcher::{AdaptiveConfig, BatchPolicy, Batcher, BatcherConfig, BatcherError, Flush};
+pub use record::{decode_records, Record, RecordError, MAX_RECORD_BODY, MAX_SLOT, RECORD_HEADER};
