@@ -272,6 +272,17 @@ pub struct Config {
     pub tls: Option<TlsSetup>,
     /// Encrypt frames (the default) or only authenticate them.
     pub protection: Protection,
+    /// Members this server takes relayed connections from (PostMan
+    /// helpers, see `surelink::Helper`): their one-way messages on
+    /// `relay_channel` carry clients' connections, each authenticated end
+    /// to end with the client. Empty (the default): no helper.
+    pub helpers: Vec<NodeId>,
+    /// The one-way channel helpers' relay records travel on (255 by
+    /// default: the last of the default 256 channels), reserved on servers
+    /// with `helpers` and on helpers. Must be below `core.max_channels`.
+    pub relay_channel: u16,
+    /// Clients' connections one helper may hold open here at once.
+    pub max_slots_per_helper: usize,
     /// No handshake, no authentication, no encryption: anyone who reaches
     /// a port can join as any node and read or alter every message. For
     /// benchmarks and trusted single-host tests only; logged as a warning
@@ -373,6 +384,9 @@ impl Config {
             members: Members::new(),
             tls: None,
             protection: Protection::Encrypt,
+            helpers: Vec::new(),
+            relay_channel: 255,
+            max_slots_per_helper: surelink_proto::helper::DEFAULT_MAX_SLOTS,
             insecure: false,
             max_connections: 1024,
             max_connections_per_ip: 64,
@@ -456,6 +470,18 @@ impl Config {
         if self.connect_timeout.is_zero() {
             return Err(ConfigError::Invalid {
                 field: "connect_timeout",
+                reason: "must be non-zero",
+            });
+        }
+        if u32::from(self.relay_channel) >= self.core.max_channels {
+            return Err(ConfigError::Invalid {
+                field: "relay_channel",
+                reason: "must be below core.max_channels",
+            });
+        }
+        if self.max_slots_per_helper == 0 {
+            return Err(ConfigError::Invalid {
+                field: "max_slots_per_helper",
                 reason: "must be non-zero",
             });
         }

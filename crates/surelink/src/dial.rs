@@ -27,7 +27,7 @@ use surelink_proto::wire::CloseCode;
 use surelink_proto::NodeId;
 
 use crate::config::PeerConfig;
-use crate::conn::{bind_device, configure, start};
+use crate::conn::{bind_device, configure, start, Transport};
 use crate::events::NetEvent;
 use crate::shared::Shared;
 
@@ -235,8 +235,17 @@ async fn dial_loop(
                     }
                 };
                 match secured {
-                    Ok(secured) => match start(&shared, stream, network, Some(peer), secured, None)
-                    {
+                    Ok(secured) => match start(
+                        &shared,
+                        Transport::Tcp {
+                            stream,
+                            relayed: false,
+                        },
+                        network,
+                        Some(peer),
+                        secured,
+                        None,
+                    ) {
                         Ok(done) => {
                             if done.await.ok().flatten() == Some(CloseCode::LIMIT) {
                                 // The peer holds as many of our connections

@@ -75,6 +75,7 @@ mod exporter;
 mod histogram;
 mod incoming;
 mod ratelog;
+mod relay;
 mod role;
 mod secure;
 mod server;
@@ -94,6 +95,7 @@ pub use endpoint::{Endpoint, PathInfo};
 pub use error::{BindError, CallError, SendError, TrySendError};
 pub use events::{Events, NetEvent, RecvError, TryRecvError};
 pub use incoming::Incoming;
+pub use relay::{Helper, HelperError, HelperStats, RelayPath};
 pub use role::{ExternalRole, ExternalRoleError, RoleStatus};
 pub use server::{
     Cleanup, GroupConfig, GroupError, GroupEvent, GroupId, GroupSnapshot, GroupState, GroupStats,

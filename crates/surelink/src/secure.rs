@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use surelink_proto::secure::{
     Handshake, Keypair, MemberError, Members, Opener, PathHandshake, Protection, PublicKey, Sealer,
@@ -98,9 +97,9 @@ pub(crate) enum HandshakeFailure {
 
 /// Runs the handshake on `stream`: as initiator towards `dialled`, or as
 /// responder when `None`. At most `timeout`.
-pub(crate) async fn handshake(
+pub(crate) async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     setup: &SecureSetup,
-    stream: &mut TcpStream,
+    stream: &mut S,
     dialled: Option<NodeId>,
     timeout: Duration,
 ) -> Result<Secured, HandshakeFailure> {
@@ -125,7 +124,10 @@ pub(crate) async fn handshake(
     }
 }
 
-async fn run(mut hs: PathHandshake, stream: &mut TcpStream) -> Result<Secured, HandshakeFailure> {
+async fn run<S: AsyncRead + AsyncWrite + Unpin>(
+    mut hs: PathHandshake,
+    stream: &mut S,
+) -> Result<Secured, HandshakeFailure> {
     let mut out = BytesMut::with_capacity(256);
     let mut buf = BytesMut::with_capacity(512);
     loop {

@@ -89,6 +89,8 @@ pub(crate) struct Shared {
     pub(crate) muted: Arc<AtomicU64>,
     /// The role service, when the configuration names one.
     pub(crate) role: Option<Arc<crate::role::RoleShared>>,
+    /// Helpers' relays, when `config.helpers` names any.
+    pub(crate) relays: Option<crate::relay::Relays>,
 }
 
 /// Resolves the write policy for the runtime the endpoint is bound on.
@@ -148,6 +150,11 @@ impl Shared {
                 .role
                 .clone()
                 .map(|c| Arc::new(crate::role::RoleShared::new(c))),
+            relays: crate::relay::Relays::new(
+                &config.helpers,
+                config.relay_channel,
+                config.max_slots_per_helper,
+            ),
             config,
         }
     }

@@ -12,12 +12,24 @@
 //!   clients' streams (virtual connections), each record behind a 7-byte
 //!   header — and [`decode_records`].
 //!
-//! What it does not do yet: run the virtual connections (the transport
-//! that feeds them to the router), choose a helper, or publish load; see
-//! docs/postman.md for the design and what is built.
+//! - [`SlotTable`]: a server's table of one helper's open slots, with
+//!   the bound on how many a helper may hold.
+//! - [`RELAY_CHANNEL`]: the channel a helper's session to a server
+//!   carries those records on.
+//!
+//! What it does not do: move bytes (the shell's relay does), choose a
+//! helper, or publish load; see docs/postman.md for the design and what
+//! is built.
 
 mod batcher;
 mod record;
+mod slots;
+
+/// The one-way channel that carries relay records between a helper and a
+/// server, reserved: a server configured to accept helpers takes messages
+/// on it from them as relay traffic, not as the application's.
+pub const RELAY_CHANNEL: u16 = u16::MAX;
 
 pub use batcher::{AdaptiveConfig, BatchPolicy, Batcher, BatcherConfig, BatcherError, Flush};
 pub use record::{decode_records, Record, RecordError, MAX_RECORD_BODY, MAX_SLOT, RECORD_HEADER};
+pub use slots::{SlotAction, SlotError, SlotTable, DEFAULT_MAX_SLOTS};

@@ -100,22 +100,18 @@ pub enum RecordError {
 impl Record {
     /// Appends this record to `out`.
     pub fn encode(&self, out: &mut BytesMut) -> Result<(), RecordError> {
+        let code;
         let (kind, slot, body): (u8, u32, &[u8]) = match self {
             Record::Open { slot } => (KIND_OPEN, *slot, &[]),
             Record::Data { slot, body } => (KIND_DATA, *slot, body),
-            Record::Close { slot, .. } => (KIND_CLOSE, *slot, &[]),
+            Record::Close { slot, code: c } => {
+                code = c.to_be_bytes();
+                (KIND_CLOSE, *slot, &code[..])
+            }
         };
         if slot > MAX_SLOT {
             return Err(RecordError::SlotTooLarge(slot));
         }
-        let code;
-        let body = match self {
-            Record::Close { code: c, .. } => {
-                code = c.to_be_bytes();
-                &code[..]
-            }
-            _ => body,
-        };
         if body.len() > MAX_RECORD_BODY {
             return Err(RecordError::BodyTooLarge(body.len()));
         }

@@ -21,6 +21,7 @@ use bytes::{Buf, Bytes};
 use parking_lot::Mutex;
 use socket2::SockRef;
 use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tracing::{debug, warn};
 
@@ -30,8 +31,27 @@ use surelink_proto::{NodeId, PathId};
 
 use crate::admission::ConnSlot;
 use crate::detector::{Detector, Gate, StreamHandles};
+use crate::relay::SlotEnd;
 
-pub(crate) use open::{accept_loop, bind_device, configure, listen, start};
+/// What a new connection runs on.
+pub(crate) enum Transport {
+    /// A TCP connection. `relayed`: it leads to a helper that carries it
+    /// to the peer (a path through a helper), so it is not the peer's
+    /// network path: the detector neither stamps nor probes it.
+    Tcp { stream: TcpStream, relayed: bool },
+    /// A virtual connection a helper opened here (see `relay/`).
+    Relay(Arc<SlotEnd>),
+}
+
+/// The write side of a connection.
+#[derive(Debug)]
+enum Wire {
+    Tcp(OwnedWriteHalf),
+    Relay(Arc<SlotEnd>),
+}
+
+pub(crate) use open::{accept_loop, bind_device, configure, listen, start, start_conn};
+pub(crate) use read::ConnReader;
 
 /// The IO half of a connection, shared by the reader task, the writer task
 /// and whoever drives the core (which writes directly when the socket takes it).
@@ -44,7 +64,9 @@ pub(crate) struct ConnIo {
     /// The write half; the reader task owns the read half (so it reads with
     /// `poll_read`, which notices a short read drained the socket and saves
     /// the system call that would only say "would block").
-    stream: OwnedWriteHalf,
+    stream: Wire,
+    /// This connection goes through a helper (see [`Transport`]).
+    pub(crate) relayed: bool,
     /// Bytes the socket did not take yet, in order, and the record layer
     /// that sealed them (under the same lock, so records are numbered in
     /// queue order).
@@ -233,7 +255,10 @@ impl ConnIo {
             }
             let slices: [io::IoSlice<'_>; MAX_IOV] =
                 std::array::from_fn(|i| io::IoSlice::new(&batch[i]));
-            let written = self.stream.try_write_vectored(&slices[..n]);
+            let written = match &self.stream {
+                Wire::Tcp(s) => s.try_write_vectored(&slices[..n]),
+                Wire::Relay(e) => e.try_write(&batch[..n]),
+            };
             self.writes.fetch_add(1, Ordering::Relaxed);
             for b in &mut batch[..n] {
                 *b = Bytes::new();
@@ -293,10 +318,12 @@ impl ConnIo {
 
     pub(crate) fn set_peer(&self, peer: NodeId) {
         self.peer.store(peer.0, Ordering::Relaxed);
-        if let Some(d) = &self.detector {
+        if let (Some(d), false) = (&self.detector, self.relayed) {
             let _ = self.heard.set(d.heard_cell(peer, self.network));
-            if let Some(h) = d.attach_stream(peer, self.network, self.stream.as_ref().as_fd()) {
-                let _ = self.streams.set(h);
+            if let Wire::Tcp(s) = &self.stream {
+                if let Some(h) = d.attach_stream(peer, self.network, s.as_ref().as_fd()) {
+                    let _ = self.streams.set(h);
+                }
             }
             if self.authenticated.is_some() {
                 d.vouch(peer, self.remote.ip());
@@ -312,7 +339,12 @@ impl ConnIo {
     /// Shuts the socket down both ways, as `ss -K` would: both ends see the
     /// connection end and the core fails the path over.
     pub(crate) fn kill(&self) {
-        let _ = SockRef::from(self.stream.as_ref()).shutdown(Shutdown::Both);
+        match &self.stream {
+            Wire::Tcp(s) => {
+                let _ = SockRef::from(s.as_ref()).shutdown(Shutdown::Both);
+            }
+            Wire::Relay(e) => e.close(0),
+        }
     }
 
     /// Closes after the queued bytes (a CLOSE frame) are written, or after a
@@ -339,7 +371,11 @@ pub(super) async fn write_loop(io: Arc<ConnIo>) {
                 // it; if it closes for good, the connection is killed).
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
-            if io.stream.writable().await.is_err() || io.failed.load(Ordering::Relaxed) {
+            let writable = match &io.stream {
+                Wire::Tcp(s) => s.writable().await,
+                Wire::Relay(e) => e.writable().await,
+            };
+            if writable.is_err() || io.failed.load(Ordering::Relaxed) {
                 return;
             }
             io.flush();

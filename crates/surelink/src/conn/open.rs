@@ -21,7 +21,7 @@ use surelink_proto::wire::{Close, CloseCode, CloseScope};
 use surelink_proto::NodeId;
 
 use super::read::read_loop;
-use super::{write_loop, ConnIo, Pending};
+use super::{write_loop, ConnIo, ConnReader, Pending, Transport, Wire};
 use crate::admission::{ConnSlot, LimitHit};
 use crate::secure::Secured;
 use crate::shared::Shared;
@@ -38,17 +38,39 @@ pub(crate) fn configure(stream: &TcpStream, shared: &Shared) {
 /// CLOSE the peer ended it with, if it did.
 pub(crate) fn start(
     shared: &Arc<Shared>,
-    stream: TcpStream,
+    transport: Transport,
     network: usize,
     peer: Option<NodeId>,
     secured: Option<Secured>,
     slot: Option<ConnSlot>,
 ) -> io::Result<oneshot::Receiver<Option<CloseCode>>> {
-    let local = stream.local_addr()?;
-    let remote = stream.peer_addr()?;
+    start_conn(shared, transport, network, peer, secured, slot).map(|(_, done)| done)
+}
+
+/// [`start`], also handing back the connection (to close it later).
+pub(crate) fn start_conn(
+    shared: &Arc<Shared>,
+    transport: Transport,
+    network: usize,
+    peer: Option<NodeId>,
+    secured: Option<Secured>,
+    slot: Option<ConnSlot>,
+) -> io::Result<(Arc<ConnIo>, oneshot::Receiver<Option<CloseCode>>)> {
     let path = shared.next_path_id();
-    let (reader, stream) = stream.into_split();
-    if let (Some(s), Some(d)) = (&secured, &shared.detector) {
+    let (local, remote, reader, stream, relayed): (_, _, ConnReader, _, _) = match transport {
+        Transport::Tcp { stream, relayed } => {
+            let (local, remote) = (stream.local_addr()?, stream.peer_addr()?);
+            let (r, w) = stream.into_split();
+            (local, remote, Box::new(r), Wire::Tcp(w), relayed)
+        }
+        Transport::Relay(end) => {
+            // No address of its own: it arrives through the helper's session.
+            let none = SocketAddr::from(([0, 0, 0, 0], 0));
+            let r = Box::new(crate::relay::SlotStream(end.clone()));
+            (none, none, r, Wire::Relay(end), true)
+        }
+    };
+    if let (Some(s), Some(d), false) = (&secured, &shared.detector, relayed) {
         if let Some(x) = &s.exporter {
             // Mutual TLS: this connection keys heartbeats to its peer.
             d.add_connection_key(s.peer, x);
@@ -63,6 +85,7 @@ pub(crate) fn start(
         network,
         local,
         remote,
+        relayed,
         stream,
         pending: Mutex::new(Pending::default()),
         sealer: sealer.map(Mutex::new),
@@ -97,6 +120,7 @@ pub(crate) fn start(
     let span = tracing::info_span!("conn", %path, network, %remote, ?peer);
     shared.spawn(write_loop(io.clone()).instrument(span.clone()));
     let sh = shared.clone();
+    let conn = io.clone();
     shared.spawn(
         async move {
             read_loop(sh, io.clone(), reader, bound, opener).await;
@@ -107,7 +131,7 @@ pub(crate) fn start(
         }
         .instrument(span),
     );
-    Ok(done_rx)
+    Ok((conn, done_rx))
 }
 
 /// Binds `socket` to a network interface (`SO_BINDTODEVICE`), so its
@@ -230,7 +254,11 @@ async fn accepted(
     if shared.closed.load(Ordering::Relaxed) {
         return;
     }
-    if let Err(e) = start(&shared, stream, network, None, secured, Some(slot)) {
+    let t = Transport::Tcp {
+        stream,
+        relayed: false,
+    };
+    if let Err(e) = start(&shared, t, network, None, secured, Some(slot)) {
         debug!(%from, error = %e, "accepted connection vanished");
     }
 }

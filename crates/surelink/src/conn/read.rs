@@ -7,8 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::BytesMut;
-use tokio::io::AsyncReadExt;
-use tokio::net::tcp::OwnedReadHalf;
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tracing::{debug, warn};
 
 use surelink_proto::secure::Opener;
@@ -18,6 +17,10 @@ use super::ConnIo;
 use crate::session::SessionHandle;
 use crate::shared::Shared;
 
+/// The read side of a connection: a TCP socket's read half, or a
+/// helper's slot (see `relay/`).
+pub(crate) type ConnReader = Box<dyn AsyncRead + Send + Unpin>;
+
 /// Bytes asked of the kernel per read.
 const READ_CHUNK: usize = 64 * 1024;
 
@@ -26,7 +29,7 @@ const READ_CHUNK: usize = 64 * 1024;
 pub(super) async fn read_loop(
     shared: Arc<Shared>,
     io: Arc<ConnIo>,
-    mut reader: OwnedReadHalf,
+    mut reader: ConnReader,
     mut bound: Option<Arc<SessionHandle>>,
     mut opener: Option<(Opener, BytesMut)>,
 ) {

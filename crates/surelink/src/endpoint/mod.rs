@@ -200,6 +200,10 @@ impl Endpoint {
         if shared.role.is_some() {
             shared.spawn(crate::role::run(shared.clone()));
         }
+        if shared.relays.is_some() {
+            let events = shared.events.subscribe();
+            shared.spawn(crate::relay::watch_helpers(Arc::downgrade(&shared), events));
+        }
         for (network, l) in listeners.into_iter().enumerate() {
             shared.spawn(conn::accept_loop(shared.clone(), l, network));
         }
@@ -216,6 +220,31 @@ impl Endpoint {
         }
         info!(node = %ep.shared.config.node, epoch = %epoch, listen = ?ep.listen, protection = %if ep.shared.config.insecure { "none (insecure)".to_string() } else { ep.shared.config.protection.to_string() }, "endpoint up");
         Ok(ep)
+    }
+
+    /// Adds a path of this endpoint's session to `server` through the
+    /// helper listening at `helper` (see [`crate::Helper`]), dialled from
+    /// this node's address on `network`: a TCP connection to the helper,
+    /// then the same end-to-end handshake as a direct path. The session
+    /// uses it alongside its other paths and fails over from it like from
+    /// any; it is re-dialled while the returned handle lives.
+    pub fn relay_via(
+        &self,
+        server: NodeId,
+        helper: SocketAddr,
+        network: usize,
+    ) -> crate::RelayPath {
+        crate::RelayPath::start(&self.shared, server, helper, network)
+    }
+
+    /// The peers this endpoint was configured to dial.
+    pub(crate) fn configured_peers(&self) -> Vec<NodeId> {
+        self.shared.config.peers.iter().map(|p| p.node).collect()
+    }
+
+    /// The endpoint's clock.
+    pub(crate) fn now(&self) -> surelink_proto::Time {
+        self.shared.clock.now()
     }
 
     /// This node's view of the role service: the routing-table row it

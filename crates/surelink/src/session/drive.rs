@@ -34,6 +34,8 @@ pub(crate) struct Work {
     tickets: Vec<Ticket>,
     promotes: Vec<CallId>,
     messages: Vec<Incoming>,
+    /// Helpers' relays and slots to start after the lock.
+    relay: crate::relay::Started,
     ended: bool,
     space: bool,
     /// Requests were handed to the scheduler: start what can start.
@@ -118,6 +120,16 @@ impl SessionHandle {
             let Some(m) = g.core.poll_message() else {
                 break;
             };
+            if let Some(r) = shared
+                .relays
+                .as_ref()
+                .filter(|r| r.takes(m.peer, m.channel.0))
+            {
+                // A helper's relay records: clients' connections, not
+                // the application's messages (applied here, in order).
+                r.deliver(shared, m.peer, m.payload, &mut w.relay);
+                continue;
+            }
             added += m.payload.len();
             w.messages.push(Incoming {
                 peer: m.peer,
@@ -255,6 +267,9 @@ impl SessionHandle {
         }
         for e in w.events {
             shared.events.publish(e);
+        }
+        if !w.relay.is_empty() {
+            w.relay.start(shared);
         }
         if w.dispatch {
             Server::dispatch(shared);

@@ -1,0 +1,138 @@
+//! A client's path to a server through a helper: a TCP connection to the
+//! helper, a preamble naming the server, then the same handshake and
+//! session frames as on a direct path — end to end with the server. The
+//! path joins the client's session to the server like any other; when it
+//! breaks (the helper died, or closed it) the session fails over to its
+//! other paths and this side re-dials the helper with backoff.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::task::JoinHandle;
+use tracing::debug;
+
+use surelink_proto::NodeId;
+
+use super::{PREAMBLE_LEN, PREAMBLE_MAGIC};
+use crate::conn::{configure, start_conn, ConnIo, Transport};
+use crate::shared::Shared;
+
+/// A path of this endpoint's session to a server through a helper, kept
+/// (re-dialled when it breaks) until [`RelayPath::stop`] or drop.
+#[derive(Debug)]
+pub struct RelayPath {
+    task: JoinHandle<()>,
+    current: Arc<Mutex<Option<Arc<ConnIo>>>>,
+}
+
+impl RelayPath {
+    pub(crate) fn start(
+        shared: &Arc<Shared>,
+        server: NodeId,
+        helper: SocketAddr,
+        network: usize,
+    ) -> RelayPath {
+        let current = Arc::new(Mutex::new(None));
+        let task = tokio::spawn(relay_loop(
+            Arc::downgrade(shared),
+            server,
+            helper,
+            network,
+            current.clone(),
+        ));
+        RelayPath { task, current }
+    }
+
+    /// Whether the path is connected now.
+    pub fn is_up(&self) -> bool {
+        self.current.lock().is_some()
+    }
+
+    /// Closes the path (the session moves its traffic to its other paths)
+    /// and stops re-dialling.
+    pub fn stop(self) {}
+}
+
+impl Drop for RelayPath {
+    fn drop(&mut self) {
+        self.task.abort();
+        if let Some(io) = self.current.lock().take() {
+            io.kill();
+        }
+    }
+}
+
+async fn connect(
+    shared: &Shared,
+    helper: SocketAddr,
+    network: usize,
+) -> std::io::Result<TcpStream> {
+    let socket = if helper.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    if let Some(local) = shared.config.local_addr(network) {
+        if local.is_ipv4() == helper.is_ipv4() {
+            socket.bind(SocketAddr::new(local.ip(), 0))?;
+        }
+    }
+    tokio::time::timeout(shared.config.connect_timeout, socket.connect(helper))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))?
+}
+
+async fn relay_loop(
+    shared: Weak<Shared>,
+    server: NodeId,
+    helper: SocketAddr,
+    network: usize,
+    current: Arc<Mutex<Option<Arc<ConnIo>>>>,
+) {
+    let mut backoff = None;
+    loop {
+        let Some(sh) = shared.upgrade() else { return };
+        let (first, max) = (sh.config.reconnect_initial, sh.config.reconnect_max);
+        let started = async {
+            let mut stream = connect(&sh, helper, network).await?;
+            configure(&stream, &sh);
+            let mut pre = [0u8; PREAMBLE_LEN];
+            pre[..4].copy_from_slice(PREAMBLE_MAGIC);
+            pre[4..].copy_from_slice(&server.0.to_be_bytes());
+            stream.write_all(&pre).await?;
+            let secured = match &sh.secure {
+                None => None,
+                Some(setup) => {
+                    let t = sh.config.core.handshake_timeout;
+                    Some(
+                        crate::secure::handshake(setup, &mut stream, Some(server), t)
+                            .await
+                            .map_err(|e| std::io::Error::other(e.to_string()))?,
+                    )
+                }
+            };
+            let t = Transport::Tcp {
+                stream,
+                relayed: true,
+            };
+            start_conn(&sh, t, network, Some(server), secured, None)
+        }
+        .await;
+        drop(sh);
+        match started {
+            Ok((io, done)) => {
+                *current.lock() = Some(io);
+                let _ = done.await;
+                current.lock().take();
+                backoff = None;
+            }
+            Err(e) => debug!(%server, %helper, error = %e, "path through the helper not opened"),
+        }
+        let wait = backoff.map_or(first, |b: std::time::Duration| (b * 2).min(max));
+        backoff = Some(wait);
+        tokio::time::sleep(wait).await;
+    }
+}

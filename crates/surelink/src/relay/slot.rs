@@ -1,0 +1,181 @@
+//! One virtual connection at the server: a client's byte stream that a
+//! helper carries in records (`surelink_proto::helper::Record`). Its end
+//! here reads what DATA records brought (bounded) and writes by appending
+//! DATA records to the helper's link (bounded), so the connection above
+//! it — handshake, record layer, session — runs as on any TCP stream.
+
+use std::collections::VecDeque;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Buf, Bytes};
+use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::link::RelayLink;
+
+/// Bytes a slot holds that its connection has not read: a client's
+/// session keeps at most its send window in flight, well under this; a
+/// helper that sends more is closing the slot.
+pub(crate) const SLOT_IN_BOUND: usize = 4 << 20;
+
+#[derive(Debug, Default)]
+struct Inbound {
+    q: VecDeque<Bytes>,
+    bytes: usize,
+    /// No more will come (CLOSE, or our side closed).
+    ended: bool,
+    reader: Option<Waker>,
+}
+
+/// The server's end of one slot.
+#[derive(Debug)]
+pub(crate) struct SlotEnd {
+    pub(crate) slot: u32,
+    link: Arc<RelayLink>,
+    inbound: Mutex<Inbound>,
+    closed: AtomicBool,
+}
+
+impl SlotEnd {
+    pub(crate) fn new(slot: u32, link: Arc<RelayLink>) -> Arc<SlotEnd> {
+        Arc::new(SlotEnd {
+            slot,
+            link,
+            inbound: Mutex::new(Inbound::default()),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// Bytes a DATA record brought. `false`: past [`SLOT_IN_BOUND`]; the
+    /// caller closes the slot.
+    pub(crate) fn push(&self, b: Bytes) -> bool {
+        let waker = {
+            let mut i = self.inbound.lock();
+            if i.ended {
+                return true;
+            }
+            if i.bytes + b.len() > SLOT_IN_BOUND {
+                return false;
+            }
+            i.bytes += b.len();
+            i.q.push_back(b);
+            i.reader.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        true
+    }
+
+    /// No more bytes come: the reader sees the end of the stream.
+    pub(crate) fn end_inbound(&self) {
+        let waker = {
+            let mut i = self.inbound.lock();
+            i.ended = true;
+            i.reader.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// Our side ends the slot: tells the helper (CLOSE) once, and ends
+    /// the reader.
+    pub(crate) fn close(&self, code: u16) {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            self.link.close_slot(self.slot, code);
+        }
+        self.end_inbound();
+    }
+
+    /// Writes every byte of `bufs` as DATA records, or none
+    /// (`WouldBlock`) while the link's queue is full.
+    pub(crate) fn try_write(&self, bufs: &[Bytes]) -> io::Result<usize> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        self.link.try_data(self.slot, bufs, false)
+    }
+
+    /// Resolves when the link's queue has room (or the slot is closed).
+    pub(crate) async fn writable(&self) -> io::Result<()> {
+        loop {
+            let room = self.link.room.notified();
+            if self.closed.load(Ordering::Acquire) {
+                return Err(io::ErrorKind::BrokenPipe.into());
+            }
+            if self.link.has_room() {
+                return Ok(());
+            }
+            room.await;
+        }
+    }
+
+    fn poll_read_into(&self, cx: &mut Context<'_>, out: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let mut guard = self.inbound.lock();
+        let i = &mut *guard;
+        while out.remaining() > 0 {
+            let Some(front) = i.q.front_mut() else { break };
+            let n = front.len().min(out.remaining());
+            out.put_slice(&front[..n]);
+            front.advance(n);
+            i.bytes -= n;
+            if front.is_empty() {
+                i.q.pop_front();
+            }
+        }
+        if out.filled().is_empty() && !i.ended {
+            i.reader = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// A slot as a byte stream: reads what the helper brought, writes DATA
+/// records. The handshake uses it whole; afterwards the connection's
+/// reader reads it and its writer goes through [`SlotEnd::try_write`].
+#[derive(Debug, Clone)]
+pub(crate) struct SlotStream(pub(crate) Arc<SlotEnd>);
+
+impl AsyncRead for SlotStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.0.poll_read_into(cx, buf)
+    }
+}
+
+impl AsyncWrite for SlotStream {
+    /// The handshake's few messages: taken whatever the link's queue
+    /// holds (they are bounded by the handshake itself).
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if self.0.closed.load(Ordering::Acquire) {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        Poll::Ready(
+            self.0
+                .link
+                .try_data(self.0.slot, &[Bytes::copy_from_slice(buf)], true),
+        )
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.0.close(0);
+        Poll::Ready(Ok(()))
+    }
+}
