@@ -47,6 +47,9 @@ enum Command {
     /// Generate a throwaway CA and a certificate per node, for trying
     /// mutual TLS (`[tls]`) instead of member keys.
     Certs(CertsArgs),
+    /// A PostMan helper: relays clients' connections to servers, many per
+    /// message (the configuration's `[helper]` section).
+    Helper(ConfigArg),
     /// Print a running endpoint's counters from its metrics port.
     Stats(StatsArgs),
     /// Run a node whose only job is the role service (hr-net's role
@@ -172,6 +175,7 @@ fn main() -> Result<()> {
             surelink_node::cache::WORKER_THREADS,
         ),
         Command::Serve(ConfigArg { config })
+        | Command::Helper(ConfigArg { config })
         | Command::RoleServer(RoleServerArgs { config })
         | Command::Call(CallArgs { config, .. }) => (
             Some(config.as_path()),
@@ -183,6 +187,7 @@ fn main() -> Result<()> {
     rt.block_on(async {
         match cli.command {
             Command::Serve(a) => surelink_node::serve::serve(&a.config).await?,
+            Command::Helper(a) => surelink_node::helper::helper(&a.config).await?,
             Command::Call(a) => {
                 let mut opts = surelink_node::call::PingOptions::new(NodeId(a.peer));
                 opts.count = a.count;

@@ -72,6 +72,12 @@ pub async fn call(config: &Path, opts: &PingOptions) -> Result<(), PingError> {
     let (ep, role) = crate::role_backend::bind(loaded.config, loaded.cluster.as_ref())
         .await
         .map_err(StartError::from)?;
+    let relays = crate::start::relays(&ep, &loaded.relays);
+    if !relays.is_empty() {
+        let _ = ep
+            .wait_for_paths(opts.peer, 1, std::time::Duration::from_secs(5))
+            .await;
+    }
     let body = Bytes::from(vec![0x5a; opts.size]);
     let mut rtts = Vec::new();
     let mut errors = 0;

@@ -11,7 +11,8 @@
 //!   file selects (the embedded service, or etcd with the `etcd` feature).
 //! - The runners, each until Ctrl-C or its work is done: [`serve`] (an
 //!   echo server), [`call`] (a ping client), [`cache`] (a cache node or
-//!   proxy), [`role_server`] (a node whose only job is the role service),
+//!   proxy), [`helper`] (a PostMan helper relaying clients' connections),
+//!   [`role_server`] (a node whose only job is the role service),
 //!   [`status`] (the role service's view from every node), [`stats`] (a
 //!   running endpoint's counters); [`runtime`] builds the tokio runtime a
 //!   configuration file asks for; [`start`] is what they share to start
@@ -31,6 +32,7 @@ pub mod call;
 pub mod certs;
 pub mod cluster_file;
 pub mod config_file;
+pub mod helper;
 pub mod keys;
 pub mod role_backend;
 pub mod role_server;

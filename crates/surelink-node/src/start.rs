@@ -52,3 +52,15 @@ pub(crate) async fn metrics(
 pub(crate) async fn ctrl_c() -> Result<(), StartError> {
     tokio::signal::ctrl_c().await.map_err(StartError::Signal)
 }
+
+/// Opens the `[[relays]]` paths (through helpers); they live as long as
+/// the handles.
+pub fn relays(
+    ep: &surelink::Endpoint,
+    relays: &[crate::config_file::RelaySection],
+) -> Vec<surelink::RelayPath> {
+    relays
+        .iter()
+        .map(|r| ep.relay_via(surelink::proto::NodeId(r.server), r.helper, r.network))
+        .collect()
+}

@@ -120,7 +120,7 @@ mod schema;
 
 pub use error::{ConfigError, LoadError};
 pub use join::Redundant;
-pub use schema::{CacheSection, ProxySection, RuntimeSection};
+pub use schema::{CacheSection, HelperSection, ProxySection, RelaySection, RuntimeSection};
 
 /// A parsed configuration plus what only the daemons read.
 #[derive(Debug)]
@@ -134,6 +134,10 @@ pub struct Loaded {
     pub cache: Option<CacheSection>,
     /// `[proxy]`: a cache proxy's listener.
     pub proxy: Option<ProxySection>,
+    /// `[helper]`: a helper's listener and batching.
+    pub helper: Option<HelperSection>,
+    /// `[[relays]]`: paths to servers through helpers.
+    pub relays: Vec<RelaySection>,
     /// The cluster file, when the configuration names one.
     pub cluster: Option<Cluster>,
     /// Where it was read from.
@@ -363,6 +367,13 @@ fn parse_only(text: &str, base: &Path) -> Result<Loaded, ConfigError> {
             .map_err(|addr| ConfigError::PeerAddress { node: p.node, addr })?;
         c.peers.push(PeerConfig::new(NodeId(p.node), addrs));
     }
+    c.helpers = f.helpers.iter().map(|&n| NodeId(n)).collect();
+    if let Some(v) = f.relay_channel {
+        c.relay_channel = v;
+    }
+    if let Some(v) = f.max_slots_per_helper {
+        c.max_slots_per_helper = v;
+    }
     core(&mut c, f.core);
     detector(&mut c, f.detector)?;
     let mut metrics = f.metrics;
@@ -387,6 +398,8 @@ fn parse_only(text: &str, base: &Path) -> Result<Loaded, ConfigError> {
         metrics,
         cache: f.cache,
         proxy: f.proxy,
+        helper: f.helper,
+        relays: f.relays,
         cluster,
         cluster_file,
         redundant,

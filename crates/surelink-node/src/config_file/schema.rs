@@ -68,6 +68,48 @@ pub(super) struct File {
     pub(super) cache: Option<CacheSection>,
     /// `surelink cache proxy`: where clients connect and which nodes serve.
     pub(super) proxy: Option<ProxySection>,
+    /// Members this server takes relayed connections from (helpers).
+    #[serde(default)]
+    pub(super) helpers: Vec<u64>,
+    /// The channel helpers' relay records travel on (default 255).
+    pub(super) relay_channel: Option<u16>,
+    /// Clients' connections one helper may hold open here (default 4096).
+    pub(super) max_slots_per_helper: Option<usize>,
+    /// `surelink helper`: where clients connect and how it batches.
+    pub(super) helper: Option<HelperSection>,
+    /// Paths to servers through helpers, kept from the start.
+    #[serde(default)]
+    pub(super) relays: Vec<RelaySection>,
+}
+
+/// `[helper]`: a helper's listener and batching (`surelink helper`).
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct HelperSection {
+    /// Where clients connect.
+    pub listen: SocketAddr,
+    /// `self_clocking` (default) or `adaptive` (PostMan's Algorithm 1).
+    pub policy: Option<String>,
+    /// Largest batch, bytes (default 65536).
+    pub max_frame: Option<usize>,
+    /// Self-clocking: the longest a record waits, µs (default 1000).
+    pub max_wait_us: Option<u64>,
+}
+
+/// `[[relays]]`: a path to `server` through the helper at `helper`,
+/// dialled from this node's address on `network`.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct RelaySection {
+    /// The server.
+    pub server: u64,
+    /// The helper's `[helper] listen` address.
+    pub helper: SocketAddr,
+    /// The network to dial from (default 0).
+    #[serde(default)]
+    pub network: usize,
 }
 
 /// `[runtime]`: the process's tokio runtime.

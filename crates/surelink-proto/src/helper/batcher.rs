@@ -180,6 +180,10 @@ impl BatcherConfig {
     }
 }
 
+/// The shortest a self-clocking batcher waits for an answer before it
+/// sends the next batch anyway.
+pub const MIN_ANSWER_WAIT: Duration = Duration::from_micros(20);
+
 /// A message the batcher cannot take.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -220,6 +224,11 @@ pub struct Batcher {
     waiting_bytes: usize,
     /// Messages sent and not yet answered.
     outstanding: u64,
+    /// Self-clocking: when the oldest batch still unanswered went out.
+    awaiting: Option<Time>,
+    /// Self-clocking: the smoothed time from a batch to the server's
+    /// next answer.
+    srtt: Option<Duration>,
     last_flush: Option<Time>,
     flushes: u64,
     flushed_messages: u64,
@@ -240,6 +249,8 @@ impl Batcher {
             waiting: VecDeque::new(),
             waiting_bytes: 0,
             outstanding: 0,
+            awaiting: None,
+            srtt: None,
             last_flush: None,
             flushes: 0,
             flushed_messages: 0,
@@ -262,9 +273,19 @@ impl Batcher {
         Ok(())
     }
 
-    /// The server answered `messages` of those sent (in any order).
-    pub fn handle_answered(&mut self, messages: u64) {
+    /// The server answered `messages` of those sent (in any order), at
+    /// `now`. Self-clocking also learns from it how long the server
+    /// takes to answer.
+    pub fn handle_answered(&mut self, now: Time, messages: u64) {
+        if let Some(t) = self.awaiting {
+            let sample = now.saturating_since(t);
+            self.srtt = Some(match self.srtt {
+                None => sample,
+                Some(s) => (s * 7 + sample) / 8,
+            });
+        }
         self.outstanding = self.outstanding.saturating_sub(messages);
+        self.awaiting = (self.outstanding > 0).then_some(now);
     }
 
     /// What was sent and not yet answered is void (the path to the
@@ -272,6 +293,20 @@ impl Batcher {
     /// again as answered when it is).
     pub fn handle_reset(&mut self) {
         self.outstanding = 0;
+        self.awaiting = None;
+    }
+
+    /// Self-clocking: how long an unanswered batch holds the next one
+    /// back — twice the server's usual answer time (not every batch gets
+    /// an answer: an acknowledgement alone does not), between
+    /// [`MIN_ANSWER_WAIT`] and `max_wait`.
+    pub fn answer_wait(&self) -> Duration {
+        let max = match &self.cfg.policy {
+            BatchPolicy::SelfClocking { max_wait } => *max_wait,
+            BatchPolicy::Adaptive(_) => self.interval,
+        };
+        self.srtt
+            .map_or(max, |s| (s * 2).max(MIN_ANSWER_WAIT).min(max))
     }
 
     /// The batch due at `now`, if one is; it counts as sent.
@@ -285,11 +320,18 @@ impl Batcher {
                     self.waiting_bytes >= self.size || waited >= self.interval
                 }
                 BatchPolicy::SelfClocking { max_wait } => {
-                    self.outstanding == 0 || waited >= *max_wait
+                    self.outstanding == 0 || waited >= *max_wait || self.unanswerable(now)
                 }
             };
         if !due {
             return None;
+        }
+        if self.unanswerable(now) {
+            // No answer is coming for what is outstanding: stop waiting.
+            self.outstanding = 0;
+        }
+        if self.outstanding == 0 {
+            self.awaiting = Some(now);
         }
         // The oldest messages that fit one frame; one alone if it is larger.
         let (mut messages, mut bytes) = (0, 0);
@@ -328,11 +370,24 @@ impl Batcher {
         }
     }
 
+    /// Self-clocking: the outstanding batch waited past
+    /// [`Batcher::answer_wait`].
+    fn unanswerable(&self, now: Time) -> bool {
+        matches!(self.cfg.policy, BatchPolicy::SelfClocking { .. })
+            && self
+                .awaiting
+                .is_some_and(|t| now.saturating_since(t) >= self.answer_wait())
+    }
+
     /// When [`Batcher::poll_flush`] is next due by time alone (`None`:
     /// nothing waits, or only an answer or more messages can make it due).
     pub fn poll_timeout(&self) -> Option<Time> {
         let oldest = self.waiting.front()?.1;
-        Some(oldest + self.interval)
+        let by_age = oldest + self.interval;
+        match (&self.cfg.policy, self.awaiting) {
+            (BatchPolicy::SelfClocking { .. }, Some(t)) => Some(by_age.min(t + self.answer_wait())),
+            _ => Some(by_age),
+        }
     }
 
     /// Algorithm 1's current interval `T` (self-clocking: `max_wait`).

@@ -44,8 +44,9 @@ fn self_clocking_sends_when_everything_is_answered() {
         b.handle_queued(us(t), 100).unwrap();
         assert_eq!(b.poll_flush(us(t)), None, "the first is unanswered");
     }
-    assert_eq!(b.poll_timeout(), Some(us(1001)));
-    b.handle_answered(1);
+    // Without an answer, the batch is given up on `max_wait` after it went.
+    assert_eq!(b.poll_timeout(), Some(us(1000)));
+    b.handle_answered(us(10), 1);
     assert_eq!(
         b.poll_flush(us(50)),
         Some(Flush {
@@ -65,13 +66,45 @@ fn self_clocking_waits_at_most_max_wait() {
     b.handle_queued(us(0), 10).unwrap();
     b.poll_flush(us(0)).unwrap();
     b.handle_queued(us(10), 10).unwrap();
-    assert_eq!(b.poll_flush(us(209)), None);
-    assert_eq!(b.poll_timeout(), Some(us(210)));
-    assert!(b.poll_flush(us(210)).is_some());
+    assert_eq!(b.poll_flush(us(199)), None);
+    assert_eq!(b.poll_timeout(), Some(us(200)));
+    assert!(b.poll_flush(us(200)).is_some());
     // A lost path voids what was outstanding: the next goes at once.
     b.handle_reset();
     b.handle_queued(us(300), 10).unwrap();
     assert!(b.poll_flush(us(300)).is_some());
+}
+
+/// A batch the server never answers (an acknowledgement alone, say)
+/// holds the next one back only about twice the server's usual answer
+/// time, not the whole `max_wait`.
+#[test]
+fn self_clocking_stops_waiting_for_an_answer_that_is_not_coming() {
+    let mut b = self_clocking(1000, 64 * 1024);
+    // Three round trips of 50 µs teach it the server's answer time.
+    for k in 0..3u64 {
+        let t = k * 1000;
+        b.handle_queued(us(t), 100).unwrap();
+        assert!(b.poll_flush(us(t)).is_some());
+        b.handle_answered(us(t + 50), 1);
+    }
+    assert_eq!(b.answer_wait(), Duration::from_micros(100));
+    // An acknowledgement goes out; no answer will come.
+    b.handle_queued(us(5000), 40).unwrap();
+    assert!(b.poll_flush(us(5000)).is_some());
+    // The next request waits for the answer wait, not max_wait.
+    b.handle_queued(us(5010), 100).unwrap();
+    assert_eq!(b.poll_flush(us(5010)), None);
+    assert_eq!(b.poll_timeout(), Some(us(5100)));
+    assert_eq!(b.poll_flush(us(5099)), None);
+    assert_eq!(
+        b.poll_flush(us(5100)),
+        Some(Flush {
+            messages: 1,
+            bytes: 100
+        })
+    );
+    assert_eq!(b.outstanding(), 1, "the unanswered one is void");
 }
 
 /// A full frame goes whatever the policy says; the oldest messages that
@@ -262,7 +295,7 @@ fn drive(mut b: Batcher, ceiling: Duration, events: &[(u64, u16, bool)]) {
         now = next;
         if answer {
             let n = b.outstanding();
-            b.handle_answered(n.div_ceil(2));
+            b.handle_answered(now, n.div_ceil(2));
         }
         let len = usize::from(len);
         if b.handle_queued(now, len).is_ok() {

@@ -404,7 +404,9 @@ async fn from_servers(inner: Weak<Inner>) {
             i.counters.messages_in.fetch_add(1, Ordering::Relaxed);
             {
                 // Self-clocking: the server answered; what waits may go.
-                to.q.lock().batcher.handle_answered(u64::MAX);
+                to.q.lock()
+                    .batcher
+                    .handle_answered(i.endpoint.now(), u64::MAX);
                 to.wake.notify_one();
             }
             let records = match decode_records(m.body) {
