@@ -30,6 +30,8 @@ mod slots;
 /// on it from them as relay traffic, not as the application's.
 pub const RELAY_CHANNEL: u16 = u16::MAX;
 
-pub use batcher::{AdaptiveConfig, BatchPolicy, Batcher, BatcherConfig, BatcherError, Flush};
+pub use batcher::{
+    AdaptiveConfig, BatchPolicy, Batcher, BatcherConfig, BatcherError, Flush, MIN_ANSWER_WAIT,
+};
 pub use record::{decode_records, Record, RecordError, MAX_RECORD_BODY, MAX_SLOT, RECORD_HEADER};
 pub use slots::{SlotAction, SlotError, SlotTable, DEFAULT_MAX_SLOTS};
