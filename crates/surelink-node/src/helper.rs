@@ -36,13 +36,16 @@ pub enum HelperRunError {
 
 /// The batching a `[helper]` section asks for.
 pub fn batching(h: &HelperSection) -> Result<BatcherConfig, HelperRunError> {
-    let mut b = BatcherConfig::default();
-    b.policy = match h.policy.as_deref() {
+    let policy = match h.policy.as_deref() {
         None | Some("self_clocking") => BatchPolicy::SelfClocking {
             max_wait: Duration::from_micros(h.max_wait_us.unwrap_or(1000)),
         },
         Some("adaptive") => BatchPolicy::Adaptive(AdaptiveConfig::default()),
         Some(other) => return Err(HelperRunError::Policy(other.to_string())),
+    };
+    let mut b = BatcherConfig {
+        policy,
+        ..BatcherConfig::default()
     };
     if let Some(f) = h.max_frame {
         b.max_frame = f;
