@@ -76,6 +76,9 @@ enum Command {
     /// The client of `bench cache --failure`, inside the testbed's host a.
     #[command(hide = true)]
     BenchCacheClient(bench::cache::failure::ClientArgs),
+    /// The load of `bench helpers` (client sessions in one process).
+    #[command(hide = true)]
+    BenchHelpersLoad(bench::helpers::LoadArgs),
     /// A plain TCP / MPTCP baseline node of an experiment (used by
     /// `experiment failover`).
     #[command(hide = true)]
@@ -138,6 +141,7 @@ fn main() -> anyhow::Result<()> {
             Command::ExperimentRoleNode(a) => experiment::role_notify::node(&a).await,
             Command::ExperimentTcpNode(a) => experiment::tcpnode::run(&a).await,
             Command::BenchCacheClient(a) => bench::cache::failure::client(&a).await,
+            Command::BenchHelpersLoad(a) => bench::helpers::load(&a).await,
             Command::Cache(CacheCommand::Node(a)) => {
                 Ok(surelink_node::cache::node(&a.config).await?)
             }

@@ -91,6 +91,7 @@
 pub(crate) mod cache;
 mod detector;
 mod fixture;
+pub(crate) mod helpers;
 mod idle_peers;
 mod latency;
 mod nats;
@@ -163,6 +164,10 @@ enum BenchSub {
     /// CPU and loopback traffic at 0…500 idle clients and 100 loaded
     /// ones, optionally against an older build (`--baseline-bin`).
     IdlePeers(idle_peers::IdlePeersArgs),
+    /// PostMan helpers: the capped server's CPU per request and latency,
+    /// direct against through helpers (both batching policies), at fixed
+    /// offered loads from hundreds of client sessions.
+    Helpers(helpers::HelpersArgs),
 }
 
 /// Which measurements `--only` keeps.
@@ -328,6 +333,7 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<()> {
     match &args.sub {
         Some(BenchSub::Cache(c)) => return cache::run(c).await,
         Some(BenchSub::IdlePeers(a)) => return idle_peers::run(a).await,
+        Some(BenchSub::Helpers(a)) => return helpers::run(a).await,
         None => {}
     }
     let plan = Plan::new(args)?;

@@ -1,0 +1,179 @@
+//! The load of `bench helpers`, in its own process (pinned with the
+//! helpers to the clients' core): N client endpoints, each its own
+//! member with its own key and source address, each with at most one
+//! request outstanding, calling the server open loop at a fixed total
+//! rate — directly, or only through helpers (`--helpers`). Prints
+//! `READY` once every client has its path, `MEASURE START` after the
+//! warm-up, and `MEASURE END {json}` with what the window measured.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use surelink::proto::{ClusterId, NodeId};
+use surelink::{Config, Endpoint, PeerConfig, RelayPath};
+
+use super::{CLUSTER, FIRST_CLIENT, SERVER};
+
+/// `surelink-lab bench-helpers-load` (hidden).
+#[derive(clap::Args, Debug)]
+pub(crate) struct LoadArgs {
+    /// Directory with `node-<id>.key` / `.pub` files.
+    #[arg(long)]
+    dir: PathBuf,
+    /// The server's port on 127.0.1.1.
+    #[arg(long)]
+    port: u16,
+    /// Client sessions.
+    #[arg(long)]
+    clients: usize,
+    /// Requests per second, all clients together.
+    #[arg(long)]
+    rate: f64,
+    /// Request size, bytes.
+    #[arg(long, default_value_t = 64)]
+    payload: usize,
+    /// Seconds before the measured window.
+    #[arg(long, default_value_t = 2.0)]
+    warmup: f64,
+    /// Seconds measured.
+    #[arg(long)]
+    seconds: f64,
+    /// Helpers' addresses: each client goes through one (round robin) and
+    /// has no direct path. Empty: every client direct.
+    #[arg(long, value_delimiter = ',')]
+    helpers: Vec<SocketAddr>,
+}
+
+/// What the measured window saw.
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+pub(crate) struct Window {
+    pub(crate) completed: u64,
+    pub(crate) errors: u64,
+    /// Ticks that found the client's previous request still outstanding.
+    pub(crate) skipped: u64,
+    pub(crate) p50_us: f64,
+    pub(crate) p99_us: f64,
+    pub(crate) p999_us: f64,
+}
+
+fn client_config(a: &LoadArgs, i: usize) -> Result<Config> {
+    let node = NodeId(FIRST_CLIENT + i as u64);
+    let mut c = Config::new(node, ClusterId(CLUSTER));
+    let keys = surelink_node::keys::read_secret(&a.dir.join(format!("node-{}.key", node.0)))?;
+    c.members.insert(node, keys.public())?;
+    c.identity = Some(keys);
+    let server_pub = std::fs::read_to_string(a.dir.join(format!("node-{SERVER}.pub")))?;
+    let sk = surelink_node::keys::parse_public(server_pub.trim(), "server")?;
+    c.members.insert(NodeId(SERVER), sk)?;
+    // Each client from an address of its own, one per /24 (a host of its
+    // own, under the server's per-address and per-prefix limits).
+    let (b, c3) = (10 + i / 250, i % 250);
+    let ip = Ipv4Addr::new(127, u8::try_from(b)?, u8::try_from(c3)?, 1);
+    c.dial_from = vec![SocketAddr::new(IpAddr::V4(ip), 0)];
+    if a.helpers.is_empty() {
+        let server = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 1, 1)), a.port);
+        c.peers = vec![PeerConfig::new(NodeId(SERVER), vec![Some(server)])];
+    }
+    Ok(c)
+}
+
+pub(crate) async fn run(a: &LoadArgs) -> Result<()> {
+    if a.clients == 0 || a.rate <= 0.0 {
+        bail!("--clients and --rate must be positive");
+    }
+    let mut eps: Vec<(Endpoint, Option<RelayPath>)> = Vec::with_capacity(a.clients);
+    for i in 0..a.clients {
+        let ep = Endpoint::bind(client_config(a, i)?)
+            .await
+            .with_context(|| format!("binding client {i}"))?;
+        let relay = (!a.helpers.is_empty())
+            .then(|| ep.relay_via(NodeId(SERVER), a.helpers[i % a.helpers.len()], 0));
+        eps.push((ep, relay));
+        // Not all handshakes at once: the step measures the steady state.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    for (i, (ep, _)) in eps.iter().enumerate() {
+        if !ep.wait_for_paths(NodeId(SERVER), 1, Duration::from_secs(60)).await {
+            bail!("client {i} has no path to the server");
+        }
+    }
+    println!("READY");
+    let hist = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?));
+    let measuring = Arc::new(AtomicBool::new(false));
+    let (completed, errors, skipped) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let period = Duration::from_secs_f64(a.clients as f64 / a.rate);
+    let body = Bytes::from(vec![0x5a; a.payload]);
+    let mut tasks = Vec::new();
+    for (i, (ep, _)) in eps.iter().enumerate() {
+        let ep = ep.clone();
+        let (hist, measuring) = (hist.clone(), measuring.clone());
+        let (completed, errors, skipped) = (completed.clone(), errors.clone(), skipped.clone());
+        let body = body.clone();
+        // Spread the clients' ticks over one period.
+        let offset = period.mul_f64(i as f64 / a.clients as f64);
+        tasks.push(tokio::spawn(async move {
+            let start = tokio::time::Instant::now() + offset;
+            let mut tick = tokio::time::interval_at(start, period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let mut last = start;
+            loop {
+                let at = tick.tick().await;
+                let on = measuring.load(Ordering::Relaxed);
+                if on && at.duration_since(last) > period + period / 2 {
+                    // Ticks passed while the last request was out.
+                    let missed = at.duration_since(last).as_secs_f64() / period.as_secs_f64();
+                    skipped.fetch_add(missed as u64 - 1, Ordering::Relaxed);
+                }
+                last = at;
+                let t = std::time::Instant::now();
+                let r = ep
+                    .call(NodeId(SERVER), 1, body.clone(), Duration::from_secs(5))
+                    .await;
+                if measuring.load(Ordering::Relaxed) {
+                    match r {
+                        Ok(_) => {
+                            completed.fetch_add(1, Ordering::Relaxed);
+                            let us = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX);
+                            let _ = hist.lock().record(us.max(1));
+                        }
+                        Err(_) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs_f64(a.warmup)).await;
+    measuring.store(true, Ordering::Relaxed);
+    println!("MEASURE START");
+    tokio::time::sleep(Duration::from_secs_f64(a.seconds)).await;
+    measuring.store(false, Ordering::Relaxed);
+    let h = hist.lock().clone();
+    let w = Window {
+        completed: completed.load(Ordering::Relaxed),
+        errors: errors.load(Ordering::Relaxed),
+        skipped: skipped.load(Ordering::Relaxed),
+        p50_us: h.value_at_quantile(0.5) as f64,
+        p99_us: h.value_at_quantile(0.99) as f64,
+        p999_us: h.value_at_quantile(0.999) as f64,
+    };
+    println!("MEASURE END {}", serde_json::to_string(&w)?);
+    for t in tasks {
+        t.abort();
+    }
+    // The parent kills this process; leave without the goodbyes.
+    std::process::exit(0);
+}
