@@ -7,7 +7,8 @@
 //! (DATA, BATCH, ACK, RESUME, CLOSE ... with any values), the Noise
 //! handshake on both sides, the mutual-TLS handshake on both sides (our
 //! preamble and framing around rustls), the record layer, the
-//! detector's datagrams, and the role service's messages. Keys and
+//! detector's datagrams, the role service's messages, and a helper's
+//! relay records applied to a server's slot table. Keys and
 //! certificates are fixed per process so a crash reproduces from its input.
 //!
 //! Endpoints are driven through the [`World`] fixture like every other
@@ -35,7 +36,7 @@ use crate::fixture::World;
 pub type Target = fn(&[u8]);
 
 /// Every target, by name (the names of `fuzz/fuzz_targets/*.rs`).
-pub const TARGETS: [(&str, Target); 7] = [
+pub const TARGETS: [(&str, Target); 8] = [
     ("frame_decoder", frame_decoder),
     ("session_input", session_input),
     ("handshake", handshake),
@@ -43,6 +44,7 @@ pub const TARGETS: [(&str, Target); 7] = [
     ("records", records),
     ("datagrams", datagrams),
     ("role_messages", role_messages),
+    ("relay_records", relay_records),
 ];
 
 const MAX_BODY: u32 = 1 << 20;
@@ -308,6 +310,44 @@ pub fn role_messages(data: &[u8]) {
     }
 }
 
+/// A helper's relay messages as a server takes them: decoded into
+/// records (or refused whole), each applied to a small slot table, with
+/// the bytes per open slot counted against a bound as the shell does.
+/// Messages as `length u16 (big-endian), bytes`.
+pub fn relay_records(data: &[u8]) {
+    use surelink_proto::helper::{decode_records, Record, SlotAction, SlotTable};
+    let mut table: SlotTable<u64> = SlotTable::new(16);
+    let mut rest = data;
+    while rest.len() >= 2 {
+        let n = usize::from(u16::from_be_bytes([rest[0], rest[1]]));
+        let (m, after) = rest[2..].split_at(n.min(rest.len() - 2));
+        rest = after;
+        let Ok(records) = decode_records(bytes::Bytes::copy_from_slice(m)) else {
+            continue;
+        };
+        let mut total = 0usize;
+        for r in &records {
+            assert!(r.encoded_len() <= m.len());
+            total += r.encoded_len();
+            match table.apply(r, |_| 0) {
+                Ok(SlotAction::Data(_)) => {
+                    if let Record::Data { slot, body } = r {
+                        // The shell's per-slot bound: past it, the slot closes.
+                        let held = body.len() as u64;
+                        if held > 1 << 16 {
+                            table.remove(*slot);
+                        }
+                    }
+                }
+                Ok(_) | Err(_) => {}
+            }
+            assert!(table.len() <= table.max());
+        }
+        // Accepted whole: the records are exactly the message.
+        assert_eq!(total, m.len());
+    }
+}
+
 /// Valid inputs per target, for the corpus and the smoke test.
 pub fn seeds(target: &str) -> Vec<Vec<u8>> {
     let mut v: Vec<Vec<u8>> = Vec::new();
@@ -403,6 +443,24 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
                     v.push(d);
                 }
             }
+        }
+        "relay_records" => {
+            use surelink_proto::helper::Record;
+            let mut m = BytesMut::new();
+            for r in [
+                Record::Open { slot: 1 },
+                Record::Data {
+                    slot: 1,
+                    body: bytes::Bytes::from_static(b"a client's sealed bytes"),
+                },
+                Record::Open { slot: 2 },
+                Record::Close { slot: 1, code: 0 },
+            ] {
+                let _ = r.encode(&mut m);
+            }
+            let mut d = u16::try_from(m.len()).unwrap_or(0).to_be_bytes().to_vec();
+            d.extend_from_slice(&m);
+            v.push(d);
         }
         "datagrams" => {
             let key = HeartbeatKey::new(&[5; 32]);

@@ -203,3 +203,70 @@ async fn calls_continue_direct_when_the_helper_is_killed() {
         "every call answered, right"
     );
 }
+
+/// A helper that stops forwarding with its connections open (frozen)
+/// while calls are in flight through it, and the client then given a
+/// direct path: the calls are re-sent on it when their retransmission
+/// timeout passes (the frozen path is only suspected, never closed), and
+/// every call is answered and run once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_continue_direct_when_the_helper_freezes() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let p = pair(&[NodeId(3)]).await;
+    let runs = std::sync::Arc::new(AtomicU64::new(0));
+    let r2 = runs.clone();
+    p.server.serve(move |r: Request| {
+        let runs = r2.clone();
+        async move {
+            runs.fetch_add(1, Ordering::Relaxed);
+            r.body
+        }
+    });
+    let (_hep, h) = helper(&p, NodeId(3)).await;
+    let c = client(&p, NodeId(4), false).await;
+    let _path = c.relay_via(SERVER, h.local_addr(), 0);
+    assert!(c.wait_for_paths(SERVER, 1, Duration::from_secs(10)).await);
+    const N: u32 = 3000;
+    let before = h.stats().bytes_out;
+    let calls = (0..N).map(|i| {
+        let c = &c;
+        async move {
+            let body = Bytes::from(i.to_be_bytes().to_vec());
+            c.call(SERVER, 1, body.clone(), Duration::from_secs(10))
+                .await
+                .map(|r| r == body)
+        }
+    });
+    let freezer = async {
+        // Frozen once it carried some of the calls.
+        for _ in 0..2000 {
+            if h.stats().bytes_out > before + 2_000 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        h.pause(true);
+        let carried = h.stats().bytes_out - before;
+        c.add_peer(PeerConfig::new(
+            SERVER,
+            p.server.local_addrs().into_iter().map(Some).collect(),
+        ));
+        carried
+    };
+    let (results, carried) = tokio::join!(futures_util::future::join_all(calls), freezer);
+    assert!(
+        carried > 2_000,
+        "the helper carried calls before it froze: {carried} bytes"
+    );
+    let ok = results.iter().filter(|r| matches!(r, Ok(true))).count();
+    assert_eq!(ok, N as usize, "every call answered, right");
+    assert_eq!(runs.load(Ordering::Relaxed), u64::from(N), "each run once");
+    let st = c.stats();
+    assert!(
+        st.sessions
+            .iter()
+            .any(|(_, s)| s.timeouts > 0 && s.resent > 0),
+        "the frozen path timed out and its frames were re-sent: {:?}",
+        st.sessions
+    );
+}

@@ -120,6 +120,20 @@ struct Inner {
     clients: Mutex<FxHashMap<(NodeId, u32), mpsc::Sender<Bytes>>>,
     next_slot: AtomicU32,
     counters: Counters,
+    /// Stops forwarding either way while set (test hook: a helper frozen
+    /// with its connections open).
+    #[cfg(feature = "test-util")]
+    paused: std::sync::atomic::AtomicBool,
+}
+
+impl Inner {
+    /// Waits while the helper is paused (test hook; nothing otherwise).
+    async fn unpaused(&self) {
+        #[cfg(feature = "test-util")]
+        while self.paused.load(Ordering::Relaxed) {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
 }
 
 /// A running helper; stops when dropped.
@@ -190,6 +204,8 @@ impl Helper {
             client_tasks: Mutex::new(Vec::new()),
             next_slot: AtomicU32::new(0),
             counters: Counters::default(),
+            #[cfg(feature = "test-util")]
+            paused: std::sync::atomic::AtomicBool::new(false),
         });
         let mut tasks = Vec::new();
         for s in inner.servers.values() {
@@ -203,6 +219,13 @@ impl Helper {
     /// Where clients connect.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Test hook: stops forwarding anything either way (the helper's
+    /// connections stay open, as a frozen helper's would) until resumed.
+    #[cfg(feature = "test-util")]
+    pub fn pause(&self, paused: bool) {
+        self.inner.paused.store(paused, Ordering::Relaxed);
     }
 
     /// The helper's counters.
@@ -306,6 +329,7 @@ async fn client(inner: Arc<Inner>, mut stream: TcpStream, from: SocketAddr) {
         if buf.capacity() < CLIENT_READ / 4 {
             buf.reserve(CLIENT_READ);
         }
+        inner.unpaused().await;
         match r.read_buf(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(_) => {}
@@ -352,6 +376,9 @@ async fn client_writer(mut w: tokio::net::tcp::OwnedWriteHalf, mut rx: mpsc::Rec
 /// Sends each server's records when its batcher says so.
 async fn flush_loop(inner: Weak<Inner>, to: Arc<ToServer>) {
     loop {
+        if let Some(i) = inner.upgrade() {
+            i.unpaused().await;
+        }
         let (msgs, next) = {
             let Some(i) = inner.upgrade() else { return };
             let now = i.endpoint.now();
@@ -394,6 +421,7 @@ async fn from_servers(inner: Weak<Inner>) {
     let mut batch = Vec::new();
     loop {
         let Some(i) = inner.upgrade() else { return };
+        i.unpaused().await;
         if i.endpoint.recv_many(&mut batch, 256).await == 0 {
             return;
         }

@@ -101,12 +101,17 @@ pub(crate) async fn run(a: &LoadArgs) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     for (i, (ep, _)) in eps.iter().enumerate() {
-        if !ep.wait_for_paths(NodeId(SERVER), 1, Duration::from_secs(60)).await {
+        if !ep
+            .wait_for_paths(NodeId(SERVER), 1, Duration::from_secs(60))
+            .await
+        {
             bail!("client {i} has no path to the server");
         }
     }
     println!("READY");
-    let hist = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?));
+    let hist = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(
+        1, 60_000_000, 3,
+    )?));
     let measuring = Arc::new(AtomicBool::new(false));
     let (completed, errors, skipped) = (
         Arc::new(AtomicU64::new(0)),

@@ -22,9 +22,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use surelink_lab::child::{Command, Output};
-pub(crate) use load::{run as load, LoadArgs};
 use load::Window;
+pub(crate) use load::{run as load, LoadArgs};
+use surelink_lab::child::{Command, Output};
 
 pub(crate) const CLUSTER: u64 = 7;
 pub(crate) const SERVER: u64 = 1;
@@ -41,7 +41,11 @@ pub(crate) struct HelpersArgs {
     #[arg(long, value_delimiter = ',', default_value = "5000,10000,20000,30000")]
     rates: Vec<f64>,
     /// Arms to run: direct, self_clocking, adaptive.
-    #[arg(long, value_delimiter = ',', default_value = "direct,self_clocking,adaptive")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "direct,self_clocking,adaptive"
+    )]
     arms: Vec<String>,
     /// Helper processes in the helper arms.
     #[arg(long, default_value_t = 2)]
@@ -125,7 +129,8 @@ fn detector_cpu_of(pid: u32) -> f64 {
     tasks
         .filter_map(Result::ok)
         .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("surelink-hb"))
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.starts_with("surelink-hb"))
         })
         .map(|t| {
             let path = t.path().join("stat");
@@ -166,8 +171,9 @@ impl Cap {
             "/sys/fs/cgroup/cpu/surelink-bench-helpers-{}",
             std::process::id()
         ));
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("creating {} (needs root and cgroup v1 cpu)", dir.display()))?;
+        std::fs::create_dir_all(&dir).with_context(|| {
+            format!("creating {} (needs root and cgroup v1 cpu)", dir.display())
+        })?;
         // A 10 ms period: the cap makes a slower core (stopped at most
         // a few ms at a time), not one frozen for most of each 100 ms
         // (the kernel's default period), which would measure how the
@@ -204,7 +210,8 @@ struct Setup {
 
 impl Setup {
     fn new(a: &HelpersArgs) -> Result<Setup> {
-        let dir = std::env::temp_dir().join(format!("surelink-bench-helpers-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("surelink-bench-helpers-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let mut nodes = vec![surelink::proto::NodeId(SERVER)];
         nodes.extend((0..a.helpers as u64).map(|k| surelink::proto::NodeId(2 + k)));
@@ -223,9 +230,11 @@ impl Setup {
     }
 
     fn public(&self, node: u64) -> Result<String> {
-        Ok(std::fs::read_to_string(self.dir.join(format!("node-{node}.pub")))?
-            .trim()
-            .to_string())
+        Ok(
+            std::fs::read_to_string(self.dir.join(format!("node-{node}.pub")))?
+                .trim()
+                .to_string(),
+        )
     }
 
     fn write(&self, a: &HelpersArgs) -> Result<()> {
@@ -381,7 +390,9 @@ async fn step(
     let c1 = core_jiffies(1);
     let t0 = std::time::Instant::now();
     let end = load
-        .wait_for_async(Duration::from_secs_f64(a.seconds + 30.0), |l| l.starts_with("MEASURE END"))
+        .wait_for_async(Duration::from_secs_f64(a.seconds + 30.0), |l| {
+            l.starts_with("MEASURE END")
+        })
         .await
         .context("the load did not finish its window")?;
     let secs = t0.elapsed().as_secs_f64();
@@ -398,7 +409,11 @@ async fn step(
     drop(helpers);
     drop(server);
     drop(cap);
-    Ok((w, [server_cpu, helpers_cpu, load_cpu, client_core, det], secs))
+    Ok((
+        w,
+        [server_cpu, helpers_cpu, load_cpu, client_core, det],
+        secs,
+    ))
 }
 
 pub(crate) async fn run(a: &HelpersArgs) -> Result<()> {
@@ -421,7 +436,10 @@ pub(crate) async fn run(a: &HelpersArgs) -> Result<()> {
         for &rate in &a.rates {
             for arm in &a.arms {
                 n += 1;
-                eprintln!("[{n}/{total}] round {round}: {arm} at {rate} req/s, {} clients", a.clients);
+                eprintln!(
+                    "[{n}/{total}] round {round}: {arm} at {rate} req/s, {} clients",
+                    a.clients
+                );
                 let (w, cpu, secs) = step(a, &bin, &setup, arm, rate).await?;
                 let [server, helpers, load, client_core, det] = cpu;
                 let done = w.completed.max(1) as f64;
@@ -458,6 +476,10 @@ pub(crate) async fn run(a: &HelpersArgs) -> Result<()> {
     std::fs::write(&json, serde_json::to_string_pretty(&steps)?)?;
     report::print(&steps, a);
     report::plot(&a.out.join("helpers.png"), &steps)?;
-    eprintln!("wrote {} and {}", json.display(), a.out.join("helpers.png").display());
+    eprintln!(
+        "wrote {} and {}",
+        json.display(),
+        a.out.join("helpers.png").display()
+    );
     Ok(())
 }

@@ -48,7 +48,10 @@ pub(super) fn rows(steps: &[Step]) -> Vec<Row> {
     }
     keys.into_iter()
         .map(|(arm, rate)| {
-            let of: Vec<&Step> = steps.iter().filter(|s| s.arm == arm && s.rate == rate).collect();
+            let of: Vec<&Step> = steps
+                .iter()
+                .filter(|s| s.arm == arm && s.rate == rate)
+                .collect();
             let m = |f: &dyn Fn(&Step) -> f64| median(of.iter().map(|s| f(s)).collect());
             Row {
                 goodput: m(&|s| s.window.completed as f64 / s.seconds),
@@ -133,12 +136,21 @@ pub(super) fn plot(path: &Path, steps: &[Step]) -> Result<()> {
         v
     };
     type Pick = fn(&Row) -> f64;
-    let panels: [(&DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>, &str, Pick); 2] = [
+    let panels: [(
+        &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
+        &str,
+        Pick,
+    ); 2] = [
         (&left, "p99 round trip (µs)", |r| r.p99),
         (&right, "server CPU per request (µs)", |r| r.server_us),
     ];
     for (area, label, pick) in panels {
-        let top = rs.iter().map(pick).filter(|v| v.is_finite()).fold(1.0, f64::max) * 1.1;
+        let top = rs
+            .iter()
+            .map(pick)
+            .filter(|v| v.is_finite())
+            .fold(1.0, f64::max)
+            * 1.1;
         let mut chart = panel(area, label, 20).build_cartesian_2d(0.0..max_rate, 0.0..top)?;
         chart
             .configure_mesh()
@@ -153,18 +165,21 @@ pub(super) fn plot(path: &Path, steps: &[Step]) -> Result<()> {
                 .collect();
             let c = color(arm);
             chart
-                .draw_series(LineSeries::new(pts.clone(), c.stroke_width(plot_style::LINE)))?
+                .draw_series(LineSeries::new(
+                    pts.clone(),
+                    c.stroke_width(plot_style::LINE),
+                ))?
                 .label(arm.as_str())
                 .legend(line_legend(c));
             // Hollow: a round of this point saturated the client core.
-            chart.draw_series(
-                rs.iter()
-                    .filter(|r| &r.arm == arm)
-                    .map(|r| {
-                        let style = if r.invalid > 0 { c.stroke_width(2) } else { c.filled() };
-                        Circle::new((r.rate, pick(r)), 5, style)
-                    }),
-            )?;
+            chart.draw_series(rs.iter().filter(|r| &r.arm == arm).map(|r| {
+                let style = if r.invalid > 0 {
+                    c.stroke_width(2)
+                } else {
+                    c.filled()
+                };
+                Circle::new((r.rate, pick(r)), 5, style)
+            }))?;
         }
         draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     }
