@@ -329,17 +329,13 @@ pub fn relay_records(data: &[u8]) {
         for r in &records {
             assert!(r.encoded_len() <= m.len());
             total += r.encoded_len();
-            match table.apply(r, |_| 0) {
-                Ok(SlotAction::Data(_)) => {
-                    if let Record::Data { slot, body } = r {
-                        // The shell's per-slot bound: past it, the slot closes.
-                        let held = body.len() as u64;
-                        if held > 1 << 16 {
-                            table.remove(*slot);
-                        }
-                    }
+            if let (Ok(SlotAction::Data(_)), Record::Data { slot, body }) =
+                (table.apply(r, |_| 0), r)
+            {
+                // The shell's per-slot bound: past it, the slot closes.
+                if body.len() > 1 << 16 {
+                    table.remove(*slot);
                 }
-                Ok(_) | Err(_) => {}
             }
             assert!(table.len() <= table.max());
         }
