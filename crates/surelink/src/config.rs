@@ -385,7 +385,7 @@ impl Config {
             tls: None,
             protection: Protection::Encrypt,
             helpers: Vec::new(),
-            relay_channel: 255,
+            relay_channel: surelink_proto::helper::DEFAULT_RELAY_CHANNEL,
             max_slots_per_helper: surelink_proto::helper::DEFAULT_MAX_SLOTS,
             insecure: false,
             max_connections: 1024,

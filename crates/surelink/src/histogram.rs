@@ -68,6 +68,35 @@ impl Histogram {
         self.max.fetch_max(v, Relaxed);
     }
 
+    /// The counts now, to take quantiles of what came after
+    /// ([`Histogram::quantile_since`]).
+    pub(crate) fn snapshot(&self) -> Vec<u64> {
+        self.counts.iter().map(|c| c.load(Relaxed)).collect()
+    }
+
+    /// The value at quantile `q` of what was recorded between `before`
+    /// and `after` (two snapshots); `None` when nothing was.
+    pub(crate) fn quantile_since(before: &[u64], after: &[u64], q: f64) -> Option<u64> {
+        let counts: Vec<u64> = after
+            .iter()
+            .zip(before)
+            .map(|(a, b)| a.saturating_sub(*b))
+            .collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+        let mut seen = 0;
+        for (i, c) in counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Some(upper(i));
+            }
+        }
+        None
+    }
+
     /// The values at each quantile in `qs` (ascending, in 0..=1), and the
     /// maximum; zeros when nothing was recorded.
     pub(crate) fn quantiles<const N: usize>(&self, qs: [f64; N]) -> ([u64; N], u64) {

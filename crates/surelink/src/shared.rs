@@ -91,6 +91,10 @@ pub(crate) struct Shared {
     pub(crate) role: Option<Arc<crate::role::RoleShared>>,
     /// Helpers' relays, when `config.helpers` names any.
     pub(crate) relays: Option<crate::relay::Relays>,
+    /// Per server this client is helped towards (activation): the
+    /// networks its direct paths run on, steered away from while a path
+    /// through a helper carries the traffic.
+    pub(crate) helped: Mutex<FxHashMap<NodeId, u8>>,
 }
 
 /// Resolves the write policy for the runtime the endpoint is bound on.
@@ -150,12 +154,32 @@ impl Shared {
                 .role
                 .clone()
                 .map(|c| Arc::new(crate::role::RoleShared::new(c))),
+            helped: Mutex::new(FxHashMap::default()),
             relays: crate::relay::Relays::new(
                 &config.helpers,
                 config.relay_channel,
                 config.max_slots_per_helper,
             ),
             config,
+        }
+    }
+
+    /// The networks activation steers `peer`'s traffic away from.
+    pub(crate) fn helped_avoid(&self, peer: NodeId) -> u8 {
+        self.helped.lock().get(&peer).copied().unwrap_or(0)
+    }
+
+    /// Steers `peer`'s new traffic away from the direct networks in
+    /// `mask` (0: not any more), on top of the role table's advice.
+    pub(crate) fn set_helped_avoid(self: &Arc<Self>, peer: NodeId, mask: u8) {
+        if mask == 0 {
+            self.helped.lock().remove(&peer);
+        } else {
+            self.helped.lock().insert(peer, mask);
+        }
+        let role = self.role.as_ref().map_or(0, |r| r.avoided(peer));
+        if let Some(h) = self.session(peer) {
+            h.with(self, |g, _| g.core().set_avoided_networks(role | mask));
         }
     }
 
@@ -204,9 +228,8 @@ impl Shared {
     /// Makes a session the router opened into a handle and starts its task.
     fn install(self: &Arc<Self>, mut core: Session) -> Arc<SessionHandle> {
         let key = self.next_session_key.fetch_add(1, Ordering::Relaxed);
-        if let Some(r) = &self.role {
-            core.set_avoided_networks(r.avoided(core.peer()));
-        }
+        let role = self.role.as_ref().map_or(0, |r| r.avoided(core.peer()));
+        core.set_avoided_networks(role | self.helped_avoid(core.peer()));
         let ledger = self.incoming.ledger(core.peer());
         let h = Arc::new(SessionHandle::new(key, core, ledger));
         self.sessions.write().insert(h.node, h.clone());
@@ -295,8 +318,7 @@ impl Shared {
         };
         h.with(self, |g, now| {
             g.core().add_path(now, io.path);
-            g.core()
-                .set_path_network(io.path, u8::try_from(io.network).unwrap_or(u8::MAX));
+            g.core().set_path_network(io.path, io.policy_network());
             g.add_conn(io);
         });
         Some(h)
@@ -400,7 +422,7 @@ impl Shared {
                 r.router
                     .handle_hello(now, io.path, bound.map(|b| (b.id, b.node)), hello);
             self.drain_router(&mut r);
-            let network = Some(u8::try_from(io.network).unwrap_or(u8::MAX));
+            let network = Some(io.policy_network());
             let result = decision.apply(now, network, &mut table);
             if table.joined.is_some() {
                 r.unbound.remove(&io.path);

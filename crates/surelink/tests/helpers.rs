@@ -270,3 +270,99 @@ async fn calls_continue_direct_when_the_helper_freezes() {
         st.sessions
     );
 }
+
+/// Activation: a client whose p99 passes its SLA (the server's handler
+/// slowed) moves to one of two helpers and its traffic goes through it;
+/// once the p99 is back under the release threshold (handler fast again)
+/// for its windows and past the dwell, it goes direct again. No call
+/// fails across either move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_moves_to_a_helper_above_its_sla_and_back_below() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use surelink::proto::helper::ActivationConfig;
+    let p = pair(&[NodeId(3), NodeId(5)]).await;
+    let slow = std::sync::Arc::new(AtomicU64::new(30));
+    let s2 = slow.clone();
+    p.server.serve(move |r: Request| {
+        let ms = s2.load(Ordering::Relaxed);
+        async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            r.body
+        }
+    });
+    let (_e3, h3) = helper(&p, NodeId(3)).await;
+    let (_e5, h5) = helper(&p, NodeId(5)).await;
+    let c = client(&p, NodeId(4), true).await;
+    let mut cfg = ActivationConfig::default();
+    cfg.window = Duration::from_millis(100);
+    cfg.sla = Duration::from_millis(20);
+    cfg.release = Duration::from_millis(10);
+    cfg.windows_above = 2;
+    cfg.windows_below = 3;
+    cfg.dwell = Duration::from_millis(500);
+    let helped = c
+        .helped(SERVER, vec![h3.local_addr(), h5.local_addr()], 0, cfg)
+        .unwrap();
+    let stop = AtomicBool::new(false);
+    let failed = AtomicU64::new(0);
+    let callers = (0..4u32).map(|k| {
+        let (c, stop, failed) = (&c, &stop, &failed);
+        async move {
+            let mut i = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                let body = Bytes::from([k.to_be_bytes(), i.to_be_bytes()].concat());
+                match c
+                    .call(SERVER, 1, body.clone(), Duration::from_secs(5))
+                    .await
+                {
+                    Ok(r) if r == body => {}
+                    _ => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                i += 1;
+            }
+        }
+    });
+    let script = async {
+        // Slow: within a few windows the client goes through a helper.
+        let mut moved = false;
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if helped.status().helper.is_some() {
+                moved = true;
+                break;
+            }
+        }
+        assert!(moved, "moved to a helper: {:?}", helped.status());
+        let via = helped.status().helper.unwrap();
+        let carrier = if via == h3.local_addr() { &h3 } else { &h5 };
+        let before = carrier.stats().bytes_out;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            carrier.stats().bytes_out > before,
+            "the calls go through the helper: {:?}",
+            carrier.stats()
+        );
+        // Fast again: back direct after 3 windows under 10 ms and the dwell.
+        slow.store(0, Ordering::Relaxed);
+        let mut direct = false;
+        for _ in 0..200 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if helped.status().helper.is_none() {
+                direct = true;
+                break;
+            }
+        }
+        assert!(direct, "went direct again: {:?}", helped.status());
+        assert_eq!(helped.status().switches, 2);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        stop.store(true, Ordering::Relaxed);
+    };
+    tokio::join!(futures_util::future::join_all(callers), script);
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "no call failed across the moves"
+    );
+}

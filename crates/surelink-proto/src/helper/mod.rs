@@ -14,22 +14,28 @@
 //!
 //! - [`SlotTable`]: a server's table of one helper's open slots, with
 //!   the bound on how many a helper may hold.
-//! - [`RELAY_CHANNEL`]: the channel a helper's session to a server
+//! - [`Activation`]: when a client goes through a helper (its p99 above
+//!   the SLA; the least loaded of a few drawn at random) and when it goes
+//!   back direct, without flapping.
+//! - [`DEFAULT_RELAY_CHANNEL`]: the channel a helper's session to a server
 //!   carries those records on.
 //!
-//! What it does not do: move bytes (the shell's relay does), choose a
-//! helper, or publish load; see docs/postman.md for the design and what
+//! What it does not do: move bytes (the shell's relay does), measure
+//! p99 or ask helpers their load (the shell does); see docs/postman.md for the design and what
 //! is built.
 
+mod activation;
 mod batcher;
 mod record;
 mod slots;
 
 /// The one-way channel that carries relay records between a helper and a
-/// server, reserved: a server configured to accept helpers takes messages
-/// on it from them as relay traffic, not as the application's.
-pub const RELAY_CHANNEL: u16 = u16::MAX;
+/// server by default (the last of the default 256 channels), reserved: a
+/// server configured to accept helpers takes messages on it from them as
+/// relay traffic, not as the application's.
+pub const DEFAULT_RELAY_CHANNEL: u16 = 255;
 
+pub use activation::{Activation, ActivationConfig, ActivationState, Decision};
 pub use batcher::{
     AdaptiveConfig, BatchPolicy, Batcher, BatcherConfig, BatcherError, Flush, MIN_ANSWER_WAIT,
 };

@@ -196,9 +196,11 @@ impl Session {
         }
         for p in &s.paths {
             out += &format!(
-                " path {:?} {:?} suspect={} backoff={} inflight={} fifo={} ping={:?}\n",
+                " path {:?} {:?} network={:?} avoided={} suspect={} backoff={} inflight={} fifo={} ping={:?}\n",
                 p.id,
                 p.phase,
+                p.network,
+                p.avoided(s.avoid),
                 p.suspect,
                 p.backoff,
                 p.inflight_bytes,

@@ -308,6 +308,17 @@ impl ConnIo {
         }
     }
 
+    /// The network the core's path policy knows this connection by: its
+    /// own, or for a path through a helper a network of its own
+    /// (`relay::RELAY_NETWORK`), so activation can steer onto it.
+    pub(crate) fn policy_network(&self) -> u8 {
+        if self.relayed {
+            crate::relay::RELAY_NETWORK
+        } else {
+            u8::try_from(self.network).unwrap_or(u8::MAX)
+        }
+    }
+
     /// The peer this connection reached, once known.
     pub(crate) fn peer(&self) -> Option<NodeId> {
         match self.peer.load(Ordering::Relaxed) {

@@ -237,6 +237,23 @@ impl Endpoint {
         crate::RelayPath::start(&self.shared, server, helper, network)
     }
 
+    /// Starts PostMan's activation towards `server`: every `cfg.window`
+    /// this endpoint's p99 (of all its calls) is taken; above `cfg.sla`
+    /// it goes through the least loaded of `cfg.choices` helpers drawn
+    /// from `helpers` (a path through it, and the server's direct
+    /// networks avoided while that path works), and back direct under
+    /// `cfg.release` — with hysteresis and a dwell so it does not flap.
+    /// Stops, going direct, when the handle is dropped.
+    pub fn helped(
+        &self,
+        server: NodeId,
+        helpers: Vec<SocketAddr>,
+        network: usize,
+        cfg: surelink_proto::helper::ActivationConfig,
+    ) -> Result<crate::Helped, surelink_proto::ConfigError> {
+        crate::Helped::start(&self.shared, server, helpers, network, cfg)
+    }
+
     /// The peers this endpoint was configured to dial.
     pub(crate) fn configured_peers(&self) -> Vec<NodeId> {
         self.shared.config.peers.iter().map(|p| p.node).collect()

@@ -120,13 +120,55 @@ struct Inner {
     clients: Mutex<FxHashMap<(NodeId, u32), mpsc::Sender<Bytes>>>,
     next_slot: AtomicU32,
     counters: Counters,
+    /// Records relayed at the last rate sample, and the rate then (per s).
+    rate: Mutex<(u64, u64)>,
     /// Stops forwarding either way while set (test hook: a helper frozen
     /// with its connections open).
     #[cfg(feature = "test-util")]
     paused: std::sync::atomic::AtomicBool,
 }
 
+/// A helper's load as it answers a query: clients connected now, and
+/// records relayed over the last second or so.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct HelperLoad {
+    pub(crate) clients: u64,
+    pub(crate) records_per_s: u64,
+}
+
+impl HelperLoad {
+    pub(crate) fn to_bytes(self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.clients.to_be_bytes());
+        b[8..].copy_from_slice(&self.records_per_s.to_be_bytes());
+        b
+    }
+
+    pub(crate) fn from_bytes(b: &[u8; 16]) -> HelperLoad {
+        let (c, r) = b.split_at(8);
+        HelperLoad {
+            clients: u64::from_be_bytes(c.try_into().unwrap_or_default()),
+            records_per_s: u64::from_be_bytes(r.try_into().unwrap_or_default()),
+        }
+    }
+
+    /// Lower is lighter: records relayed, then clients.
+    pub(crate) fn rank(self) -> u64 {
+        self.records_per_s
+            .saturating_mul(16)
+            .saturating_add(self.clients)
+    }
+}
+
 impl Inner {
+    /// The load a query is told: records over the last rate window.
+    fn load(&self) -> HelperLoad {
+        HelperLoad {
+            clients: self.counters.clients.load(Ordering::Relaxed),
+            records_per_s: self.rate.lock().1,
+        }
+    }
+
     /// Waits while the helper is paused (test hook; nothing otherwise).
     async fn unpaused(&self) {
         #[cfg(feature = "test-util")]
@@ -204,6 +246,7 @@ impl Helper {
             client_tasks: Mutex::new(Vec::new()),
             next_slot: AtomicU32::new(0),
             counters: Counters::default(),
+            rate: Mutex::new((0, 0)),
             #[cfg(feature = "test-util")]
             paused: std::sync::atomic::AtomicBool::new(false),
         });
@@ -212,6 +255,7 @@ impl Helper {
             tasks.push(tokio::spawn(flush_loop(Arc::downgrade(&inner), s.clone())));
         }
         tasks.push(tokio::spawn(from_servers(Arc::downgrade(&inner))));
+        tasks.push(tokio::spawn(rate_loop(Arc::downgrade(&inner))));
         tasks.push(tokio::spawn(accept_loop(Arc::downgrade(&inner), listener)));
         Ok(Helper { inner, addr, tasks })
     }
@@ -305,6 +349,11 @@ async fn client(inner: Arc<Inner>, mut stream: TcpStream, from: SocketAddr) {
     let _ = stream.set_nodelay(true);
     let mut pre = [0u8; PREAMBLE_LEN];
     let read = tokio::time::timeout(PREAMBLE_TIMEOUT, stream.read_exact(&mut pre)).await;
+    if matches!(read, Ok(Ok(_))) && &pre[..4] == super::LOAD_MAGIC {
+        // A client choosing a helper: our load, then close.
+        let _ = stream.write_all(&inner.load().to_bytes()).await;
+        return;
+    }
     let server = NodeId(u64::from_be_bytes(
         pre[4..12].try_into().unwrap_or_default(),
     ));
@@ -414,6 +463,35 @@ async fn flush_loop(inner: Weak<Inner>, to: Arc<ToServer>) {
             None => to.wake.notified().await,
         }
     }
+}
+
+/// Samples the records relayed per second, for load queries.
+async fn rate_loop(inner: Weak<Inner>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let Some(i) = inner.upgrade() else { return };
+        let now = i.counters.records_out.load(Ordering::Relaxed);
+        let mut r = i.rate.lock();
+        *r = (now, now.saturating_sub(r.0));
+    }
+}
+
+/// Asks the helper at `addr` its load (within `timeout`).
+pub(crate) async fn query_load(
+    addr: SocketAddr,
+    timeout: std::time::Duration,
+) -> Option<HelperLoad> {
+    let ask = async {
+        let mut s = TcpStream::connect(addr).await.ok()?;
+        let mut q = [0u8; PREAMBLE_LEN];
+        q[..4].copy_from_slice(super::LOAD_MAGIC);
+        s.write_all(&q).await.ok()?;
+        let mut b = [0u8; 16];
+        s.read_exact(&mut b).await.ok()?;
+        Some(HelperLoad::from_bytes(&b))
+    };
+    tokio::time::timeout(timeout, ask).await.ok().flatten()
 }
 
 /// Takes relay messages from the servers and splits them onto clients.

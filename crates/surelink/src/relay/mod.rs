@@ -12,9 +12,14 @@
 //! - the client's side (`client.rs`): a path to a server through a helper;
 //! - the helper itself (`helper.rs`).
 //!
-//! What it does not do yet: choose a helper or go back direct on its own
-//! (activation), or publish a helper's load.
+//! - activation (`activate.rs`): a client's own p99 against an SLA moves
+//!   it to the least loaded of a few helpers drawn at random and back
+//!   direct (the core's `Activation` decides).
+//!
+//! What it does not do yet: carry helpers' load in the role service's
+//! tables (a client asks the helpers it drew).
 
+mod activate;
 mod client;
 mod helper;
 mod link;
@@ -31,6 +36,7 @@ use surelink_proto::helper::{decode_records, Record, SlotAction, SlotError};
 use surelink_proto::wire::CloseCode;
 use surelink_proto::NodeId;
 
+pub use activate::{Helped, HelpedStatus};
 pub use client::RelayPath;
 pub use helper::{Helper, HelperError, HelperStats};
 pub(crate) use link::RelayLink;
@@ -42,6 +48,14 @@ use crate::shared::Shared;
 /// The first bytes a client sends a helper on a new connection: this
 /// magic, then the server's node id (u64, big-endian).
 pub(crate) const PREAMBLE_MAGIC: &[u8; 4] = b"SLR1";
+/// A load query instead: this magic and 8 bytes of anything; the helper
+/// answers with its load ([`HelperLoad`]'s 16 bytes) and closes.
+pub(crate) const LOAD_MAGIC: &[u8; 4] = b"SLRQ";
+
+/// The network index the core's path policy gives paths through a
+/// helper (the last of the 8 it knows): activation steers a server's
+/// traffic onto them by avoiding the direct networks.
+pub(crate) const RELAY_NETWORK: u8 = 7;
 /// Bytes of the preamble.
 pub(crate) const PREAMBLE_LEN: usize = 12;
 

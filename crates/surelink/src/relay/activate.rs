@@ -1,0 +1,201 @@
+//! Activation on a client (PostMan L190–193): every window, the client's
+//! own p99 over the calls that ended in it goes to the core's
+//! `Activation`; above the SLA it draws `choices` helpers at random, asks
+//! each its load, and adds a path to the server through the lightest —
+//! and steers the server's traffic onto it (its direct networks become
+//! "avoided": they carry traffic again only if the helper's path fails).
+//! Back under the release threshold for long enough, it drops that path
+//! and goes direct.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+use tokio::task::JoinHandle;
+use tracing::info;
+
+use surelink_proto::helper::{Activation, ActivationConfig, ActivationState, Decision};
+use surelink_proto::{ConfigError, NodeId};
+
+use super::client::RelayPath;
+use super::helper::query_load;
+use crate::histogram::Histogram;
+use crate::shared::Shared;
+
+/// What activation is doing now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HelpedStatus {
+    /// The helper in use, if one is.
+    pub helper: Option<SocketAddr>,
+    /// Moves so far (each way counts one).
+    pub switches: u64,
+    /// The last window's p99, µs (`None`: no call ended in it).
+    pub last_p99_us: Option<u64>,
+}
+
+/// A client's activation towards one server; stops (and goes direct)
+/// when dropped.
+#[derive(Debug)]
+pub struct Helped {
+    task: JoinHandle<()>,
+    status: Arc<Mutex<HelpedStatus>>,
+    state: Arc<Mutex<Option<RelayPath>>>,
+    shared: Weak<Shared>,
+    server: NodeId,
+}
+
+impl Helped {
+    pub(crate) fn start(
+        shared: &Arc<Shared>,
+        server: NodeId,
+        helpers: Vec<SocketAddr>,
+        network: usize,
+        cfg: ActivationConfig,
+    ) -> Result<Helped, ConfigError> {
+        let act = Activation::new(cfg)?;
+        let status = Arc::new(Mutex::new(HelpedStatus::default()));
+        let state = Arc::new(Mutex::new(None));
+        let task = tokio::spawn(run(
+            Arc::downgrade(shared),
+            server,
+            helpers,
+            network,
+            act,
+            status.clone(),
+            state.clone(),
+        ));
+        Ok(Helped {
+            task,
+            status,
+            state,
+            shared: Arc::downgrade(shared),
+            server,
+        })
+    }
+
+    /// What activation is doing now.
+    pub fn status(&self) -> HelpedStatus {
+        self.status.lock().clone()
+    }
+}
+
+impl Drop for Helped {
+    fn drop(&mut self) {
+        self.task.abort();
+        if let Some(sh) = self.shared.upgrade() {
+            sh.set_helped_avoid(self.server, 0);
+        }
+        self.state.lock().take();
+    }
+}
+
+/// The networks this node reaches `server` on directly.
+fn direct_networks(shared: &Shared, server: NodeId) -> u8 {
+    shared
+        .config
+        .peers
+        .iter()
+        .find(|p| p.node == server)
+        .map_or(0, |p| {
+            p.addrs
+                .iter()
+                .enumerate()
+                .filter(|(i, a)| a.is_some() && *i < 7)
+                .fold(0u8, |m, (i, _)| m | (1 << i))
+        })
+}
+
+async fn run(
+    shared: Weak<Shared>,
+    server: NodeId,
+    helpers: Vec<SocketAddr>,
+    network: usize,
+    mut act: Activation,
+    status: Arc<Mutex<HelpedStatus>>,
+    state: Arc<Mutex<Option<RelayPath>>>,
+) {
+    let window = act_window(&act);
+    let mut before = match shared.upgrade() {
+        Some(sh) => sh.stats.call_rtt_snapshot(),
+        None => return,
+    };
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + window, window);
+    loop {
+        tick.tick().await;
+        let Some(sh) = shared.upgrade() else { return };
+        let after = sh.stats.call_rtt_snapshot();
+        let p99 = Histogram::quantile_since(&before, &after, 0.99);
+        before = after;
+        status.lock().last_p99_us = p99;
+        let p99 = p99.map(std::time::Duration::from_micros);
+        // Ask the drawn helpers' loads only when a move may be due.
+        let mut drawn: Vec<usize> = Vec::new();
+        let mut loads: Vec<Option<u64>> = vec![None; helpers.len()];
+        if matches!(act.state(), ActivationState::Direct)
+            && p99.is_some_and(|p| p > act_sla(&act))
+            && !helpers.is_empty()
+        {
+            drawn = draw(helpers.len(), act_choices(&act));
+            for &i in &drawn {
+                loads[i] = query_load(helpers[i], window / 2)
+                    .await
+                    .map(super::helper::HelperLoad::rank);
+            }
+        }
+        let now = sh.clock.now();
+        match act.handle_window(
+            now,
+            p99,
+            |_| drawn.clone(),
+            |i| loads.get(i).copied().flatten(),
+        ) {
+            Some(Decision::UseHelper(i)) => {
+                info!(%server, helper = %helpers[i], "p99 above the SLA: going through a helper");
+                *state.lock() = Some(RelayPath::start(&sh, server, helpers[i], network));
+                sh.set_helped_avoid(server, direct_networks(&sh, server));
+                status.lock().helper = Some(helpers[i]);
+            }
+            Some(Decision::GoDirect) => {
+                info!(%server, "p99 back under the release threshold: going direct");
+                sh.set_helped_avoid(server, 0);
+                state.lock().take();
+                status.lock().helper = None;
+            }
+            None => {}
+        }
+        status.lock().switches = act.switches();
+    }
+}
+
+fn act_window(a: &Activation) -> std::time::Duration {
+    a.config().window
+}
+
+fn act_sla(a: &Activation) -> std::time::Duration {
+    a.config().sla
+}
+
+fn act_choices(a: &Activation) -> usize {
+    a.config().choices
+}
+
+/// `k` distinct indices below `n`, at random.
+fn draw(n: usize, k: usize) -> Vec<usize> {
+    let mut all: Vec<usize> = (0..n).collect();
+    let mut out = Vec::with_capacity(k.min(n));
+    // The clock's nanoseconds as a cheap seed: the draw only spreads
+    // clients over helpers, it guards nothing.
+    let mut x = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.subsec_nanos() as u64 | 1)
+        ^ (std::process::id() as u64).rotate_left(32);
+    while out.len() < k && !all.is_empty() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let j = (x % all.len() as u64) as usize;
+        out.push(all.swap_remove(j));
+    }
+    out
+}
