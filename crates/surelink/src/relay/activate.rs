@@ -194,7 +194,7 @@ fn draw(n: usize, k: usize) -> Vec<usize> {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        let j = (x % all.len() as u64) as usize;
+        let j = usize::try_from(x % all.len() as u64).unwrap_or(0);
         out.push(all.swap_remove(j));
     }
     out
