@@ -169,6 +169,19 @@ impl Shared {
         self.helped.lock().get(&peer).copied().unwrap_or(0)
     }
 
+    /// Every network `peer`'s traffic is steered away from: the role
+    /// table's advice, activation's, and — while the peer's data comes
+    /// through a helper (`relayed`) — every direct network.
+    pub(crate) fn avoid_mask(&self, peer: NodeId, relayed: bool) -> u8 {
+        let role = self.role.as_ref().map_or(0, |r| r.avoided(peer));
+        let through = if relayed {
+            !(1u8 << crate::relay::RELAY_NETWORK)
+        } else {
+            0
+        };
+        role | self.helped_avoid(peer) | through
+    }
+
     /// Steers `peer`'s new traffic away from the direct networks in
     /// `mask` (0: not any more), on top of the role table's advice.
     pub(crate) fn set_helped_avoid(self: &Arc<Self>, peer: NodeId, mask: u8) {
@@ -177,9 +190,9 @@ impl Shared {
         } else {
             self.helped.lock().insert(peer, mask);
         }
-        let role = self.role.as_ref().map_or(0, |r| r.avoided(peer));
         if let Some(h) = self.session(peer) {
-            h.with(self, |g, _| g.core().set_avoided_networks(role | mask));
+            let all = self.avoid_mask(peer, h.is_relayed());
+            h.with(self, |g, _| g.core().set_avoided_networks(all));
         }
     }
 
@@ -228,8 +241,7 @@ impl Shared {
     /// Makes a session the router opened into a handle and starts its task.
     fn install(self: &Arc<Self>, mut core: Session) -> Arc<SessionHandle> {
         let key = self.next_session_key.fetch_add(1, Ordering::Relaxed);
-        let role = self.role.as_ref().map_or(0, |r| r.avoided(core.peer()));
-        core.set_avoided_networks(role | self.helped_avoid(core.peer()));
+        core.set_avoided_networks(self.avoid_mask(core.peer(), false));
         let ledger = self.incoming.ledger(core.peer());
         let h = Arc::new(SessionHandle::new(key, core, ledger));
         self.sessions.write().insert(h.node, h.clone());

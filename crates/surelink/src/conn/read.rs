@@ -147,11 +147,15 @@ fn feed(
     end_read(io);
     loop {
         let r = match &*bound {
-            Some(h) => match h.input(shared, io.path, buf) {
-                Ok(Input::Done) => return Ok(()),
-                Ok(Input::Hello(hello)) => shared.route_hello(io, Some(h), hello).map(Some),
-                Err(e) => Err(e),
-            },
+            Some(h) => {
+                // Where the peer's data comes from sets the detector's pace.
+                h.set_relayed(shared, io.relayed);
+                match h.input(shared, io.path, buf) {
+                    Ok(Input::Done) => return Ok(()),
+                    Ok(Input::Hello(hello)) => shared.route_hello(io, Some(h), hello).map(Some),
+                    Err(e) => Err(e),
+                }
+            }
             None => match shared.unbound_input(io, buf) {
                 Ok(None) => return Ok(()),
                 r => r,

@@ -118,7 +118,19 @@ pub(crate) struct SessionHandle {
     /// The detector's traffic stamp for the peer (see
     /// [`SessionHandle::note_traffic`]).
     traffic: std::sync::OnceLock<Arc<AtomicU64>>,
+    /// The peer's data comes through a helper (a relayed path, within
+    /// [`RELAYED_LINGER`]): its traffic does not hold the detector's
+    /// direct paths at the busy pace (they are the fallback, watched at
+    /// the idle pace).
+    relayed: AtomicBool,
+    /// When data last came through a helper (the shell clock's ns).
+    relayed_at: AtomicU64,
 }
+
+/// How long after its last data through a helper a peer still counts as
+/// relayed: the direct paths' keepalives and stray frames do not switch
+/// it back, a helper's path gone for this long does.
+const RELAYED_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl SessionInner {
     /// The core session (the router's HELLO decisions act on it).
@@ -192,6 +204,8 @@ impl SessionHandle {
             ended: AtomicBool::new(false),
             start_order: StartOrder::default(),
             traffic: std::sync::OnceLock::new(),
+            relayed: AtomicBool::new(false),
+            relayed_at: AtomicU64::new(0),
         }
     }
 
@@ -286,10 +300,45 @@ impl SessionHandle {
     /// detector watches a pair with traffic in flight at the busy pace
     /// (one atomic store; a quiet pair's first traffic wakes its sender).
     pub(crate) fn note_traffic(&self, shared: &Shared) {
+        if self.relayed.load(Ordering::Relaxed) {
+            // Through a helper: the direct paths only stand by.
+            return;
+        }
         if let Some(d) = &shared.detector {
             let cell = self.traffic.get_or_init(|| d.traffic_cell(self.node));
             d.note_traffic(self.node, cell);
         }
+    }
+
+    /// Data from the peer arrived through a helper (`true`) or directly.
+    /// When that changes, so does where our traffic to it goes: while its
+    /// data comes through a helper, ours goes back the same way (the
+    /// direct networks avoided: they carry it only if no helper's path
+    /// can), so a server's replies to helped clients are batched too.
+    pub(crate) fn set_relayed(self: &Arc<Self>, shared: &Arc<Shared>, through_helper: bool) {
+        let now = shared.clock.now_cached().as_nanos();
+        let was = self.relayed.load(Ordering::Relaxed);
+        let relayed = if through_helper {
+            // One store per millisecond at most.
+            if now.saturating_sub(self.relayed_at.load(Ordering::Relaxed)) > 1_000_000 {
+                self.relayed_at.store(now, Ordering::Relaxed);
+            }
+            true
+        } else {
+            let since = now.saturating_sub(self.relayed_at.load(Ordering::Relaxed));
+            was && u128::from(since) < RELAYED_LINGER.as_nanos()
+        };
+        if was == relayed {
+            return;
+        }
+        self.relayed.store(relayed, Ordering::Relaxed);
+        let mask = shared.avoid_mask(self.node, relayed);
+        self.with(shared, |g, _| g.core.set_avoided_networks(mask));
+    }
+
+    /// Whether the peer's data last came through a helper.
+    pub(crate) fn is_relayed(&self) -> bool {
+        self.relayed.load(Ordering::Relaxed)
     }
 
     /// A handler finished: the reply (or the error) goes back — at once if

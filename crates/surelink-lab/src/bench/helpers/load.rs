@@ -50,6 +50,11 @@ pub(crate) struct LoadArgs {
     /// has no direct path. Empty: every client direct.
     #[arg(long, value_delimiter = ',')]
     helpers: Vec<SocketAddr>,
+    /// Activation instead: every client starts direct and watches its own
+    /// p99 against this SLA (ms), moving to the lighter of two of
+    /// `--helpers` drawn at random (release at half the SLA).
+    #[arg(long)]
+    activate_sla_ms: Option<u64>,
 }
 
 /// What the measured window saw.
@@ -62,6 +67,17 @@ pub(crate) struct Window {
     pub(crate) p50_us: f64,
     pub(crate) p99_us: f64,
     pub(crate) p999_us: f64,
+    /// Activation: clients going through a helper at the end, ms from
+    /// the window's start until half and until all of them were (None:
+    /// never), and moves in all.
+    #[serde(default)]
+    pub(crate) helped: usize,
+    #[serde(default)]
+    pub(crate) half_helped_ms: Option<f64>,
+    #[serde(default)]
+    pub(crate) all_helped_ms: Option<f64>,
+    #[serde(default)]
+    pub(crate) switches: u64,
 }
 
 fn client_config(a: &LoadArgs, i: usize) -> Result<Config> {
@@ -78,7 +94,7 @@ fn client_config(a: &LoadArgs, i: usize) -> Result<Config> {
     let (b, c3) = (10 + i / 250, i % 250);
     let ip = Ipv4Addr::new(127, u8::try_from(b)?, u8::try_from(c3)?, 1);
     c.dial_from = vec![SocketAddr::new(IpAddr::V4(ip), 0)];
-    if a.helpers.is_empty() {
+    if a.helpers.is_empty() || a.activate_sla_ms.is_some() {
         let server = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 1, 1)), a.port);
         c.peers = vec![PeerConfig::new(NodeId(SERVER), vec![Some(server)])];
     }
@@ -94,7 +110,7 @@ pub(crate) async fn run(a: &LoadArgs) -> Result<()> {
         let ep = Endpoint::bind(client_config(a, i)?)
             .await
             .with_context(|| format!("binding client {i}"))?;
-        let relay = (!a.helpers.is_empty())
+        let relay = (!a.helpers.is_empty() && a.activate_sla_ms.is_none())
             .then(|| ep.relay_via(NodeId(SERVER), a.helpers[i % a.helpers.len()], 0));
         eps.push((ep, relay));
         // Not all handshakes at once: the step measures the steady state.
@@ -162,9 +178,38 @@ pub(crate) async fn run(a: &LoadArgs) -> Result<()> {
         }));
     }
     tokio::time::sleep(Duration::from_secs_f64(a.warmup)).await;
+    // Activation starts with the window: how long until clients move.
+    let helped: Vec<surelink::Helped> = match a.activate_sla_ms {
+        Some(sla) => {
+            let mut cfg = surelink::proto::helper::ActivationConfig::default();
+            cfg.sla = Duration::from_millis(sla);
+            cfg.release = Duration::from_millis(sla) / 2;
+            eps.iter()
+                .map(|(ep, _)| ep.helped(NodeId(SERVER), a.helpers.clone(), 0, cfg.clone()))
+                .collect::<Result<_, _>>()?
+        }
+        None => Vec::new(),
+    };
     measuring.store(true, Ordering::Relaxed);
     println!("MEASURE START");
-    tokio::time::sleep(Duration::from_secs_f64(a.seconds)).await;
+    let start = std::time::Instant::now();
+    let (mut half, mut all) = (None, None);
+    while start.elapsed().as_secs_f64() < a.seconds {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if !helped.is_empty() {
+            let n = helped
+                .iter()
+                .filter(|h| h.status().helper.is_some())
+                .count();
+            let ms = start.elapsed().as_secs_f64() * 1e3;
+            if half.is_none() && 2 * n >= helped.len() {
+                half = Some(ms);
+            }
+            if all.is_none() && n == helped.len() {
+                all = Some(ms);
+            }
+        }
+    }
     measuring.store(false, Ordering::Relaxed);
     let h = hist.lock().clone();
     let w = Window {
@@ -174,7 +219,17 @@ pub(crate) async fn run(a: &LoadArgs) -> Result<()> {
         p50_us: h.value_at_quantile(0.5) as f64,
         p99_us: h.value_at_quantile(0.99) as f64,
         p999_us: h.value_at_quantile(0.999) as f64,
+        helped: helped
+            .iter()
+            .filter(|h| h.status().helper.is_some())
+            .count(),
+        half_helped_ms: half,
+        all_helped_ms: all,
+        switches: helped.iter().map(|h| h.status().switches).sum(),
     };
+    if let Some(h) = helped.first() {
+        eprintln!("first client's activation: {:?}", h.status());
+    }
     println!("MEASURE END {}", serde_json::to_string(&w)?);
     for t in tasks {
         t.abort();

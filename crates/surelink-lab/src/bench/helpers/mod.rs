@@ -40,13 +40,18 @@ pub(crate) struct HelpersArgs {
     /// Offered loads, requests per second.
     #[arg(long, value_delimiter = ',', default_value = "5000,10000,20000,30000")]
     rates: Vec<f64>,
-    /// Arms to run: direct, self_clocking, adaptive.
+    /// Arms to run: direct, self_clocking, adaptive, activation (clients
+    /// start direct and move to helpers by their own p99; self-clocking
+    /// helpers).
     #[arg(
         long,
         value_delimiter = ',',
         default_value = "direct,self_clocking,adaptive"
     )]
     arms: Vec<String>,
+    /// The activation arm's SLA, ms (release at half of it).
+    #[arg(long, default_value_t = 10)]
+    sla_ms: u64,
     /// Helper processes in the helper arms.
     #[arg(long, default_value_t = 2)]
     helpers: usize,
@@ -275,6 +280,9 @@ impl Setup {
 
 impl Drop for Setup {
     fn drop(&mut self) {
+        if std::env::var_os("SURELINK_KEEP").is_some() {
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -326,7 +334,12 @@ async fn step(
     let via = arm != "direct";
     if via {
         for (k, hp) in s.helper_ports.iter().enumerate() {
-            let cfg = s.dir.join(format!("helper-{}-{arm}.toml", 2 + k));
+            let policy = if arm == "adaptive" {
+                "adaptive"
+            } else {
+                "self_clocking"
+            };
+            let cfg = s.dir.join(format!("helper-{}-{policy}.toml", 2 + k));
             helpers.push(
                 Command::new(format!("helper-{k}"), "taskset")
                     .args(["-c", "1"])
@@ -363,6 +376,9 @@ async fn step(
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
         load = load.args(["--helpers", &addrs.join(",")]);
+        if arm == "activation" {
+            load = load.args(["--activate-sla-ms", &a.sla_ms.to_string()]);
+        }
     }
     let load = load
         .stdout(Output::Lines)
@@ -419,8 +435,8 @@ async fn step(
 pub(crate) async fn run(a: &HelpersArgs) -> Result<()> {
     let bin = surelink_bin(a)?;
     for arm in &a.arms {
-        if !["direct", "self_clocking", "adaptive"].contains(&arm.as_str()) {
-            bail!("unknown arm {arm:?}: expected direct, self_clocking or adaptive");
+        if !["direct", "self_clocking", "adaptive", "activation"].contains(&arm.as_str()) {
+            bail!("unknown arm {arm:?}: expected direct, self_clocking, adaptive or activation");
         }
     }
     if surelink_lab::host::find_program("taskset", &[]).is_none() {
@@ -468,6 +484,12 @@ pub(crate) async fn run(a: &HelpersArgs) -> Result<()> {
                     st.client_core_pct,
                     if st.invalid { " INVALID" } else { "" }
                 );
+                if arm == "activation" {
+                    eprintln!(
+                        "    activation: {} of {} clients helped at the end; half by {:?} ms, all by {:?} ms; {} moves",
+                        st.window.helped, a.clients, st.window.half_helped_ms, st.window.all_helped_ms, st.window.switches
+                    );
+                }
                 steps.push(st);
             }
         }

@@ -114,6 +114,7 @@ fn color(arm: &str) -> RGBColor {
     match arm {
         "direct" => RED,
         "self_clocking" => BLUE,
+        "activation" => RGBColor(150, 0, 150),
         _ => RGBColor(0, 150, 0),
     }
 }
