@@ -78,6 +78,14 @@ pub(crate) struct Window {
     pub(crate) all_helped_ms: Option<f64>,
     #[serde(default)]
     pub(crate) switches: u64,
+    /// The longest any client went without an answer in the window, ms
+    /// (from its previous answer, or the window's start).
+    #[serde(default)]
+    pub(crate) max_gap_ms: f64,
+    /// The same over the window's second half only (from 45 % of it:
+    /// `--kill-helper` kills at 50 %).
+    #[serde(default)]
+    pub(crate) max_gap_late_ms: f64,
 }
 
 fn client_config(a: &LoadArgs, i: usize) -> Result<Config> {
@@ -135,6 +143,13 @@ pub(crate) async fn run(a: &LoadArgs) -> Result<()> {
         Arc::new(AtomicU64::new(0)),
     );
     let period = Duration::from_secs_f64(a.clients as f64 / a.rate);
+    // Per client: its last answer (ns since `origin`) and its longest gap.
+    let origin = std::time::Instant::now();
+    let gaps: Arc<Vec<(AtomicU64, AtomicU64)>> = Arc::new(
+        (0..a.clients)
+            .map(|_| (AtomicU64::new(0), AtomicU64::new(0)))
+            .collect(),
+    );
     let body = Bytes::from(vec![0x5a; a.payload]);
     let mut tasks = Vec::new();
     for (i, (ep, _)) in eps.iter().enumerate() {
@@ -142,6 +157,7 @@ pub(crate) async fn run(a: &LoadArgs) -> Result<()> {
         let (hist, measuring) = (hist.clone(), measuring.clone());
         let (completed, errors, skipped) = (completed.clone(), errors.clone(), skipped.clone());
         let body = body.clone();
+        let gaps = gaps.clone();
         // Spread the clients' ticks over one period.
         let offset = period.mul_f64(i as f64 / a.clients as f64);
         tasks.push(tokio::spawn(async move {
@@ -166,6 +182,12 @@ pub(crate) async fn run(a: &LoadArgs) -> Result<()> {
                     match r {
                         Ok(_) => {
                             completed.fetch_add(1, Ordering::Relaxed);
+                            let now =
+                                u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                            let prev = gaps[i].0.swap(now, Ordering::Relaxed);
+                            gaps[i]
+                                .1
+                                .fetch_max(now.saturating_sub(prev), Ordering::Relaxed);
                             let us = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX);
                             let _ = hist.lock().record(us.max(1));
                         }
@@ -190,11 +212,24 @@ pub(crate) async fn run(a: &LoadArgs) -> Result<()> {
         }
         None => Vec::new(),
     };
+    // Gaps count from the window's start.
+    let t0 = u64::try_from(origin.elapsed().as_nanos()).unwrap_or(0);
+    for g in gaps.iter() {
+        g.0.store(t0, Ordering::Relaxed);
+    }
     measuring.store(true, Ordering::Relaxed);
     println!("MEASURE START");
     let start = std::time::Instant::now();
     let (mut half, mut all) = (None, None);
+    let mut early_max: Vec<u64> = Vec::new();
     while start.elapsed().as_secs_f64() < a.seconds {
+        if early_max.is_empty() && start.elapsed().as_secs_f64() >= a.seconds * 0.45 {
+            // The late half's gaps start here.
+            early_max = gaps
+                .iter()
+                .map(|g| g.1.swap(0, Ordering::Relaxed))
+                .collect();
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
         if !helped.is_empty() {
             let n = helped
@@ -212,6 +247,15 @@ pub(crate) async fn run(a: &LoadArgs) -> Result<()> {
     }
     measuring.store(false, Ordering::Relaxed);
     let h = hist.lock().clone();
+    let end = u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    // A client still waiting at the end counts its wait so far.
+    let late: Vec<u64> = gaps
+        .iter()
+        .map(|g| {
+            let tail = end.saturating_sub(g.0.load(Ordering::Relaxed));
+            g.1.load(Ordering::Relaxed).max(tail)
+        })
+        .collect();
     let w = Window {
         completed: completed.load(Ordering::Relaxed),
         errors: errors.load(Ordering::Relaxed),
@@ -226,6 +270,8 @@ pub(crate) async fn run(a: &LoadArgs) -> Result<()> {
         half_helped_ms: half,
         all_helped_ms: all,
         switches: helped.iter().map(|h| h.status().switches).sum(),
+        max_gap_ms: late.iter().chain(&early_max).copied().max().unwrap_or(0) as f64 / 1e6,
+        max_gap_late_ms: late.iter().copied().max().unwrap_or(0) as f64 / 1e6,
     };
     if let Some(h) = helped.first() {
         eprintln!("first client's activation: {:?}", h.status());

@@ -52,6 +52,12 @@ pub(crate) struct HelpersArgs {
     /// The activation arm's SLA, ms (release at half of it).
     #[arg(long, default_value_t = 10)]
     sla_ms: u64,
+    /// In the helper arms, SIGKILL the first helper halfway through the
+    /// window: its clients must be served again (activation: over their
+    /// direct paths; otherwise they have none, so this is for
+    /// `activation`). Reports the longest gap any client saw.
+    #[arg(long)]
+    kill_helper: bool,
     /// Helper processes in the helper arms.
     #[arg(long, default_value_t = 2)]
     helpers: usize,
@@ -397,6 +403,15 @@ async fn step(
             load.lines()
         );
     }
+    if a.kill_helper && !helpers.is_empty() {
+        let victim = helpers.remove(0);
+        let half = Duration::from_secs_f64(a.seconds / 2.0);
+        tokio::spawn(async move {
+            tokio::time::sleep(half).await;
+            victim.kill();
+            eprintln!("    killed helper 0 halfway through the window");
+        });
+    }
     let pids: Vec<u32> = std::iter::once(server.pid())
         .chain(helpers.iter().map(|h| h.pid()))
         .chain(std::iter::once(load.pid()))
@@ -490,6 +505,10 @@ pub(crate) async fn run(a: &HelpersArgs) -> Result<()> {
                         st.window.helped, a.clients, st.window.half_helped_ms, st.window.all_helped_ms, st.window.switches
                     );
                 }
+                eprintln!(
+                    "    errors {}, longest time a client went without an answer {:.1} ms ({:.1} ms in the window's second half)",
+                    st.window.errors, st.window.max_gap_ms, st.window.max_gap_late_ms
+                );
                 steps.push(st);
             }
         }

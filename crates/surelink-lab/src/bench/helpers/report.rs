@@ -37,6 +37,8 @@ pub(super) struct Row {
     pub(super) client_core: f64,
     pub(super) invalid: usize,
     pub(super) rounds: usize,
+    pub(super) errors: f64,
+    pub(super) max_gap_ms: f64,
 }
 
 pub(super) fn rows(steps: &[Step]) -> Vec<Row> {
@@ -62,6 +64,8 @@ pub(super) fn rows(steps: &[Step]) -> Vec<Row> {
                 total_us: m(&|s| s.total_us_per_req),
                 client_core: m(&|s| s.client_core_pct),
                 invalid: of.iter().filter(|s| s.invalid).count(),
+                errors: m(&|s| s.window.errors as f64),
+                max_gap_ms: m(&|s| s.window.max_gap_ms),
                 rounds: of.len(),
                 arm,
                 rate,
@@ -76,12 +80,12 @@ pub(super) fn print(steps: &[Step], a: &HelpersArgs) {
         a.clients, a.payload, a.quota_pct, a.rounds
     );
     println!(
-        "| arm | offered/s | goodput/s | p50 µs | p99 µs | server µs/req | of it detector | all µs/req | client core % | invalid |"
+        "| arm | offered/s | goodput/s | p50 µs | p99 µs | server µs/req | of it detector | all µs/req | client core % | invalid | errors | longest gap ms |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows(steps) {
         println!(
-            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {}/{} |",
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {}/{} | {:.0} | {:.1} |",
             r.arm,
             r.rate,
             r.goodput,
@@ -92,7 +96,9 @@ pub(super) fn print(steps: &[Step], a: &HelpersArgs) {
             r.total_us,
             r.client_core,
             r.invalid,
-            r.rounds
+            r.rounds,
+            r.errors,
+            r.max_gap_ms
         );
     }
     let rs = rows(steps);
