@@ -40,9 +40,13 @@ use crate::Endpoint;
 const PREAMBLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Bytes read from a client at once.
 const CLIENT_READ: usize = 64 * 1024;
-/// Chunks of replies waiting for one client's socket; a client that does
-/// not read them is cut off (its session fails over).
-const CLIENT_QUEUE: usize = 1024;
+/// Chunks of replies waiting for one client's socket (each at most a
+/// 64 KiB record: 4 MiB); a client that does not read them is cut off
+/// (its session fails over).
+const CLIENT_QUEUE: usize = 64;
+/// Clients' connections a helper holds at once (a server takes 4 096 per
+/// helper by default); more are closed at accept.
+const MAX_CLIENTS: u64 = 4096;
 /// The longest DATA record body a helper writes.
 const DATA_PIECE: usize = 64 * 1024;
 
@@ -88,6 +92,8 @@ struct Counters {
     clients: AtomicU64,
     accepted: AtomicU64,
     refused: AtomicU64,
+    /// Connections open, preamble read or not.
+    open: AtomicU64,
     messages_out: AtomicU64,
     records_out: AtomicU64,
     bytes_out: AtomicU64,
@@ -336,8 +342,18 @@ async fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
             }
         };
         let Some(i) = inner.upgrade() else { return };
+        if i.counters.open.load(Ordering::Relaxed) >= MAX_CLIENTS {
+            i.counters.refused.fetch_add(1, Ordering::Relaxed);
+            drop(stream);
+            continue;
+        }
         i.counters.accepted.fetch_add(1, Ordering::Relaxed);
-        let t = tokio::spawn(client(i.clone(), stream, from));
+        i.counters.open.fetch_add(1, Ordering::Relaxed);
+        let inner2 = i.clone();
+        let t = tokio::spawn(async move {
+            client(inner2.clone(), stream, from).await;
+            inner2.counters.open.fetch_sub(1, Ordering::Relaxed);
+        });
         let mut tasks = i.client_tasks.lock();
         tasks.retain(|t| !t.is_finished());
         tasks.push(t.abort_handle());

@@ -25,6 +25,11 @@ use crate::shared::Shared;
 /// Bytes of records queued for the helper before slots' writers wait.
 pub(crate) const LINK_OUT_BOUND: usize = 1 << 20;
 
+/// Bytes all of one helper's slots hold unread, at most (the default
+/// bound on what one peer's one-way messages may hold, 64 MiB): a record
+/// past it closes its slot.
+pub(crate) const LINK_IN_BOUND: usize = 64 << 20;
+
 /// The most bytes one relay message holds (records are never split
 /// across messages; a long write becomes several DATA records).
 pub(crate) const RELAY_MESSAGE: usize = 256 * 1024;
@@ -67,6 +72,8 @@ pub(crate) struct RelayLink {
     /// Woken when the queue drained (slots' writers wait on it).
     pub(crate) room: Notify,
     ended: AtomicBool,
+    /// Bytes the slots hold unread.
+    held_in: std::sync::atomic::AtomicUsize,
 }
 
 impl RelayLink {
@@ -78,7 +85,23 @@ impl RelayLink {
             wake: Notify::new(),
             room: Notify::new(),
             ended: AtomicBool::new(false),
+            held_in: std::sync::atomic::AtomicUsize::new(0),
         })
+    }
+
+    /// Takes room for `n` unread bytes; `false` past [`LINK_IN_BOUND`].
+    pub(crate) fn hold_in(&self, n: usize) -> bool {
+        let prev = self.held_in.fetch_add(n, Ordering::AcqRel);
+        if prev + n > LINK_IN_BOUND {
+            self.held_in.fetch_sub(n, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    /// `n` unread bytes were read (or let go).
+    pub(crate) fn release_in(&self, n: usize) {
+        self.held_in.fetch_sub(n, Ordering::AcqRel);
     }
 
     pub(crate) fn has_room(&self) -> bool {

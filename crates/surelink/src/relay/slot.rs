@@ -19,7 +19,8 @@ use super::link::RelayLink;
 
 /// Bytes a slot holds that its connection has not read: a client's
 /// session keeps at most its send window in flight, well under this; a
-/// helper that sends more is closing the slot.
+/// helper that sends more is closing the slot. All of one helper's slots
+/// together hold at most `link::LINK_IN_BOUND`.
 pub(crate) const SLOT_IN_BOUND: usize = 4 << 20;
 
 #[derive(Debug, Default)]
@@ -58,7 +59,7 @@ impl SlotEnd {
             if i.ended {
                 return true;
             }
-            if i.bytes + b.len() > SLOT_IN_BOUND {
+            if i.bytes + b.len() > SLOT_IN_BOUND || !self.link.hold_in(b.len()) {
                 return false;
             }
             i.bytes += b.len();
@@ -76,6 +77,10 @@ impl SlotEnd {
         let waker = {
             let mut i = self.inbound.lock();
             i.ended = true;
+            // What the reader did not take is let go (and its room).
+            self.link.release_in(i.bytes);
+            i.bytes = 0;
+            i.q.clear();
             i.reader.take()
         };
         if let Some(w) = waker {
@@ -124,6 +129,7 @@ impl SlotEnd {
             out.put_slice(&front[..n]);
             front.advance(n);
             i.bytes -= n;
+            self.link.release_in(n);
             if front.is_empty() {
                 i.q.pop_front();
             }
