@@ -95,7 +95,7 @@ pub(crate) struct Step {
 const CLUSTER: u64 = 7;
 const SERVER: u64 = 1;
 
-fn ticks_of(pid: u32) -> u64 {
+pub(crate) fn ticks_of(pid: u32) -> u64 {
     ticks_of_path(&format!("/proc/{pid}/stat"))
 }
 
@@ -114,7 +114,7 @@ fn ticks_of_path(path: &str) -> u64 {
 }
 
 /// CPU ticks of `pid`'s failure-detector threads (named `surelink-hb-*`).
-fn detector_ticks_of(pid: u32) -> u64 {
+pub(crate) fn detector_ticks_of(pid: u32) -> u64 {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return 0;
     };
@@ -140,7 +140,7 @@ fn lo_counters() -> (u64, u64) {
 }
 
 /// /proc's clock ticks per second (`USER_HZ`: 100 on every Linux ABI).
-const USER_HZ: f64 = 100.0;
+pub(crate) const USER_HZ: f64 = 100.0;
 
 /// Kills and reaps on drop.
 struct Procs(Vec<Child>);
@@ -224,7 +224,7 @@ impl Drop for Setup {
     }
 }
 
-fn wait_listening(addr: SocketAddr, within: Duration) -> Result<()> {
+pub(crate) fn wait_listening(addr: SocketAddr, within: Duration) -> Result<()> {
     let end = Instant::now() + within;
     while Instant::now() < end {
         if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {

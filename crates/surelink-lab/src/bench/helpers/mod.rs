@@ -121,37 +121,12 @@ fn surelink_bin(a: &HelpersArgs) -> Result<PathBuf> {
 
 /// utime + stime of `pid`, seconds.
 fn cpu_of(pid: u32) -> f64 {
-    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    let Some(rest) = s.rsplit_once(')').map(|(_, r)| r) else {
-        return 0.0;
-    };
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    (n(11) + n(12)) as f64 / 100.0
+    super::idle_peers::ticks_of(pid) as f64 / super::idle_peers::USER_HZ
 }
 
 /// CPU of `pid`'s failure-detector threads (`surelink-hb-*`), seconds.
 fn detector_cpu_of(pid: u32) -> f64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0.0;
-    };
-    tasks
-        .filter_map(Result::ok)
-        .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm"))
-                .is_ok_and(|c| c.starts_with("surelink-hb"))
-        })
-        .map(|t| {
-            let path = t.path().join("stat");
-            let s = std::fs::read_to_string(path).unwrap_or_default();
-            let rest = s.rsplit_once(')').map_or("", |(_, r)| r);
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-            (n(11) + n(12)) as f64 / 100.0
-        })
-        .sum()
+    super::idle_peers::detector_ticks_of(pid) as f64 / super::idle_peers::USER_HZ
 }
 
 /// (busy, total) jiffies of core `cpu` from /proc/stat.
@@ -293,16 +268,7 @@ impl Drop for Setup {
     }
 }
 
-fn wait_listening(addr: std::net::SocketAddr, within: Duration) -> Result<()> {
-    let end = std::time::Instant::now() + within;
-    while std::time::Instant::now() < end {
-        if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    bail!("nothing listens on {addr}")
-}
+use super::idle_peers::wait_listening;
 
 /// One step: the server, the helpers (if the arm has them) and the load.
 async fn step(
