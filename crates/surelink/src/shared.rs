@@ -91,10 +91,9 @@ pub(crate) struct Shared {
     pub(crate) role: Option<Arc<crate::role::RoleShared>>,
     /// Helpers' relays, when `config.helpers` names any.
     pub(crate) relays: Option<crate::relay::Relays>,
-    /// Per server this client is helped towards (activation): the
-    /// networks its direct paths run on, steered away from while a path
-    /// through a helper carries the traffic.
-    pub(crate) helped: Mutex<FxHashMap<NodeId, u8>>,
+    /// Servers this client is helped towards (activation): new traffic
+    /// to them prefers a helper's path while it is healthy.
+    pub(crate) helped: Mutex<rustc_hash::FxHashSet<NodeId>>,
 }
 
 /// Resolves the write policy for the runtime the endpoint is bound on.
@@ -154,7 +153,7 @@ impl Shared {
                 .role
                 .clone()
                 .map(|c| Arc::new(crate::role::RoleShared::new(c))),
-            helped: Mutex::new(FxHashMap::default()),
+            helped: Mutex::new(rustc_hash::FxHashSet::default()),
             relays: crate::relay::Relays::new(
                 &config.helpers,
                 config.relay_channel,
@@ -164,35 +163,30 @@ impl Shared {
         }
     }
 
-    /// The networks activation steers `peer`'s traffic away from.
-    pub(crate) fn helped_avoid(&self, peer: NodeId) -> u8 {
-        self.helped.lock().get(&peer).copied().unwrap_or(0)
-    }
-
-    /// Every network `peer`'s traffic is steered away from: the role
-    /// table's advice, activation's, and — while the peer's data comes
-    /// through a helper (`relayed`) — every direct network.
-    pub(crate) fn avoid_mask(&self, peer: NodeId, relayed: bool) -> u8 {
-        let role = self.role.as_ref().map_or(0, |r| r.avoided(peer));
-        let through = if relayed {
-            !(1u8 << crate::relay::RELAY_NETWORK)
+    /// The networks new traffic to `peer` prefers among healthy paths: a
+    /// helper's, while activation has us helped towards it or while its
+    /// data comes to us through a helper (`relayed`: our traffic goes back
+    /// the same way, so a server's replies to helped clients are batched
+    /// too). A helper's path that freezes is suspected and loses to a
+    /// healthy direct one; the role table's avoidance still comes first.
+    pub(crate) fn prefer_mask(&self, peer: NodeId, relayed: bool) -> u8 {
+        if relayed || self.helped.lock().contains(&peer) {
+            1u8 << crate::relay::RELAY_NETWORK
         } else {
             0
-        };
-        role | self.helped_avoid(peer) | through
+        }
     }
 
-    /// Steers `peer`'s new traffic away from the direct networks in
-    /// `mask` (0: not any more), on top of the role table's advice.
-    pub(crate) fn set_helped_avoid(self: &Arc<Self>, peer: NodeId, mask: u8) {
-        if mask == 0 {
-            self.helped.lock().remove(&peer);
+    /// Activation: `peer`'s traffic prefers a helper's path (`on`) or not.
+    pub(crate) fn set_helped(self: &Arc<Self>, peer: NodeId, on: bool) {
+        if on {
+            self.helped.lock().insert(peer);
         } else {
-            self.helped.lock().insert(peer, mask);
+            self.helped.lock().remove(&peer);
         }
         if let Some(h) = self.session(peer) {
-            let all = self.avoid_mask(peer, h.is_relayed());
-            h.with(self, |g, _| g.core().set_avoided_networks(all));
+            let prefer = self.prefer_mask(peer, h.is_relayed());
+            h.with(self, |g, _| g.core().set_preferred_networks(prefer));
         }
     }
 
@@ -241,7 +235,10 @@ impl Shared {
     /// Makes a session the router opened into a handle and starts its task.
     fn install(self: &Arc<Self>, mut core: Session) -> Arc<SessionHandle> {
         let key = self.next_session_key.fetch_add(1, Ordering::Relaxed);
-        core.set_avoided_networks(self.avoid_mask(core.peer(), false));
+        if let Some(r) = &self.role {
+            core.set_avoided_networks(r.avoided(core.peer()));
+        }
+        core.set_preferred_networks(self.prefer_mask(core.peer(), false));
         let ledger = self.incoming.ledger(core.peer());
         let h = Arc::new(SessionHandle::new(key, core, ledger));
         self.sessions.write().insert(h.node, h.clone());

@@ -14,6 +14,8 @@
 //!
 //! - [`SlotTable`]: a server's table of one helper's open slots, with
 //!   the bound on how many a helper may hold.
+//! - [`Preamble`] and [`HelperLoad`]: what a client says first to a
+//!   helper (relay to a server, or a load query), and the load answer.
 //! - [`Activation`]: when a client goes through a helper (its p99 above
 //!   the SLA; the least loaded of a few drawn at random) and when it goes
 //!   back direct, without flapping.
@@ -26,6 +28,7 @@
 
 mod activation;
 mod batcher;
+mod preamble;
 mod record;
 mod slots;
 
@@ -39,5 +42,6 @@ pub use activation::{Activation, ActivationConfig, ActivationState, Decision};
 pub use batcher::{
     AdaptiveConfig, BatchPolicy, Batcher, BatcherConfig, BatcherError, Flush, MIN_ANSWER_WAIT,
 };
+pub use preamble::{HelperLoad, Preamble, PreambleError, LOAD_LEN, PREAMBLE_LEN};
 pub use record::{decode_records, Record, RecordError, MAX_RECORD_BODY, MAX_SLOT, RECORD_HEADER};
 pub use slots::{SlotAction, SlotError, SlotTable, DEFAULT_MAX_SLOTS};

@@ -185,6 +185,8 @@ pub struct Session {
     role_in: route::RoleQueue,
     /// Networks the routing table steers new traffic away from (a bit each).
     avoid: u8,
+    /// Networks new traffic prefers among healthy paths (a helper's).
+    prefer: u8,
 }
 
 impl Session {
@@ -236,6 +238,7 @@ impl Session {
             role_out: route::RoleQueue::default(),
             role_in: route::RoleQueue::default(),
             avoid: 0,
+            prefer: 0,
         }
     }
 

@@ -159,6 +159,12 @@ impl PathState {
         self.network
             .is_some_and(|n| n < 8 && avoid & (1u8 << n) != 0)
     }
+
+    /// Whether this path's network is one new traffic prefers (`prefer`:
+    /// a bit per network, like `avoid`).
+    pub(crate) fn preferred(&self, prefer: u8) -> bool {
+        self.avoided(prefer)
+    }
 }
 
 /// The balance rule (hr-net): among usable paths prefer unsuspected ones,
@@ -173,6 +179,7 @@ pub(crate) fn select(
     last: Option<PathId>,
     cfg: &EndpointConfig,
     avoid: u8,
+    prefer: u8,
 ) -> Option<usize> {
     let mut best: Option<usize> = None;
     for (i, p) in paths.iter().enumerate() {
@@ -183,8 +190,18 @@ pub(crate) fn select(
             None => Some(i),
             Some(b) => {
                 let q = &paths[b];
-                let better = (p.avoided(avoid), p.suspect, p.inflight_bytes, p.rtt.srtt)
-                    < (q.avoided(avoid), q.suspect, q.inflight_bytes, q.rtt.srtt);
+                // Avoided last; then suspected; then, among the healthy,
+                // the preferred networks (a helper's path) first.
+                let key = |x: &PathState| {
+                    (
+                        x.avoided(avoid),
+                        x.suspect,
+                        !x.preferred(prefer),
+                        x.inflight_bytes,
+                        x.rtt.srtt,
+                    )
+                };
+                let better = key(p) < key(q);
                 Some(if better { i } else { b })
             }
         };
@@ -197,6 +214,7 @@ pub(crate) fn select(
             if l.usable(cfg)
                 && l.avoided(avoid) == b.avoided(avoid)
                 && l.suspect == b.suspect
+                && l.preferred(prefer) == b.preferred(prefer)
                 && l.inflight_bytes <= b.inflight_bytes + cfg.balance_slack
             {
                 return Some(li);
@@ -227,19 +245,19 @@ mod tests {
         };
         let paths = vec![path(1, 1000, false), path(2, 950, false), path(3, 0, true)];
         // Lightest unsuspected is path 2; path 3 is suspect.
-        assert_eq!(select(&paths, None, &cfg, 0), Some(1));
+        assert_eq!(select(&paths, None, &cfg, 0, 0), Some(1));
         // Path 1 is within the slack of path 2: keep it.
-        assert_eq!(select(&paths, Some(PathId(1)), &cfg, 0), Some(0));
+        assert_eq!(select(&paths, Some(PathId(1)), &cfg, 0, 0), Some(0));
         let paths = vec![path(1, 1200, false), path(2, 950, false)];
-        assert_eq!(select(&paths, Some(PathId(1)), &cfg, 0), Some(1));
+        assert_eq!(select(&paths, Some(PathId(1)), &cfg, 0, 0), Some(1));
         // Only suspects left: still usable.
         let paths = vec![path(3, 10, true)];
-        assert_eq!(select(&paths, None, &cfg, 0), Some(0));
+        assert_eq!(select(&paths, None, &cfg, 0, 0), Some(0));
         let mut full = path(4, cfg.path_inflight_limit, false);
-        assert_eq!(select(std::slice::from_ref(&full), None, &cfg, 0), None);
+        assert_eq!(select(std::slice::from_ref(&full), None, &cfg, 0, 0), None);
         full.phase = Phase::Handshaking;
         full.inflight_bytes = 0;
-        assert_eq!(select(std::slice::from_ref(&full), None, &cfg, 0), None);
+        assert_eq!(select(std::slice::from_ref(&full), None, &cfg, 0, 0), None);
     }
 
     #[test]
@@ -251,16 +269,39 @@ mod tests {
         b.network = Some(0);
         let paths = vec![a, b];
         // Unsteered: the idle, unsuspected path on network 1.
-        assert_eq!(select(&paths, None, &cfg, 0), Some(0));
+        assert_eq!(select(&paths, None, &cfg, 0, 0), Some(0));
         // Network 1 avoided: the loaded, suspect path on network 0 wins, and
         // the hysteresis does not keep the avoided one.
-        assert_eq!(select(&paths, None, &cfg, 0b10), Some(1));
-        assert_eq!(select(&paths, Some(PathId(1)), &cfg, 0b10), Some(1));
+        assert_eq!(select(&paths, None, &cfg, 0b10, 0), Some(1));
+        assert_eq!(select(&paths, Some(PathId(1)), &cfg, 0b10, 0), Some(1));
         // Only avoided paths left: still used.
-        assert_eq!(select(&paths[..1], None, &cfg, 0b10), Some(0));
+        assert_eq!(select(&paths[..1], None, &cfg, 0b10, 0), Some(0));
         // A path whose network is unknown is never avoided.
         let paths = vec![path(3, 100, false), path(4, 0, false)];
-        assert_eq!(select(&paths, None, &cfg, 0xff), Some(1));
+        assert_eq!(select(&paths, None, &cfg, 0xff, 0), Some(1));
+    }
+
+    #[test]
+    fn a_preferred_network_wins_among_healthy_paths_not_over_a_suspect() {
+        let cfg = EndpointConfig::default();
+        let mut direct = path(1, 0, false);
+        direct.network = Some(0);
+        let mut helper = path(2, 3000, false);
+        helper.network = Some(7);
+        let paths = vec![direct, helper];
+        // Unsteered: the idle direct path.
+        assert_eq!(select(&paths, None, &cfg, 0, 0), Some(0));
+        // The helper's network preferred: it carries, loaded as it is,
+        // and the hysteresis does not keep the direct one.
+        assert_eq!(select(&paths, None, &cfg, 0, 0x80), Some(1));
+        assert_eq!(select(&paths, Some(PathId(1)), &cfg, 0, 0x80), Some(1));
+        // A suspected helper path (it froze) loses to a healthy direct one.
+        let mut paths = paths;
+        paths[1].suspect = true;
+        assert_eq!(select(&paths, None, &cfg, 0, 0x80), Some(0));
+        // Avoidance still comes first: an avoided direct path loses even
+        // to a suspect preferred one (the role table's rule).
+        assert_eq!(select(&paths, None, &cfg, 0b1, 0x80), Some(1));
     }
 
     #[test]

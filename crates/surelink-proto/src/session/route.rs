@@ -135,6 +135,20 @@ impl Session {
         self.avoid = avoid;
     }
 
+    /// Among healthy (unsuspected, not avoided) paths, new traffic goes
+    /// to those on the networks whose bit is set in `prefer` first — a
+    /// helper's path while a client is helped. A preferred path that is
+    /// suspected (its frames timed out) loses to a healthy one, so a
+    /// frozen helper does not hold the traffic. 0 (the default): none.
+    pub fn set_preferred_networks(&mut self, prefer: u8) {
+        self.prefer = prefer;
+    }
+
+    /// The networks new traffic prefers.
+    pub fn preferred_networks(&self) -> u8 {
+        self.prefer
+    }
+
     /// The networks new traffic is steered away from.
     pub fn avoided_networks(&self) -> u8 {
         self.avoid
@@ -178,7 +192,14 @@ impl Session {
         if self.role_out.is_empty() || self.peer.is_none() {
             return None;
         }
-        paths::select(&self.paths, self.last_path, &self.cfg, self.avoid).or_else(|| {
+        paths::select(
+            &self.paths,
+            self.last_path,
+            &self.cfg,
+            self.avoid,
+            self.prefer,
+        )
+        .or_else(|| {
             self.paths
                 .iter()
                 .position(|p| p.phase == paths::Phase::Active)

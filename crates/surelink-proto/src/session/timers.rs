@@ -100,7 +100,13 @@ impl Session {
             // A PING makes the peer send its whole receive state (see
             // `RecvSide::request_full_ack`); backed off while nothing moves,
             // as when the peer's application is merely slow.
-            if let Some(i) = paths::select(&self.paths, self.last_path, &self.cfg, self.avoid) {
+            if let Some(i) = paths::select(
+                &self.paths,
+                self.last_path,
+                &self.cfg,
+                self.avoid,
+                self.prefer,
+            ) {
                 self.paths[i].ping_due = true;
                 self.stats.probes += 1;
             }

@@ -137,7 +137,7 @@ impl Session {
         };
         let want_data = has_new || !self.send.retx_queue.is_empty();
         let data_path = if want_data {
-            paths::select(&self.paths, self.last_path, cfg, self.avoid)
+            paths::select(&self.paths, self.last_path, cfg, self.avoid, self.prefer)
         } else {
             None
         };

@@ -2,8 +2,9 @@
 //! own p99 over the calls that ended in it goes to the core's
 //! `Activation`; above the SLA it draws `choices` helpers at random, asks
 //! each its load, and adds a path to the server through the lightest —
-//! and steers the server's traffic onto it (its direct networks become
-//! "avoided": they carry traffic again only if the helper's path fails).
+//! and steers the server's traffic onto it (its network is preferred
+//! among healthy paths: a helper's path that dies or freezes loses the
+//! traffic to the direct ones).
 //! Back under the release threshold for long enough, it drops that path
 //! and goes direct.
 
@@ -84,26 +85,10 @@ impl Drop for Helped {
     fn drop(&mut self) {
         self.task.abort();
         if let Some(sh) = self.shared.upgrade() {
-            sh.set_helped_avoid(self.server, 0);
+            sh.set_helped(self.server, false);
         }
         self.state.lock().take();
     }
-}
-
-/// The networks this node reaches `server` on directly.
-fn direct_networks(shared: &Shared, server: NodeId) -> u8 {
-    shared
-        .config
-        .peers
-        .iter()
-        .find(|p| p.node == server)
-        .map_or(0, |p| {
-            p.addrs
-                .iter()
-                .enumerate()
-                .filter(|(i, a)| a.is_some() && *i < 7)
-                .fold(0u8, |m, (i, _)| m | (1 << i))
-        })
 }
 
 async fn run(
@@ -140,7 +125,7 @@ async fn run(
             for &i in &drawn {
                 loads[i] = query_load(helpers[i], window / 2)
                     .await
-                    .map(super::helper::HelperLoad::rank);
+                    .map(surelink_proto::helper::HelperLoad::rank);
             }
         }
         let now = sh.clock.now();
@@ -153,12 +138,12 @@ async fn run(
             Some(Decision::UseHelper(i)) => {
                 info!(%server, helper = %helpers[i], "p99 above the SLA: going through a helper");
                 *state.lock() = Some(RelayPath::start(&sh, server, helpers[i], network));
-                sh.set_helped_avoid(server, direct_networks(&sh, server));
+                sh.set_helped(server, true);
                 status.lock().helper = Some(helpers[i]);
             }
             Some(Decision::GoDirect) => {
                 info!(%server, "p99 back under the release threshold: going direct");
-                sh.set_helped_avoid(server, 0);
+                sh.set_helped(server, false);
                 state.lock().take();
                 status.lock().helper = None;
             }

@@ -16,9 +16,9 @@ use tracing::debug;
 
 use surelink_proto::NodeId;
 
-use super::{PREAMBLE_LEN, PREAMBLE_MAGIC};
 use crate::conn::{configure, start_conn, ConnIo, Transport};
 use crate::shared::Shared;
+use surelink_proto::helper::Preamble;
 
 /// A path of this endpoint's session to a server through a helper, kept
 /// (re-dialled when it breaks) until [`RelayPath::stop`] or drop.
@@ -99,10 +99,9 @@ async fn relay_loop(
         let started = async {
             let mut stream = connect(&sh, helper, network).await?;
             configure(&stream, &sh);
-            let mut pre = [0u8; PREAMBLE_LEN];
-            pre[..4].copy_from_slice(PREAMBLE_MAGIC);
-            pre[4..].copy_from_slice(&server.0.to_be_bytes());
-            stream.write_all(&pre).await?;
+            stream
+                .write_all(&Preamble::Relay { server }.encode())
+                .await?;
             let secured = match &sh.secure {
                 None => None,
                 Some(setup) => {

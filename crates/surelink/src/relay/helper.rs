@@ -29,11 +29,11 @@ use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
 use surelink_proto::helper::{
-    decode_records, Batcher, BatcherConfig, BatcherError, Record, MAX_SLOT,
+    decode_records, Batcher, BatcherConfig, BatcherError, HelperLoad, Preamble, Record, LOAD_LEN,
+    MAX_SLOT, PREAMBLE_LEN,
 };
 use surelink_proto::{ConfigError, NodeId};
 
-use super::{PREAMBLE_LEN, PREAMBLE_MAGIC};
 use crate::Endpoint;
 
 /// How long a new client has to send its preamble.
@@ -132,38 +132,6 @@ struct Inner {
     /// with its connections open).
     #[cfg(feature = "test-util")]
     paused: std::sync::atomic::AtomicBool,
-}
-
-/// A helper's load as it answers a query: clients connected now, and
-/// records relayed over the last second or so.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct HelperLoad {
-    pub(crate) clients: u64,
-    pub(crate) records_per_s: u64,
-}
-
-impl HelperLoad {
-    pub(crate) fn to_bytes(self) -> [u8; 16] {
-        let mut b = [0u8; 16];
-        b[..8].copy_from_slice(&self.clients.to_be_bytes());
-        b[8..].copy_from_slice(&self.records_per_s.to_be_bytes());
-        b
-    }
-
-    pub(crate) fn from_bytes(b: &[u8; 16]) -> HelperLoad {
-        let (c, r) = b.split_at(8);
-        HelperLoad {
-            clients: u64::from_be_bytes(c.try_into().unwrap_or_default()),
-            records_per_s: u64::from_be_bytes(r.try_into().unwrap_or_default()),
-        }
-    }
-
-    /// Lower is lighter: records relayed, then clients.
-    pub(crate) fn rank(self) -> u64 {
-        self.records_per_s
-            .saturating_mul(16)
-            .saturating_add(self.clients)
-    }
 }
 
 impl Inner {
@@ -365,17 +333,24 @@ async fn client(inner: Arc<Inner>, mut stream: TcpStream, from: SocketAddr) {
     let _ = stream.set_nodelay(true);
     let mut pre = [0u8; PREAMBLE_LEN];
     let read = tokio::time::timeout(PREAMBLE_TIMEOUT, stream.read_exact(&mut pre)).await;
-    if matches!(read, Ok(Ok(_))) && &pre[..4] == super::LOAD_MAGIC {
+    let said = match read {
+        Ok(Ok(_)) => Preamble::decode(&pre).ok(),
+        _ => None,
+    };
+    if said == Some(Preamble::LoadQuery) {
         // A client choosing a helper: our load, then close.
-        let _ = stream.write_all(&inner.load().to_bytes()).await;
+        let _ = stream.write_all(&inner.load().encode()).await;
         return;
     }
-    let server = NodeId(u64::from_be_bytes(
-        pre[4..12].try_into().unwrap_or_default(),
-    ));
-    let to = match (read, inner.servers.get(&server)) {
-        (Ok(Ok(_)), Some(to)) if &pre[..4] == PREAMBLE_MAGIC => to.clone(),
-        _ => {
+    let relay_to = match said {
+        Some(Preamble::Relay { server }) => {
+            inner.servers.get(&server).map(|to| (server, to.clone()))
+        }
+        _ => None,
+    };
+    let (server, to) = match relay_to {
+        Some(x) => x,
+        None => {
             debug!(%from, "helper: bad preamble or a server it does not relay for; closed");
             inner.counters.refused.fetch_add(1, Ordering::Relaxed);
             return;
@@ -500,12 +475,10 @@ pub(crate) async fn query_load(
 ) -> Option<HelperLoad> {
     let ask = async {
         let mut s = TcpStream::connect(addr).await.ok()?;
-        let mut q = [0u8; PREAMBLE_LEN];
-        q[..4].copy_from_slice(super::LOAD_MAGIC);
-        s.write_all(&q).await.ok()?;
-        let mut b = [0u8; 16];
+        s.write_all(&Preamble::LoadQuery.encode()).await.ok()?;
+        let mut b = [0u8; LOAD_LEN];
         s.read_exact(&mut b).await.ok()?;
-        Some(HelperLoad::from_bytes(&b))
+        Some(HelperLoad::decode(&b))
     };
     tokio::time::timeout(timeout, ask).await.ok().flatten()
 }

@@ -74,6 +74,8 @@ pub(crate) struct RelayLink {
     ended: AtomicBool,
     /// Bytes the slots hold unread.
     held_in: std::sync::atomic::AtomicUsize,
+    /// Slots in their handshake now.
+    pub(crate) handshaking: std::sync::atomic::AtomicUsize,
 }
 
 impl RelayLink {
@@ -86,6 +88,7 @@ impl RelayLink {
             room: Notify::new(),
             ended: AtomicBool::new(false),
             held_in: std::sync::atomic::AtomicUsize::new(0),
+            handshaking: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 

@@ -45,19 +45,10 @@ pub(crate) use slot::{SlotEnd, SlotStream};
 use crate::events::NetEvent;
 use crate::shared::Shared;
 
-/// The first bytes a client sends a helper on a new connection: this
-/// magic, then the server's node id (u64, big-endian).
-pub(crate) const PREAMBLE_MAGIC: &[u8; 4] = b"SLR1";
-/// A load query instead: this magic and 8 bytes of anything; the helper
-/// answers with its load ([`HelperLoad`]'s 16 bytes) and closes.
-pub(crate) const LOAD_MAGIC: &[u8; 4] = b"SLRQ";
-
 /// The network index the core's path policy gives paths through a
 /// helper (the last of the 8 it knows): activation steers a server's
 /// traffic onto them by avoiding the direct networks.
 pub(crate) const RELAY_NETWORK: u8 = 7;
-/// Bytes of the preamble.
-pub(crate) const PREAMBLE_LEN: usize = 12;
 
 /// The server's relays: one per helper that opened slots here.
 #[derive(Debug)]
@@ -221,9 +212,27 @@ async fn accepted(shared: Arc<Shared>, end: Arc<SlotEnd>) {
     let secured = match &shared.secure {
         None => None,
         Some(setup) => {
+            // A helper carries anyone's connection: the handshakes it can
+            // make us run at once are bounded like strangers' are
+            // (`max_handshaking`), per helper.
+            let link = end.link().clone();
+            let busy = link
+                .handshaking
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            if busy >= shared.config.max_handshaking {
+                link.handshaking
+                    .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                shared.stats.refused_input();
+                debug!(helper = %link.helper, slot = end.slot, "a helper's slots in their handshake are at max_handshaking; slot closed");
+                end.close(CloseCode::LIMIT.0);
+                return;
+            }
             let timeout = shared.config.core.handshake_timeout;
             let mut s = SlotStream(end.clone());
-            match crate::secure::handshake(setup, &mut s, None, timeout).await {
+            let r = crate::secure::handshake(setup, &mut s, None, timeout).await;
+            link.handshaking
+                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            match r {
                 Ok(s) => Some(s),
                 Err(e) => {
                     shared.stats.handshake_failed();

@@ -51,6 +51,11 @@ impl SlotEnd {
         })
     }
 
+    /// The helper's relay this slot belongs to.
+    pub(crate) fn link(&self) -> &Arc<RelayLink> {
+        &self.link
+    }
+
     /// Bytes a DATA record brought. `false`: past [`SLOT_IN_BOUND`]; the
     /// caller closes the slot.
     pub(crate) fn push(&self, b: Bytes) -> bool {

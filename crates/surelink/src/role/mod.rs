@@ -348,8 +348,7 @@ impl Task {
         let old = std::mem::replace(&mut *self.rs.avoid.lock(), avoid.clone());
         for peer in old.keys().chain(avoid.keys()) {
             if let Some(h) = self.shared.session(*peer) {
-                let mask = avoid.get(peer).copied().unwrap_or(0)
-                    | self.shared.avoid_mask(*peer, h.is_relayed());
+                let mask = avoid.get(peer).copied().unwrap_or(0);
                 h.with(&self.shared, |g, _| g.core().set_avoided_networks(mask));
             }
         }

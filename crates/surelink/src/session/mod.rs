@@ -312,9 +312,9 @@ impl SessionHandle {
 
     /// Data from the peer arrived through a helper (`true`) or directly.
     /// When that changes, so does where our traffic to it goes: while its
-    /// data comes through a helper, ours goes back the same way (the
-    /// direct networks avoided: they carry it only if no helper's path
-    /// can), so a server's replies to helped clients are batched too.
+    /// data comes through a helper, ours prefers going back the same way
+    /// (a healthy helper's path first), so a server's replies to helped
+    /// clients are batched too.
     pub(crate) fn set_relayed(self: &Arc<Self>, shared: &Arc<Shared>, through_helper: bool) {
         let now = shared.clock.now_cached().as_nanos();
         let was = self.relayed.load(Ordering::Relaxed);
@@ -332,8 +332,8 @@ impl SessionHandle {
             return;
         }
         self.relayed.store(relayed, Ordering::Relaxed);
-        let mask = shared.avoid_mask(self.node, relayed);
-        self.with(shared, |g, _| g.core.set_avoided_networks(mask));
+        let prefer = shared.prefer_mask(self.node, relayed);
+        self.with(shared, |g, _| g.core.set_preferred_networks(prefer));
     }
 
     /// Whether the peer's data last came through a helper.
