@@ -220,3 +220,75 @@ async fn memcslap_through_nodes_fronting_memcached() {
     assert_eq!(s.node_errors.load(std::sync::atomic::Ordering::Relaxed), 0);
     c.shutdown().await;
 }
+
+/// Reads queued together on a node fronting memcached go out as one
+/// multi-get, each key once, and every asker gets exactly memcached's
+/// answer to its own read; a write between reads is not passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_reads_merge_into_one_multi_get_and_split_back() {
+    use bytes::Bytes;
+    use std::sync::atomic::Ordering::Relaxed;
+    use surelink_cache::backend::MemcachedHandler;
+    if !have("memcached") {
+        eprintln!("SKIPPED read merging: needs memcached (apt-get install memcached)");
+        return;
+    }
+    let (_mc, addr) = memcached().await;
+    let h = MemcachedHandler::connect(addr, 1, surelink_cache::text::Limits::default())
+        .await
+        .unwrap();
+    let b = |s: &str| Bytes::from(s.to_string());
+    for k in ["a", "b", "hot"] {
+        let r = h
+            .execute(&b(&format!("set {k} 7 0 3\r\nv-{}\r\n", &k[..1])))
+            .await
+            .unwrap();
+        assert_eq!(r, &b"STORED\r\n"[..]);
+    }
+    let lines_before = h.merge_stats().get_lines.load(Relaxed);
+    // Queued in one go (no await between): 60 reads of the hot key, reads
+    // of other keys and of a missing one, a `gets`, and a write between.
+    let mut asked = Vec::new();
+    for i in 0..60 {
+        let cmd = match i % 6 {
+            0 => "get a hot\r\n".to_string(),
+            1 => "get nothing\r\n".to_string(),
+            2 => "gets b\r\n".to_string(),
+            _ => "get hot\r\n".to_string(),
+        };
+        asked.push((cmd.clone(), h.execute(&b(&cmd))));
+    }
+    let set = h.execute(&b("set hot 0 0 3\r\nnew\r\n"));
+    let after = h.execute(&b("get hot\r\n"));
+    let mut answers = Vec::new();
+    for (cmd, f) in asked {
+        answers.push((cmd, f.await.unwrap()));
+    }
+    assert_eq!(set.await.unwrap(), &b"STORED\r\n"[..]);
+    assert_eq!(
+        after.await.unwrap(),
+        &b"VALUE hot 0 3\r\nnew\r\nEND\r\n"[..],
+        "the read after the write sees it"
+    );
+    for (cmd, got) in &answers {
+        let want: &[u8] = match cmd.as_str() {
+            "get a hot\r\n" => b"VALUE a 7 3\r\nv-a\r\nVALUE hot 7 3\r\nv-h\r\nEND\r\n",
+            "get nothing\r\n" => b"END\r\n",
+            "get hot\r\n" => b"VALUE hot 7 3\r\nv-h\r\nEND\r\n",
+            _ => {
+                // `gets`: the value with its CAS unique.
+                assert!(
+                    got.starts_with(b"VALUE b 7 3 ") && got.ends_with(b"\r\nv-b\r\nEND\r\n"),
+                    "{cmd:?} answered {got:?}"
+                );
+                continue;
+            }
+        };
+        assert_eq!(got, want, "{cmd:?}");
+    }
+    let lines = h.merge_stats().get_lines.load(Relaxed) - lines_before;
+    // `get`s and `gets` alternate, so they cannot all share one line; the
+    // runs of plain reads merge (not one line per read).
+    eprintln!("61 reads went out in {lines} get lines");
+    assert!(lines < 50, "61 reads went out in {lines} get lines");
+}

@@ -148,6 +148,11 @@ pub async fn proxy(config: &Path) -> Result<(), CacheProxyError> {
     if let Some(m) = p.max_reply_bytes {
         cfg.max_reply_bytes = m;
     }
+    cfg.helpers.clone_from(&p.helpers);
+    if let Some(ms) = p.helper_sla_ms {
+        cfg.activation.sla = Duration::from_millis(ms);
+        cfg.activation.release = Duration::from_millis(ms) / 2;
+    }
     let metrics = loaded.metrics;
     let (ep, role) = crate::role_backend::bind(loaded.config, loaded.cluster.as_ref())
         .await

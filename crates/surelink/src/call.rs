@@ -141,9 +141,11 @@ pub(crate) async fn call(
         }
     };
     let r = reply.await;
-    shared
-        .stats
-        .call_done(r.as_ref().ok().map(|_| started.elapsed()));
+    let rtt = r.as_ref().ok().map(|_| started.elapsed());
+    if let Some(rtt) = rtt {
+        shared.note_peer_rtt(peer, rtt);
+    }
+    shared.stats.call_done(rtt);
     r
 }
 

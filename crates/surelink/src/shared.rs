@@ -94,6 +94,11 @@ pub(crate) struct Shared {
     /// Servers this client is helped towards (activation): new traffic
     /// to them prefers a helper's path while it is healthy.
     pub(crate) helped: Mutex<rustc_hash::FxHashSet<NodeId>>,
+    /// Per-server call round trips, for the servers activation watches
+    /// (a proxy's p99 towards its hot node, not mixed with the others').
+    peer_rtt: RwLock<FxHashMap<NodeId, (usize, Arc<crate::histogram::Histogram>)>>,
+    /// `peer_rtt` is not empty (one load on the call path otherwise).
+    watching_rtt: AtomicBool,
 }
 
 /// Resolves the write policy for the runtime the endpoint is bound on.
@@ -154,6 +159,8 @@ impl Shared {
                 .clone()
                 .map(|c| Arc::new(crate::role::RoleShared::new(c))),
             helped: Mutex::new(rustc_hash::FxHashSet::default()),
+            peer_rtt: RwLock::new(FxHashMap::default()),
+            watching_rtt: AtomicBool::new(false),
             relays: crate::relay::Relays::new(
                 &config.helpers,
                 config.relay_channel,
@@ -174,6 +181,38 @@ impl Shared {
             1u8 << crate::relay::RELAY_NETWORK
         } else {
             0
+        }
+    }
+
+    /// Starts keeping `peer`'s call round trips apart (activation's
+    /// signal); the histogram is shared while anyone watches.
+    pub(crate) fn watch_peer_rtt(&self, peer: NodeId) -> Arc<crate::histogram::Histogram> {
+        let mut m = self.peer_rtt.write();
+        let (watchers, h) = m.entry(peer).or_default();
+        *watchers += 1;
+        self.watching_rtt.store(true, Ordering::Relaxed);
+        h.clone()
+    }
+
+    /// Stops keeping `peer`'s round trips apart once nobody else watches.
+    pub(crate) fn unwatch_peer_rtt(&self, peer: NodeId) {
+        let mut m = self.peer_rtt.write();
+        if let Some((watchers, _)) = m.get_mut(&peer) {
+            *watchers -= 1;
+            if *watchers == 0 {
+                m.remove(&peer);
+            }
+        }
+        self.watching_rtt.store(!m.is_empty(), Ordering::Relaxed);
+    }
+
+    /// A call to `peer` took `rtt` (kept only for watched peers).
+    pub(crate) fn note_peer_rtt(&self, peer: NodeId, rtt: Duration) {
+        if !self.watching_rtt.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some((_, h)) = self.peer_rtt.read().get(&peer) {
+            h.record(u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX).max(1));
         }
     }
 

@@ -112,10 +112,6 @@ impl Stats {
         metrics::counter!("surelink_paths_down_total").increment(1);
         metrics::counter!("surelink_failover_resends_total").increment(resent as u64);
     }
-    /// The call round-trip histogram's counts now (for a window's p99).
-    pub(crate) fn call_rtt_snapshot(&self) -> Vec<u64> {
-        self.call_rtt.snapshot()
-    }
 
     pub(crate) fn call_done(&self, rtt: Option<Duration>) {
         self.calls.fetch_add(1, Relaxed);

@@ -93,6 +93,15 @@ pub struct ProxyConfig {
     /// size). Reading that client's commands pauses while it is reached;
     /// a long multi-get is fetched in chunks as the client drains.
     pub max_reply_bytes: usize,
+    /// PostMan helpers (their relay listen addresses) this proxy may go
+    /// through to a node whose call p99 stays above `activation.sla`
+    /// (empty: always direct). The nodes must list the helpers' node ids
+    /// in their `helpers`.
+    pub helpers: Vec<SocketAddr>,
+    /// The local network a helper is dialled from.
+    pub helper_network: usize,
+    /// When to move to a helper and back (per node).
+    pub activation: surelink::proto::helper::ActivationConfig,
 }
 
 impl ProxyConfig {
@@ -113,6 +122,9 @@ impl ProxyConfig {
             // One node request's worth of the largest items (GET_BATCH
             // of them): a multi-get of up to 16 keys is fetched at once.
             max_reply_bytes: GET_BATCH << 20,
+            helpers: Vec::new(),
+            helper_network: 0,
+            activation: surelink::proto::helper::ActivationConfig::default(),
         }
     }
 
@@ -134,6 +146,11 @@ impl ProxyConfig {
         if self.limits.max_item < 1024 {
             return Err(ProxyConfigError::ItemLimit(self.limits.max_item));
         }
+        if !self.helpers.is_empty() {
+            self.activation
+                .validate()
+                .map_err(|e| ProxyConfigError::Activation(e.to_string()))?;
+        }
         Ok(())
     }
 }
@@ -152,6 +169,9 @@ pub enum ProxyConfigError {
     /// The item limit is below 1 KiB.
     #[error("max_item {0} is below 1024 bytes")]
     ItemLimit(usize),
+    /// The helpers' activation settings cannot work.
+    #[error("helper activation: {0}")]
+    Activation(String),
 }
 
 /// Starting a proxy failed.
@@ -224,6 +244,8 @@ pub struct Proxy {
     shared: Arc<Shared>,
     addr: SocketAddr,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Activation towards each node, when the proxy has helpers.
+    helped: Vec<(NodeId, surelink::Helped)>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -258,12 +280,28 @@ impl Proxy {
             started: Instant::now(),
             per_addr: parking_lot::Mutex::new(HashMap::new()),
         });
+        let mut helped = Vec::new();
+        if !shared.cfg.helpers.is_empty() {
+            for &node in &shared.cfg.nodes {
+                let h = shared
+                    .ep
+                    .helped(
+                        node,
+                        shared.cfg.helpers.clone(),
+                        shared.cfg.helper_network,
+                        shared.cfg.activation.clone(),
+                    )
+                    .map_err(|e| ProxyConfigError::Activation(e.to_string()))?;
+                helped.push((node, h));
+            }
+        }
         let events = tokio::spawn(watch_nodes(shared.clone(), gen_tx));
         let accept = tokio::spawn(accept_loop(shared.clone(), listener));
         Ok(Proxy {
             shared,
             addr,
             tasks: vec![events, accept],
+            helped,
         })
     }
 
@@ -275,6 +313,11 @@ impl Proxy {
     /// The counters.
     pub fn stats(&self) -> &ProxyStats {
         &self.shared.stats
+    }
+
+    /// Per node, what helper activation is doing (empty without helpers).
+    pub fn helpers_status(&self) -> Vec<(NodeId, surelink::HelpedStatus)> {
+        self.helped.iter().map(|(n, h)| (*n, h.status())).collect()
     }
 
     /// Nodes currently out of the ring.

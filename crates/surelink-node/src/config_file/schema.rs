@@ -183,6 +183,14 @@ pub struct ProxySection {
     pub idle_timeout_secs: Option<u64>,
     /// A client's outstanding reply bytes (default: the proxy's).
     pub max_reply_bytes: Option<usize>,
+    /// PostMan helpers' relay addresses (`surelink helper`'s `[helper]
+    /// listen`): the proxy goes through one to a node whose call p99
+    /// stays above `helper_sla_ms` (default: none, always direct).
+    #[serde(default)]
+    pub helpers: Vec<SocketAddr>,
+    /// The p99 (ms) of calls to a node above which the proxy moves to a
+    /// helper (default: activation's, 2 ms; back direct under half).
+    pub helper_sla_ms: Option<u64>,
 }
 
 /// Mutual TLS instead of member keys (paths relative to the file).

@@ -238,11 +238,12 @@ impl Endpoint {
     }
 
     /// Starts PostMan's activation towards `server`: every `cfg.window`
-    /// this endpoint's p99 (of all its calls) is taken; above `cfg.sla`
-    /// it goes through the least loaded of `cfg.choices` helpers drawn
-    /// from `helpers` (a path through it, and the server's direct
-    /// networks avoided while that path works), and back direct under
-    /// `cfg.release` — with hysteresis and a dwell so it does not flap.
+    /// the p99 of this endpoint's calls to `server` is taken; above
+    /// `cfg.sla` it goes through the least loaded of `cfg.choices`
+    /// helpers drawn from `helpers` (a path through it, preferred among
+    /// healthy paths, so a helper that dies or freezes loses the traffic
+    /// to the direct ones), and back direct under `cfg.release` — with
+    /// hysteresis and a dwell so it does not flap.
     /// Stops, going direct, when the handle is dropped.
     pub fn helped(
         &self,

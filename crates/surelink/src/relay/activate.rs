@@ -57,7 +57,11 @@ impl Helped {
         let act = Activation::new(cfg)?;
         let status = Arc::new(Mutex::new(HelpedStatus::default()));
         let state = Arc::new(Mutex::new(None));
+        // This server's calls only: a proxy's p99 towards its hot node is
+        // not diluted by (nor moves) its calls to the others.
+        let rtt = shared.watch_peer_rtt(server);
         let task = tokio::spawn(run(
+            rtt,
             Arc::downgrade(shared),
             server,
             helpers,
@@ -86,12 +90,15 @@ impl Drop for Helped {
         self.task.abort();
         if let Some(sh) = self.shared.upgrade() {
             sh.set_helped(self.server, false);
+            sh.unwatch_peer_rtt(self.server);
         }
         self.state.lock().take();
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run(
+    rtt: Arc<Histogram>,
     shared: Weak<Shared>,
     server: NodeId,
     helpers: Vec<SocketAddr>,
@@ -101,15 +108,12 @@ async fn run(
     state: Arc<Mutex<Option<RelayPath>>>,
 ) {
     let window = act_window(&act);
-    let mut before = match shared.upgrade() {
-        Some(sh) => sh.stats.call_rtt_snapshot(),
-        None => return,
-    };
+    let mut before = rtt.snapshot();
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + window, window);
     loop {
         tick.tick().await;
         let Some(sh) = shared.upgrade() else { return };
-        let after = sh.stats.call_rtt_snapshot();
+        let after = rtt.snapshot();
         let p99 = Histogram::quantile_since(&before, &after, 0.99);
         before = after;
         status.lock().last_p99_us = p99;

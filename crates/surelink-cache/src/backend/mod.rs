@@ -9,23 +9,28 @@
 //! proxy's order — the same promise memcached makes per connection.
 //! `flush_all` goes down every connection.
 //!
+//! Reads queued on a connection while its writer is busy go out as one
+//! multi-get, each distinct key once (`conn`): a PostMan helper's batch
+//! of many clients' `get`s — or a hot key read by all of them — costs
+//! memcached one command.
+//!
 //! What it does not do: retry a command whose connection broke (the
 //! proxy's client gets `SERVER_ERROR`; the connection is re-opened for
 //! the next commands), or hide memcached's own limits (item size, memory).
+
+mod conn;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use parking_lot::{Mutex, MutexGuard};
-use std::time::Duration;
-
 use bytes::{Bytes, BytesMut};
 use surelink::{Handler, HandlerError, HandlerFuture, Request};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{oneshot, Notify};
-use tracing::{debug, warn};
+use tracing::warn;
+
+pub use conn::MergeStats;
+use conn::{Conn, Shape};
 
 use crate::node::decode;
 use crate::store::key_hash;
@@ -59,148 +64,12 @@ pub fn parse_url(url: &str) -> Result<SocketAddr, BackendError> {
         .ok_or_else(|| BackendError::Url(url.into()))
 }
 
-/// How a reply ends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Shape {
-    /// `VALUE` blocks then `END` (or one error line).
-    Values,
-    /// One line.
-    Line,
-}
-
-type Slot = oneshot::Sender<Result<Bytes, String>>;
-
-#[derive(Default)]
-struct Inner {
-    /// Commands not written yet.
-    out: BytesMut,
-    /// Sent (or queued) commands waiting for their reply, in order.
-    waiting: VecDeque<(Shape, Slot)>,
-    /// The connection is down: commands fail at once until it is back.
-    down: bool,
-}
-
-/// One pipelined connection to memcached, re-opened when it breaks.
-struct Conn {
-    addr: SocketAddr,
-    inner: Mutex<Inner>,
-    wake: Notify,
-}
-
-impl Conn {
-    fn inner(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock()
-    }
-
-    /// Queues `cmd` (already encoded); the reply arrives on the receiver.
-    fn send(&self, cmd: &[u8], shape: Shape) -> oneshot::Receiver<Result<Bytes, String>> {
-        let (tx, rx) = oneshot::channel();
-        let mut i = self.inner();
-        if i.down {
-            let _ = tx.send(Err("memcached connection down".into()));
-            return rx;
-        }
-        i.out.extend_from_slice(cmd);
-        i.waiting.push_back((shape, tx));
-        drop(i);
-        self.wake.notify_one();
-        rx
-    }
-
-    /// Fails every waiting command and marks the connection down.
-    fn broke(&self, why: &str) {
-        let mut i = self.inner();
-        i.down = true;
-        i.out.clear();
-        for (_, slot) in i.waiting.drain(..) {
-            let _ = slot.send(Err(why.to_string()));
-        }
-    }
-
-    /// Runs the connection: writes what is queued, reads replies in order;
-    /// re-connects (every 100 ms) when it breaks.
-    async fn run(self: Arc<Self>, mut stream: TcpStream) {
-        loop {
-            let why = self.serve(&mut stream).await;
-            warn!(addr = %self.addr, why, "memcached connection lost; re-connecting");
-            self.broke(why);
-            stream = loop {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                match TcpStream::connect(self.addr).await {
-                    Ok(s) => break s,
-                    Err(e) => debug!(addr = %self.addr, error = %e, "memcached still unreachable"),
-                }
-            };
-            let _ = stream.set_nodelay(true);
-            self.inner().down = false;
-        }
-    }
-
-    async fn serve(&self, stream: &mut TcpStream) -> &'static str {
-        let (mut r, mut w) = stream.split();
-        let mut buf = BytesMut::with_capacity(64 * 1024);
-        loop {
-            // Whatever is queued goes out first (a wake-up may have been
-            // taken while reading).
-            let out = self.inner().out.split();
-            if !out.is_empty() && w.write_all(&out).await.is_err() {
-                return "write failed";
-            }
-            tokio::select! {
-                () = self.wake.notified() => {}
-                n = r.read_buf(&mut buf) => {
-                    match n {
-                        Ok(0) | Err(_) => return "closed by memcached",
-                        Ok(_) => {}
-                    }
-                    loop {
-                        let shape = match self.inner().waiting.front() {
-                            Some((s, _)) => *s,
-                            None if buf.is_empty() => break,
-                            None => return "a reply nobody asked for",
-                        };
-                        let Some(len) = reply_len(&buf, shape) else { break };
-                        let reply = buf.split_to(len).freeze();
-                        if let Some((_, slot)) = self.inner().waiting.pop_front() {
-                            let _ = slot.send(Ok(reply));
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The length of the whole reply at the front of `buf`, if it is there.
-fn reply_len(buf: &[u8], shape: Shape) -> Option<usize> {
-    let mut at = 0;
-    loop {
-        let eol = at + buf[at..].windows(2).position(|w| w == b"\r\n")?;
-        let line = &buf[at..eol];
-        if shape == Shape::Line {
-            return Some(eol + 2);
-        }
-        if let Some(rest) = line.strip_prefix(b"VALUE ") {
-            let len: usize = std::str::from_utf8(rest)
-                .ok()
-                .and_then(|r| r.split(' ').nth(2))
-                .and_then(|n| n.trim().parse().ok())?;
-            at = eol + 2 + len + 2;
-            if buf.len() < at {
-                return None;
-            }
-            continue;
-        }
-        // END, or an error line in place of the values.
-        return Some(eol + 2);
-    }
-}
-
 /// The handler of a node fronting memcached.
 #[derive(Clone)]
 pub struct MemcachedHandler {
     conns: Arc<Vec<Arc<Conn>>>,
     limits: Limits,
+    merge: Arc<MergeStats>,
 }
 
 impl std::fmt::Debug for MemcachedHandler {
@@ -219,23 +88,27 @@ impl MemcachedHandler {
         limits: Limits,
     ) -> Result<MemcachedHandler, BackendError> {
         let mut conns = Vec::new();
+        let merge = Arc::new(MergeStats::default());
         for _ in 0..connections.max(1) {
             let s = TcpStream::connect(addr)
                 .await
                 .map_err(|source| BackendError::Connect { addr, source })?;
             let _ = s.set_nodelay(true);
-            let c = Arc::new(Conn {
-                addr,
-                inner: Mutex::new(Inner::default()),
-                wake: Notify::new(),
-            });
+            let c = Arc::new(Conn::new(addr, merge.clone()));
             tokio::spawn(c.clone().run(s));
             conns.push(c);
         }
         Ok(MemcachedHandler {
             conns: Arc::new(conns),
             limits,
+            merge,
         })
+    }
+
+    /// How many reads went to memcached in how many `get` lines (see
+    /// the merging in the module docs).
+    pub fn merge_stats(&self) -> &MergeStats {
+        &self.merge
     }
 
     fn conn_index(&self, key: &[u8]) -> usize {
@@ -282,7 +155,16 @@ fn fail(e: String) -> HandlerError {
 
 impl Handler for MemcachedHandler {
     fn handle(&self, request: Request) -> HandlerFuture {
-        let cmd = match decode(&request.body, self.limits) {
+        self.execute(&request.body)
+    }
+}
+
+impl MemcachedHandler {
+    /// Queues one command (a request body: one memcached text command)
+    /// now; the future yields memcached's answer. Commands queued
+    /// together keep their order per key, and adjacent reads merge.
+    pub fn execute(&self, body: &Bytes) -> HandlerFuture {
+        let cmd = match decode(body, self.limits) {
             Ok(c) => c,
             Err(e) => return Box::pin(std::future::ready(Err(HandlerError::from(e)))),
         };
@@ -305,15 +187,7 @@ impl Handler for MemcachedHandler {
                 }
                 let mut rxs: Vec<_> = groups
                     .into_iter()
-                    .map(|(i, ks)| {
-                        let mut line = BytesMut::new();
-                        let _ = Command::Get {
-                            keys: ks,
-                            cas: *cas,
-                        }
-                        .encode(&mut line);
-                        self.conns[i].send(&line, Shape::Values)
-                    })
+                    .map(|(i, ks)| self.conns[i].get(ks, *cas))
                     .collect();
                 let keys = keys.clone();
                 Box::pin(async move {
@@ -388,37 +262,12 @@ impl Handler for MemcachedHandler {
     }
 }
 
-/// Takes what `reply_len` measured (used by tests).
-#[cfg(test)]
-fn take(buf: &mut BytesMut, shape: Shape) -> Option<Bytes> {
-    let n = reply_len(buf, shape)?;
-    Some(buf.split_to(n).freeze())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn replies_are_cut_where_memcached_ends_them() {
-        let mut b = BytesMut::from(
-            &b"VALUE a 0 2\r\nhi\r\nVALUE b 1 0\r\n\r\nEND\r\nSTORED\r\nSERVER_ERROR out of memory\r\nVALUE c 0 5\r\nab"[..],
-        );
-        assert_eq!(
-            take(&mut b, Shape::Values).unwrap(),
-            &b"VALUE a 0 2\r\nhi\r\nVALUE b 1 0\r\n\r\nEND\r\n"[..]
-        );
-        assert_eq!(take(&mut b, Shape::Line).unwrap(), &b"STORED\r\n"[..]);
-        assert_eq!(
-            take(&mut b, Shape::Values).unwrap(),
-            &b"SERVER_ERROR out of memory\r\n"[..]
-        );
-        assert_eq!(take(&mut b, Shape::Values), None);
-        b.extend_from_slice(b"cde\r\nEND\r\n");
-        assert_eq!(
-            take(&mut b, Shape::Values).unwrap(),
-            &b"VALUE c 0 5\r\nabcde\r\nEND\r\n"[..]
-        );
+    fn backend_urls_are_checked() {
         assert!(parse_url("memcached://127.0.0.1:11211").is_ok());
         assert!(matches!(
             parse_url("redis://x:1"),
