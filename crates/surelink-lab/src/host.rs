@@ -59,3 +59,55 @@ pub fn free_port(ip: IpAddr) -> Result<u16> {
     }
     bail!("no port on {ip} is free for both TCP and UDP")
 }
+
+/// A cgroup (v1 `cpu` controller) capping the processes added to it at
+/// `pct` % of one core per `period`; removed when dropped (after its
+/// processes are gone). Needs root.
+#[derive(Debug)]
+pub struct CpuCap {
+    dir: PathBuf,
+}
+
+impl CpuCap {
+    /// Creates `/sys/fs/cgroup/cpu/surelink-<tag>-<pid>`.
+    ///
+    /// A short `period` makes a slower core (stopped at most a fraction
+    /// of it at a time), not one frozen for most of each 100 ms (the
+    /// kernel's default), which would measure how peers' failure
+    /// detectors take 75 ms stalls instead.
+    pub fn new(tag: &str, pct: u32, period: std::time::Duration) -> Result<CpuCap> {
+        let dir = PathBuf::from(format!(
+            "/sys/fs/cgroup/cpu/surelink-{tag}-{}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).with_context(|| {
+            format!("creating {} (needs root and cgroup v1 cpu)", dir.display())
+        })?;
+        let period_us = u64::try_from(period.as_micros())
+            .unwrap_or(100_000)
+            .clamp(1000, 1_000_000);
+        std::fs::write(dir.join("cpu.cfs_period_us"), period_us.to_string())?;
+        std::fs::write(
+            dir.join("cpu.cfs_quota_us"),
+            (period_us * u64::from(pct) / 100).max(1000).to_string(),
+        )?;
+        Ok(CpuCap { dir })
+    }
+
+    /// Moves process `pid` (all its threads) into the cgroup.
+    pub fn add(&self, pid: u32) -> Result<()> {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())
+            .context("moving a process into its cgroup")
+    }
+}
+
+impl Drop for CpuCap {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}

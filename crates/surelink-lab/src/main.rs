@@ -83,8 +83,9 @@ enum Command {
     /// `experiment failover`).
     #[command(hide = true)]
     ExperimentTcpNode(experiment::tcpnode::TcpNodeArgs),
-    /// A cache node or proxy of `bench cache`: the shipped binary's
-    /// `surelink cache node|proxy`, the same runner.
+    /// A cache node or proxy of `bench cache`, or a helper of `demo
+    /// --hot`: the shipped binary's `surelink cache node|proxy` and
+    /// `surelink helper`, the same runners.
     #[command(hide = true, subcommand)]
     Cache(CacheCommand),
 }
@@ -95,6 +96,8 @@ enum CacheCommand {
     Node(ConfigArg),
     /// A cache proxy.
     Proxy(ConfigArg),
+    /// A PostMan helper (`surelink helper`).
+    Helper(ConfigArg),
 }
 
 #[derive(Args)]
@@ -121,13 +124,16 @@ fn main() -> anyhow::Result<()> {
         .init();
     // A cache daemon reads its runtime's size from its file, as the
     // shipped binary's does.
-    let config = match &cli.command {
-        Command::Cache(CacheCommand::Node(a) | CacheCommand::Proxy(a)) => Some(a.config.as_path()),
-        _ => None,
-    };
-    let default_workers = match config {
-        Some(_) => surelink_node::cache::WORKER_THREADS,
-        None => surelink_node::runtime::WORKER_THREADS,
+    let (config, default_workers) = match &cli.command {
+        Command::Cache(CacheCommand::Node(a) | CacheCommand::Proxy(a)) => (
+            Some(a.config.as_path()),
+            surelink_node::cache::WORKER_THREADS,
+        ),
+        Command::Cache(CacheCommand::Helper(a)) => (
+            Some(a.config.as_path()),
+            surelink_node::runtime::WORKER_THREADS,
+        ),
+        _ => (None, surelink_node::runtime::WORKER_THREADS),
     };
     let rt = surelink_node::runtime::for_config(config, default_workers)?;
     rt.block_on(async {
@@ -147,6 +153,9 @@ fn main() -> anyhow::Result<()> {
             }
             Command::Cache(CacheCommand::Proxy(a)) => {
                 Ok(surelink_node::cache::proxy(&a.config).await?)
+            }
+            Command::Cache(CacheCommand::Helper(a)) => {
+                Ok(surelink_node::helper::helper(&a.config).await?)
             }
         }
     })

@@ -92,7 +92,7 @@ pub(crate) mod cache;
 mod detector;
 mod fixture;
 pub(crate) mod helpers;
-mod idle_peers;
+pub(crate) mod idle_peers;
 mod latency;
 mod nats;
 mod nats_server;

@@ -109,8 +109,8 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     println!("  the proxy reaches every node through a TCP/UDP relay on each network: the faults are made there");
     println!("  role service on: candidates node 1, node 2 (hr-net's role server pushes routing tables and the ring view)");
     let cfg = LoadConfig {
-        addr,
-        rate: f64::from(args.rate),
+        addrs: vec![addr],
+        rate: f64::from(args.rate.unwrap_or(20_000)),
         duration: Duration::from_secs(seconds),
         connections: args.connections,
         keys: args.keys,
@@ -119,10 +119,11 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
         value_size: 64,
         seed: args.seed,
         drain: Duration::from_secs(10),
+        hot: None,
     };
     println!(
         "  load: {} requests/s open loop for {seconds} s, 90 % get / 10 % set, {} keys (Zipf 0.99), 64 B values, {} client connections",
-        args.rate, args.keys, args.connections
+        args.rate.unwrap_or(20_000), args.keys, args.connections
     );
     let mut load = Load::connect(cfg).await?;
     let pre = load.preload().await?;

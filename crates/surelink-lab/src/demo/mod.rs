@@ -1,9 +1,11 @@
 //! `surelink-lab demo`: by default the cache cluster under fire
 //! ([`cluster`]); `--stream` the two-endpoint streaming demo ([`stream`]),
-//! `--stream --simulated` the same on the simulator ([`sim`]).
+//! `--stream --simulated` the same on the simulator ([`sim`]); `--hot` a
+//! hot key making a node hot and PostMan helpers switching on ([`hot`]).
 
 mod cluster;
 mod faults;
+mod hot;
 mod plot;
 mod report;
 mod sim;
@@ -26,13 +28,14 @@ pub(crate) struct DemoArgs {
     /// Simulator seed (with --simulated); the load's seed otherwise.
     #[arg(long, default_value_t = 7)]
     pub(crate) seed: u64,
-    /// Seconds the load (or the stream) runs [default: 20, or 3 with
-    /// --stream]. The cluster's faults are placed at fixed fractions of it.
+    /// Seconds the load (or the stream) runs [default: 20, 24 with
+    /// --hot, or 3 with --stream]. The cluster's faults are placed at fixed fractions of it.
     #[arg(long)]
     pub(crate) seconds: Option<u64>,
-    /// Cluster: requests per second offered (open loop).
-    #[arg(long, default_value_t = 20_000)]
-    pub(crate) rate: u32,
+    /// Cluster: requests per second offered (open loop) [default: 20000,
+    /// or 2000 with --hot].
+    #[arg(long)]
+    pub(crate) rate: Option<u32>,
     /// Cluster: client connections to the proxy.
     #[arg(long, default_value_t = 8)]
     pub(crate) connections: usize,
@@ -42,6 +45,24 @@ pub(crate) struct DemoArgs {
     /// Cluster: where the report (JSON) and the timeline (PNG) go.
     #[arg(long, default_value = "target/demo")]
     pub(crate) out: PathBuf,
+    /// A hot key makes a cache node hot; proxies move to PostMan helpers
+    /// by their own p99 and back (needs root for the nodes' CPU caps).
+    #[arg(long, conflicts_with = "stream")]
+    pub(crate) hot: bool,
+    /// --hot: cache proxies (each its own surelink endpoint).
+    #[arg(long, default_value_t = 40)]
+    pub(crate) proxies: usize,
+    /// --hot: the flash crowd's extra gets per second of the hot key.
+    #[arg(long, default_value_t = 8000)]
+    pub(crate) hot_rate: u32,
+    /// --hot: each node's cap, % of one core.
+    #[arg(long, default_value_t = 15)]
+    pub(crate) quota_pct: u32,
+    /// --hot: the proxies' SLA, ms (`[proxy] helper_sla_ms`; the
+    /// product's default is 2 ms, below what a node capped at 15 % of a
+    /// core in 10 ms periods answers in without any crowd).
+    #[arg(long, default_value_t = 20)]
+    pub(crate) sla_ms: u64,
     /// --stream: microseconds between messages.
     #[arg(long, default_value_t = 200)]
     pub(crate) interval_us: u64,
@@ -58,6 +79,7 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     match (args.stream, args.simulated) {
         (true, true) => sim::run(args),
         (true, false) => stream::run(args).await,
+        _ if args.hot => hot::run(args).await,
         _ => cluster::run(args).await,
     }
 }

@@ -26,6 +26,23 @@ pub(super) fn timeline(
     seconds: u64,
     markers: &[Marker],
 ) -> Result<bool> {
+    timeline_titled(
+        path,
+        "surelink demo: memcached clients through the proxy while faults hit",
+        samples,
+        seconds,
+        markers,
+    )
+}
+
+/// [`timeline`] under another title.
+pub(super) fn timeline_titled(
+    path: &Path,
+    title: &str,
+    samples: &[Sample],
+    seconds: u64,
+    markers: &[Marker],
+) -> Result<bool> {
     if !plot_style::register_sans_serif() {
         return Ok(false);
     }
@@ -64,10 +81,7 @@ pub(super) fn timeline(
     let xmax = seconds as f64 + 1.0;
     let root = BitMapBackend::new(path, (1100, 640)).into_drawing_area();
     root.fill(&WHITE)?;
-    let root = root.titled(
-        "surelink demo: memcached clients through the proxy while faults hit",
-        TITLE,
-    )?;
+    let root = root.titled(title, TITLE)?;
     let (top, bottom) = root.split_vertically(300);
     let ymax = ops.iter().map(|p| p.1).fold(0.0, f64::max).max(1.0) * 1.15;
     let mut c1 = panel(&top, "", 0).build_cartesian_2d(0.0..xmax, 0.0..ymax)?;

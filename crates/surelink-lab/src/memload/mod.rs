@@ -32,8 +32,9 @@ use conn::{Conn, Kind, Waiting};
 /// What to send.
 #[derive(Clone, Debug)]
 pub(crate) struct LoadConfig {
-    /// The memcached-protocol server.
-    pub(crate) addr: SocketAddr,
+    /// The memcached-protocol servers: connection `i` goes to
+    /// `addrs[i % len]` (a proxy per application host).
+    pub(crate) addrs: Vec<SocketAddr>,
     /// Requests per second offered.
     pub(crate) rate: f64,
     /// How long the schedule runs.
@@ -52,6 +53,20 @@ pub(crate) struct LoadConfig {
     pub(crate) seed: u64,
     /// How long replies may take after the schedule ends.
     pub(crate) drain: Duration,
+    /// A flash crowd on one key, on top of the schedule.
+    pub(crate) hot: Option<HotKey>,
+}
+
+/// A flash crowd: from `from` to `to` (since the start), `rate` more
+/// `get`s per second of `key`, spread over every connection (every
+/// application host reads it). The key is never written after the
+/// preload, so any connection may read it.
+#[derive(Clone, Debug)]
+pub(crate) struct HotKey {
+    pub(crate) key: u32,
+    pub(crate) from: Duration,
+    pub(crate) to: Duration,
+    pub(crate) rate: f64,
 }
 
 /// How one request ended.
@@ -119,6 +134,7 @@ impl Load {
     /// Connects `cfg.connections` clients to `cfg.addr`.
     pub(crate) async fn connect(cfg: LoadConfig) -> Result<Load> {
         anyhow::ensure!(cfg.connections > 0, "at least one connection");
+        anyhow::ensure!(!cfg.addrs.is_empty(), "at least one server address");
         anyhow::ensure!(cfg.keys > 0, "at least one key");
         anyhow::ensure!(cfg.rate > 0.0, "the rate must be above zero");
         anyhow::ensure!(
@@ -126,10 +142,11 @@ impl Load {
             "the get share is a fraction"
         );
         let mut halves = Vec::new();
-        for _ in 0..cfg.connections {
-            let s = TcpStream::connect(cfg.addr)
+        for i in 0..cfg.connections {
+            let addr = cfg.addrs[i % cfg.addrs.len()];
+            let s = TcpStream::connect(addr)
                 .await
-                .with_context(|| format!("connecting to {}", cfg.addr))?;
+                .with_context(|| format!("connecting to {addr}"))?;
             s.set_nodelay(true)?;
             halves.push(s.into_split());
         }
@@ -216,11 +233,55 @@ impl Load {
         let interval_ns = 1e9 / cfg.rate;
         let mut i = 0u64;
         let mut touched = vec![false; self.conns.len()];
-        while i < total {
-            let sched = start + Duration::from_nanos((i as f64 * interval_ns) as u64);
-            tokio::time::sleep_until(sched).await;
+        let hot_key = cfg.hot.as_ref().map(|h| h.key);
+        let (hot_total, hot_from_ns, hot_interval_ns) = match &cfg.hot {
+            Some(h) if h.rate > 0.0 && h.to > h.from => (
+                (h.rate * (h.to - h.from).as_secs_f64()) as u64,
+                h.from.as_nanos() as u64,
+                1e9 / h.rate,
+            ),
+            _ => (0, 0, 1.0),
+        };
+        let hot_at = |j: u64| hot_from_ns + (j as f64 * hot_interval_ns) as u64;
+        let mut j = 0u64;
+        loop {
+            let next = match (i < total, j < hot_total) {
+                (false, false) => break,
+                (true, false) => (i as f64 * interval_ns) as u64,
+                (false, true) => hot_at(j),
+                (true, true) => ((i as f64 * interval_ns) as u64).min(hot_at(j)),
+            };
+            tokio::time::sleep_until(start + Duration::from_nanos(next)).await;
             // Everything due by now goes out in this batch.
             let now_ns = conn::ns_since(start);
+            while j < hot_total && hot_at(j) <= now_ns {
+                let sched_ns = hot_at(j);
+                let c = usize::try_from(j % self.conns.len() as u64).unwrap_or(0);
+                j += 1;
+                let Some(key) = hot_key else { break };
+                let w = Waiting {
+                    key,
+                    sched_ns,
+                    kind: Kind::Get {
+                        expect: self.last[key as usize],
+                    },
+                };
+                let name = key_name(key);
+                if self.conns[c].push(w, |out| {
+                    out.extend_from_slice(format!("get {name}\r\n").as_bytes());
+                }) {
+                    touched[c] = true;
+                } else {
+                    progress.errors.fetch_add(1, Ordering::Relaxed);
+                    not_sent.push(Sample {
+                        key,
+                        sched_ns,
+                        done_ns: u64::MAX,
+                        outcome: Outcome::Unanswered,
+                    });
+                }
+                progress.sent.fetch_add(1, Ordering::Relaxed);
+            }
             while i < total && (i as f64 * interval_ns) as u64 <= now_ns {
                 let sched_ns = (i as f64 * interval_ns) as u64;
                 i += 1;
@@ -230,7 +291,8 @@ impl Load {
                 };
                 let c = key as usize % self.conns.len();
                 let name = key_name(key);
-                let ok = if rng.random_bool(cfg.get_share) {
+                // The flash crowd's key is only read (any connection may).
+                let ok = if rng.random_bool(cfg.get_share) || Some(key) == hot_key {
                     let w = Waiting {
                         key,
                         sched_ns,

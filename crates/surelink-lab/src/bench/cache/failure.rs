@@ -76,7 +76,7 @@ pub(crate) async fn client(a: &ClientArgs) -> Result<()> {
     let none: [Proc; 0] = [];
     procs::wait_ready(a.addr, &none, deadline - std::time::Instant::now()).await?;
     let cfg = LoadConfig {
-        addr: a.addr,
+        addrs: vec![a.addr],
         rate: f64::from(a.rate),
         duration: Duration::from_secs(a.seconds),
         connections: 8,
@@ -86,6 +86,7 @@ pub(crate) async fn client(a: &ClientArgs) -> Result<()> {
         value_size: 64,
         seed: 3,
         drain: Duration::from_secs(10),
+        hot: None,
     };
     // The check above reached one server behind the proxy; the preload
     // reaches all of them, and one may still be starting (nutcracker then

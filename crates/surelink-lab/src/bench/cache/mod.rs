@@ -228,7 +228,7 @@ async fn measure(
 ) -> Result<Point> {
     let duration = Duration::from_secs_f64(args.seconds);
     let cfg = LoadConfig {
-        addr: r.addr,
+        addrs: vec![r.addr],
         rate: f64::from(offered),
         duration,
         connections: args.connections,
@@ -238,6 +238,7 @@ async fn measure(
         value_size: 64,
         seed: 1 + round as u64,
         drain: Duration::from_secs(3),
+        hot: None,
     };
     procs::wait_serving(r.addr, Duration::from_secs(10))
         .await

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use load::Window;
 pub(crate) use load::{run as load, LoadArgs};
 use surelink_lab::child::{Command, Output};
+use surelink_lab::host::CpuCap;
 
 pub(crate) const CLUSTER: u64 = 7;
 pub(crate) const SERVER: u64 = 1;
@@ -120,7 +121,7 @@ fn surelink_bin(a: &HelpersArgs) -> Result<PathBuf> {
 }
 
 /// utime + stime of `pid`, seconds.
-fn cpu_of(pid: u32) -> f64 {
+pub(crate) fn cpu_of(pid: u32) -> f64 {
     super::idle_peers::ticks_of(pid) as f64 / super::idle_peers::USER_HZ
 }
 
@@ -130,7 +131,7 @@ fn detector_cpu_of(pid: u32) -> f64 {
 }
 
 /// (busy, total) jiffies of core `cpu` from /proc/stat.
-fn core_jiffies(cpu: usize) -> (u64, u64) {
+pub(crate) fn core_jiffies(cpu: usize) -> (u64, u64) {
     let s = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let name = format!("cpu{cpu} ");
     let Some(line) = s.lines().find(|l| l.starts_with(&name)) else {
@@ -144,47 +145,6 @@ fn core_jiffies(cpu: usize) -> (u64, u64) {
     let total: u64 = v.iter().take(8).sum();
     let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
     (total - idle, total)
-}
-
-/// A cgroup (v1 `cpu` controller) capping the server; removed on drop.
-struct Cap {
-    dir: PathBuf,
-}
-
-impl Cap {
-    fn new(pct: u32) -> Result<Cap> {
-        let dir = PathBuf::from(format!(
-            "/sys/fs/cgroup/cpu/surelink-bench-helpers-{}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).with_context(|| {
-            format!("creating {} (needs root and cgroup v1 cpu)", dir.display())
-        })?;
-        // A 10 ms period: the cap makes a slower core (stopped at most
-        // a few ms at a time), not one frozen for most of each 100 ms
-        // (the kernel's default period), which would measure how the
-        // peers' failure detectors take 75 ms stalls instead.
-        std::fs::write(dir.join("cpu.cfs_period_us"), "10000")?;
-        std::fs::write(dir.join("cpu.cfs_quota_us"), (pct * 100).to_string())?;
-        Ok(Cap { dir })
-    }
-
-    fn add(&self, pid: u32) -> Result<()> {
-        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())
-            .context("moving the server into its cgroup")
-    }
-}
-
-impl Drop for Cap {
-    fn drop(&mut self) {
-        // Its processes are gone by now (killed before); then it can go.
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.dir).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
 }
 
 /// The run's keys and configuration files.
@@ -278,7 +238,7 @@ async fn step(
     arm: &str,
     rate: f64,
 ) -> Result<(Window, [f64; 5], f64)> {
-    let cap = match Cap::new(a.quota_pct) {
+    let cap = match CpuCap::new("bench-helpers", a.quota_pct, Duration::from_millis(10)) {
         Ok(c) => Some(c),
         Err(e) => {
             eprintln!("warning: the server runs uncapped: {e:#}");
