@@ -117,7 +117,11 @@ async fn a_proxy_moves_to_a_helper_for_a_slow_node_and_back() {
         }
         assert!(moved, "the proxy went through a helper: {:?}", status());
         let via = status().helper.unwrap();
-        let carrier = &helpers.iter().find(|(_, h)| h.local_addr() == via).unwrap().1;
+        let carrier = &helpers
+            .iter()
+            .find(|(_, h)| h.local_addr() == via)
+            .unwrap()
+            .1;
         let before = carrier.stats().bytes_out;
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(

@@ -66,6 +66,24 @@ pub enum Fault {
         /// When.
         at: Duration,
     },
+    /// The helper carrying link `link` (`SimConfig::helper_links`) is
+    /// frozen for `dur`: it holds what it has and sends nothing.
+    HelperPause {
+        /// Index into the simulator's links.
+        link: usize,
+        /// Start.
+        at: Duration,
+        /// Length.
+        dur: Duration,
+    },
+    /// The helper carrying link `link` dies with what it holds (a new
+    /// one is dialled after `reconnect_after`).
+    HelperCrash {
+        /// Index into the simulator's links.
+        link: usize,
+        /// When.
+        at: Duration,
+    },
 }
 
 impl Fault {
@@ -77,7 +95,9 @@ impl Fault {
             | Fault::Loss { at, .. }
             | Fault::Reset { at, .. }
             | Fault::Pause { at, .. }
-            | Fault::Restart { at, .. } => *at,
+            | Fault::Restart { at, .. }
+            | Fault::HelperPause { at, .. }
+            | Fault::HelperCrash { at, .. } => *at,
         }
     }
 
@@ -87,8 +107,11 @@ impl Fault {
             Fault::LinkDown { at, dur, .. }
             | Fault::OneWay { at, dur, .. }
             | Fault::Loss { at, dur, .. }
-            | Fault::Pause { at, dur, .. } => *at + *dur,
-            Fault::Reset { at, .. } | Fault::Restart { at, .. } => *at,
+            | Fault::Pause { at, dur, .. }
+            | Fault::HelperPause { at, dur, .. } => *at + *dur,
+            Fault::Reset { at, .. } | Fault::Restart { at, .. } | Fault::HelperCrash { at, .. } => {
+                *at
+            }
         }
     }
 }

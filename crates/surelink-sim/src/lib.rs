@@ -29,6 +29,11 @@
 //! the `rpc` scenario, the fuzz targets and the core benchmark all run on
 //! it.
 //!
+//! Links listed in [`SimConfig::helper_links`] are carried by a PostMan
+//! helper: their bytes travel as the core's relay records in batches the
+//! core's `helper::Batcher` decides, and the helper can freeze or die
+//! (`Fault::HelperPause`, `Fault::HelperCrash`) with what it holds.
+//!
 //! With [`SimConfig::secure`] set, every connection first runs the
 //! product's Noise handshake and then carries AEAD records (the shell's
 //! secure layer, sans-IO in `surelink_proto::secure`); a transmission lost

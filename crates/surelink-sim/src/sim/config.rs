@@ -75,6 +75,12 @@ pub struct SimConfig {
     /// With `secure`: mutual TLS with certificates from one simulated CA
     /// instead of Noise with member keys.
     pub tls: bool,
+    /// Links carried by a PostMan helper (indices into the links): their
+    /// bytes go as relay records in the helper's batches (see the
+    /// `helper` module), subject to `Fault::HelperPause`/`HelperCrash`.
+    pub helper_links: Vec<usize>,
+    /// The helpers' batching.
+    pub helper_batching: surelink_proto::helper::BatcherConfig,
 }
 
 impl SimConfig {
@@ -120,6 +126,8 @@ impl SimConfig {
             },
             secure: None,
             tls: false,
+            helper_links: Vec::new(),
+            helper_batching: surelink_proto::helper::BatcherConfig::default(),
         }
     }
 }
@@ -158,6 +166,10 @@ pub struct SimReport {
     pub handshakes_failed: u64,
     /// Connections closed because a record failed its tag.
     pub records_refused: u64,
+    /// Batches the helpers sent, and the records in them.
+    pub helper_batches: u64,
+    /// Records the helpers carried.
+    pub helper_records: u64,
 }
 
 impl SimReport {

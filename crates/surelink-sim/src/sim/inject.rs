@@ -67,6 +67,8 @@ impl Sim {
                 nd.paused_until = nd.paused_until.max(now + *dur);
             }
             Fault::Restart { node, .. } => self.restart(*node),
+            Fault::HelperPause { link, dur, .. } => self.helper_pause(*link, *dur),
+            Fault::HelperCrash { link, .. } => self.helper_crash(*link),
         }
     }
 

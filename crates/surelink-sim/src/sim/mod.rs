@@ -12,6 +12,7 @@
 //! through [`surelink_proto::Endpoint`] on the fixture.
 
 mod config;
+mod helper;
 mod inject;
 mod network;
 mod node;
@@ -78,6 +79,8 @@ struct Link {
     /// Number of outstanding down faults per direction (overlapping faults).
     down_count: [u32; 2],
     loss_count: [u32; 2],
+    /// The helper carrying this link's connections, if it has one.
+    helper: Option<Box<helper::HelperModel>>,
 }
 
 #[derive(Clone, Debug)]
@@ -126,6 +129,18 @@ enum Job {
     HandshakeDeadline {
         link: usize,
         gen: u64,
+    },
+    /// A link's helper looks at what its batcher says is due.
+    HelperFlush {
+        link: usize,
+        dir: usize,
+    },
+    /// A helper's batch reaches the far end of the link.
+    HelperArrive {
+        link: usize,
+        gen: u64,
+        dir: usize,
+        msg: Bytes,
     },
 }
 
@@ -202,6 +217,9 @@ impl Sim {
                         reconnect_pending: false,
                         down_count: [0, 0],
                         loss_count: [0; 2],
+                        helper: cfg.helper_links.contains(&links.len()).then(|| {
+                            Box::new(helper::HelperModel::new(cfg.helper_batching.clone()))
+                        }),
                     });
                 }
             }
@@ -260,6 +278,9 @@ impl Sim {
                 | Fault::OneWay { link, .. }
                 | Fault::Loss { link, .. }
                 | Fault::Reset { link, .. } => *link < sim.links.len(),
+                Fault::HelperPause { link, .. } | Fault::HelperCrash { link, .. } => {
+                    sim.links.get(*link).is_some_and(|l| l.helper.is_some())
+                }
                 Fault::Pause { node, .. } | Fault::Restart { node, .. } => *node < sim.nodes.len(),
             };
             if valid {
@@ -324,6 +345,13 @@ impl Sim {
                     self.drop_conn(link, gen);
                 }
             }
+            Job::HelperFlush { link, dir } => self.helper_flush(link, dir),
+            Job::HelperArrive {
+                link,
+                gen,
+                dir,
+                msg,
+            } => self.helper_arrive(link, gen, dir, msg),
             Job::Retire { link, gen } => {
                 let l = &mut self.links[link];
                 if l.conn.as_ref().is_some_and(|c| c.gen == gen) {
@@ -427,6 +455,18 @@ impl Sim {
             handshakes: self.handshakes,
             handshakes_failed: self.handshakes_failed,
             records_refused: self.records_refused,
+            helper_batches: self
+                .links
+                .iter()
+                .filter_map(|l| l.helper.as_ref())
+                .map(|h| h.batches)
+                .sum(),
+            helper_records: self
+                .links
+                .iter()
+                .filter_map(|l| l.helper.as_ref())
+                .map(|h| h.records)
+                .sum(),
         }
     }
 

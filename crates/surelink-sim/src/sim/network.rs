@@ -48,6 +48,10 @@ impl Sim {
         if !l.up[dir] || (l.loss[dir] > 0.0 && self.rng.random_bool(l.loss[dir])) {
             return;
         }
+        if l.helper.is_some() {
+            self.helper_queue(link, gen, dir, bytes);
+            return;
+        }
         let spec = &self.cfg.link;
         let jitter = if spec.jitter.is_zero() {
             Duration::ZERO
