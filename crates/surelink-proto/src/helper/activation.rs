@@ -47,11 +47,14 @@ pub struct ActivationConfig {
 impl Default for ActivationConfig {
     fn default() -> Self {
         ActivationConfig {
-            window: Duration::from_secs(1),
+            // Short windows: a client moves within about half a second of
+            // its p99 crossing the SLA (two windows in a row), as PostMan's
+            // clients did (L230–239); going back takes 5 s below release.
+            window: Duration::from_millis(250),
             sla: Duration::from_millis(2),
             release: Duration::from_millis(1),
             windows_above: 2,
-            windows_below: 5,
+            windows_below: 20,
             choices: 2,
             dwell: Duration::from_secs(5),
             max_dwell: Duration::from_secs(80),
