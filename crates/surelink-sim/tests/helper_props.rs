@@ -73,21 +73,8 @@ fn config(c: &Case) -> SimConfig {
     cfg
 }
 
-/// As the general property test's bound, plus the time the server takes
-/// to hear of a dead helper.
 fn drain_bound(cfg: &SimConfig) -> Duration {
-    let secure = if cfg.secure.is_some() {
-        cfg.endpoint.handshake_timeout
-    } else {
-        Duration::ZERO
-    };
-    secure
-        + cfg.reconnect_after
-        + cfg.endpoint.handshake_retry
-        + cfg.endpoint.max_rto * 2
-        + cfg.detect_after.unwrap_or_default()
-        + Duration::from_millis(300)
-        + Duration::from_millis(100)
+    cfg.drain_bound()
 }
 
 fn check(c: &Case) -> Result<SimReport, String> {

@@ -93,22 +93,8 @@ impl Case {
     }
 }
 
-/// Bound on the time from "faults and load stopped" to "everything delivered
-/// or reported": reconnect + handshake + two backed-off retransmission
-/// timeouts, with room for the jitter of a few round trips; with the secure
-/// layer, plus a handshake that lost a message and waits for its timeout.
 fn drain_bound(cfg: &SimConfig) -> Duration {
-    let secure = if cfg.secure.is_some() {
-        cfg.endpoint.handshake_timeout
-    } else {
-        Duration::ZERO
-    };
-    secure
-        + cfg.reconnect_after
-        + cfg.endpoint.handshake_retry
-        + cfg.endpoint.max_rto * 2
-        + cfg.detect_after.unwrap_or_default()
-        + Duration::from_millis(100)
+    cfg.drain_bound()
 }
 
 fn faults_of(c: &Case) -> Vec<surelink_sim::Fault> {

@@ -118,6 +118,31 @@ pub(crate) fn key_name(key: u32) -> String {
     format!("key:{key}")
 }
 
+/// Counts a request the schedule queued (`ok`) on connection `c`, or
+/// records it unanswered (its connection is broken).
+fn queued(
+    ok: bool,
+    c: usize,
+    key: u32,
+    sched_ns: u64,
+    touched: &mut [bool],
+    not_sent: &mut Vec<Sample>,
+    progress: &Progress,
+) {
+    if ok {
+        touched[c] = true;
+    } else {
+        progress.errors.fetch_add(1, Ordering::Relaxed);
+        not_sent.push(Sample {
+            key,
+            sched_ns,
+            done_ns: u64::MAX,
+            outcome: Outcome::Unanswered,
+        });
+    }
+    progress.sent.fetch_add(1, Ordering::Relaxed);
+}
+
 /// Connected clients, preloaded, ready to run the schedule.
 pub(crate) struct Load {
     cfg: LoadConfig,
@@ -267,20 +292,10 @@ impl Load {
                     },
                 };
                 let name = key_name(key);
-                if self.conns[c].push(w, |out| {
+                let ok = self.conns[c].push(w, |out| {
                     out.extend_from_slice(format!("get {name}\r\n").as_bytes());
-                }) {
-                    touched[c] = true;
-                } else {
-                    progress.errors.fetch_add(1, Ordering::Relaxed);
-                    not_sent.push(Sample {
-                        key,
-                        sched_ns,
-                        done_ns: u64::MAX,
-                        outcome: Outcome::Unanswered,
-                    });
-                }
-                progress.sent.fetch_add(1, Ordering::Relaxed);
+                });
+                queued(ok, c, key, sched_ns, &mut touched, &mut not_sent, &progress);
             }
             while i < total && (i as f64 * interval_ns) as u64 <= now_ns {
                 let sched_ns = (i as f64 * interval_ns) as u64;
@@ -322,18 +337,7 @@ impl Load {
                     }
                     ok
                 };
-                if ok {
-                    touched[c] = true;
-                } else {
-                    progress.errors.fetch_add(1, Ordering::Relaxed);
-                    not_sent.push(Sample {
-                        key,
-                        sched_ns,
-                        done_ns: u64::MAX,
-                        outcome: Outcome::Unanswered,
-                    });
-                }
-                progress.sent.fetch_add(1, Ordering::Relaxed);
+                queued(ok, c, key, sched_ns, &mut touched, &mut not_sent, &progress);
             }
             for (c, t) in touched.iter_mut().enumerate() {
                 if std::mem::take(t) {

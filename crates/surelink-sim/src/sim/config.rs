@@ -84,6 +84,32 @@ pub struct SimConfig {
 }
 
 impl SimConfig {
+    /// Bound on the time from "faults and load stopped" to "everything
+    /// delivered or reported": reconnect + handshake + two backed-off
+    /// retransmission timeouts, with room for the jitter of a few round
+    /// trips; with the secure layer, plus a handshake that lost a message
+    /// and waits for its timeout; with helpers, plus the time a server
+    /// takes to hear of a dead one.
+    pub fn drain_bound(&self) -> Duration {
+        let secure = if self.secure.is_some() {
+            self.endpoint.handshake_timeout
+        } else {
+            Duration::ZERO
+        };
+        let helpers = if self.helper_links.is_empty() {
+            Duration::ZERO
+        } else {
+            super::helper::HELPER_DEAD_AFTER
+        };
+        secure
+            + helpers
+            + self.reconnect_after
+            + self.endpoint.handshake_retry
+            + self.endpoint.max_rto * 2
+            + self.detect_after.unwrap_or_default()
+            + Duration::from_millis(100)
+    }
+
     /// A small, fast setup suited to property tests.
     pub fn small(seed: u64) -> Self {
         SimConfig {
