@@ -6,6 +6,7 @@
 mod cluster;
 mod faults;
 mod hot;
+mod hot_report;
 mod plot;
 mod report;
 mod sim;
