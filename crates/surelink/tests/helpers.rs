@@ -414,3 +414,83 @@ async fn a_helper_cannot_make_the_server_handshake_more_than_its_bound() {
     let _path = c.relay_via(SERVER, h.local_addr(), 0);
     assert!(c.wait_for_paths(SERVER, 1, Duration::from_secs(10)).await);
 }
+
+/// The helper a client went through dies while the server stays slow:
+/// activation leaves it within about a second (its path stays down) and
+/// goes through the other helper; no call fails meanwhile (the session
+/// carries them on its direct paths).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaves_a_helper_that_died_for_another() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use surelink::proto::helper::ActivationConfig;
+    let p = pair(&[NodeId(3), NodeId(5)]).await;
+    p.server.serve(move |r: Request| async move {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        r.body
+    });
+    let mut helpers = vec![helper(&p, NodeId(3)).await, helper(&p, NodeId(5)).await];
+    let c = client(&p, NodeId(4), true).await;
+    let mut cfg = ActivationConfig::default();
+    cfg.window = Duration::from_millis(100);
+    cfg.sla = Duration::from_millis(20);
+    cfg.release = Duration::from_millis(10);
+    let addrs: Vec<SocketAddr> = helpers.iter().map(|(_, h)| h.local_addr()).collect();
+    let helped = c.helped(SERVER, addrs, 0, cfg).unwrap();
+    let stop = AtomicBool::new(false);
+    let failed = AtomicU64::new(0);
+    let callers = (0..4u32).map(|k| {
+        let (c, stop, failed) = (&c, &stop, &failed);
+        async move {
+            let mut i = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                let body = Bytes::from([k.to_be_bytes(), i.to_be_bytes()].concat());
+                match c
+                    .call(SERVER, 1, body.clone(), Duration::from_secs(5))
+                    .await
+                {
+                    Ok(r) if r == body => {}
+                    _ => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                i += 1;
+            }
+        }
+    });
+    let script = async {
+        let mut first = None;
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if let Some(h) = helped.status().helper {
+                first = Some(h);
+                break;
+            }
+        }
+        let first = first.expect("moved to a helper");
+        let i = helpers
+            .iter()
+            .position(|(_, h)| h.local_addr() == first)
+            .unwrap();
+        let (ep, h) = helpers.remove(i);
+        drop(h);
+        ep.shutdown().await;
+        let other = helpers[0].1.local_addr();
+        let t = std::time::Instant::now();
+        let mut moved = false;
+        while t.elapsed() < Duration::from_secs(4) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if helped.status().helper == Some(other) {
+                moved = true;
+                break;
+            }
+        }
+        assert!(
+            moved,
+            "left the dead helper for the other: {:?}",
+            helped.status()
+        );
+        stop.store(true, Ordering::Relaxed);
+    };
+    tokio::join!(futures_util::future::join_all(callers), script);
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "no call failed");
+}

@@ -231,6 +231,25 @@ impl Activation {
     }
 }
 
+impl Activation {
+    /// The helper in use is gone (its path stayed down): the client goes
+    /// direct at once — before the dwell, which is for leaving by choice,
+    /// and without doubling the next dwell when it soon needs a helper
+    /// again; windows above the SLA then draw helpers anew (one that
+    /// does not answer its load query is not chosen).
+    pub fn handle_helper_lost(&mut self) -> Option<Decision> {
+        if matches!(self.state, ActivationState::Direct) {
+            return None;
+        }
+        self.state = ActivationState::Direct;
+        self.above = 0;
+        self.below = 0;
+        self.direct_since = None;
+        self.switches += 1;
+        Some(Decision::GoDirect)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,6 +275,36 @@ mod tests {
 
     fn at(s: u64) -> Time {
         Time::from_millis(s * 1000)
+    }
+
+    #[test]
+    fn a_lost_helper_sends_it_direct_at_once_and_a_helper_is_drawn_again() {
+        let mut a = act();
+        let slow = Some(ms(5));
+        assert_eq!(
+            a.handle_window(at(1), slow, |_| vec![0, 1], |_| Some(1)),
+            None
+        );
+        assert_eq!(
+            a.handle_window(at(2), slow, |_| vec![0, 1], |i| Some(i as u64)),
+            Some(Decision::UseHelper(0))
+        );
+        // Within the dwell, still slow: lost helper, direct at once.
+        assert_eq!(a.handle_helper_lost(), Some(Decision::GoDirect));
+        assert_eq!(a.state(), ActivationState::Direct);
+        assert_eq!(a.handle_helper_lost(), None);
+        // Helper 0 no longer answers: helper 1 after two windows, and
+        // the dwell was not doubled by the quick return.
+        assert_eq!(
+            a.handle_window(at(3), slow, |_| vec![0, 1], |i| (i == 1).then_some(7)),
+            None
+        );
+        assert_eq!(
+            a.handle_window(at(4), slow, |_| vec![0, 1], |i| (i == 1).then_some(7)),
+            Some(Decision::UseHelper(1))
+        );
+        assert_eq!(a.dwell(), Duration::from_secs(5));
+        assert_eq!(a.switches(), 3);
     }
 
     #[test]

@@ -110,9 +110,30 @@ async fn run(
     let window = act_window(&act);
     let mut before = rtt.snapshot();
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + window, window);
+    // Windows in a row the helper's path has been down while helped.
+    let mut down = 0u32;
     loop {
         tick.tick().await;
         let Some(sh) = shared.upgrade() else { return };
+        // A helper whose path stays down (it died, or refuses us) is left
+        // for another: the session already carries the traffic on its
+        // other paths, but activation would otherwise wait for the dwell
+        // and a low p99 that a hot server may never give.
+        let helped = matches!(act.state(), ActivationState::Helped(..));
+        down = if helped && !state.lock().as_ref().is_some_and(RelayPath::is_up) {
+            down + 1
+        } else {
+            0
+        };
+        if down >= helper_down_windows(window) {
+            down = 0;
+            if act.handle_helper_lost().is_some() {
+                info!(%server, "the helper's path stayed down: direct until another is drawn");
+                sh.set_helped(server, false);
+                state.lock().take();
+                status.lock().helper = None;
+            }
+        }
         let after = rtt.snapshot();
         let p99 = Histogram::quantile_since(&before, &after, 0.99);
         before = after;
@@ -155,6 +176,14 @@ async fn run(
         }
         status.lock().switches = act.switches();
     }
+}
+
+/// How many windows a helper's path may stay down before activation
+/// leaves that helper: a second's worth (at least two windows), well
+/// past a re-dial of a helper that only restarted.
+fn helper_down_windows(window: std::time::Duration) -> u32 {
+    let per_second = std::time::Duration::from_secs(1).as_nanos() / window.as_nanos().max(1);
+    u32::try_from(per_second).unwrap_or(u32::MAX).max(2)
 }
 
 fn act_window(a: &Activation) -> std::time::Duration {
