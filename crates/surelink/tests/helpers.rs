@@ -56,6 +56,31 @@ async fn client(p: &LoopbackPair, node: NodeId, direct: bool) -> Endpoint {
     Endpoint::bind(c).await.unwrap()
 }
 
+/// Caller `k`: numbered calls to the server until `stop`; a failed or
+/// wrong reply counts in `failed`.
+async fn call_until(
+    c: &Endpoint,
+    k: u32,
+    stop: &std::sync::atomic::AtomicBool,
+    failed: &std::sync::atomic::AtomicU64,
+) {
+    use std::sync::atomic::Ordering;
+    let mut i = 0u32;
+    while !stop.load(Ordering::Relaxed) {
+        let body = Bytes::from([k.to_be_bytes(), i.to_be_bytes()].concat());
+        match c
+            .call(SERVER, 1, body.clone(), Duration::from_secs(5))
+            .await
+        {
+            Ok(r) if r == body => {}
+            _ => {
+                failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        i += 1;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_through_a_helper_reach_the_server_end_to_end() {
     let p = pair(&[NodeId(3)]).await;
@@ -300,25 +325,7 @@ async fn a_client_moves_to_a_helper_above_its_sla_and_back_below() {
         .unwrap();
     let stop = AtomicBool::new(false);
     let failed = AtomicU64::new(0);
-    let callers = (0..4u32).map(|k| {
-        let (c, stop, failed) = (&c, &stop, &failed);
-        async move {
-            let mut i = 0u32;
-            while !stop.load(Ordering::Relaxed) {
-                let body = Bytes::from([k.to_be_bytes(), i.to_be_bytes()].concat());
-                match c
-                    .call(SERVER, 1, body.clone(), Duration::from_secs(5))
-                    .await
-                {
-                    Ok(r) if r == body => {}
-                    _ => {
-                        failed.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                i += 1;
-            }
-        }
-    });
+    let callers = (0..4u32).map(|k| call_until(&c, k, &stop, &failed));
     let script = async {
         // Slow: within a few windows the client goes through a helper.
         let mut moved = false;
@@ -438,25 +445,7 @@ async fn a_client_leaves_a_helper_that_died_for_another() {
     let helped = c.helped(SERVER, addrs, 0, cfg).unwrap();
     let stop = AtomicBool::new(false);
     let failed = AtomicU64::new(0);
-    let callers = (0..4u32).map(|k| {
-        let (c, stop, failed) = (&c, &stop, &failed);
-        async move {
-            let mut i = 0u32;
-            while !stop.load(Ordering::Relaxed) {
-                let body = Bytes::from([k.to_be_bytes(), i.to_be_bytes()].concat());
-                match c
-                    .call(SERVER, 1, body.clone(), Duration::from_secs(5))
-                    .await
-                {
-                    Ok(r) if r == body => {}
-                    _ => {
-                        failed.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                i += 1;
-            }
-        }
-    });
+    let callers = (0..4u32).map(|k| call_until(&c, k, &stop, &failed));
     let script = async {
         let mut first = None;
         for _ in 0..100 {
