@@ -51,7 +51,7 @@ enum Wire {
 }
 
 pub(crate) use open::{accept_loop, bind_device, configure, listen, start, start_conn};
-pub(crate) use read::ConnReader;
+pub(crate) use read::{ConnReader, InlineReader};
 
 /// The IO half of a connection, shared by the reader task, the writer task
 /// and whoever drives the core (which writes directly when the socket takes it).

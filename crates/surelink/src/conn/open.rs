@@ -20,7 +20,7 @@ use tokio::io::AsyncWriteExt;
 use surelink_proto::wire::{Close, CloseCode, CloseScope};
 use surelink_proto::NodeId;
 
-use super::read::read_loop;
+use super::read::{read_loop, InlineReader};
 use super::{write_loop, ConnIo, ConnReader, Pending, Transport, Wire};
 use crate::admission::{ConnSlot, LimitHit};
 use crate::secure::Secured;
@@ -57,17 +57,19 @@ pub(crate) fn start_conn(
     slot: Option<ConnSlot>,
 ) -> io::Result<(Arc<ConnIo>, oneshot::Receiver<Option<CloseCode>>)> {
     let path = shared.next_path_id();
-    let (local, remote, reader, stream, relayed): (_, _, ConnReader, _, _) = match transport {
+    // A TCP connection's reader is a task; a slot's bytes are fed by
+    // whoever delivers them (`InlineReader`).
+    let (local, remote, reader, stream, relayed) = match transport {
         Transport::Tcp { stream, relayed } => {
             let (local, remote) = (stream.local_addr()?, stream.peer_addr()?);
             let (r, w) = stream.into_split();
-            (local, remote, Box::new(r), Wire::Tcp(w), relayed)
+            let r: ConnReader = Box::new(r);
+            (local, remote, Ok(r), Wire::Tcp(w), relayed)
         }
         Transport::Relay(end) => {
             // No address of its own: it arrives through the helper's session.
             let none = SocketAddr::from(([0, 0, 0, 0], 0));
-            let r = Box::new(crate::relay::SlotStream(end.clone()));
-            (none, none, r, Wire::Relay(end), true)
+            (none, none, Err(end.clone()), Wire::Relay(end), true)
         }
     };
     if let (Some(s), Some(d), false) = (&secured, &shared.detector, relayed) {
@@ -119,6 +121,19 @@ pub(crate) fn start_conn(
     // Every event of this connection's tasks carries its path, network and peer address.
     let span = tracing::info_span!("conn", %path, network, %remote, ?peer);
     shared.spawn(write_loop(io.clone()).instrument(span.clone()));
+    let reader = match reader {
+        Ok(r) => r,
+        Err(end) => {
+            end.install(InlineReader::new(
+                shared,
+                io.clone(),
+                bound,
+                opener,
+                done_tx,
+            ));
+            return Ok((io, done_rx));
+        }
+    };
     let sh = shared.clone();
     let conn = io.clone();
     shared.spawn(

@@ -1,10 +1,16 @@
 //! The reader of one connection: reads, opens records (unless insecure),
 //! and feeds the plaintext to its session — or, until its HELLO binds it,
 //! to the router — then reports the path down when the connection ends.
+//!
+//! A TCP connection has a task of its own that reads ([`read_loop`]). A
+//! connection a helper carries has none: its bytes arrive in the helper's
+//! relay messages, and the task that took one opens and feeds every slot
+//! it brought bytes for ([`InlineReader`]) — a task hand-off per client per
+//! relay message was the helped server's largest cost.
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -16,6 +22,8 @@ use surelink_proto::Input;
 use super::ConnIo;
 use crate::session::SessionHandle;
 use crate::shared::Shared;
+use surelink_proto::wire::CloseCode;
+use tokio::sync::oneshot;
 
 /// The read side of a connection: a TCP socket's read half, or a
 /// helper's slot (see `relay/`).
@@ -106,6 +114,101 @@ pub(super) async fn read_loop(
     match bound {
         Some(h) => h.path_down(&shared, io.path),
         None => shared.unbound_down(io.path),
+    }
+}
+
+/// The read side of a connection a helper carries, run by whoever
+/// delivers its bytes (see the module docs): the state [`read_loop`]
+/// keeps on its stack, kept here between deliveries.
+pub(crate) struct InlineReader {
+    shared: Weak<Shared>,
+    io: Arc<ConnIo>,
+    bound: Option<Arc<SessionHandle>>,
+    /// The record layer's opener and the bytes of a record not whole yet
+    /// (`None` when insecure).
+    opener: Option<(Opener, BytesMut)>,
+    /// Plaintext not fed yet.
+    buf: BytesMut,
+    done: oneshot::Sender<Option<CloseCode>>,
+}
+
+impl std::fmt::Debug for InlineReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InlineReader")
+            .field("path", &self.io.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl InlineReader {
+    pub(super) fn new(
+        shared: &Arc<Shared>,
+        io: Arc<ConnIo>,
+        bound: Option<Arc<SessionHandle>>,
+        opener: Option<(Opener, BytesMut)>,
+        done: oneshot::Sender<Option<CloseCode>>,
+    ) -> InlineReader {
+        InlineReader {
+            shared: Arc::downgrade(shared),
+            io,
+            bound,
+            opener,
+            buf: BytesMut::new(),
+            done,
+        }
+    }
+
+    /// Opens and feeds `chunks` (and whatever was left of the last ones).
+    /// `false`: the connection must end (bad input, or the endpoint is gone).
+    pub(crate) fn take(&mut self, chunks: impl Iterator<Item = bytes::Bytes>) -> bool {
+        let Some(shared) = self.shared.upgrade() else {
+            return false;
+        };
+        let into = match &mut self.opener {
+            Some((_, raw)) => raw,
+            None => &mut self.buf,
+        };
+        let mut n = 0;
+        for c in chunks {
+            n += c.len();
+            into.extend_from_slice(&c);
+        }
+        if n > 0 {
+            shared.stats.bytes_received(n);
+        }
+        let Some((o, raw)) = &mut self.opener else {
+            return self.buf.is_empty()
+                || feed(&shared, &self.io, &mut self.bound, &mut self.buf).is_ok();
+        };
+        let opened = o.open(raw, &mut self.buf);
+        if !self.buf.is_empty() && feed(&shared, &self.io, &mut self.bound, &mut self.buf).is_err()
+        {
+            return false;
+        }
+        if let Err(e) = opened {
+            refused(
+                &shared,
+                &self.io,
+                &e,
+                "refused a record; closing the connection",
+            );
+            return false;
+        }
+        true
+    }
+
+    /// The connection ended: its path is down, and its writer finishes
+    /// what is queued (a CLOSE frame) and stops.
+    pub(crate) fn finish(self) {
+        if let Some(shared) = self.shared.upgrade() {
+            match self.bound {
+                Some(h) => h.path_down(&shared, self.io.path),
+                None => shared.unbound_down(self.io.path),
+            }
+        }
+        self.io.failed.store(true, Ordering::Relaxed);
+        self.io.wake.notify_one();
+        let _ = self.done.send(self.io.peer_close());
     }
 }
 

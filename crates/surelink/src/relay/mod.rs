@@ -131,6 +131,8 @@ impl Relays {
                     if !e.push(body) {
                         debug!(%helper, slot = e.slot, "a slot's unread bytes passed their bound; closing it");
                         e.close(CloseCode::LIMIT.0);
+                    } else if e.wants_drain() {
+                        started.drains.push(e);
                     }
                 }
                 (Ok(Some((e, _))), _) => e.end_inbound(),
@@ -163,15 +165,22 @@ impl Relays {
 pub(crate) struct Started {
     links: Vec<Arc<RelayLink>>,
     slots: Vec<Arc<SlotEnd>>,
+    /// Running slots that were brought bytes: fed after the lock, here.
+    drains: Vec<Arc<SlotEnd>>,
 }
 
 impl Started {
     pub(crate) fn is_empty(&self) -> bool {
-        self.links.is_empty() && self.slots.is_empty()
+        self.links.is_empty() && self.slots.is_empty() && self.drains.is_empty()
     }
 
-    /// Starts each new relay's sender and each new slot's handshake.
+    /// Starts each new relay's sender and each new slot's handshake, and
+    /// feeds the running slots their bytes (in this task: one relay
+    /// message's clients without a task hand-off each).
     pub(crate) fn start(self, shared: &Arc<Shared>) {
+        for e in self.drains {
+            e.drain();
+        }
         let channel = shared.relays.as_ref().map_or(0, |r| r.channel);
         for l in self.links {
             shared.spawn(link::flush_loop(Arc::downgrade(shared), l, channel));

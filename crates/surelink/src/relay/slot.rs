@@ -3,6 +3,11 @@
 //! here reads what DATA records brought (bounded) and writes by appending
 //! DATA records to the helper's link (bounded), so the connection above
 //! it — handshake, record layer, session — runs as on any TCP stream.
+//!
+//! Reading: the handshake reads the slot as a stream (a waker per read);
+//! once the connection runs, its [`InlineReader`] is installed here and
+//! the task that delivered a relay message feeds every slot it brought
+//! bytes for ([`SlotEnd::drain`]) — no task of the slot's own is woken.
 
 use std::collections::VecDeque;
 use std::io;
@@ -16,6 +21,7 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::link::RelayLink;
+use crate::conn::InlineReader;
 
 /// Bytes a slot holds that its connection has not read: a client's
 /// session keeps at most its send window in flight, well under this; a
@@ -39,6 +45,13 @@ pub(crate) struct SlotEnd {
     link: Arc<RelayLink>,
     inbound: Mutex<Inbound>,
     closed: AtomicBool,
+    /// The connection's reader once it runs (`None` before, and after it
+    /// finished). Whoever holds this lock feeds the slot.
+    reader: Mutex<Option<InlineReader>>,
+    /// `reader` was installed: deliveries drain instead of waking.
+    inline: AtomicBool,
+    /// A drain of this slot is already on a delivery's list.
+    listed: AtomicBool,
 }
 
 impl SlotEnd {
@@ -48,7 +61,70 @@ impl SlotEnd {
             link,
             inbound: Mutex::new(Inbound::default()),
             closed: AtomicBool::new(false),
+            reader: Mutex::new(None),
+            inline: AtomicBool::new(false),
+            listed: AtomicBool::new(false),
         })
+    }
+
+    /// The connection above the slot runs: from now on its bytes are fed
+    /// by [`SlotEnd::drain`] (which runs once now, for what came meanwhile).
+    pub(crate) fn install(self: &Arc<Self>, r: InlineReader) {
+        *self.reader.lock() = Some(r);
+        self.inline.store(true, Ordering::Release);
+        self.drain();
+    }
+
+    /// Whether the caller that pushed bytes should put the slot on its
+    /// list to [`drain`](SlotEnd::drain) (once per list: `false` when
+    /// it is already on one, or when a reader task reads it).
+    pub(crate) fn wants_drain(&self) -> bool {
+        self.inline.load(Ordering::Acquire) && !self.listed.swap(true, Ordering::AcqRel)
+    }
+
+    /// Feeds the slot's connection everything queued, in order, unless
+    /// another caller is doing so (it then looks again before it lets go,
+    /// so nothing pushed meanwhile is left waiting); at the end of the
+    /// stream, reports the path down. Call without locks held.
+    pub(crate) fn drain(self: &Arc<Self>) {
+        loop {
+            let Some(mut guard) = self.reader.try_lock() else {
+                return;
+            };
+            self.listed.store(false, Ordering::Release);
+            let Some(r) = guard.as_mut() else { return };
+            let (chunks, ended) = {
+                let mut i = self.inbound.lock();
+                let n = i.bytes;
+                i.bytes = 0;
+                self.link.release_in(n);
+                (std::mem::take(&mut i.q), i.ended)
+            };
+            let alive = r.take(chunks.into_iter());
+            if !alive || ended {
+                if let Some(r) = guard.take() {
+                    drop(guard);
+                    r.finish();
+                }
+                return;
+            }
+            drop(guard);
+            let i = self.inbound.lock();
+            if i.q.is_empty() && !i.ended {
+                return;
+            }
+        }
+    }
+
+    /// A drain on a task of its own, for an end found where no drain
+    /// may run (under a session's lock).
+    fn drain_later(self: &Arc<Self>) {
+        if self.inline.load(Ordering::Acquire) {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let me = self.clone();
+                rt.spawn(async move { me.drain() });
+            }
+        }
     }
 
     /// The helper's relay this slot belongs to.
@@ -78,7 +154,7 @@ impl SlotEnd {
     }
 
     /// No more bytes come: the reader sees the end of the stream.
-    pub(crate) fn end_inbound(&self) {
+    pub(crate) fn end_inbound(self: &Arc<Self>) {
         let waker = {
             let mut i = self.inbound.lock();
             i.ended = true;
@@ -91,11 +167,12 @@ impl SlotEnd {
         if let Some(w) = waker {
             w.wake();
         }
+        self.drain_later();
     }
 
     /// Our side ends the slot: tells the helper (CLOSE) once, and ends
     /// the reader.
-    pub(crate) fn close(&self, code: u16) {
+    pub(crate) fn close(self: &Arc<Self>, code: u16) {
         if !self.closed.swap(true, Ordering::AcqRel) {
             self.link.close_slot(self.slot, code);
         }

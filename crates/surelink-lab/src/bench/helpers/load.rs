@@ -2,7 +2,9 @@
 //! helpers to the clients' core): N client endpoints, each its own
 //! member with its own key and source address, each with at most one
 //! request outstanding, calling the server open loop at a fixed total
-//! rate — directly, or only through helpers (`--helpers`). Prints
+//! rate — directly, or only through helpers (`--helpers`); or, for the
+//! arms users run today, memcached-protocol connections (`--memcached`).
+//! Prints
 //! `READY` once every client has its path, `MEASURE START` after the
 //! warm-up, and `MEASURE END {json}` with what the window measured.
 
@@ -19,6 +21,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use surelink::proto::{ClusterId, NodeId};
 use surelink::{Config, Endpoint, PeerConfig, RelayPath};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use super::{CLUSTER, FIRST_CLIENT, SERVER};
 
@@ -55,6 +58,90 @@ pub(crate) struct LoadArgs {
     /// `--helpers` drawn at random (release at half the SLA).
     #[arg(long)]
     activate_sla_ms: Option<u64>,
+    /// Instead of surelink sessions: memcached-protocol connections to
+    /// this address (memcached itself, or nutcracker in front of it),
+    /// each reading its own key, whose value is `--payload` bytes.
+    #[arg(long)]
+    memcached: Option<SocketAddr>,
+}
+
+/// One client: a surelink session, or a memcached-protocol connection.
+enum Client {
+    Session(Endpoint),
+    Memcached {
+        r: BufReader<tokio::net::tcp::OwnedReadHalf>,
+        w: tokio::net::tcp::OwnedWriteHalf,
+        get: Vec<u8>,
+        value: Bytes,
+        line: String,
+    },
+}
+
+impl Client {
+    /// Connects client `i` to memcached at `addr` and sets its key.
+    async fn memcached(addr: SocketAddr, i: usize, value: Bytes) -> Result<Client> {
+        let s = tokio::net::TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("connecting to {addr}"))?;
+        s.set_nodelay(true)?;
+        let (r, mut w) = s.into_split();
+        let key = format!("hb:{i}");
+        let mut set = format!("set {key} 0 0 {}\r\n", value.len()).into_bytes();
+        set.extend_from_slice(&value);
+        set.extend_from_slice(b"\r\n");
+        w.write_all(&set).await?;
+        let mut r = BufReader::new(r);
+        let mut line = String::new();
+        r.read_line(&mut line).await?;
+        if line != "STORED\r\n" {
+            bail!("set {key} through {addr}: {line:?}");
+        }
+        Ok(Client::Memcached {
+            r,
+            w,
+            get: format!("get {key}\r\n").into_bytes(),
+            value,
+            line,
+        })
+    }
+
+    /// One request and its answer: an echo call, or a `get` whose value
+    /// must be the one set.
+    async fn call(&mut self, body: &Bytes) -> Result<()> {
+        match self {
+            Client::Session(ep) => {
+                ep.call(NodeId(SERVER), 1, body.clone(), Duration::from_secs(5))
+                    .await?;
+                Ok(())
+            }
+            Client::Memcached {
+                r,
+                w,
+                get,
+                value,
+                line,
+            } => {
+                let answer = async {
+                    w.write_all(get).await?;
+                    line.clear();
+                    r.read_line(line).await?;
+                    let want = value.len();
+                    if !line.starts_with("VALUE ") || !line.ends_with(&format!(" {want}\r\n")) {
+                        bail!("unexpected answer {line:?}");
+                    }
+                    let mut got = vec![0; want + 2];
+                    r.read_exact(&mut got).await?;
+                    line.clear();
+                    r.read_line(line).await?;
+                    if got[..want] != value[..] || line != "END\r\n" {
+                        bail!("wrong value or end {line:?}");
+                    }
+                    Ok(())
+                };
+                tokio::time::timeout(Duration::from_secs(5), answer).await?
+            }
+        }
+    }
 }
 
 /// What the measured window saw.
@@ -113,8 +200,18 @@ pub(crate) async fn run(a: &LoadArgs) -> Result<()> {
     if a.clients == 0 || a.rate <= 0.0 {
         bail!("--clients and --rate must be positive");
     }
+    let body = Bytes::from(vec![0x5a; a.payload]);
     let mut eps: Vec<(Endpoint, Option<RelayPath>)> = Vec::with_capacity(a.clients);
+    let mut clients: Vec<Client> = Vec::with_capacity(a.clients);
+    if let Some(addr) = a.memcached {
+        for i in 0..a.clients {
+            clients.push(Client::memcached(addr, i, body.clone()).await?);
+        }
+    }
     for i in 0..a.clients {
+        if a.memcached.is_some() {
+            break;
+        }
         let ep = Endpoint::bind(client_config(a, i)?)
             .await
             .with_context(|| format!("binding client {i}"))?;
@@ -132,6 +229,7 @@ pub(crate) async fn run(a: &LoadArgs) -> Result<()> {
             bail!("client {i} has no path to the server");
         }
     }
+    clients.extend(eps.iter().map(|(ep, _)| Client::Session(ep.clone())));
     println!("READY");
     let hist = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(
         1, 60_000_000, 3,
@@ -150,10 +248,8 @@ pub(crate) async fn run(a: &LoadArgs) -> Result<()> {
             .map(|_| (AtomicU64::new(0), AtomicU64::new(0)))
             .collect(),
     );
-    let body = Bytes::from(vec![0x5a; a.payload]);
     let mut tasks = Vec::new();
-    for (i, (ep, _)) in eps.iter().enumerate() {
-        let ep = ep.clone();
+    for (i, mut client) in clients.into_iter().enumerate() {
         let (hist, measuring) = (hist.clone(), measuring.clone());
         let (completed, errors, skipped) = (completed.clone(), errors.clone(), skipped.clone());
         let body = body.clone();
@@ -175,9 +271,7 @@ pub(crate) async fn run(a: &LoadArgs) -> Result<()> {
                 }
                 last = at;
                 let t = std::time::Instant::now();
-                let r = ep
-                    .call(NodeId(SERVER), 1, body.clone(), Duration::from_secs(5))
-                    .await;
+                let r = client.call(&body).await;
                 if measuring.load(Ordering::Relaxed) {
                     match r {
                         Ok(_) => {

@@ -11,11 +11,18 @@
 //! marked invalid (the load, not the server, was the limit).
 //!
 //! Arms: `direct`; `self_clocking` (helpers, the default policy);
-//! `adaptive` (helpers, PostMan's Algorithm 1). Rounds alternate the arms.
+//! `adaptive` (helpers, PostMan's Algorithm 1); `activation` (clients
+//! start direct and move by their own p99). What users run today, on the
+//! same cores and cap: `memcached` (one thread, capped, every client
+//! connected to it: the direct arm's counterpart) and `nutcracker` (the
+//! clients through nutcracker on core 1, which pipelines their requests
+//! to the capped memcached: the helpers' counterpart); their clients
+//! read a `--payload`-byte value. Rounds alternate the arms.
 
 mod load;
 mod report;
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -33,7 +40,7 @@ pub(crate) const SERVER: u64 = 1;
 pub(crate) const FIRST_CLIENT: u64 = 100;
 
 /// `surelink-lab bench helpers`.
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub(crate) struct HelpersArgs {
     /// Client sessions.
     #[arg(long, default_value_t = 200)]
@@ -43,7 +50,9 @@ pub(crate) struct HelpersArgs {
     rates: Vec<f64>,
     /// Arms to run: direct, self_clocking, adaptive, activation (clients
     /// start direct and move to helpers by their own p99; self-clocking
-    /// helpers).
+    /// helpers); and what users run today: memcached (every client
+    /// connected to a capped one-thread memcached), nutcracker (the
+    /// clients through nutcracker on the clients' core to it).
     #[arg(
         long,
         value_delimiter = ',',
@@ -245,25 +254,48 @@ async fn step(
             None
         }
     };
-    let log = s.dir.join("server.log");
-    let server = Command::new("server", "taskset")
-        .args(["-c", "0"])
-        .arg(bin)
-        .args(["serve", "--config"])
-        .arg(s.dir.join("server.toml"))
-        .stdout(Output::Null)
-        .stderr(Output::Log(log))
-        .die_with_parent()
-        .spawn()?;
+    let mc = matches!(arm, "memcached" | "nutcracker");
+    let (server, mc_addr) = if mc {
+        let (p, addr) = spawn_memcached(s)?;
+        (p, Some(addr))
+    } else {
+        let log = s.dir.join("server.log");
+        let p = Command::new("server", "taskset")
+            .args(["-c", "0"])
+            .arg(bin)
+            .args(["serve", "--config"])
+            .arg(s.dir.join("server.toml"))
+            .stdout(Output::Null)
+            .stderr(Output::Log(log))
+            .die_with_parent()
+            .spawn()?;
+        (p, None)
+    };
     if let Some(c) = &cap {
         c.add(server.pid())?;
     }
-    wait_listening(
-        std::net::SocketAddr::new("127.0.1.1".parse()?, s.port),
-        Duration::from_secs(10),
-    )?;
     let mut helpers = Vec::new();
-    let via = arm != "direct";
+    let via = !mc && arm != "direct";
+    let mc_addr = match mc_addr {
+        Some(m) => {
+            wait_listening(m, Duration::from_secs(10))?;
+            if arm == "nutcracker" {
+                let (n, addr) = spawn_nutcracker(s, m)?;
+                helpers.push(n);
+                wait_listening(addr, Duration::from_secs(10))?;
+                Some(addr)
+            } else {
+                Some(m)
+            }
+        }
+        None => {
+            wait_listening(
+                std::net::SocketAddr::new("127.0.1.1".parse()?, s.port),
+                Duration::from_secs(10),
+            )?;
+            None
+        }
+    };
     if via {
         for (k, hp) in s.helper_ports.iter().enumerate() {
             let policy = if arm == "adaptive" {
@@ -301,6 +333,9 @@ async fn step(
         .args(["--rate", &rate.to_string()])
         .args(["--payload", &a.payload.to_string()])
         .args(["--seconds", &a.seconds.to_string()]);
+    if let Some(m) = mc_addr {
+        load = load.args(["--memcached", &m.to_string()]);
+    }
     if via {
         let addrs: Vec<String> = s
             .helper_ports
@@ -373,12 +408,116 @@ async fn step(
     ))
 }
 
+/// The programs users run today, when installed.
+fn memcached_bin() -> Option<PathBuf> {
+    surelink_lab::host::find_program("memcached", &["/usr/bin", "/usr/local/bin"])
+}
+
+fn nutcracker_bin() -> Option<PathBuf> {
+    surelink_lab::host::find_program("nutcracker", &["/usr/sbin", "/usr/local/sbin"])
+}
+
+/// memcached as the capped server: pinned to core 0, one worker thread
+/// (one core: more threads only switch), otherwise its defaults.
+fn spawn_memcached(s: &Setup) -> Result<(surelink_lab::child::Child, SocketAddr)> {
+    let bin = memcached_bin().context("memcached not installed")?;
+    let port = surelink_lab::host::free_port("127.0.1.1".parse()?)?;
+    let mut cmd = Command::new("memcached", "taskset")
+        .args(["-c", "0"])
+        .arg(bin)
+        .args([
+            "-l",
+            "127.0.1.1",
+            "-p",
+            &port.to_string(),
+            "-U",
+            "0",
+            "-t",
+            "1",
+        ])
+        .args(["-m", "64", "-c", "4096"]);
+    if surelink_lab::host::is_root() {
+        cmd = cmd.args(["-u", "root"]);
+    }
+    let p = cmd
+        .stdout(Output::Null)
+        .stderr(Output::Log(s.dir.join("memcached.log")))
+        .die_with_parent()
+        .spawn()?;
+    Ok((p, SocketAddr::from(([127, 0, 1, 1], port))))
+}
+
+/// nutcracker on core 1 in front of `server`, as a single-server pool is
+/// configured (no ejection: there is nowhere else to send).
+fn spawn_nutcracker(
+    s: &Setup,
+    server: SocketAddr,
+) -> Result<(surelink_lab::child::Child, SocketAddr)> {
+    let bin = nutcracker_bin().context("nutcracker not installed")?;
+    let port = surelink_lab::host::free_port("127.0.0.1".parse()?)?;
+    let stats = surelink_lab::host::free_port("127.0.0.1".parse()?)?;
+    let listen = SocketAddr::from(([127, 0, 0, 1], port));
+    let conf = s.dir.join("nutcracker.yml");
+    std::fs::write(
+        &conf,
+        format!(
+            "bench:\n  listen: {listen}\n  hash: fnv1a_64\n  distribution: ketama\n  \
+             timeout: 400\n  servers:\n   - {server}:1\n"
+        ),
+    )?;
+    let p = Command::new("nutcracker", "taskset")
+        .args(["-c", "1"])
+        .arg(bin)
+        .arg("-c")
+        .arg(&conf)
+        .args(["-s", &stats.to_string()])
+        .stdout(Output::Null)
+        .stderr(Output::Log(s.dir.join("nutcracker.log")))
+        .die_with_parent()
+        .spawn()?;
+    Ok((p, listen))
+}
+
+const ARMS: [&str; 6] = [
+    "direct",
+    "self_clocking",
+    "adaptive",
+    "activation",
+    "memcached",
+    "nutcracker",
+];
+
 pub(crate) async fn run(a: &HelpersArgs) -> Result<()> {
     let bin = surelink_bin(a)?;
+    let a_owned;
+    let mut a = a;
     for arm in &a.arms {
-        if !["direct", "self_clocking", "adaptive", "activation"].contains(&arm.as_str()) {
-            bail!("unknown arm {arm:?}: expected direct, self_clocking, adaptive or activation");
+        if !ARMS.contains(&arm.as_str()) {
+            bail!("unknown arm {arm:?}: expected one of {}", ARMS.join(", "));
         }
+    }
+    let missing = |arm: &str| match arm {
+        "memcached" => memcached_bin().is_none().then_some("memcached"),
+        "nutcracker" => (memcached_bin().is_none() || nutcracker_bin().is_none())
+            .then_some("memcached and nutcracker"),
+        _ => None,
+    };
+    if a.arms.iter().any(|arm| missing(arm).is_some()) {
+        for arm in &a.arms {
+            if let Some(what) = missing(arm) {
+                eprintln!("SKIPPED: the {arm} arm ({what} not installed)");
+            }
+        }
+        a_owned = HelpersArgs {
+            arms: a
+                .arms
+                .iter()
+                .filter(|arm| missing(arm).is_none())
+                .cloned()
+                .collect(),
+            ..a.clone()
+        };
+        a = &a_owned;
     }
     if surelink_lab::host::find_program("taskset", &[]).is_none() {
         bail!("taskset (util-linux) is needed to pin the server and the load");

@@ -102,14 +102,23 @@ pub(super) fn print(steps: &[Step], a: &HelpersArgs) {
         );
     }
     let rs = rows(steps);
-    for arm in ["self_clocking", "adaptive"] {
+    // Each batching arm against its own direct arm; and surelink's
+    // against what users run today.
+    for (arm, base) in [
+        ("self_clocking", "direct"),
+        ("adaptive", "direct"),
+        ("nutcracker", "memcached"),
+        ("self_clocking", "nutcracker"),
+        ("direct", "memcached"),
+    ] {
         for r in rs.iter().filter(|r| r.arm == arm) {
-            if let Some(d) = rs.iter().find(|d| d.arm == "direct" && d.rate == r.rate) {
+            if let Some(d) = rs.iter().find(|d| d.arm == base && d.rate == r.rate) {
                 println!(
-                    "{arm} at {:.0}/s: server CPU per request {:.2}× direct's, p99 {:.2}× direct's",
+                    "{arm} at {:.0}/s: server CPU per request {:.2}× {base}'s, p99 {:.2}× {base}'s{}",
                     r.rate,
                     r.server_us / d.server_us,
-                    r.p99 / d.p99
+                    r.p99 / d.p99,
+                    if r.invalid > 0 || d.invalid > 0 { " (a step was invalid)" } else { "" }
                 );
             }
         }
@@ -121,6 +130,8 @@ fn color(arm: &str) -> RGBColor {
         "direct" => RED,
         "self_clocking" => BLUE,
         "activation" => RGBColor(150, 0, 150),
+        "memcached" => RGBColor(120, 120, 120),
+        "nutcracker" => RGBColor(230, 140, 0),
         _ => RGBColor(0, 150, 0),
     }
 }
