@@ -60,7 +60,7 @@
 //! # write_batching = "auto"       # or "idle", "turn": when queued messages are written
 //!
 //! # [runtime]                     # the process's tokio runtime
-//! # worker_threads = 1            # default: 1 for `cache node|proxy` (one event loop), 2 otherwise
+//! # worker_threads = 1            # default: 1 for `cache node|proxy` (one event loop), 2 otherwise; at most the CPUs the process may use
 //!
 //! [core]                                            # all optional
 //! linger_ms = 30000
