@@ -89,6 +89,10 @@ pub(crate) struct HelpersArgs {
     /// Directory for helpers.json and helpers.png.
     #[arg(long, default_value = "results/bench")]
     out: PathBuf,
+    /// Measure nothing: print and plot (into `--out`) the steps of an
+    /// earlier run's helpers.json.
+    #[arg(long)]
+    from_json: Option<PathBuf>,
 }
 
 /// One measured step.
@@ -488,6 +492,18 @@ const ARMS: [&str; 6] = [
 ];
 
 pub(crate) async fn run(a: &HelpersArgs) -> Result<()> {
+    if let Some(j) = &a.from_json {
+        let text =
+            std::fs::read_to_string(j).with_context(|| format!("reading {}", j.display()))?;
+        let steps: Vec<Step> =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", j.display()))?;
+        std::fs::create_dir_all(&a.out)?;
+        report::print(&steps, a);
+        let png = a.out.join("helpers.png");
+        report::plot(&png, &steps)?;
+        eprintln!("wrote {}", png.display());
+        return Ok(());
+    }
     let bin = surelink_bin(a)?;
     let a_owned;
     let mut a = a;

@@ -163,13 +163,13 @@ pub(super) fn plot(path: &Path, steps: &[Step]) -> Result<()> {
         (&right, "server CPU per request (µs)", |r| r.server_us),
     ];
     for (area, label, pick) in panels {
-        let top = rs
-            .iter()
-            .map(pick)
-            .filter(|v| v.is_finite())
-            .fold(1.0, f64::max)
-            * 1.1;
-        let mut chart = panel(area, label, 20).build_cartesian_2d(0.0..max_rate, 0.0..top)?;
+        // Logarithmic: a saturated arm's seconds and the others'
+        // milliseconds on one panel.
+        let finite = || rs.iter().map(pick).filter(|v| v.is_finite() && *v > 0.0);
+        let top = finite().fold(1.0, f64::max) * 1.5;
+        let bottom = finite().fold(top, f64::min).max(0.1) / 1.5;
+        let mut chart =
+            panel(area, label, 20).build_cartesian_2d(0.0..max_rate, (bottom..top).log_scale())?;
         chart
             .configure_mesh()
             .x_desc("offered load (requests/s)")
@@ -179,7 +179,7 @@ pub(super) fn plot(path: &Path, steps: &[Step]) -> Result<()> {
             let pts: Vec<(f64, f64)> = rs
                 .iter()
                 .filter(|r| &r.arm == arm)
-                .map(|r| (r.rate, pick(r)))
+                .map(|r| (r.rate, pick(r).max(bottom)))
                 .collect();
             let c = color(arm);
             chart
@@ -196,7 +196,7 @@ pub(super) fn plot(path: &Path, steps: &[Step]) -> Result<()> {
                 } else {
                     c.filled()
                 };
-                Circle::new((r.rate, pick(r)), 5, style)
+                Circle::new((r.rate, pick(r).max(bottom)), 5, style)
             }))?;
         }
         draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
