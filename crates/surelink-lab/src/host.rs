@@ -111,3 +111,69 @@ impl Drop for CpuCap {
         }
     }
 }
+
+/// How the harness starts a memcached (the contender and the backend the
+/// lab's benches, demos and attacks run beside surelink).
+#[derive(Clone, Debug)]
+pub struct Memcached {
+    /// Listen address (`-l`).
+    pub listen: IpAddr,
+    /// Its TCP port (`-p`; UDP is off, `-U 0`).
+    pub port: u16,
+    /// Pin it to this core (`taskset -c`).
+    pub core: Option<usize>,
+    /// Worker threads (`-t`; memcached's default 4 when `None`).
+    pub threads: Option<u32>,
+    /// Item memory, MiB (`-m`; memcached's default 64 when `None`).
+    pub memory_mb: Option<u32>,
+}
+
+impl Memcached {
+    /// On `listen:port`, otherwise memcached's defaults.
+    pub fn new(listen: IpAddr, port: u16) -> Memcached {
+        Memcached {
+            listen,
+            port,
+            core: None,
+            threads: None,
+            memory_mb: None,
+        }
+    }
+
+    /// The command (`-u root` when root, which memcached requires),
+    /// named `name`, not yet spawned: the caller adds its output, its
+    /// namespace or `die_with_parent`.
+    pub fn command(&self, name: &str) -> Result<crate::child::Command> {
+        let bin = find_program("memcached", &["/usr/bin", "/usr/local/bin"])
+            .context("memcached not installed (apt-get install memcached)")?;
+        let mut c = match self.core {
+            Some(core) => crate::child::Command::new(name, "taskset")
+                .args(["-c", &core.to_string()])
+                .arg(bin),
+            None => crate::child::Command::new(name, bin),
+        };
+        c = c.args([
+            "-l",
+            &self.listen.to_string(),
+            "-p",
+            &self.port.to_string(),
+            "-U",
+            "0",
+        ]);
+        if let Some(t) = self.threads {
+            c = c.args(["-t", &t.to_string()]);
+        }
+        if let Some(m) = self.memory_mb {
+            c = c.args(["-m", &m.to_string()]);
+        }
+        if is_root() {
+            c = c.args(["-u", "root"]);
+        }
+        Ok(c)
+    }
+
+    /// Its address.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::new(self.listen, self.port)
+    }
+}

@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args as ClapArgs;
 use serde_json::json;
-use surelink_lab::child::Command;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -199,20 +198,12 @@ pub(crate) async fn run(a: &Args) -> Result<()> {
         seen_trickle.p99_ms
     );
     let memcached = match surelink_lab::host::find_program("memcached", &[]) {
-        Some(mc) => {
+        Some(_) => {
             let port = surelink_lab::host::free_port("127.0.0.1".parse()?)?;
-            let mut cmd = Command::new("memcached", mc).args([
-                "-l",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-                "-U",
-                "0",
-            ]);
-            if surelink_lab::host::is_root() {
-                cmd = cmd.args(["-u", "root"]);
-            }
-            let child = cmd.die_with_parent().spawn()?;
+            let child = surelink_lab::host::Memcached::new("127.0.0.1".parse()?, port)
+                .command("memcached")?
+                .die_with_parent()
+                .spawn()?;
             let addr = SocketAddr::from(([127, 0, 0, 1], port));
             let mut up = false;
             for _ in 0..100 {

@@ -248,29 +248,13 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
                 None
             }
         };
-        if let Some(mc) = &memcached {
+        if memcached.is_some() {
             let port = free_port(IpAddr::V4(Ipv4Addr::LOCALHOST))?;
             let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port);
-            let c = Command::new(format!("memcached-{}", n + 1), "taskset")
-                .args(["-c", "0"])
-                .arg(mc)
-                .args([
-                    "-l",
-                    "127.0.0.1",
-                    "-p",
-                    &port.to_string(),
-                    "-U",
-                    "0",
-                    "-m",
-                    "64",
-                    "-t",
-                    "1",
-                ])
-                .args(if surelink_lab::host::is_root() {
-                    vec!["-u", "root"]
-                } else {
-                    vec![]
-                })
+            let mut m = surelink_lab::host::Memcached::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port);
+            (m.core, m.threads, m.memory_mb) = (Some(0), Some(1), Some(64));
+            let c = m
+                .command(&format!("memcached-{}", n + 1))?
                 .die_with_parent()
                 .spawn()?;
             if let Some(cap) = &cap {

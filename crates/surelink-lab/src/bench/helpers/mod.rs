@@ -424,31 +424,16 @@ fn nutcracker_bin() -> Option<PathBuf> {
 /// memcached as the capped server: pinned to core 0, one worker thread
 /// (one core: more threads only switch), otherwise its defaults.
 fn spawn_memcached(s: &Setup) -> Result<(surelink_lab::child::Child, SocketAddr)> {
-    let bin = memcached_bin().context("memcached not installed")?;
     let port = surelink_lab::host::free_port("127.0.1.1".parse()?)?;
-    let mut cmd = Command::new("memcached", "taskset")
-        .args(["-c", "0"])
-        .arg(bin)
-        .args([
-            "-l",
-            "127.0.1.1",
-            "-p",
-            &port.to_string(),
-            "-U",
-            "0",
-            "-t",
-            "1",
-        ])
-        .args(["-m", "64", "-c", "4096"]);
-    if surelink_lab::host::is_root() {
-        cmd = cmd.args(["-u", "root"]);
-    }
+    let mut m = surelink_lab::host::Memcached::new("127.0.1.1".parse()?, port);
+    (m.core, m.threads) = (Some(0), Some(1));
+    let cmd = m.command("memcached")?.args(["-c", "4096"]);
     let p = cmd
         .stdout(Output::Null)
         .stderr(Output::Log(s.dir.join("memcached.log")))
         .die_with_parent()
         .spawn()?;
-    Ok((p, SocketAddr::from(([127, 0, 1, 1], port))))
+    Ok((p, m.addr()))
 }
 
 /// nutcracker on core 1 in front of `server`, as a single-server pool is
