@@ -29,7 +29,16 @@
 //! sends; the receiver while a `receiver_busy` window lasts — its heartbeats
 //! to the sender then say `WATCH` (modelled as a datagram every `interval`
 //! back to the sender, delayed like the rest), and the first one is an ask
-//! its monitor starts the short window from.
+//! its monitor starts the short window from; going quiet, one more
+//! without `WATCH` ends the ask (the sender takes the newest of them, as
+//! the shell does).
+//!
+//! With `answer_grace` (the default) the sender's pace follows answers:
+//! each data frame is a send awaiting one, and with `answer_delay` the
+//! receiver's connection reader acknowledges what it reads, back on the
+//! same network; a send unanswered for the grace makes the sender busy
+//! until answered. A stalled receiver, a cut path, a late answer all
+//! switch the pace.
 //!
 //! With `private` the receiver keeps the shell's private queues (the core
 //! monitor's "Private queues"): one per network that the sender's
@@ -158,6 +167,12 @@ pub struct DetectorScenario {
     /// Windows (start, length) in which the receiver has traffic in flight
     /// with the sender and asks for the busy pace.
     pub receiver_busy: Vec<(Duration, Duration)>,
+    /// The receiver answers the data it reads (an acknowledgement back on
+    /// the same network, this long after the read plus the network's
+    /// delay); the sender's pacer takes each as an answer to its sends
+    /// (`DetectorConfig::answer_grace`). `None`: no answers, so a sender
+    /// with `answer_grace` goes busy one grace after its data starts.
+    pub answer_delay: Option<Duration>,
 }
 
 /// What happened.
@@ -359,8 +374,12 @@ impl DetectorScenario {
         };
         let mut pacer = Pacer::new(cfg);
         let mut busy_round = Vec::new();
-        // The receiver's WATCH datagrams on their way to the sender.
-        let mut watch_flight: Vec<Time> = Vec::new();
+        // The receiver's heartbeats on their way to the sender, for what
+        // they say of WATCH: (arrival, WATCH, sequence).
+        let mut watch_flight: Vec<(Time, bool, u64)> = Vec::new();
+        let mut watch_seq = 0u64;
+        // The receiver's answers to data on their way to the sender.
+        let mut answer_flight: Vec<Time> = Vec::new();
         let mut receiver_was_busy = false;
         let mut next_watch = Time::ZERO;
         let mut monitor = Monitor::new(cfg, Time::ZERO);
@@ -409,17 +428,33 @@ impl DetectorScenario {
                         true
                     }
                 });
-                // The receiver's asks that arrived, and our own traffic.
-                watch_flight.retain(|&t| {
+                // The receiver's asks (and their ends) that arrived, and
+                // our own traffic.
+                watch_flight.sort_by_key(|&(t, _, _)| t);
+                watch_flight.retain(|&(t, watch, seq)| {
                     if t <= now {
-                        pacer.handle_watch(now, RECEIVER, true);
+                        pacer.handle_watch_ordered(now, RECEIVER, watch, Epoch(1), seq);
                         false
                     } else {
                         true
                     }
                 });
-                if self.data_every.is_some() && !self.paused(PauseTarget::SenderProcess, now) {
+                let lingering = cfg.answer_grace.is_none();
+                if lingering
+                    && self.data_every.is_some()
+                    && !self.paused(PauseTarget::SenderProcess, now)
+                {
                     pacer.handle_traffic(now, RECEIVER);
+                }
+                if !self.paused(PauseTarget::SenderProcess, now) {
+                    answer_flight.retain(|&t| {
+                        if t <= now {
+                            pacer.handle_answer(now, RECEIVER);
+                            false
+                        } else {
+                            true
+                        }
+                    });
                 }
                 // What this tick sends: the fence's heartbeat (stamped), a
                 // busy one (not), or both at once; per network, whether
@@ -523,6 +558,10 @@ impl DetectorScenario {
             {
                 next_data = now + self.data_every.unwrap_or(DATA_EVERY);
                 if fence.may_send(now) {
+                    if cfg.answer_grace.is_some() {
+                        // A send waiting for its answer (with a grace).
+                        pacer.handle_traffic(now, RECEIVER);
+                    }
                     out.data_sent.push(now);
                     let departs = self.departure(now);
                     out.last_departure = out.last_departure.max(Some(departs));
@@ -596,7 +635,16 @@ impl DetectorScenario {
             if !self.paused(PauseTarget::ReceiverStream, now) {
                 for (n, queued) in streams.iter_mut().enumerate() {
                     if std::mem::take(queued) > 0 {
-                        monitor.handle_heard(now, watch(u16::try_from(n).unwrap_or(0)));
+                        let network = u16::try_from(n).unwrap_or(0);
+                        monitor.handle_heard(now, watch(network));
+                        if let Some(d) = self.answer_delay {
+                            // Its acknowledgement goes back the same way.
+                            if !self.cut(network, now) {
+                                let delay =
+                                    Duration::from_micros(rng.random_range(0..=max_delay_us));
+                                answer_flight.push(now + d + delay);
+                            }
+                        }
                     }
                 }
             }
@@ -695,15 +743,18 @@ impl DetectorScenario {
             // busy (its heartbeat thread; the first one is the ask).
             if !self.paused(PauseTarget::ReceiverProcess, now) {
                 let busy = self.receiver_busy_at(now);
-                if busy && (!receiver_was_busy || now >= next_watch) {
-                    if !receiver_was_busy {
+                // Going quiet, its next heartbeat says so (no WATCH).
+                let ended = !busy && receiver_was_busy;
+                if ended || (busy && (!receiver_was_busy || now >= next_watch)) {
+                    if busy && !receiver_was_busy {
                         monitor.handle_watch_sent(now, SENDER);
                     }
                     next_watch = now + cfg.interval;
+                    watch_seq += 1;
                     for network in 0..2u16 {
                         if !self.cut(network, now) {
                             let delay = Duration::from_micros(rng.random_range(0..=max_delay_us));
-                            watch_flight.push(now + delay);
+                            watch_flight.push((now + delay, busy, watch_seq));
                         }
                     }
                 }

@@ -121,6 +121,9 @@ fn scenario() -> impl Strategy<Value = DetectorScenario> {
                     data_paths: 1 + u16::from(seed % 3 == 0),
                     private,
                     receiver_busy,
+                    // A quarter of the cases answer the data (the pace then
+                    // follows the answers: late ones, stalls and cuts switch it).
+                    answer_delay: (seed % 4 == 1).then(|| Duration::from_micros(seed % 15_000)),
                 }
             },
         )
@@ -212,6 +215,7 @@ fn a_two_second_receiver_pause_is_no_false_report() {
         data_paths: 2,
         private: false,
         receiver_busy: vec![],
+        answer_delay: None,
     };
     let out = s.run();
     assert!(out.peer_reports.is_empty(), "{:?}", out.peer_reports);
@@ -239,6 +243,7 @@ fn a_stalled_sender_is_fenced_then_reported() {
         data_paths: 2,
         private: false,
         receiver_busy: vec![],
+        answer_delay: None,
     };
     let out = s.run();
     let fenced = out.fenced_at.expect("fenced");
@@ -269,6 +274,7 @@ fn a_crash_is_reported_within_the_bound() {
         data_paths: 2,
         private: false,
         receiver_busy: vec![],
+        answer_delay: None,
     };
     check(&s).unwrap();
     let out = s.run();
@@ -308,6 +314,7 @@ fn the_property_catches_a_window_below_the_validated_minimum() {
             data_paths: 2,
             private: false,
             receiver_busy: vec![],
+            answer_delay: None,
         };
         if s.run().accuracy_violation().is_some() {
             broken += 1;
@@ -361,6 +368,7 @@ fn a_heartbeat_stamped_late_fences_even_if_read_later() {
             data_paths: 2,
             private: false,
             receiver_busy: vec![],
+            answer_delay: None,
         };
         check(&s).unwrap();
         let out = s.run();
@@ -398,6 +406,7 @@ fn a_forged_flood_holds_back_a_crash_report_only_without_private_queues() {
         data_paths: 2,
         private,
         receiver_busy: vec![],
+        answer_delay: None,
     };
     let s = scenario(true);
     check(&s).unwrap();
@@ -433,6 +442,7 @@ proptest! {
         data in any::<bool>(),
         receiver_busy in busy_windows(),
         two in any::<bool>(),
+        answers in prop_oneof![Just(None), (0u64..25).prop_map(|m| Some(Duration::from_millis(m)))],
     ) {
         let s = DetectorScenario {
             config: if two { two_paces() } else { config() },
@@ -448,6 +458,7 @@ proptest! {
             data_paths: 2,
             private: seed % 2 == 0,
             receiver_busy,
+            answer_delay: answers,
         };
         let out = s.run();
         prop_assert!(out.path_reports.is_empty(), "{:?}\n{s:?}", out.path_reports);
@@ -481,6 +492,7 @@ fn a_cut_is_found_within_the_window_of_the_pace() {
             data_paths: 2,
             private: false,
             receiver_busy: busy,
+            answer_delay: None,
         }
         .run()
     };
@@ -535,6 +547,7 @@ fn an_idle_pair_sends_at_the_idle_pace() {
             data_paths: 2,
             private: false,
             receiver_busy: busy,
+            answer_delay: None,
         }
         .run()
         .heartbeats
@@ -570,6 +583,7 @@ fn carrying(
         data_paths,
         private,
         receiver_busy: vec![(Duration::ZERO, Duration::from_millis(3000))],
+        answer_delay: None,
     }
 }
 
@@ -662,15 +676,100 @@ proptest! {
             1..4,
         ),
         data_paths in 1u16..=2,
+        answers in any::<bool>(),
     ) {
         let ms = Duration::from_millis;
         let faults = pauses
             .into_iter()
             .map(|(target, at, len)| DetectorFault::Pause { target, at: ms(at), len: ms(len) })
             .collect();
-        let s = carrying(faults, seed, private, data_paths);
+        let mut s = carrying(faults, seed, private, data_paths);
+        if answers {
+            // The receiver's stalls then hold back its answers too: the
+            // sender's pace switches as they stop and start.
+            s.answer_delay = Some(ms(1));
+            s.receiver_busy.clear();
+        }
         let out = s.run();
         prop_assert!(out.path_reports.is_empty(), "{:?}\n{s:?}", out.path_reports);
         prop_assert!(out.peer_reports.is_empty(), "{:?}\n{s:?}", out.peer_reports);
     }
+}
+
+/// The defaults with the receiver answering the sender's data (every 1 ms,
+/// acknowledged 1 ms after it is read), busy in `receiver_busy` windows.
+fn answered(
+    faults: Vec<DetectorFault>,
+    data_paths: u16,
+    receiver_busy: Vec<(Duration, Duration)>,
+) -> DetectorScenario {
+    DetectorScenario {
+        answer_delay: Some(Duration::from_millis(1)),
+        receiver_busy,
+        ..carrying(faults, 21, false, data_paths)
+    }
+}
+
+/// The pace follows answers (`answer_grace`, the default): a pair whose
+/// data is answered within the grace sends the fence's heartbeats and no
+/// busy-pace ones at all; the same data unanswered goes to the busy pace
+/// one grace after it starts.
+#[test]
+fn an_answered_pair_sends_only_the_fences_heartbeats() {
+    let out = answered(vec![], 2, vec![]).run();
+    // 3 s: 8 fence rounds on 2 networks, and nothing else.
+    assert!(out.heartbeats <= 18, "heartbeats: {}", out.heartbeats);
+    assert!(out.path_reports.is_empty(), "{:?}", out.path_reports);
+    let mut unanswered = answered(vec![], 1, vec![]);
+    unanswered.answer_delay = None;
+    let busy = unanswered.run().heartbeats;
+    assert!(busy >= 150, "unanswered data keeps the busy pace: {busy}");
+    // The lingering pace of before: busy for as long as data flows.
+    let mut lingering = answered(vec![], 1, vec![]);
+    lingering.config.answer_grace = None;
+    let old = lingering.run().heartbeats;
+    assert!(old >= 150, "linger: {old}");
+}
+
+/// An answered pair whose receiver has a call in flight (it asks): a cut
+/// is found within the busy window. With nothing in flight on the
+/// receiver's side, the sender's data answered on the other network: the
+/// idle window — what the session's own retransmission timer does
+/// meanwhile is not the detector's (it turns the path suspect).
+#[test]
+fn an_answered_pair_finds_a_cut_within_the_window_of_who_waits() {
+    let ms = Duration::from_millis;
+    let cut = DetectorFault::Cut {
+        at: ms(1000),
+        len: ms(1500),
+    };
+    let first = |s: DetectorScenario| {
+        let out = s.run();
+        assert!(out.peer_reports.is_empty());
+        assert!(
+            out.path_reports.iter().all(|(_, n)| *n == 1),
+            "{:?}",
+            out.path_reports
+        );
+        out.path_reports
+            .iter()
+            .find(|(_, n)| *n == 1)
+            .map(|(t, _)| t.since_origin())
+            .expect("network 1 reported")
+    };
+    let asked = first(answered(vec![cut], 2, vec![(ms(0), ms(3000))]));
+    assert!(
+        asked > ms(1040) && asked < ms(1085),
+        "receiver asks: {asked:?}"
+    );
+    let idle = first(answered(vec![cut], 2, vec![]));
+    // Within the idle window (1.2 s) of the last frame heard there.
+    assert!(idle > ms(1040) && idle < ms(2250), "nobody waits: {idle:?}");
+    // The standby network (data on network 0 alone) cut, nobody waiting:
+    // the idle window too.
+    let standby = first(answered(vec![cut], 1, vec![]));
+    assert!(
+        standby > ms(1040) && standby < ms(2250),
+        "standby: {standby:?}"
+    );
 }

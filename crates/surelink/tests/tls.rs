@@ -47,7 +47,9 @@ async fn nodes_with_certificates_talk_and_their_heartbeats_are_authenticated() {
     let LoopbackPair { server, client } = lb.start().await.unwrap();
     server.serve(|r: Request| async move { r.body });
     echo(&client, b"over tls").await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // An answered call leaves the pair at the idle pace: the fence's
+    // heartbeats, every 400 ms per network (and the greetings).
+    tokio::time::sleep(Duration::from_millis(1300)).await;
     let heard = |ep: &surelink::Endpoint| {
         let d = ep.stats().detector.unwrap();
         (d.heartbeats_received, d.datagrams_refused)
@@ -55,7 +57,7 @@ async fn nodes_with_certificates_talk_and_their_heartbeats_are_authenticated() {
     let (s0, _) = heard(&server);
     let (c0, _) = heard(&client);
     assert!(
-        s0 > 10 && c0 > 10,
+        s0 >= 5 && c0 >= 5,
         "heartbeats accepted: server {s0}, client {c0}"
     );
     // Kill network 1's connection: the re-dialled one brings a new key;
@@ -66,11 +68,11 @@ async fn nodes_with_certificates_talk_and_their_heartbeats_are_authenticated() {
             .wait_for_paths(SERVER, 2, Duration::from_secs(5))
             .await
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(1300)).await;
     let (s1, s_refused) = heard(&server);
     let (c1, c_refused) = heard(&client);
     assert!(
-        s1 > s0 + 10 && c1 > c0 + 10,
+        s1 >= s0 + 5 && c1 >= c0 + 5,
         "heartbeats after the re-dial: {s1}, {c1}"
     );
     // A heartbeat keyed by a connection the other end has not finished may

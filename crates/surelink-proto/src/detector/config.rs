@@ -64,9 +64,26 @@ pub struct DetectorConfig {
     /// `idle_interval`). A call or message to the peer switches its paths
     /// to `path_timeout` from the moment it is sent.
     pub idle_path_timeout: Duration,
-    /// A pair stays busy this long after its last traffic (so a burst
-    /// every few hundred milliseconds does not switch pace each time).
+    /// With `answer_grace` off: a pair stays busy this long after its last
+    /// traffic (so a burst every few hundred milliseconds does not switch
+    /// pace each time). With it on, only a probe
+    /// ([`crate::detector::Pacer::handle_probe`]) uses a linger, and not
+    /// this one.
     pub busy_linger: Duration,
+    /// How long a call or one-way message of ours may go unanswered — no
+    /// data (a reply, an acknowledgement) read from the peer since it went
+    /// — before the pair goes to the busy pace and asks the peer for it
+    /// (`WATCH`); answered, the pair drops back to the idle pace at once.
+    /// So the pace follows traffic *in flight*, not traffic in the last
+    /// `busy_linger`: a pair whose calls are answered within the grace
+    /// exchanges no busy-pace heartbeat at all (its answers are the
+    /// liveness signal), and a call that waits — a slow handler, a dead
+    /// path — is watched at the busy pace from the end of the grace.
+    /// Must cover the peer's acknowledgement delay (the shell's default
+    /// is 5 ms). `None`: the pace of before 2026-11-29 (busy for
+    /// `busy_linger` after any call, message or reply). Default: one
+    /// `interval`.
+    pub answer_grace: Option<Duration>,
     /// A peer whose every path has been silent this long is suspected and,
     /// after the checks, reported dead. Only this report is backed by the
     /// sender fence, so it must be at least `interval + send_slack +
@@ -139,6 +156,7 @@ impl DetectorConfig {
             idle_interval: interval * 4,
             idle_path_timeout: interval * 10,
             busy_linger: interval * 20,
+            answer_grace: Some(interval),
             path_timeout: interval * 5,
             timeout: interval * 15,
             send_slack: interval * 10,
@@ -183,6 +201,10 @@ impl DetectorConfig {
             ("detector.check_every", self.check_every),
             ("detector.barrier_timeout", self.barrier_timeout),
             ("detector.standby_interval", self.standby_interval),
+            (
+                "detector.answer_grace",
+                self.answer_grace.unwrap_or(Duration::MAX),
+            ),
         ] {
             if v.is_zero() {
                 return Err(ConfigError::Zero { field });
@@ -224,6 +246,15 @@ impl DetectorConfig {
                 other: "max(2 × idle_interval + max_network_delay, path_timeout) (µs)",
                 other_value: ms(idle_need),
                 why: "an idle path would be reported down between two of its heartbeats",
+            });
+        }
+        if let Some(g) = self.answer_grace.filter(|g| *g > self.idle_interval) {
+            return Err(ConfigError::Inconsistent {
+                field: "detector.answer_grace (µs)",
+                value: ms(g),
+                other: "detector.idle_interval (µs)",
+                other_value: ms(self.idle_interval),
+                why: "an unanswered call would be watched no sooner than an idle pair",
             });
         }
         if self.check_every > self.path_timeout.min(self.timeout) {

@@ -54,9 +54,17 @@
 //! ≥ 2·idle_interval + max_network_delay`. A path leaving a pace for a
 //! slower one says so in two copies at the faster pace first. A peer leaving the busy pace says so first (two
 //! heartbeats without `FAST` at the busy pace), so the window widens before
-//! the gaps do. Traffic of ours to a slow peer asks it for the busy pace
-//! (`WATCH`) and narrows the window at once: from the ask, a path that
-//! carries nothing for `path_timeout` is suspect — as fast as a busy path.
+//! the gaps do. Traffic of ours to a slow peer that goes unanswered for
+//! `answer_grace` asks it for the busy pace (`WATCH`) and narrows the
+//! window at once: from the ask, a path that carries nothing for
+//! `path_timeout` is suspect — as fast as a busy path. The ask ends with
+//! the wait (a newer heartbeat without `WATCH` ends the peer's busy pace,
+//! after its notices). None of this touches a *dead* report: the pace
+//! decides only which path window applies, and the fence's heartbeats,
+//! which alone back a dead report, go every `idle_interval` whatever the
+//! pace. A path report still needs its window of silence, then the
+//! barrier, drop and connection checks: an answer that never came is
+//! never itself a report.
 //!
 //! # Data as heartbeats
 //!

@@ -5,11 +5,39 @@
 //! [`super::Fence`] schedules those). On top of that, a peer is sent one
 //! every `interval` while the pair is *busy*:
 //!
-//! - we have traffic with it: a call, a message or a reply went to it
-//!   within `busy_linger` ([`Pacer::handle_traffic`]) — then our heartbeats
-//!   to it say `WATCH`, asking for its fast ones too;
-//! - or it asked: one of its heartbeats said `WATCH` within
-//!   `idle_interval` ([`Pacer::handle_watch`]).
+//! - we wait for it: a call or message of ours has gone unanswered for
+//!   `answer_grace` (see "Busy while unanswered"; without `answer_grace`,
+//!   any call, message or reply within `busy_linger`,
+//!   [`Pacer::handle_traffic`]), or a probe asked for a short spell —
+//!   then our heartbeats to it say `WATCH`, asking for its fast ones too;
+//! - or it asked: its newest heartbeat said `WATCH`, within
+//!   `idle_interval` ([`Pacer::handle_watch_ordered`]); a newer one
+//!   without `WATCH` ends the ask at once.
+//!
+//! # Busy while unanswered
+//!
+//! A pair's own traffic is the best liveness signal it has: a reply or an
+//! acknowledgement read from the peer shows the peer alive and a path
+//! working, at no cost. So with `answer_grace` (the default, one
+//! `interval`) the pace follows traffic *in flight*: a call or message
+//! that goes out starts a wait ([`Pacer::handle_traffic`]), any data read
+//! from the peer after it ends the wait ([`Pacer::handle_answer`]), and
+//! only a wait longer than the grace makes the pair busy — until nothing
+//! is waiting any more. A pair whose calls are answered within the grace
+//! (a cache, a metadata lookup) sends the fence's heartbeats alone
+//! however many calls it makes; a call that waits (a slow handler, a dead
+//! path, a frozen peer) is watched at the busy pace from the end of its
+//! grace. Replies ask for no answer (the caller waits for them, and its
+//! ask covers the reply's path). The shell looks at sends and answers at
+//! least once per grace while something waits, so the ask goes within
+//! two graces of the first unanswered send: **the window for traffic in
+//! flight is `path_timeout` from the ask, at most `2·answer_grace +
+//! path_timeout` (70 ms by default) after the send; for a pair with
+//! nothing in flight it is `idle_path_timeout` (1.2 s) for a path and
+//! `timeout` (2 s) for the peer.** A path that dies while another path of
+//! the pair keeps answering is left to the session (its retransmission
+//! timer turns the path suspect and re-sends on the answering one) and
+//! to the idle window here.
 //!
 //! Every heartbeat sent at the busy pace says `FAST`, so the receiver knows
 //! which window to watch the path with. When the pair goes quiet, two more
@@ -17,10 +45,11 @@
 //! (the receiver widens its window on the first; two, so one lost datagram
 //! does not leave it watching a slow path with a short window).
 //!
-//! A pair going busy — the first traffic after a quiet spell, or a first
-//! `WATCH` — is a *kick*: the shell wakes its sender, which sends the busy
-//! heartbeats at once instead of at the next tick, and the monitor expects
-//! the peer's answer within `path_timeout` ([`super::Monitor::handle_watch_sent`]).
+//! A pair going busy — a grace ending, a probe, a first `WATCH` (or
+//! without `answer_grace`, the first traffic after a quiet spell) — sends
+//! the busy heartbeats at once instead of at the next tick; when it is
+//! our ask, the monitor expects the peer's answer within `path_timeout`
+//! ([`Pacer::take_asks`], [`super::Monitor::handle_watch_sent`]).
 //!
 //! # Data stands in for busy heartbeats
 //!
@@ -62,7 +91,7 @@ use std::time::Duration;
 
 use super::datagram::{FLAG_FAST, FLAG_STANDBY, FLAG_WATCH};
 use super::DetectorConfig;
-use crate::ids::NodeId;
+use crate::ids::{Epoch, NodeId};
 use crate::time::Time;
 
 /// Heartbeats at the busy pace (or the last ones of it) that go out
@@ -71,10 +100,23 @@ const NOTICES: u8 = 2;
 
 #[derive(Clone, Copy, Debug, Default)]
 struct PeerPace {
-    /// Our traffic with the peer keeps the pair busy until then.
+    /// A probe (or, without `answer_grace`, our traffic) keeps the pair
+    /// busy until then.
     busy_until: Option<Time>,
     /// The peer's `WATCH` keeps it busy until then.
     watched_until: Option<Time>,
+    /// The newest of its heartbeats that set or cleared `watched_until`
+    /// (heartbeats on two networks overtake each other: an older one
+    /// saying nothing of `WATCH` must not end a newer one's).
+    watch_order: Option<(Epoch, u64)>,
+    /// With `answer_grace`: our latest call or message to the peer, the
+    /// latest data read from it, and the earliest send not answered yet
+    /// as far as we know (see "Busy while unanswered").
+    sent: Option<Time>,
+    answered: Option<Time>,
+    pending: Option<Time>,
+    /// Our last busy round to it said `WATCH`.
+    asking: bool,
     /// Our heartbeats to it currently say `FAST`.
     fast: bool,
     /// Busy-pace heartbeats without `FAST` still to send.
@@ -104,8 +146,12 @@ struct PathPace {
 }
 
 impl PeerPace {
-    fn busy(&self, now: Time) -> bool {
+    /// Busy: a probe (or the linger) holds, or a send of ours has waited
+    /// `grace` for an answer — or, once we asked, anything still waits
+    /// (a pair answering slowly does not switch pace at every answer).
+    fn busy(&self, now: Time, grace: Option<Duration>) -> bool {
         self.busy_until.is_some_and(|t| now < t)
+            || grace.is_some_and(|g| self.pending.is_some_and(|s| self.asking || now >= s + g))
     }
 
     fn watched(&self, now: Time) -> bool {
@@ -120,6 +166,8 @@ pub struct Pacer {
     /// `DetectorConfig::data_as_heartbeat`.
     data: bool,
     linger: Duration,
+    /// `DetectorConfig::answer_grace`.
+    grace: Option<Duration>,
     watch_linger: Duration,
     probe: Duration,
     peers: BTreeMap<NodeId, PeerPace>,
@@ -132,6 +180,8 @@ pub struct Pacer {
     /// The next busy-pace round (`None`: no peer is busy).
     next_round: Option<Time>,
     kicks: usize,
+    /// Peers whose `WATCH` the last rounds started (see [`Pacer::take_asks`]).
+    asks: Vec<NodeId>,
 }
 
 impl Pacer {
@@ -141,6 +191,7 @@ impl Pacer {
             interval: config.interval,
             data: config.data_as_heartbeat,
             linger: config.busy_linger,
+            grace: config.answer_grace,
             watch_linger: config.idle_interval,
             probe: config.path_timeout,
             peers: BTreeMap::new(),
@@ -149,20 +200,61 @@ impl Pacer {
             standby: config.standby_interval(),
             next_round: None,
             kicks: 0,
+            asks: Vec::new(),
         }
     }
 
-    /// We had traffic with `peer` at `now` (a call, a one-way message or a
-    /// reply went to it). Returns whether that is a kick: the pair was
-    /// quiet, so the shell should wake its sender now.
+    /// We had traffic with `peer` at `now` (a call, a one-way message or,
+    /// without `answer_grace`, a reply went to it). Returns whether that
+    /// is a kick: the pair was quiet, so the shell should wake its sender
+    /// now. With `answer_grace` it never is: the send only starts the
+    /// grace (see "Busy while unanswered"; [`Pacer::poll_timeout`] says
+    /// when it ends).
     pub fn handle_traffic(&mut self, now: Time, peer: NodeId) -> bool {
-        self.busy_for(now, peer, self.linger)
+        if self.grace.is_none() {
+            return self.busy_for(now, peer, self.linger);
+        }
+        let p = self.peers.entry(peer).or_default();
+        p.sent = p.sent.max(Some(now));
+        if p.pending.is_none() && p.answered.is_none_or(|a| now > a) {
+            // The first send we know of since the last answer.
+            p.pending = Some(now);
+        }
+        false
+    }
+
+    /// Data from `peer` was read at `at` (its latest read, any path): an
+    /// answer to every send of ours before it. Only with `answer_grace`.
+    pub fn handle_answer(&mut self, at: Time, peer: NodeId) {
+        if self.grace.is_none() {
+            return;
+        }
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        if p.answered.is_some_and(|a| a >= at) {
+            return;
+        }
+        p.answered = Some(at);
+        if p.pending.is_some_and(|s| at >= s) {
+            // What we sent after it waits still; we know only the latest
+            // send's time (a later start of the grace, never an earlier one).
+            p.pending = p.sent.filter(|s| *s > at);
+        }
+    }
+
+    /// Peers whose `WATCH` the rounds since the last call started (our
+    /// heartbeats to them now ask for the busy pace): the shell tells the
+    /// monitor ([`super::Monitor::handle_watch_sent`]).
+    pub fn take_asks(&mut self, out: &mut Vec<NodeId>) {
+        out.append(&mut self.asks);
     }
 
     /// Keeps the pair busy until `now + d` at least; a kick if it was not.
     fn busy_for(&mut self, now: Time, peer: NodeId, d: Duration) -> bool {
+        let grace = self.grace;
         let p = self.peers.entry(peer).or_default();
-        let was = p.busy(now);
+        let was = p.busy(now, grace);
         let until = now + d;
         if p.busy_until.is_none_or(|t| t < until) {
             p.busy_until = Some(until);
@@ -185,10 +277,42 @@ impl Pacer {
 
     /// An authentic heartbeat of `peer` arrived at `now`, saying `WATCH`
     /// or not. Returns whether that is a kick (it asked and we were slow).
+    /// A heartbeat without `WATCH` says nothing of the peer's wish; see
+    /// [`Pacer::handle_watch_ordered`].
     pub fn handle_watch(&mut self, now: Time, peer: NodeId, watch: bool) -> bool {
         if !watch {
             return false;
         }
+        self.watch(now, peer)
+    }
+
+    /// [`Pacer::handle_watch`] for a heartbeat whose place in the peer's
+    /// sequence is known (`epoch`, `seq`, as the shell checked them): one
+    /// without `WATCH` newer than the last that said it ends the peer's
+    /// ask at once — it went quiet — instead of an idle interval later.
+    /// Older ones (overtaken on another network) are ignored.
+    pub fn handle_watch_ordered(
+        &mut self,
+        now: Time,
+        peer: NodeId,
+        watch: bool,
+        epoch: Epoch,
+        seq: u64,
+    ) -> bool {
+        let order = (epoch, seq);
+        let p = self.peers.entry(peer).or_default();
+        if p.watch_order.is_some_and(|o| o >= order) {
+            return false;
+        }
+        p.watch_order = Some(order);
+        if !watch {
+            p.watched_until = None;
+            return false;
+        }
+        self.watch(now, peer)
+    }
+
+    fn watch(&mut self, now: Time, peer: NodeId) -> bool {
         let p = self.peers.entry(peer).or_default();
         p.watched_until = Some(now + self.watch_linger);
         let kick = !p.fast;
@@ -209,7 +333,7 @@ impl Pacer {
         if p.fast {
             f |= FLAG_FAST;
         }
-        if p.busy(now) {
+        if p.busy(now, self.grace) {
             f |= FLAG_WATCH;
         }
         f
@@ -279,15 +403,23 @@ impl Pacer {
     /// makes a round due at once. Returns whether a round is due.
     pub fn poll_round(&mut self, now: Time, out: &mut Vec<(NodeId, u16)>) -> bool {
         out.clear();
-        let due = self.kicks > 0 || self.next_round.is_some_and(|t| now >= t);
+        let due = self.kicks > 0
+            || self.next_round.is_some_and(|t| now >= t)
+            || self.grace_ends().is_some_and(|t| now >= t);
         if !due {
             return false;
         }
         self.kicks = 0;
         let mut more = false;
+        let grace = self.grace;
+        let asks = &mut self.asks;
         self.peers.retain(|peer, p| {
             p.kicked = false;
-            let busy = p.busy(now);
+            let busy = p.busy(now, grace);
+            if busy && !p.asking {
+                asks.push(*peer);
+            }
+            p.asking = busy;
             if busy || p.watched(now) {
                 p.fast = true;
                 p.notices = NOTICES;
@@ -301,8 +433,13 @@ impl Pacer {
             } else {
                 p.fast = false;
             }
-            // Nothing to remember about a quiet peer.
-            p.fast || p.notices > 0 || p.busy_until.is_some_and(|t| now < t)
+            // Nothing to remember about a quiet peer (its watch order
+            // aside, while it watches, and what waits for an answer).
+            p.fast
+                || p.notices > 0
+                || p.busy_until.is_some_and(|t| now < t)
+                || p.pending.is_some()
+                || p.watched(now)
         });
         self.next_round = more.then(|| now + self.interval);
         true
@@ -313,7 +450,27 @@ impl Pacer {
         if self.kicks > 0 {
             return Some(now);
         }
-        self.next_round
+        match (self.next_round, self.grace_ends()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The earliest end of a grace not yet acted on: a round is due then
+    /// (a peer already asked is in the rounds).
+    fn grace_ends(&self) -> Option<Time> {
+        let g = self.grace?;
+        self.peers
+            .values()
+            .filter(|p| !p.asking)
+            .filter_map(|p| p.pending.map(|s| s + g))
+            .min()
+    }
+
+    /// Whether some send of ours waits for an answer (the shell then looks
+    /// at its traffic and answers again within the grace).
+    pub fn awaits_answers(&self) -> bool {
+        self.grace.is_some() && self.peers.values().any(|p| p.pending.is_some())
     }
 
     /// The peer left: no busy pace for it.
@@ -342,11 +499,20 @@ mod tests {
         Pacer::new(&DetectorConfig::default())
     }
 
-    /// Traffic kicks a round at once; the busy pace holds while traffic
-    /// lingers, then two notices without FAST, then nothing.
+    /// The pace of before 2026-11-29 (`answer_grace` off).
+    fn lingering_pacer() -> Pacer {
+        Pacer::new(&DetectorConfig {
+            answer_grace: None,
+            ..DetectorConfig::default()
+        })
+    }
+
+    /// Without `answer_grace`: traffic kicks a round at once; the busy pace
+    /// holds while traffic lingers, then two notices without FAST, then
+    /// nothing.
     #[test]
     fn traffic_makes_a_pair_fast_then_it_slows_with_notices() {
-        let mut p = pacer();
+        let mut p = lingering_pacer();
         let a = NodeId(7);
         let mut out = Vec::new();
         assert!(!p.poll_round(ms(0), &mut out), "quiet: no busy rounds");
@@ -558,9 +724,109 @@ mod tests {
 
     #[test]
     fn forgetting_a_kicked_peer_leaves_no_kick() {
+        for mut p in [pacer(), lingering_pacer()] {
+            p.handle_traffic(ms(0), NodeId(1));
+            p.forget(NodeId(1));
+            assert_eq!(p.poll_timeout(ms(0)), None);
+            assert!(!p.awaits_answers());
+        }
+    }
+
+    /// By default a call answered within the grace (one interval) costs
+    /// no busy-pace heartbeat at all: no kick, no round.
+    #[test]
+    fn answered_traffic_stays_at_the_idle_pace() {
         let mut p = pacer();
-        p.handle_traffic(ms(0), NodeId(1));
-        p.forget(NodeId(1));
-        assert_eq!(p.poll_timeout(ms(0)), None);
+        let a = NodeId(7);
+        let mut out = Vec::new();
+        for call in 0..20u64 {
+            let t = call * 50;
+            assert!(!p.handle_traffic(ms(t), a), "a send is no kick");
+            assert!(p.awaits_answers());
+            assert_eq!(p.poll_timeout(ms(t)), Some(ms(t + 10)), "the grace ends");
+            p.handle_answer(ms(t + 3), a);
+            assert!(!p.awaits_answers());
+            assert!(!p.poll_round(ms(t + 10), &mut out), "answered: no round");
+            assert_eq!(p.flags(ms(t + 10), a), 0);
+        }
+        assert_eq!(p.fast_peers(), 0);
+        let mut asks = Vec::new();
+        p.take_asks(&mut asks);
+        assert!(asks.is_empty());
+    }
+
+    /// A send unanswered for the grace makes the pair busy — WATCH, an ask
+    /// the shell gives the monitor — until the answer comes; then the two
+    /// notices, and quiet.
+    #[test]
+    fn an_unanswered_send_asks_after_the_grace_until_answered() {
+        let mut p = pacer();
+        let a = NodeId(7);
+        let mut out = Vec::new();
+        let mut asks = Vec::new();
+        p.handle_traffic(ms(100), a);
+        // An answer read before the send answers nothing.
+        p.handle_answer(ms(99), a);
+        assert!(p.awaits_answers());
+        assert!(!p.poll_round(ms(105), &mut out), "within the grace");
+        assert_eq!(p.flags(ms(105), a), 0);
+        assert!(p.poll_round(ms(110), &mut out));
+        assert_eq!(out, vec![(a, FLAG_FAST | FLAG_WATCH)]);
+        p.take_asks(&mut asks);
+        assert_eq!(asks, vec![a], "the ask goes to the monitor once");
+        // More sends while waiting: still the same wait.
+        p.handle_traffic(ms(115), a);
+        assert!(p.poll_round(ms(120), &mut out));
+        assert_eq!(out, vec![(a, FLAG_FAST | FLAG_WATCH)]);
+        p.take_asks(&mut asks);
+        assert_eq!(asks, vec![a], "no second ask while it lasts");
+        // Data read at 121 answers both; a send at 125 waits, and the pair,
+        // asking already, stays busy while it does.
+        p.handle_traffic(ms(125), a);
+        p.handle_answer(ms(121), a);
+        assert!(p.awaits_answers());
+        assert!(p.poll_round(ms(130), &mut out));
+        assert_eq!(out, vec![(a, FLAG_FAST | FLAG_WATCH)]);
+        p.handle_answer(ms(131), a);
+        assert!(!p.awaits_answers());
+        assert!(p.poll_round(ms(140), &mut out));
+        assert_eq!(out, vec![(a, 0)], "first notice");
+        assert!(p.poll_round(ms(150), &mut out));
+        assert_eq!(out, vec![(a, 0)], "second notice");
+        assert!(p.poll_round(ms(160), &mut out));
+        assert!(out.is_empty());
+        assert_eq!(p.poll_timeout(ms(160)), None);
+        // A new wait asks again.
+        p.handle_traffic(ms(200), a);
+        assert_eq!(p.poll_timeout(ms(200)), Some(ms(210)));
+        assert!(p.poll_round(ms(210), &mut out));
+        p.take_asks(&mut asks);
+        assert_eq!(asks, vec![a, a]);
+    }
+
+    /// A heartbeat without WATCH, newer than the last with it, ends the
+    /// peer's ask at once; an older one (overtaken on the other network)
+    /// does not.
+    #[test]
+    fn a_newer_heartbeat_without_watch_ends_the_ask() {
+        let mut p = pacer();
+        let b = NodeId(9);
+        let e = Epoch(1);
+        let mut out = Vec::new();
+        assert!(p.handle_watch_ordered(ms(0), b, true, e, 10));
+        assert!(p.poll_round(ms(0), &mut out));
+        assert_eq!(out, vec![(b, FLAG_FAST)]);
+        assert!(!p.handle_watch_ordered(ms(5), b, false, e, 9), "older");
+        assert!(p.poll_round(ms(10), &mut out));
+        assert_eq!(out, vec![(b, FLAG_FAST)], "still watched");
+        assert!(!p.handle_watch_ordered(ms(12), b, false, e, 11));
+        assert!(p.poll_round(ms(20), &mut out));
+        assert_eq!(out, vec![(b, 0)], "ended: notices at once");
+        // A replayed WATCH from before does not start it again.
+        assert!(!p.handle_watch_ordered(ms(25), b, true, e, 10));
+        assert!(p.poll_round(ms(30), &mut out));
+        assert_eq!(out, vec![(b, 0)], "second notice");
+        // A new incarnation's counter starts low, and is newer.
+        assert!(p.handle_watch_ordered(ms(40), b, true, Epoch(2), 1));
     }
 }

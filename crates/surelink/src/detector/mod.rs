@@ -180,6 +180,11 @@ pub(crate) struct Detector {
     probed: Mutex<Vec<NodeId>>,
     probes: AtomicU64,
     kick_count: AtomicU64,
+    /// With `answer_grace`: when the sender will next look at the traffic
+    /// stamps, ns (a send wakes it only if that is later than the grace
+    /// allows), and whether a send came since it last looked.
+    sender_plan: AtomicU64,
+    traffic_dirty: std::sync::atomic::AtomicBool,
     busy_rounds: AtomicU64,
     /// When the checker will look next, ns (it is woken for anything
     /// earlier: a new path, an ask for the busy pace).
@@ -358,6 +363,8 @@ impl Detector {
             probed: Mutex::new(Vec::new()),
             probes: AtomicU64::new(0),
             kick_count: AtomicU64::new(0),
+            sender_plan: AtomicU64::new(0),
+            traffic_dirty: std::sync::atomic::AtomicBool::new(false),
             busy_rounds: AtomicU64::new(0),
             checker_wake: AtomicU64::new(0),
             sender_thread: std::sync::OnceLock::new(),

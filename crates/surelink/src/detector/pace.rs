@@ -22,13 +22,26 @@ impl Detector {
     }
 
     /// We have traffic in flight with `peer` (`cell` is its
-    /// [`Detector::traffic_cell`]): an atomic store, and on a quiet pair's
-    /// first traffic a kick — the sender asks the peer for the busy pace
-    /// at once, so a call on an idle pair is watched as closely as on a
-    /// busy one.
+    /// [`Detector::traffic_cell`]): an atomic store. With `answer_grace`
+    /// the sender looks at it within the grace (woken only if it sleeps
+    /// longer), and asks the peer for the busy pace if no answer came by
+    /// then. Without, a quiet pair's first traffic is a kick — the sender
+    /// asks the peer for the busy pace at once.
     pub(crate) fn note_traffic(&self, peer: NodeId, cell: &AtomicU64) {
         let now = self.gate.now().as_nanos().max(1);
         let prev = cell.swap(now, Ordering::Relaxed);
+        if let Some(grace) = self.cfg.answer_grace {
+            // Either the sender sees the flag after planning its sleep, or
+            // we see its plan (both sequentially consistent).
+            self.traffic_dirty.store(true, Ordering::SeqCst);
+            let grace = u64::try_from(grace.as_nanos()).unwrap_or(u64::MAX);
+            if self.sender_plan.load(Ordering::SeqCst) > now.saturating_add(grace) {
+                if let Some(t) = self.sender_thread.get() {
+                    t.unpark();
+                }
+            }
+            return;
+        }
         let linger = u64::try_from(self.cfg.busy_linger.as_nanos()).unwrap_or(u64::MAX);
         if prev == 0 || now.saturating_sub(prev) >= linger {
             self.kicks.lock().push(peer);
@@ -36,6 +49,15 @@ impl Detector {
             if let Some(t) = self.sender_thread.get() {
                 t.unpark();
             }
+        }
+    }
+
+    /// A reply went to `peer`: traffic for the pace only without
+    /// `answer_grace` (with it, the caller waits for the reply, and its
+    /// ask covers the reply's path: a reply asks for no answer).
+    pub(crate) fn note_reply(&self, peer: NodeId, cell: &AtomicU64) {
+        if self.cfg.answer_grace.is_none() {
+            self.note_traffic(peer, cell);
         }
     }
 

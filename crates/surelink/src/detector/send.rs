@@ -155,7 +155,14 @@ impl Detector {
                 };
                 self.send_round(Round::Greet(&round), &mut st);
             }
-            if self.pacer.lock().poll_round(now, &mut busy) {
+            let due = {
+                let mut pacer = self.pacer.lock();
+                let due = pacer.poll_round(now, &mut busy);
+                // Sends unanswered for the grace: our WATCH goes now.
+                pacer.take_asks(&mut st.kicked);
+                due
+            };
+            if due {
                 self.send_round(Round::Busy(&busy), &mut st);
                 self.busy_rounds.fetch_add(1, Ordering::Relaxed);
                 if !st.kicked.is_empty() {
@@ -187,11 +194,30 @@ impl Detector {
                 }
             };
             let busy_next = self.pacer.lock().poll_timeout(self.gate.now());
-            match (next, busy_next) {
-                (Some(a), Some(b)) => self.sleep_until(a.min(b)),
-                (Some(t), None) | (None, Some(t)) => self.sleep_until(t),
+            let wake = match (next, busy_next) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (Some(t), None) | (None, Some(t)) => Some(t),
                 // Fenced, nobody busy: until a kick or the new epoch.
-                (None, None) => std::thread::park_timeout(Duration::from_millis(100)),
+                (None, None) => None,
+            };
+            if self.cfg.answer_grace.is_some() {
+                // Sends since we looked are looked at within their grace:
+                // publish the plan, then see whether one came meanwhile.
+                let plan = wake.unwrap_or(self.gate.now() + Duration::from_millis(100));
+                self.sender_plan.store(plan.as_nanos(), Ordering::SeqCst);
+                if self.traffic_dirty.load(Ordering::SeqCst) {
+                    let grace = self.cfg.answer_grace.unwrap_or_default();
+                    let soon = self.gate.now() + grace;
+                    if plan > soon {
+                        self.sender_plan.store(soon.as_nanos(), Ordering::SeqCst);
+                        self.sleep_until(soon);
+                        continue;
+                    }
+                }
+            }
+            match wake {
+                Some(t) => self.sleep_until(t),
+                None => std::thread::park_timeout(Duration::from_millis(100)),
             }
         }
     }
@@ -199,6 +225,7 @@ impl Detector {
     /// Gives the pacer the traffic stamped since the last look, and the
     /// kicks (a quiet pair's first traffic) with it.
     fn fold_traffic(&self, now: Time, st: &mut SenderState) {
+        self.traffic_dirty.store(false, Ordering::SeqCst);
         let kicks: Vec<NodeId> = std::mem::take(&mut *self.kicks.lock());
         let cells: Vec<(NodeId, u64)> = self
             .traffic
@@ -225,6 +252,15 @@ impl Detector {
         for peer in kicks {
             if pacer.handle_traffic(now, peer) || !pacer.is_fast(peer) {
                 st.kicked.push(peer);
+            }
+        }
+        if self.cfg.answer_grace.is_some() && pacer.awaits_answers() {
+            // Data read from a peer answers our sends before it.
+            for ((peer, _), t) in self.heard.lock().iter() {
+                let t = t.load(Ordering::Relaxed);
+                if t > 0 {
+                    pacer.handle_answer(Time::from_nanos(t).min(now), *peer);
+                }
             }
         }
         drop(pacer);

@@ -255,7 +255,11 @@ impl Detector {
             }
         }
         let watching = hb.flags & datagram::FLAG_WATCH != 0;
-        if self.pacer.lock().handle_watch(now, hb.node, watching) {
+        if self
+            .pacer
+            .lock()
+            .handle_watch_ordered(now, hb.node, watching, hb.epoch, hb.seq)
+        {
             self.wake_sender();
         }
         Ok(())

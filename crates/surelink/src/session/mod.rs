@@ -310,6 +310,17 @@ impl SessionHandle {
         }
     }
 
+    /// A reply is about to go to the peer (see `Detector::note_reply`).
+    pub(crate) fn note_reply(&self, shared: &Shared) {
+        if self.relayed.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some(d) = &shared.detector {
+            let cell = self.traffic.get_or_init(|| d.traffic_cell(self.node));
+            d.note_reply(self.node, cell);
+        }
+    }
+
     /// Data from the peer arrived through a helper (`true`) or directly.
     /// When that changes, so does where our traffic to it goes: while its
     /// data comes through a helper, ours prefers going back the same way
@@ -349,7 +360,7 @@ impl SessionHandle {
         call: CallId,
         result: Result<Bytes, RemoteError>,
     ) {
-        self.note_traffic(shared);
+        self.note_reply(shared);
         self.with_output(shared, Reading::Fresh, |g, now| {
             let len = result.as_ref().map_or(0, Bytes::len);
             if let Err(e) = g.core.complete(now, call, result) {
