@@ -109,6 +109,19 @@ fn parses_the_documented_example_and_refuses_typos() {
     let err = parse("node = 1\ncluster = 7\n[detector]\ntimeout_ms = 20\n").unwrap_err();
     assert!(matches!(err, ConfigError::Invalid(_)), "{err:?}");
     assert!(error_chain(&err).contains("detector.timeout"), "{err}");
+    // The pace following answers: off by default, opt-in in ms, and no
+    // longer than the idle interval.
+    let l = parse("node = 1\ncluster = 7\n").unwrap();
+    assert_eq!(l.config.detector.answer_grace, None);
+    let l = parse("node = 1\ncluster = 7\n[detector]\nanswer_grace_ms = 10\n").unwrap();
+    assert_eq!(
+        l.config.detector.answer_grace,
+        Some(Duration::from_millis(10))
+    );
+    let l = parse("node = 1\ncluster = 7\n[detector]\nanswer_grace_ms = 0\n").unwrap();
+    assert_eq!(l.config.detector.answer_grace, None);
+    let err = parse("node = 1\ncluster = 7\n[detector]\nanswer_grace_ms = 500\n").unwrap_err();
+    assert!(error_chain(&err).contains("detector.answer_grace"), "{err}");
     let err = parse("node = 1\ncluster = 7\n[detector]\nmode = \"fast\"\n").unwrap_err();
     assert!(
         matches!(&err, ConfigError::DetectorMode(m) if m == "fast"),

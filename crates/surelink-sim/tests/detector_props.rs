@@ -107,6 +107,11 @@ fn scenario() -> impl Strategy<Value = DetectorScenario> {
                 let mut config = if tight_config { tight() } else { config() };
                 // Half the cases let the data stand in for busy heartbeats.
                 config.data_as_heartbeat = seed % 2 == 1;
+                // Half the pace follows answers (`answer_grace`), half
+                // lingers (the default).
+                if (seed / 2) % 2 == 0 {
+                    config.answer_grace = Some(config.interval);
+                }
                 DetectorScenario {
                     config,
                     faults,
@@ -444,8 +449,12 @@ proptest! {
         two in any::<bool>(),
         answers in prop_oneof![Just(None), (0u64..25).prop_map(|m| Some(Duration::from_millis(m)))],
     ) {
+        let mut config = if two { two_paces() } else { config() };
+        if answers.is_some() || seed % 3 == 0 {
+            config.answer_grace = Some(config.interval);
+        }
         let s = DetectorScenario {
-            config: if two { two_paces() } else { config() },
+            config,
             faults: vec![],
             run_for: RUN,
             queue_capacity: 64,
@@ -688,6 +697,7 @@ proptest! {
             // The receiver's stalls then hold back its answers too: the
             // sender's pace switches as they stop and start.
             s.answer_delay = Some(ms(1));
+            s.config.answer_grace = Some(ms(10));
             s.receiver_busy.clear();
         }
         let out = s.run();
@@ -703,14 +713,16 @@ fn answered(
     data_paths: u16,
     receiver_busy: Vec<(Duration, Duration)>,
 ) -> DetectorScenario {
-    DetectorScenario {
+    let mut s = DetectorScenario {
         answer_delay: Some(Duration::from_millis(1)),
         receiver_busy,
         ..carrying(faults, 21, false, data_paths)
-    }
+    };
+    s.config.answer_grace = Some(Duration::from_millis(10));
+    s
 }
 
-/// The pace follows answers (`answer_grace`, the default): a pair whose
+/// The pace follows answers (`answer_grace`, opt-in): a pair whose
 /// data is answered within the grace sends the fence's heartbeats and no
 /// busy-pace ones at all; the same data unanswered goes to the busy pace
 /// one grace after it starts.

@@ -76,8 +76,8 @@
 //! path_timeout_ms = 50                              # a busy pair's path window
 //! idle_interval_ms = 400                            # the fence's pace, every peer
 //! idle_path_timeout_ms = 1200                       # an idle pair's path window
-//! answer_grace_ms = 10                              # a call unanswered this long: busy pace (0: off)
-//! busy_linger_ms = 1000                             # with answer_grace_ms = 0: busy this long after traffic
+//! busy_linger_ms = 1000                             # busy this long after the last traffic
+//! answer_grace_ms = 0                               # opt-in (e.g. 10): busy only while a call waits this long
 //! timeout_ms = 2000
 //! send_slack_ms = 1500
 //! max_network_delay_ms = 10

@@ -80,9 +80,12 @@ pub struct DetectorConfig {
     /// liveness signal), and a call that waits — a slow handler, a dead
     /// path — is watched at the busy pace from the end of the grace.
     /// Must cover the peer's acknowledgement delay (the shell's default
-    /// is 5 ms). `None`: the pace of before 2026-11-29 (busy for
-    /// `busy_linger` after any call, message or reply). Default: one
-    /// `interval`.
+    /// is 5 ms). `None` (the default): busy for `busy_linger` after any
+    /// call, message or reply. Opt-in since 2026-11-29, typically one
+    /// `interval`: it cut a server's CPU with 50 calling clients to
+    /// 0.41×, but the random-fault soak's tails were 1.6–2.6× longer with
+    /// it (an answered pair's unused path is watched at the idle pace; see
+    /// docs/detector.md, "Busy while unanswered").
     pub answer_grace: Option<Duration>,
     /// A peer whose every path has been silent this long is suspected and,
     /// after the checks, reported dead. Only this report is backed by the
@@ -156,7 +159,7 @@ impl DetectorConfig {
             idle_interval: interval * 4,
             idle_path_timeout: interval * 10,
             busy_linger: interval * 20,
-            answer_grace: Some(interval),
+            answer_grace: None,
             path_timeout: interval * 5,
             timeout: interval * 15,
             send_slack: interval * 10,

@@ -18,7 +18,7 @@
 //!
 //! A pair's own traffic is the best liveness signal it has: a reply or an
 //! acknowledgement read from the peer shows the peer alive and a path
-//! working, at no cost. So with `answer_grace` (the default, one
+//! working, at no cost. So with `answer_grace` (opt-in, typically one
 //! `interval`) the pace follows traffic *in flight*: a call or message
 //! that goes out starts a wait ([`Pacer::handle_traffic`]), any data read
 //! from the peer after it ends the wait ([`Pacer::handle_answer`]), and
@@ -32,7 +32,7 @@
 //! least once per grace while something waits, so the ask goes within
 //! two graces of the first unanswered send: **the window for traffic in
 //! flight is `path_timeout` from the ask, at most `2·answer_grace +
-//! path_timeout` (70 ms by default) after the send; for a pair with
+//! path_timeout` (70 ms with a 10 ms grace) after the send; for a pair with
 //! nothing in flight it is `idle_path_timeout` (1.2 s) for a path and
 //! `timeout` (2 s) for the peer.** A path that dies while another path of
 //! the pair keeps answering is left to the session (its retransmission
@@ -306,7 +306,11 @@ impl Pacer {
         }
         p.watch_order = Some(order);
         if !watch {
-            p.watched_until = None;
+            // Only a pace that follows answers ends asks early (with the
+            // linger, a peer's ask lasts its idle interval, as before).
+            if self.grace.is_some() {
+                p.watched_until = None;
+            }
             return false;
         }
         self.watch(now, peer)
@@ -499,10 +503,18 @@ mod tests {
         Pacer::new(&DetectorConfig::default())
     }
 
-    /// The pace of before 2026-11-29 (`answer_grace` off).
+    /// The default pace (`answer_grace` off).
     fn lingering_pacer() -> Pacer {
         Pacer::new(&DetectorConfig {
             answer_grace: None,
+            ..DetectorConfig::default()
+        })
+    }
+
+    /// The pace following answers (`answer_grace` one interval).
+    fn answering_pacer() -> Pacer {
+        Pacer::new(&DetectorConfig {
+            answer_grace: Some(Duration::from_millis(10)),
             ..DetectorConfig::default()
         })
     }
@@ -724,7 +736,7 @@ mod tests {
 
     #[test]
     fn forgetting_a_kicked_peer_leaves_no_kick() {
-        for mut p in [pacer(), lingering_pacer()] {
+        for mut p in [answering_pacer(), lingering_pacer()] {
             p.handle_traffic(ms(0), NodeId(1));
             p.forget(NodeId(1));
             assert_eq!(p.poll_timeout(ms(0)), None);
@@ -732,11 +744,11 @@ mod tests {
         }
     }
 
-    /// By default a call answered within the grace (one interval) costs
-    /// no busy-pace heartbeat at all: no kick, no round.
+    /// With `answer_grace`, a call answered within the grace (one
+    /// interval) costs no busy-pace heartbeat at all: no kick, no round.
     #[test]
     fn answered_traffic_stays_at_the_idle_pace() {
-        let mut p = pacer();
+        let mut p = answering_pacer();
         let a = NodeId(7);
         let mut out = Vec::new();
         for call in 0..20u64 {
@@ -760,7 +772,7 @@ mod tests {
     /// notices, and quiet.
     #[test]
     fn an_unanswered_send_asks_after_the_grace_until_answered() {
-        let mut p = pacer();
+        let mut p = answering_pacer();
         let a = NodeId(7);
         let mut out = Vec::new();
         let mut asks = Vec::new();
@@ -809,7 +821,7 @@ mod tests {
     /// does not.
     #[test]
     fn a_newer_heartbeat_without_watch_ends_the_ask() {
-        let mut p = pacer();
+        let mut p = answering_pacer();
         let b = NodeId(9);
         let e = Epoch(1);
         let mut out = Vec::new();
