@@ -82,6 +82,10 @@ pub(crate) struct NodeArgs {
     /// `false`; without it, the product's default.
     #[arg(long)]
     pub(crate) data_as_heartbeat: Option<bool>,
+    /// The pace following answers (`DetectorConfig::answer_grace`), ms;
+    /// 0 or absent: off (the product's default).
+    #[arg(long)]
+    pub(crate) answer_grace_ms: Option<u64>,
     /// Local addresses, one per network (port 0: any).
     #[arg(long, value_delimiter = ',', required = true)]
     pub(crate) local: Vec<SocketAddr>,
@@ -182,6 +186,9 @@ impl NodeArgs {
         }
         if let Some(on) = self.data_as_heartbeat {
             d.data_as_heartbeat = on;
+        }
+        if let Some(g) = self.answer_grace_ms {
+            d.answer_grace = (g > 0).then(|| ms(g));
         }
         if self.interval_ms.is_some() {
             // Windows given in busy intervals: the idle pace fits in what

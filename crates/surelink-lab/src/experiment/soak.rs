@@ -51,6 +51,10 @@ pub(crate) struct SoakArgs {
     /// the product's default).
     #[arg(long)]
     data_as_heartbeat: Option<bool>,
+    /// The pace following answers on both nodes (ms, opt-in:
+    /// `DetectorConfig::answer_grace`; without it, the product's default).
+    #[arg(long)]
+    answer_grace_ms: Option<u64>,
 }
 
 /// Whether `f` on a link stops all traffic on it both ways.
@@ -104,6 +108,9 @@ fn detector_args(args: &SoakArgs) -> Vec<String> {
             "--data-as-heartbeat",
             if on { "true" } else { "false" },
         ]));
+    }
+    if let Some(g) = args.answer_grace_ms {
+        a.extend(["--answer-grace-ms".to_string(), g.to_string()]);
     }
     a
 }
