@@ -296,28 +296,30 @@ impl SessionHandle {
         self.space.notify_waiters();
     }
 
-    /// A call, message or reply is about to go to the peer: the failure
+    /// A call or message is about to go to the peer: the failure
     /// detector watches a pair with traffic in flight at the busy pace
-    /// (one atomic store; a quiet pair's first traffic wakes its sender).
+    /// (one atomic store; see `Detector::note_traffic`).
     pub(crate) fn note_traffic(&self, shared: &Shared) {
+        self.note(shared, false);
+    }
+
+    /// A reply is about to go to the peer (see `Detector::note_reply`).
+    pub(crate) fn note_reply(&self, shared: &Shared) {
+        self.note(shared, true);
+    }
+
+    fn note(&self, shared: &Shared, reply: bool) {
         if self.relayed.load(Ordering::Relaxed) {
             // Through a helper: the direct paths only stand by.
             return;
         }
         if let Some(d) = &shared.detector {
             let cell = self.traffic.get_or_init(|| d.traffic_cell(self.node));
-            d.note_traffic(self.node, cell);
-        }
-    }
-
-    /// A reply is about to go to the peer (see `Detector::note_reply`).
-    pub(crate) fn note_reply(&self, shared: &Shared) {
-        if self.relayed.load(Ordering::Relaxed) {
-            return;
-        }
-        if let Some(d) = &shared.detector {
-            let cell = self.traffic.get_or_init(|| d.traffic_cell(self.node));
-            d.note_reply(self.node, cell);
+            if reply {
+                d.note_reply(self.node, cell);
+            } else {
+                d.note_traffic(self.node, cell);
+            }
         }
     }
 
