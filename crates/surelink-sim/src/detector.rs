@@ -208,7 +208,7 @@ pub struct DetectorOutcome {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Item {
-    Heartbeat { network: u16, pace: Pace },
+    Heartbeat { network: u16, pace: Pace, seq: u64 },
     Barrier { token: u64 },
     Junk,
 }
@@ -519,6 +519,7 @@ impl DetectorScenario {
                                 let item = Item::Heartbeat {
                                     network,
                                     pace: Pace::of(flags),
+                                    seq: out.heartbeats,
                                 };
                                 let mut dests = vec![if self.private {
                                     Dest::Private(network)
@@ -677,13 +678,14 @@ impl DetectorScenario {
                             break;
                         };
                         match item {
-                            Item::Heartbeat { network, pace } => {
-                                monitor.handle_heartbeat_at(
+                            Item::Heartbeat { network, pace, seq } => {
+                                monitor.handle_heartbeat_ordered(
                                     now,
                                     watch(network),
                                     Epoch(1),
                                     from,
                                     pace,
+                                    seq,
                                 );
                             }
                             Item::Barrier { token } => barriers_back.push(token),
@@ -748,6 +750,11 @@ impl DetectorScenario {
                 if ended || (busy && (!receiver_was_busy || now >= next_watch)) {
                     if busy && !receiver_was_busy {
                         monitor.handle_watch_sent(now, SENDER);
+                    }
+                    if ended {
+                        // Nothing waits: the sender owes no answer (the
+                        // end may overtake the ask).
+                        monitor.handle_watch_ended(SENDER);
                     }
                     next_watch = now + cfg.interval;
                     watch_seq += 1;

@@ -52,9 +52,12 @@
 //! with `standby_path_timeout() ≥ 2·standby_interval() + max_network_delay`;
 //! without `FAST` every `idle_interval`, watched with `idle_path_timeout
 //! ≥ 2·idle_interval + max_network_delay`. A path leaving a pace for a
-//! slower one says so in two copies at the faster pace first. A peer leaving the busy pace says so first (two
-//! heartbeats without `FAST` at the busy pace), so the window widens before
-//! the gaps do. Traffic of ours to a slow peer that goes unanswered for
+//! slower one says so in two copies at the faster pace first. A peer
+//! leaving the busy pace says so first (two heartbeats without `FAST` at
+//! the busy pace, never left out for data), so the window widens before
+//! the gaps do; the pace is the newest heartbeat's by sequence
+//! ([`Monitor::handle_heartbeat_ordered`]), so a `FAST` one overtaken on
+//! the network does not narrow it again. Traffic of ours to a slow peer that goes unanswered for
 //! `answer_grace` asks it for the busy pace (`WATCH`) and narrows the
 //! window at once: from the ask, a path that carries nothing for
 //! `path_timeout` is suspect — as fast as a busy path. The ask ends with
@@ -340,8 +343,12 @@ struct PathState {
     /// Which queue its heartbeats are in: where the latest came out of,
     /// except that `Private` stays for the epoch (see "Private queues").
     queue: HeartbeatQueue,
-    /// The pace the peer's latest heartbeat here announced.
+    /// The pace the peer's newest heartbeat here announced (newest by its
+    /// sequence where the shell passes one: an overtaken heartbeat's pace
+    /// is stale, see [`Monitor::handle_heartbeat_ordered`]).
     pace: Pace,
+    /// The sequence of that heartbeat, when known.
+    pace_seq: Option<u64>,
     /// We asked the (slow) peer for the busy pace then, and have heard
     /// nothing on the path since.
     asked: Option<Time>,
@@ -448,7 +455,9 @@ impl Monitor {
     }
 
     /// [`Monitor::handle_heartbeat_from`] with the pace the heartbeat
-    /// announced ([`Pace::of`] its flags).
+    /// announced ([`Pace::of`] its flags). Without a sequence the latest
+    /// arrival sets the pace: a shell whose heartbeats can overtake each
+    /// other on one path uses [`Monitor::handle_heartbeat_ordered`].
     pub fn handle_heartbeat_at(
         &mut self,
         now: Time,
@@ -457,17 +466,54 @@ impl Monitor {
         queue: HeartbeatQueue,
         pace: Pace,
     ) {
-        let fast = pace != Pace::Idle;
+        self.handle_heartbeat_seq(now, watch, epoch, queue, pace, None);
+    }
+
+    /// [`Monitor::handle_heartbeat_at`] for a heartbeat whose place in the
+    /// sender's sequence (`seq`, within `epoch`) is known. It counts as
+    /// heard whatever its place, but only the newest one sets the path's
+    /// pace: a `FAST` heartbeat overtaken by the notice that the pair went
+    /// quiet would otherwise leave the path watched with the busy window
+    /// while only the idle pace (and data) arrives — a false path report.
+    pub fn handle_heartbeat_ordered(
+        &mut self,
+        now: Time,
+        watch: Watch,
+        epoch: Epoch,
+        queue: HeartbeatQueue,
+        pace: Pace,
+        seq: u64,
+    ) {
+        self.handle_heartbeat_seq(now, watch, epoch, queue, pace, Some(seq));
+    }
+
+    fn handle_heartbeat_seq(
+        &mut self,
+        now: Time,
+        watch: Watch,
+        epoch: Epoch,
+        queue: HeartbeatQueue,
+        pace: Pace,
+        seq: Option<u64>,
+    ) {
+        let mut pace = pace;
         match self.paths.get_mut(&watch) {
             Some(p) if epoch < p.epoch => {}
             Some(p) => {
                 // A new incarnation knows no private port of ours yet.
                 let keep_private = p.queue == HeartbeatQueue::Private && p.epoch == epoch;
+                let overtaken = p.epoch == epoch
+                    && matches!((seq, p.pace_seq), (Some(s), Some(newest)) if s < newest);
                 p.epoch = epoch;
                 if !keep_private {
                     p.queue = queue;
                 }
-                p.pace = pace;
+                if overtaken {
+                    pace = p.pace;
+                } else {
+                    p.pace = pace;
+                    p.pace_seq = seq;
+                }
                 self.heard(now, watch);
             }
             None => {
@@ -480,6 +526,7 @@ impl Monitor {
                         down_at: Time::ZERO,
                         queue,
                         pace,
+                        pace_seq: seq,
                         asked: None,
                     },
                 );
@@ -490,7 +537,7 @@ impl Monitor {
         // A narrower window may be due before the check planned.
         let window = self.window(pace).min(self.config.timeout);
         self.due_by(now + window);
-        if fast {
+        if pace != Pace::Idle {
             // The pace is the peer's, on every network: a path of it still
             // at the idle pace must carry its busy heartbeats from now on
             // (a network silent one way is found as fast as on a busy
@@ -505,6 +552,22 @@ impl Monitor {
     /// `path_timeout` from now.
     pub fn handle_watch_sent(&mut self, now: Time, peer: NodeId) {
         self.expect_busy(now, peer);
+    }
+
+    /// Our ask of `peer` ended (nothing of ours waits for it any more): its
+    /// paths are no longer expected at the busy pace for our sake. The ask
+    /// may never have reached it — the heartbeat ending it can overtake
+    /// the one that made it — so it owes no answer; each path keeps the
+    /// window of the pace its own heartbeats announce.
+    pub fn handle_watch_ended(&mut self, peer: NodeId) {
+        for (_, p) in self.paths.range_mut(
+            Watch { peer, network: 0 }..=Watch {
+                peer,
+                network: u16::MAX,
+            },
+        ) {
+            p.asked = None;
+        }
     }
 
     /// `peer`'s heartbeats come at the busy pace from `now` on every
@@ -563,6 +626,7 @@ impl Monitor {
             down_at: Time::ZERO,
             queue: HeartbeatQueue::Strays,
             pace: Pace::Idle,
+            pace_seq: None,
             asked: None,
         });
         if new {

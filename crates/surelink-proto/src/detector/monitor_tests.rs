@@ -704,6 +704,33 @@ fn the_window_follows_the_pace_the_peer_announced() {
     assert_eq!(acts.len(), 1, "{acts:?}");
 }
 
+/// A `FAST` heartbeat overtaken by the newer notice that the pair went
+/// quiet leaves the idle window; the same arrivals without their order
+/// would narrow it (and report a path that only carries the idle pace).
+#[test]
+fn an_overtaken_fast_heartbeat_does_not_narrow_the_window() {
+    let run = |ordered: bool| {
+        let mut m = watching(DetectorMode::Plain);
+        let q = HeartbeatQueue::Members;
+        if ordered {
+            m.handle_heartbeat_ordered(ms(0), w(0), Epoch(1), q, Pace::Idle, 2);
+            m.handle_heartbeat_ordered(ms(5), w(0), Epoch(1), q, Pace::Busy, 1);
+        } else {
+            m.handle_heartbeat_at(ms(0), w(0), Epoch(1), q, Pace::Idle);
+            m.handle_heartbeat_at(ms(5), w(0), Epoch(1), q, Pace::Busy);
+        }
+        downs(&tick(&mut m, 6, 99))
+    };
+    assert_eq!(run(true), 0, "the newest heartbeat said idle");
+    assert_eq!(run(false), 1, "the latest arrival said busy");
+    // A newer FAST one still narrows it, and a new epoch starts afresh.
+    let mut m = watching(DetectorMode::Plain);
+    let q = HeartbeatQueue::Members;
+    m.handle_heartbeat_ordered(ms(0), w(0), Epoch(1), q, Pace::Idle, 7);
+    m.handle_heartbeat_ordered(ms(5), w(0), Epoch(2), q, Pace::Busy, 1);
+    assert_eq!(downs(&tick(&mut m, 6, 99)), 1);
+}
+
 /// Asking a slow peer for the busy pace narrows its paths' window at once:
 /// a path that carries nothing for `path_timeout` after the ask is
 /// suspect, one that answers is not.
@@ -730,6 +757,22 @@ fn an_ask_unanswered_within_the_short_window_is_suspect() {
             watch: w(1),
             last_heard: ms(0)
         })]
+    );
+}
+
+/// An ask that ended before the peer answered (its end may have
+/// overtaken it) leaves the idle window: the peer owes no answer.
+#[test]
+fn an_ended_ask_owes_no_answer() {
+    let mut m = watching(DetectorMode::Plain);
+    m.handle_heartbeat_paced(ms(0), w(0), Epoch(1), HeartbeatQueue::Members, false);
+    m.handle_watch_sent(ms(10), A);
+    m.handle_watch_ended(A);
+    assert_eq!(downs(&tick(&mut m, 11, 99)), 0);
+    assert_eq!(
+        downs(&tick(&mut m, 100, 101)),
+        1,
+        "the idle window still holds"
     );
 }
 

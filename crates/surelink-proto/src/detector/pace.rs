@@ -55,14 +55,19 @@
 //!
 //! A busy pair's data path carries data both ways, and the receiver
 //! counts anything authentic it reads from a path as heard. So a busy
-//! copy to a path that carried data within `interval` is left out
+//! `FAST` copy to a path that carried data within `interval` is left out
 //! ([`Pacer::admit_copy`]) — as long as it would say what the last copy
 //! sent there said, and one went there within `idle_interval / 2` (the
 //! peer's `WATCH` linger is `idle_interval`: it never lapses for want of a
 //! heartbeat). A live path then goes at most about two intervals without
 //! data or a heartbeat, well inside `path_timeout`. A path whose data
 //! stopped arriving (a cut, a stuck transmit queue) is found as before: it
-//! is silent.
+//! is silent. The two notices that the pair went quiet always go (data
+//! says nothing of the pace), and the receiver takes a path's pace from
+//! the newest heartbeat by sequence
+//! ([`super::Monitor::handle_heartbeat_ordered`]): a `FAST` copy that
+//! a notice overtook would otherwise leave it watching the path with the
+//! busy window while only data at the idle pace comes.
 //!
 //! A busy pair's *other* paths — the session keeps a stream on one path
 //! while it has room — carry nothing to stand in for heartbeats. While
@@ -182,6 +187,8 @@ pub struct Pacer {
     kicks: usize,
     /// Peers whose `WATCH` the last rounds started (see [`Pacer::take_asks`]).
     asks: Vec<NodeId>,
+    /// Peers whose `WATCH` the last rounds ended ([`Pacer::take_ask_ends`]).
+    ask_ends: Vec<NodeId>,
 }
 
 impl Pacer {
@@ -201,6 +208,7 @@ impl Pacer {
             next_round: None,
             kicks: 0,
             asks: Vec::new(),
+            ask_ends: Vec::new(),
         }
     }
 
@@ -248,6 +256,15 @@ impl Pacer {
     /// monitor ([`super::Monitor::handle_watch_sent`]).
     pub fn take_asks(&mut self, out: &mut Vec<NodeId>) {
         out.append(&mut self.asks);
+    }
+
+    /// Peers whose `WATCH` the rounds since the last call ended (nothing
+    /// of ours waits for them any more): the shell tells the monitor
+    /// ([`super::Monitor::handle_watch_ended`]), which stops expecting
+    /// their busy pace — the peer may never have seen the ask (its end
+    /// overtook it), so it owes no answer.
+    pub fn take_ask_ends(&mut self, out: &mut Vec<NodeId>) {
+        out.append(&mut self.ask_ends);
     }
 
     /// Keeps the pair busy until `now + d` at least; a kick if it was not.
@@ -379,7 +396,12 @@ impl Pacer {
                 if standby {
                     l.repeats >= NOTICES && l.sent + self.standby > now
                 } else {
-                    carried.is_some_and(|t| t + self.interval >= now) && l.sent + self.refresh > now
+                    // Data stands in for `FAST` copies only: a notice that
+                    // the pair went quiet goes in both copies (data does
+                    // not say the pace changed).
+                    flags & FLAG_FAST != 0
+                        && carried.is_some_and(|t| t + self.interval >= now)
+                        && l.sent + self.refresh > now
                 }
             });
         if skip {
@@ -417,11 +439,14 @@ impl Pacer {
         let mut more = false;
         let grace = self.grace;
         let asks = &mut self.asks;
+        let ask_ends = &mut self.ask_ends;
         self.peers.retain(|peer, p| {
             p.kicked = false;
             let busy = p.busy(now, grace);
             if busy && !p.asking {
                 asks.push(*peer);
+            } else if !busy && p.asking {
+                ask_ends.push(*peer);
             }
             p.asking = busy;
             if busy || p.watched(now) {
@@ -592,7 +617,7 @@ mod tests {
 
     /// A busy copy to a path that carried data is left out while it says
     /// the same as the last one, but one still goes every half idle
-    /// interval; a change of flags, a fence copy go out. A path without
+    /// interval; a change of flags, a fence copy, a notice go out. A path without
     /// data is on standby: two copies at the busy pace say so, then one
     /// per standby interval.
     #[test]
@@ -644,6 +669,14 @@ mod tests {
             p.admit_copy(ms(231), a, 0, FLAG_FAST, false, wrote(231))
                 .is_some(),
             "the fence's copies always go"
+        );
+        // The pair went quiet: both notices go though data flows (data
+        // does not say the pace dropped).
+        assert_eq!(p.admit_copy(ms(240), a, 0, 0, true, wrote(239)), Some(0));
+        assert_eq!(
+            p.admit_copy(ms(250), a, 0, 0, true, wrote(249)),
+            Some(0),
+            "the second notice"
         );
         // Network 1 carries nothing while network 0 does: standby, twice
         // at the busy pace, then every 100 ms.
@@ -803,11 +836,16 @@ mod tests {
         assert!(!p.awaits_answers());
         assert!(p.poll_round(ms(140), &mut out));
         assert_eq!(out, vec![(a, 0)], "first notice");
+        let mut ends = Vec::new();
+        p.take_ask_ends(&mut ends);
+        assert_eq!(ends, vec![a], "the ask's end goes to the monitor");
         assert!(p.poll_round(ms(150), &mut out));
         assert_eq!(out, vec![(a, 0)], "second notice");
         assert!(p.poll_round(ms(160), &mut out));
         assert!(out.is_empty());
         assert_eq!(p.poll_timeout(ms(160)), None);
+        p.take_ask_ends(&mut ends);
+        assert_eq!(ends, vec![a], "once");
         // A new wait asks again.
         p.handle_traffic(ms(200), a);
         assert_eq!(p.poll_timeout(ms(200)), Some(ms(210)));

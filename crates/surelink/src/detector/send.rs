@@ -71,6 +71,8 @@ struct SenderState {
     /// Traffic stamps already given to the pacer, per peer.
     folded: BTreeMap<NodeId, u64>,
     kicked: Vec<NodeId>,
+    /// Peers whose ask (our `WATCH`) the last round ended.
+    ask_ends: Vec<NodeId>,
     /// When the last fence round began handing heartbeats to the kernel
     /// (`None`: nothing of it was handed over).
     handed_at: Option<Time>,
@@ -160,15 +162,19 @@ impl Detector {
                 let due = pacer.poll_round(now, &mut busy);
                 // Sends unanswered for the grace: our WATCH goes now.
                 pacer.take_asks(&mut st.kicked);
+                pacer.take_ask_ends(&mut st.ask_ends);
                 due
             };
             if due {
                 self.send_round(Round::Busy(&busy), &mut st);
                 self.busy_rounds.fetch_add(1, Ordering::Relaxed);
-                if !st.kicked.is_empty() {
+                if !st.kicked.is_empty() || !st.ask_ends.is_empty() {
                     // Our WATCH is out: the monitor expects the busy pace
-                    // back within the short window.
+                    // back within the short window (or no longer).
                     let mut c = self.checker.lock();
+                    for peer in st.ask_ends.drain(..) {
+                        c.monitor.handle_watch_ended(peer);
+                    }
                     for peer in st.kicked.drain(..) {
                         c.monitor.handle_watch_sent(now, peer);
                     }

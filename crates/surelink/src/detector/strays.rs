@@ -247,7 +247,7 @@ impl Detector {
             self.ensure_private(c, hb.node, network, from);
         }
         c.monitor
-            .handle_heartbeat_at(now, watch, hb.epoch, queue, Pace::of(hb.flags));
+            .handle_heartbeat_ordered(now, watch, hb.epoch, queue, Pace::of(hb.flags), hb.seq);
         if c.monitor.poll_timeout().as_nanos() < self.checker_wake.load(Ordering::Relaxed) {
             // A narrower window than the checker sleeps towards.
             if let Some(t) = self.checker_thread.get() {
