@@ -469,10 +469,18 @@ impl DetectorScenario {
                     pair_used: carried[0].max(carried[1]),
                 };
                 if let Some(due) = fence.poll_heartbeat(now) {
-                    let flags = pacer.flags(now, RECEIVER);
-                    let nets = [0u16, 1]
-                        .map(|n| pacer.admit_copy(now, RECEIVER, n, flags, false, usage(n)));
-                    sends.push((Some(due.seq), nets));
+                    match pacer.fence_copy(now, RECEIVER, fence.is_full(due.seq)) {
+                        Some(flags) => {
+                            let nets = [0u16, 1].map(|n| {
+                                pacer.admit_copy(now, RECEIVER, n, flags, false, usage(n))
+                            });
+                            sends.push((Some(due.seq), nets));
+                        }
+                        // A slow pair skips the round: nobody is in it, so
+                        // it left in time (as the shell's empty round).
+                        None if fence.may_send(now) => fence.handle_sent(due.seq, now),
+                        None => {}
+                    }
                 }
                 if pacer.poll_round(now, &mut busy_round) {
                     for (_, flags) in &busy_round {
@@ -558,7 +566,7 @@ impl DetectorScenario {
                 && now >= next_data
             {
                 next_data = now + self.data_every.unwrap_or(DATA_EVERY);
-                if fence.may_send(now) {
+                if fence.may_send_data(now) {
                     if cfg.answer_grace.is_some() {
                         // A send waiting for its answer (with a grace).
                         pacer.handle_traffic(now, RECEIVER);

@@ -112,6 +112,12 @@ fn scenario() -> impl Strategy<Value = DetectorScenario> {
                 if (seed / 2) % 2 == 0 {
                     config.answer_grace = Some(config.interval);
                 }
+                // Half of them have slow pairs (a pair without data goes
+                // slow two idle intervals in), at one round in 2 to 4.
+                if (seed / 8) % 2 == 0 {
+                    config.slow_after = Some(config.idle_interval * 2);
+                    config.slow_factor = 2 + u32::try_from((seed / 16) % 3).unwrap_or(0);
+                }
                 DetectorScenario {
                     config,
                     faults,
@@ -170,7 +176,9 @@ fn check(s: &DetectorScenario) -> Result<(), String> {
     if let Some(d) = last_drop {
         start = start.max(d + c.check_every);
     }
-    let bound = start + c.timeout + slack;
+    // A slow pair's receiver may hold the slow window (equal to
+    // `timeout` when slow pairs are off).
+    let bound = start + c.slow_timeout() + slack;
     if bound > RUN || !out.watched {
         // Not enough quiet time left to judge, or never heard at all.
         return Ok(());
@@ -453,6 +461,12 @@ proptest! {
         if answers.is_some() || seed % 3 == 0 {
             config.answer_grace = Some(config.interval);
         }
+        if seed % 5 < 2 {
+            // Slow pairs: a pair without data (or between the receiver's
+            // asks) goes slow after one idle interval.
+            config.slow_after = Some(config.idle_interval);
+            config.slow_factor = 4;
+        }
         let s = DetectorScenario {
             config,
             faults: vec![],
@@ -565,6 +579,68 @@ fn an_idle_pair_sends_at_the_idle_pace() {
     assert!((20..=22).contains(&idle), "idle: {idle}");
     let busy = run(vec![(ms(0), ms(2000))]);
     assert!(busy >= 200, "busy: {busy}");
+}
+
+/// Slow pairs (`slow_after`): a quiet pair sends a quarter of the fence's
+/// heartbeats once it is slow, its crash is still reported (within the
+/// slow window, `slow_timeout()`), and a sender stalled past its slack is
+/// fenced before it is reported, as at any pace.
+#[test]
+fn a_slow_pair_sends_a_quarter_and_is_still_reported_in_its_window() {
+    let ms = Duration::from_millis;
+    let mut config = two_paces();
+    config.slow_after = Some(ms(200));
+    config.slow_factor = 4;
+    config.validate().unwrap();
+    let run = |config: DetectorConfig, faults: Vec<DetectorFault>, run_for: u64| DetectorScenario {
+        config,
+        faults,
+        run_for: ms(run_for),
+        queue_capacity: 64,
+        seed: 11,
+        data_every: None,
+        late_permille: 0,
+        lost_permille: 0,
+        unstamped_permille: 0,
+        start_unarmed: false,
+        data_paths: 2,
+        private: true,
+        receiver_busy: vec![],
+        answer_delay: None,
+    };
+    // 4 s at 100 ms: 41 rounds without slow pairs; with, every round for
+    // the first 200 ms and two notices, then one in four.
+    let plain = run(two_paces(), vec![], 4000).run();
+    let slow = run(config.clone(), vec![], 4000).run();
+    assert!(
+        (40..=42).contains(&plain.heartbeats),
+        "{}",
+        plain.heartbeats
+    );
+    assert!((12..=16).contains(&slow.heartbeats), "{}", slow.heartbeats);
+    assert!(slow.peer_reports.is_empty() && slow.path_reports.is_empty());
+    // A crash at 2 s: reported within the slow window (300 + 3 × 100 ms)
+    // of the last full round heard.
+    let crash = run(
+        config.clone(),
+        vec![DetectorFault::Crash { at: ms(2000) }],
+        4000,
+    );
+    check(&crash).unwrap();
+    let r = crash.run().peer_reports[0].since_origin();
+    assert!(r > ms(2000) && r <= ms(2000) + ms(700), "{r:?}");
+    // A sender whose heartbeat thread stalls 500 ms while slow: fenced,
+    // and nothing it sends after the report.
+    let stall = run(
+        config,
+        vec![DetectorFault::Pause {
+            target: PauseTarget::SenderHeartbeat,
+            at: ms(2000),
+            len: ms(500),
+        }],
+        4000,
+    );
+    check(&stall).unwrap();
 }
 
 /// A busy pair with data on `data_paths` paths: the default settings.

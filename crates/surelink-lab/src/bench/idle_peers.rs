@@ -52,6 +52,11 @@ pub(crate) struct IdlePeersArgs {
     /// An older `surelink` binary measured in the same run.
     #[arg(long)]
     baseline_bin: Option<PathBuf>,
+    /// A third arm, `tuned`: the measured build with these `[detector]`
+    /// settings in every configuration (TOML lines, e.g.
+    /// "slow_after_ms = 10000"); the other arms keep the defaults.
+    #[arg(long)]
+    tuned: Option<String>,
     /// Directory for idle_peers.json and idle_peers.png.
     #[arg(long, default_value = "results/bench")]
     out: PathBuf,
@@ -183,9 +188,16 @@ impl Setup {
         )
     }
 
-    /// The server's and every client's configuration files.
-    fn write(&self, peers: usize) -> Result<(PathBuf, Vec<PathBuf>)> {
+    /// The server's and every client's configuration files, with
+    /// `detector` as their `[detector]` section (named with `tag`).
+    fn write(
+        &self,
+        peers: usize,
+        detector: Option<&str>,
+        tag: &str,
+    ) -> Result<(PathBuf, Vec<PathBuf>)> {
         let port = self.port;
+        let section = detector.map_or(String::new(), |d| format!("\n[detector]\n{d}\n"));
         let mut server = format!(
             "node = {SERVER}\ncluster = {CLUSTER}\nkey_file = \"node-{SERVER}.key\"\n\
              listen = [\"127.0.1.1:{port}\", \"127.0.2.1:{port}\"]\nmax_connections = 4096\n"
@@ -197,7 +209,8 @@ impl Setup {
                 self.public(node)?
             ));
         }
-        let server_path = self.dir.join("server.toml");
+        server.push_str(&section);
+        let server_path = self.dir.join(format!("{tag}server.toml"));
         std::fs::write(&server_path, server)?;
         let server_key = self.public(SERVER)?;
         let mut clients = Vec::new();
@@ -210,8 +223,8 @@ impl Setup {
                  [[members]]\nnode = {SERVER}\npublic_key = \"{server_key}\"\n\n\
                  [[peers]]\nnode = {SERVER}\naddrs = [\"127.0.1.1:{port}\", \"127.0.2.1:{port}\"]\n"
             );
-            let p = self.dir.join(format!("client-{node}.toml"));
-            std::fs::write(&p, c)?;
+            let p = self.dir.join(format!("{tag}client-{node}.toml"));
+            std::fs::write(&p, c + &section)?;
             clients.push(p);
         }
         Ok((server_path, clients))
@@ -375,7 +388,7 @@ fn step(
 /// The table and the plot of earlier steps.
 fn report(steps: &[Step], png: &Path) -> Result<()> {
     let mut builds: Vec<(String, PathBuf)> = Vec::new();
-    for b in ["current", "baseline"] {
+    for b in ["current", "tuned", "baseline"] {
         if steps.iter().any(|s| s.build == b) {
             builds.push((b.to_string(), PathBuf::new()));
         }
@@ -416,7 +429,10 @@ pub(crate) async fn run(args: &IdlePeersArgs) -> Result<()> {
     let server_log = args.out.join("idle_peers_server.log");
     let _ = std::fs::remove_file(&server_log);
     let current = crate::attack::surelink_bin(args.surelink_bin.as_deref())?;
-    let mut builds = vec![("current".to_string(), current)];
+    let mut builds = vec![("current".to_string(), current.clone())];
+    if args.tuned.is_some() {
+        builds.push(("tuned".to_string(), current));
+    }
     if let Some(b) = &args.baseline_bin {
         ensure!(b.exists(), "{} does not exist", b.display());
         builds.push(("baseline".to_string(), b.clone()));
@@ -431,7 +447,11 @@ pub(crate) async fn run(args: &IdlePeersArgs) -> Result<()> {
     let mut done = 0;
     for &(peers, loaded) in &plan {
         let setup = tokio::task::block_in_place(|| Setup::new(peers))?;
-        let (server_cfg, clients) = setup.write(peers)?;
+        let plain = setup.write(peers, None, "")?;
+        let tuned = match &args.tuned {
+            Some(t) => Some(setup.write(peers, Some(t), "tuned-")?),
+            None => None,
+        };
         for round in 0..args.rounds {
             // Alternate which build goes first.
             let mut order: Vec<&(String, PathBuf)> = builds.iter().collect();
@@ -446,12 +466,16 @@ pub(crate) async fn run(args: &IdlePeersArgs) -> Result<()> {
                     round + 1
                 );
                 let interval = loaded.then_some(args.loaded_interval_ms);
+                let (server_cfg, clients) = match (name.as_str(), &tuned) {
+                    ("tuned", Some(t)) => t,
+                    _ => &plain,
+                };
                 let m = tokio::task::block_in_place(|| {
                     step(
                         bin,
                         &setup,
-                        &server_cfg,
-                        &clients,
+                        server_cfg,
+                        clients,
                         interval,
                         args.seconds,
                         &server_log,
@@ -544,10 +568,17 @@ fn print_table(steps: &[Step], builds: &[(String, PathBuf)], plan: &[(usize, boo
                 );
             }
         }
-        if builds.len() == 2 {
-            let cur = med(steps, "current", peers, loaded, |s| s.server_cpu_pct);
-            let base = med(steps, "baseline", peers, loaded, |s| s.server_cpu_pct);
-            println!("{:>6} {:>7} {:>10} {:>14.3}", "", "", "ratio", cur / base);
+        // Each other arm against `current`, and `current` against the
+        // baseline build.
+        let cur = med(steps, "current", peers, loaded, |s| s.server_cpu_pct);
+        for (b, _) in builds.iter().filter(|(b, _)| b != "current") {
+            let other = med(steps, b, peers, loaded, |s| s.server_cpu_pct);
+            let (label, r) = if b == "baseline" {
+                ("cur/base", cur / other)
+            } else {
+                ("tuned/cur", other / cur)
+            };
+            println!("{:>6} {:>7} {:>10} {:>14.3}", "", "", label, r);
         }
     }
 }

@@ -78,6 +78,8 @@
 //! idle_path_timeout_ms = 1200                       # an idle pair's path window
 //! busy_linger_ms = 1000                             # busy this long after the last traffic
 //! answer_grace_ms = 0                               # opt-in (e.g. 10): busy only while a call waits this long
+//! slow_after_ms = 0                                 # opt-in (e.g. 10000): a pair quiet this long is slow
+//! slow_factor = 4                                   # then: one fence round in this many goes to it
 //! timeout_ms = 2000
 //! send_slack_ms = 1500
 //! max_network_delay_ms = 10
@@ -492,6 +494,12 @@ fn detector(c: &mut Config, d: schema::Detector) -> Result<(), ConfigError> {
     }
     if let Some(g) = d.answer_grace_ms {
         det.answer_grace = (g > 0).then(|| ms(g));
+    }
+    if let Some(a) = d.slow_after_ms {
+        det.slow_after = (a > 0).then(|| ms(a));
+    }
+    if let Some(f) = d.slow_factor {
+        det.slow_factor = f;
     }
     Ok(())
 }

@@ -215,6 +215,8 @@ pub(super) struct Detector {
     pub(super) idle_path_timeout_ms: Option<u64>,
     pub(super) busy_linger_ms: Option<u64>,
     pub(super) answer_grace_ms: Option<u64>,
+    pub(super) slow_after_ms: Option<u64>,
+    pub(super) slow_factor: Option<u32>,
     pub(super) timeout_ms: Option<u64>,
     pub(super) send_slack_ms: Option<u64>,
     pub(super) max_network_delay_ms: Option<u64>,

@@ -126,6 +126,18 @@ pub struct DetectorConfig {
     /// Longer saves heartbeats and costs failover onto a path that died
     /// unnoticed (default two intervals: 20 ms, window 60 ms).
     pub standby_interval: Duration,
+    /// A pair with no traffic either way for this long (and not busy) gets
+    /// the fence's heartbeats from us only in one round of `slow_factor`
+    /// (see [`crate::detector::Pacer`], "Slow pairs"): its heartbeats say
+    /// `SLOW`, and the peer watches its paths with
+    /// [`slow_path_timeout`](Self::slow_path_timeout) and reports it dead
+    /// after [`slow_timeout`](Self::slow_timeout). Any call, message or
+    /// data read ends it at once. `None` (the default): every pair gets
+    /// every round. Opt-in since 2026-11-29.
+    pub slow_after: Option<Duration>,
+    /// With `slow_after`: a slow pair gets one fence round in this many
+    /// (1 to 16; default 4: every 1.6 s with the default idle interval).
+    pub slow_factor: u32,
 }
 
 impl Default for DetectorConfig {
@@ -168,7 +180,33 @@ impl DetectorConfig {
             barrier_timeout: interval.max(Duration::from_millis(5)),
             data_as_heartbeat: true,
             standby_interval: interval * 2,
+            slow_after: None,
+            slow_factor: 4,
         }
+    }
+
+    /// One fence round in this many goes to a slow pair (1: slow pairs are
+    /// off).
+    pub fn slow_rounds(&self) -> u32 {
+        if self.slow_after.is_some() {
+            self.slow_factor.max(1)
+        } else {
+            1
+        }
+    }
+
+    /// The dead window for a peer whose heartbeats say `SLOW`: `timeout`
+    /// plus the rounds it skips, so it covers `slow_factor ×
+    /// idle_interval + send_slack + max_network_delay` as `timeout`
+    /// covers one round (defaults with a factor of 4: 3.2 s).
+    pub fn slow_timeout(&self) -> Duration {
+        self.timeout + self.idle_interval * (self.slow_rounds() - 1)
+    }
+
+    /// The path window for a pair at the slow pace: the idle one times the
+    /// factor (defaults with a factor of 4: 4.8 s).
+    pub fn slow_path_timeout(&self) -> Duration {
+        self.idle_path_timeout * self.slow_rounds()
     }
 
     /// How often a standby path gets a busy-pace heartbeat:
@@ -204,6 +242,10 @@ impl DetectorConfig {
             ("detector.check_every", self.check_every),
             ("detector.barrier_timeout", self.barrier_timeout),
             ("detector.standby_interval", self.standby_interval),
+            (
+                "detector.slow_after",
+                self.slow_after.unwrap_or(Duration::MAX),
+            ),
             (
                 "detector.answer_grace",
                 self.answer_grace.unwrap_or(Duration::MAX),
@@ -258,6 +300,24 @@ impl DetectorConfig {
                 other: "detector.idle_interval (µs)",
                 other_value: ms(self.idle_interval),
                 why: "an unanswered call would be watched no sooner than an idle pair",
+            });
+        }
+        if self.slow_after.is_some() && !(1..=16).contains(&self.slow_factor) {
+            return Err(ConfigError::Inconsistent {
+                field: "detector.slow_factor",
+                value: u64::from(self.slow_factor),
+                other: "1..=16",
+                other_value: 16,
+                why: "a slow pair gets one fence round in 1 to 16",
+            });
+        }
+        if let Some(a) = self.slow_after.filter(|a| *a < self.idle_interval) {
+            return Err(ConfigError::Inconsistent {
+                field: "detector.slow_after (µs)",
+                value: ms(a),
+                other: "detector.idle_interval (µs)",
+                other_value: ms(self.idle_interval),
+                why: "a pair is idle for at least one idle interval before it is slow",
             });
         }
         if self.check_every > self.path_timeout.min(self.timeout) {

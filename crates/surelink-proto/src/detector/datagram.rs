@@ -68,6 +68,11 @@ pub const FLAG_WATCH: u16 = 8;
 /// watch it with `standby_path_timeout()`. A path that carries data needs no
 /// more: its data is heard.
 pub const FLAG_STANDBY: u16 = 16;
+/// Heartbeat flag (without `FAST`): the pair is slow — the sender's fence
+/// heartbeats come only in one round of `slow_factor` until one without
+/// this flag says otherwise; watch its paths with `slow_path_timeout()` and
+/// the peer with `slow_timeout()`.
+pub const FLAG_SLOW: u16 = 32;
 
 /// A decoded datagram.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

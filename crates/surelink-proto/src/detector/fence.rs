@@ -21,7 +21,12 @@
 //! left the host. Nobody can have heard that incarnation before, so nobody
 //! can count a gap in it; without this, a process cut off from every link
 //! would fence again every slack for as long as the outage lasts (a new
-//! epoch each time), instead of once. "Left" means confirmed by its TX
+//! epoch each time), instead of once. A third: with slow pairs
+//! (`DetectorConfig::slow_after`) only one round in `slow_factor` is
+//! *full* — it goes to every peer — and the others skip the slow ones. A
+//! round covers an earlier one only if it went to everyone that one went
+//! to: a full round covers any, a partial one only partial ones ([`Fence::is_full`]).
+//! "Left" means confirmed by its TX
 //! timestamp or, when none comes back, handed to the kernel
 //! ([`Fence::handle_handed`]): a heartbeat peers may hear arms the fence
 //! either way.
@@ -72,6 +77,8 @@ pub struct Fence {
     fenced: Option<(Time, u64)>,
     /// Deadlines apply (see the module docs on [`Fence::unarmed`]).
     armed: bool,
+    /// One round in this many is full (see the module docs).
+    full_every: u64,
 }
 
 impl Fence {
@@ -87,7 +94,13 @@ impl Fence {
             confirmed: 0,
             fenced: None,
             armed: true,
+            full_every: u64::from(config.slow_rounds()),
         }
+    }
+
+    /// Whether round `seq` goes to every peer, slow ones included.
+    pub fn is_full(&self, seq: u64) -> bool {
+        seq % self.full_every.max(1) == 0
     }
 
     /// A fence with no deadline until a heartbeat has left the host: for
@@ -140,7 +153,27 @@ impl Fence {
         }
     }
 
-    /// Whether a frame may leave at `now`. Passive: it does not fence (a
+    /// Until when data frames may leave: `t_valid`, except that an
+    /// unarmed fence lets no data out — a peer that heard our data would
+    /// watch us, and nothing of ours bounds a gap before the first
+    /// heartbeat has left (the simulator found a stalled heartbeat thread
+    /// letting a new incarnation's data out past a dead report). The
+    /// heartbeats themselves go ([`Fence::may_send`]): the first one
+    /// arms the fence.
+    pub fn data_valid(&self) -> Time {
+        if self.armed || self.fenced.is_some() {
+            self.t_valid()
+        } else {
+            Time::ZERO
+        }
+    }
+
+    /// Whether a data frame may leave at `now` ([`Fence::data_valid`]).
+    pub fn may_send_data(&self, now: Time) -> bool {
+        self.fenced.is_none() && self.armed && now <= self.t_valid()
+    }
+
+    /// Whether a heartbeat may leave at `now`. Passive: it does not fence (a
     /// confirmation may still be on its way from the socket's error queue);
     /// [`Fence::state`] and [`Fence::poll_heartbeat`] do.
     pub fn may_send(&self, now: Time) -> bool {
@@ -211,7 +244,12 @@ impl Fence {
         // is not past, none up to `seq` is. Otherwise the oldest stays
         // unconfirmed and `check` fences at its (passed) deadline unless an
         // earlier confirmation, still unread on another socket, covers it.
-        if sent_at <= self.deadline(self.confirmed) {
+        // A partial round covers no full one (a slow peer got nothing
+        // from it): it waits for its own confirmation or a later full one.
+        let f = self.full_every.max(1);
+        let first_full = self.confirmed.div_ceil(f).saturating_mul(f);
+        let covers = self.is_full(seq) || first_full >= seq;
+        if sent_at <= self.deadline(self.confirmed) && covers {
             self.confirmed = seq + 1;
         }
     }
@@ -458,6 +496,40 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// With slow pairs (one full round in 4), a partial round covers
+    /// earlier partial ones but not a full one: a slow peer got nothing
+    /// from it.
+    #[test]
+    fn a_partial_round_does_not_cover_a_full_one() {
+        let mut c = cfg();
+        c.slow_after = Some(Duration::from_millis(100));
+        c.slow_factor = 4;
+        c.send_slack = Duration::from_millis(100);
+        let mut f = Fence::new(&c, ms(0));
+        assert!(f.is_full(0) && !f.is_full(1) && !f.is_full(3) && f.is_full(4));
+        let due: Vec<u64> = (0..=40)
+            .step_by(10)
+            .filter_map(|t| f.poll_heartbeat(ms(t)).map(|d| d.seq))
+            .collect();
+        assert_eq!(due, vec![0, 1, 2, 3, 4]);
+        // Full round 0 never confirmed; partial round 1 left in time.
+        f.handle_sent(1, ms(11));
+        assert_eq!(f.t_valid(), ms(100), "round 0's deadline still holds");
+        // Partial 3 does not cover 0 either; full 4, in time for 0, does.
+        f.handle_sent(3, ms(39));
+        assert_eq!(f.t_valid(), ms(100));
+        f.handle_sent(4, ms(40));
+        assert_eq!(f.t_valid(), ms(150), "round 5's deadline");
+        // A partial round covers earlier partial ones.
+        let mut f = Fence::new(&c, ms(0));
+        for t in (0..=30).step_by(10) {
+            f.poll_heartbeat(ms(t));
+        }
+        f.handle_sent(0, ms(1));
+        f.handle_sent(3, ms(35));
+        assert_eq!(f.t_valid(), ms(140), "round 4's deadline");
     }
 
     #[test]

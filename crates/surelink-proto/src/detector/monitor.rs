@@ -24,6 +24,8 @@
 //!
 //! # Proof obligations with two paces
 //!
+//! (Three with slow pairs: see the last paragraph.)
+//!
 //! A *dead* report still rests on the fence alone: the peer's fence
 //! schedules a heartbeat to every peer every `idle_interval`, whatever
 //! the pace, and `timeout ≥ idle_interval + send_slack +
@@ -68,7 +70,19 @@
 //! pace. A path report still needs its window of silence, then the
 //! barrier, drop and connection checks: an answer that never came is
 //! never itself a report.
-//!
+//!//!
+//! Slow pairs (`DetectorConfig::slow_after`): a peer whose newest
+//! heartbeat on a path says `SLOW` gets only the sender's full fence
+//! rounds, one in `slow_factor`; its dead window `slow_timeout()` covers
+//! `slow_factor · idle_interval + send_slack + max_network_delay`, so the
+//! argument above holds with the full rounds' schedule (a partial round
+//! covers no full one in the fence: [`super::Fence::is_full`]). The sender
+//! skips rounds only after two said `SLOW`, and every copy without it
+//! (busy, notice) brings every round back, so the narrow window is never
+//! applied while rounds are skipped. A drop in a path's queue may have
+//! carried such a change of pace: within `slow_path_timeout()` of one, the
+//! path is watched with the widest path window and its peer with
+//! `slow_timeout()` (`monitor_check.rs`).
 //! # Data as heartbeats
 //!
 //! Anything authentic read from a path's connection counts as heard
@@ -227,6 +241,10 @@ pub enum Pace {
     /// No `FAST`: the fence's heartbeats only; `idle_path_timeout`.
     #[default]
     Idle,
+    /// `SLOW` without `FAST`: the fence's full rounds only (a slow pair,
+    /// see [`crate::detector::Pacer`]); `slow_path_timeout()`, and the
+    /// peer's dead window `slow_timeout()`.
+    Slow,
     /// `FAST` and `STANDBY`: a busy pair's path that carries no data;
     /// `standby_path_timeout()`.
     Standby,
@@ -237,8 +255,9 @@ pub enum Pace {
 impl Pace {
     /// The pace a heartbeat's flags announce.
     pub fn of(flags: u16) -> Pace {
-        use super::datagram::{FLAG_FAST, FLAG_STANDBY};
+        use super::datagram::{FLAG_FAST, FLAG_SLOW, FLAG_STANDBY};
         match (flags & FLAG_FAST != 0, flags & FLAG_STANDBY != 0) {
+            (false, _) if flags & FLAG_SLOW != 0 => Pace::Slow,
             (false, _) => Pace::Idle,
             (true, true) => Pace::Standby,
             (true, false) => Pace::Busy,
@@ -537,7 +556,7 @@ impl Monitor {
         // A narrower window may be due before the check planned.
         let window = self.window(pace).min(self.config.timeout);
         self.due_by(now + window);
-        if pace != Pace::Idle {
+        if matches!(pace, Pace::Busy | Pace::Standby) {
             // The pace is the peer's, on every network: a path of it still
             // at the idle pace must carry its busy heartbeats from now on
             // (a network silent one way is found as fast as on a busy
@@ -581,7 +600,7 @@ impl Monitor {
                 network: u16::MAX,
             },
         ) {
-            if p.pace == Pace::Idle && !p.down && p.asked.is_none() {
+            if matches!(p.pace, Pace::Idle | Pace::Slow) && !p.down && p.asked.is_none() {
                 p.asked = Some(now);
                 any = true;
             }
@@ -597,6 +616,16 @@ impl Monitor {
             Pace::Busy => self.config.path_timeout,
             Pace::Standby => self.config.standby_path_timeout(),
             Pace::Idle => self.config.idle_path_timeout,
+            Pace::Slow => self.config.slow_path_timeout(),
+        }
+    }
+
+    /// The dead window of a peer one of whose paths is at `pace`: the
+    /// widest of its paths' wins.
+    fn peer_window(&self, pace: Pace) -> std::time::Duration {
+        match pace {
+            Pace::Slow => self.config.slow_timeout(),
+            _ => self.config.timeout,
         }
     }
 
@@ -645,10 +674,10 @@ impl Monitor {
         if p.asked.is_some_and(|t| now >= t) {
             p.asked = None;
         }
-        let window = match p.pace {
-            Pace::Busy => self.config.path_timeout,
-            Pace::Standby => self.config.standby_path_timeout(),
-            Pace::Idle => self.config.idle_path_timeout,
+        let pace = p.pace;
+        let window = self.window(pace);
+        let Some(p) = self.paths.get_mut(&watch) else {
+            return;
         };
         if p.down && now > p.down_at {
             p.down = false;

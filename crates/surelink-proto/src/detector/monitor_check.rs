@@ -27,7 +27,7 @@ impl Monitor {
             if p.down {
                 continue;
             }
-            let window = self.window(p.pace);
+            let window = self.window(p.pace).max(self.drop_window(*w, p.queue, now));
             let asked = p.asked.filter(|t| p.last_heard < *t);
             if p.last_heard + window < now {
                 suspects.push((Suspect::Path(*w), start_of(window)));
@@ -41,20 +41,26 @@ impl Monitor {
                 }
             }
         }
-        let peer_window = self.config.timeout;
-        let mut last: Option<(NodeId, Time)> = None;
-        let mut peers: Vec<(NodeId, Time)> = Vec::new();
+        // Per peer: heard last, and its widest dead window (a slow path's).
+        let mut last: Option<(NodeId, Time, std::time::Duration)> = None;
+        let mut peers: Vec<(NodeId, Time, std::time::Duration)> = Vec::new();
         for (w, p) in &self.paths {
+            let window = self
+                .peer_window(p.pace)
+                .max(self.drop_peer_window(*w, p.queue, now));
             match &mut last {
-                Some((peer, t)) if *peer == w.peer => *t = (*t).max(p.last_heard),
+                Some((peer, t, pw)) if *peer == w.peer => {
+                    *t = (*t).max(p.last_heard);
+                    *pw = (*pw).max(window);
+                }
                 _ => {
                     peers.extend(last.take());
-                    last = Some((w.peer, p.last_heard));
+                    last = Some((w.peer, p.last_heard, window));
                 }
             }
         }
         peers.extend(last);
-        for (peer, heard) in peers {
+        for (peer, heard, peer_window) in peers {
             if self.dead.contains_key(&peer) {
                 continue;
             }
@@ -93,6 +99,50 @@ impl Monitor {
             }
             _ => {}
         }
+    }
+
+    /// A drop in the queue a path's heartbeats come through, within the
+    /// widest path window: the lost datagrams may have said the pace
+    /// dropped (a notice, `SLOW`), so the path is watched with the widest
+    /// window until that drop is that old (zero: no such drop).
+    fn drop_window(
+        &self,
+        w: super::Watch,
+        queue: super::HeartbeatQueue,
+        now: Time,
+    ) -> std::time::Duration {
+        let widest = self.config.slow_path_timeout();
+        if self.last_drop(w, queue).is_some_and(|t| t + widest >= now) {
+            widest
+        } else {
+            std::time::Duration::ZERO
+        }
+    }
+
+    /// The same for the peer window (a lost `SLOW`).
+    fn drop_peer_window(
+        &self,
+        w: super::Watch,
+        queue: super::HeartbeatQueue,
+        now: Time,
+    ) -> std::time::Duration {
+        let widest = self.config.slow_timeout();
+        if self.last_drop(w, queue).is_some_and(|t| t + widest >= now) {
+            widest
+        } else {
+            std::time::Duration::ZERO
+        }
+    }
+
+    /// The latest drop that may have been one of `w`'s heartbeats.
+    fn last_drop(&self, w: super::Watch, queue: super::HeartbeatQueue) -> Option<Time> {
+        let private = self.private_drops.get(&w).and_then(|d| d.1);
+        let public = match queue {
+            super::HeartbeatQueue::Private => None,
+            super::HeartbeatQueue::Strays => self.t_stray_drop.max(self.t_drop),
+            _ => self.t_drop,
+        };
+        private.max(public).max(self.t_system_drop)
     }
 
     /// Whether a round's barrier counts as lost at `now`: overdue and a

@@ -85,7 +85,31 @@
 //! connections hold no unread bytes, since a stalled connection reader
 //! would otherwise read as silence.
 //!
-//! The fence's copies and greetings are never left out.
+//! The fence's copies and greetings are never left out — but see "Slow
+//! pairs".
+//!
+//! # Slow pairs
+//!
+//! With `slow_after` (opt-in), a pair with no traffic of ours for that
+//! long — no call, message or reply (with `answer_grace`: no call or
+//! message) to the peer, nothing waiting for an answer, not busy, not
+//! asked by the peer — is *slow*: our fence heartbeats to it say `SLOW`,
+//! and once two rounds have said so it gets only the *full* rounds, one in
+//! `slow_factor` ([`Pacer::fence_copy`], [`super::Fence::is_full`]). The
+//! peer's monitor, seeing `SLOW` on a path's newest heartbeat, watches the
+//! path with `slow_path_timeout()` and the peer with `slow_timeout()`,
+//! which covers a full round's schedule as `timeout` covers every round's.
+//! Traffic of ours or the peer's `WATCH` ends it at once: the next copy
+//! has no `SLOW`, and every round goes again. Reads do not count (the
+//! session's keepalives are reads, and would end it every few seconds): a
+//! peer that calls us asks (`WATCH`) when our answers are slow, and a
+//! peer whose calls we answer in time has its answers as proof that we
+//! live. So the peer is never left with the narrow window
+//! while we skip rounds: every copy we send while skipping says `SLOW`,
+//! and we skip only after two rounds announced it. What it costs: a slow
+//! pair's dead bound is `slow_timeout()` (3.2 s with the defaults and a
+//! factor of 4), its path bound `slow_path_timeout()` (4.8 s); a call on
+//! it gets the usual ask and busy windows from its first send.
 //!
 //! What it does not do: send anything. The pace is per peer; the shell
 //! sends on every network, and asks per copy whether a busy one may be
@@ -94,7 +118,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::datagram::{FLAG_FAST, FLAG_STANDBY, FLAG_WATCH};
+use super::datagram::{FLAG_FAST, FLAG_SLOW, FLAG_STANDBY, FLAG_WATCH};
 use super::DetectorConfig;
 use crate::ids::{Epoch, NodeId};
 use crate::time::Time;
@@ -189,6 +213,17 @@ pub struct Pacer {
     asks: Vec<NodeId>,
     /// Peers whose `WATCH` the last rounds ended ([`Pacer::take_ask_ends`]).
     ask_ends: Vec<NodeId>,
+    /// `DetectorConfig::slow_after` (see "Slow pairs").
+    slow_after: Option<Duration>,
+    /// Per peer: since when it has been quiet, and fence rounds that said
+    /// `SLOW` in a row.
+    slow: BTreeMap<NodeId, SlowPace>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct SlowPace {
+    since: Time,
+    announced: u8,
 }
 
 impl Pacer {
@@ -209,6 +244,8 @@ impl Pacer {
             kicks: 0,
             asks: Vec::new(),
             ask_ends: Vec::new(),
+            slow_after: config.slow_after,
+            slow: BTreeMap::new(),
         }
     }
 
@@ -219,6 +256,7 @@ impl Pacer {
     /// grace (see "Busy while unanswered"; [`Pacer::poll_timeout`] says
     /// when it ends).
     pub fn handle_traffic(&mut self, now: Time, peer: NodeId) -> bool {
+        self.touch(now, peer);
         if self.grace.is_none() {
             return self.busy_for(now, peer, self.linger);
         }
@@ -233,6 +271,8 @@ impl Pacer {
 
     /// Data from `peer` was read at `at` (its latest read, any path): an
     /// answer to every send of ours before it. Only with `answer_grace`.
+    /// (Reads do not end a slow pace: the session's keepalives are reads
+    /// too; see "Slow pairs".)
     pub fn handle_answer(&mut self, at: Time, peer: NodeId) {
         if self.grace.is_none() {
             return;
@@ -249,6 +289,55 @@ impl Pacer {
             // send's time (a later start of the grace, never an earlier one).
             p.pending = p.sent.filter(|s| *s > at);
         }
+    }
+
+    /// Traffic with `peer` at `at`: not slow (see "Slow pairs").
+    fn touch(&mut self, at: Time, peer: NodeId) {
+        if self.slow_after.is_none() {
+            return;
+        }
+        let s = self.slow.entry(peer).or_insert(SlowPace {
+            since: at,
+            announced: 0,
+        });
+        // The shell passes the latest read again at every look: only a
+        // newer one is traffic.
+        if at > s.since {
+            s.since = at;
+            s.announced = 0;
+        }
+    }
+
+    /// A fence round goes out at `now`; `full` when it is one that goes to
+    /// every peer ([`super::Fence::is_full`]). Returns the flags for
+    /// `peer`'s copies, or `None` to leave the peer out: it is slow, and
+    /// two rounds have said so (see "Slow pairs"). Call once per peer and
+    /// round.
+    pub fn fence_copy(&mut self, now: Time, peer: NodeId, full: bool) -> Option<u16> {
+        let flags = self.flags(now, peer) & !FLAG_SLOW;
+        let Some(after) = self.slow_after else {
+            return Some(flags);
+        };
+        let grace = self.grace;
+        let active = self.peers.get(&peer).is_some_and(|p| {
+            p.fast || p.notices > 0 || p.busy(now, grace) || p.watched(now) || p.pending.is_some()
+        });
+        let s = self.slow.entry(peer).or_insert(SlowPace {
+            since: now,
+            announced: 0,
+        });
+        if active || now < s.since + after {
+            if active {
+                s.since = s.since.max(now);
+            }
+            s.announced = 0;
+            return Some(flags);
+        }
+        if s.announced < NOTICES {
+            s.announced += 1;
+            return Some(flags | FLAG_SLOW);
+        }
+        full.then_some(flags | FLAG_SLOW)
     }
 
     /// Peers whose `WATCH` the rounds since the last call started (our
@@ -348,7 +437,7 @@ impl Pacer {
     /// rounds; the busy rounds get theirs from [`Pacer::poll_round`]).
     pub fn flags(&self, now: Time, peer: NodeId) -> u16 {
         let Some(p) = self.peers.get(&peer) else {
-            return 0;
+            return self.slow_flag(peer);
         };
         let mut f = 0;
         if p.fast {
@@ -357,7 +446,17 @@ impl Pacer {
         if p.busy(now, self.grace) {
             f |= FLAG_WATCH;
         }
-        f
+        f | self.slow_flag(peer)
+    }
+
+    /// `SLOW` while our fence rounds to `peer` say it (every copy of ours
+    /// must, or the peer narrows its window while we skip rounds).
+    fn slow_flag(&self, peer: NodeId) -> u16 {
+        if self.slow.get(&peer).is_some_and(|s| s.announced > 0) {
+            FLAG_SLOW
+        } else {
+            0
+        }
     }
 
     /// A copy of a heartbeat to `peer` on `network` is about to go out at
@@ -440,6 +539,7 @@ impl Pacer {
         let grace = self.grace;
         let asks = &mut self.asks;
         let ask_ends = &mut self.ask_ends;
+        let slow = &mut self.slow;
         self.peers.retain(|peer, p| {
             p.kicked = false;
             let busy = p.busy(now, grace);
@@ -461,6 +561,15 @@ impl Pacer {
                 more = true;
             } else {
                 p.fast = false;
+            }
+            if p.fast || out.last().is_some_and(|(o, _)| o == peer) {
+                // These copies do not say SLOW: every fence round goes
+                // again, and two must say SLOW before one is skipped (see
+                // "Slow pairs").
+                if let Some(s) = slow.get_mut(peer) {
+                    s.since = s.since.max(now);
+                    s.announced = 0;
+                }
             }
             // Nothing to remember about a quiet peer (its watch order
             // aside, while it watches, and what waits for an answer).
@@ -505,6 +614,7 @@ impl Pacer {
     /// The peer left: no busy pace for it.
     pub fn forget(&mut self, peer: NodeId) {
         self.paths.retain(|(p, _), _| *p != peer);
+        self.slow.remove(&peer);
         if self.peers.remove(&peer).is_some_and(|p| p.kicked) {
             self.kicks = self.kicks.saturating_sub(1);
         }
@@ -852,6 +962,55 @@ mod tests {
         assert!(p.poll_round(ms(210), &mut out));
         p.take_asks(&mut asks);
         assert_eq!(asks, vec![a, a]);
+    }
+
+    /// A pair quiet for `slow_after` announces `SLOW` in two fence rounds,
+    /// then gets only the full ones; traffic either way ends it at once,
+    /// and every copy says `SLOW` while rounds are skipped.
+    #[test]
+    fn a_quiet_pair_goes_slow_after_two_notices_and_traffic_ends_it() {
+        let mut p = Pacer::new(&DetectorConfig {
+            slow_after: Some(Duration::from_millis(1000)),
+            ..DetectorConfig::default()
+        });
+        let a = NodeId(5);
+        assert_eq!(p.fence_copy(ms(0), a, true), Some(0), "first seen");
+        assert_eq!(p.fence_copy(ms(400), a, false), Some(0));
+        assert_eq!(p.fence_copy(ms(1000), a, false), Some(FLAG_SLOW));
+        assert_eq!(p.flags(ms(1001), a), FLAG_SLOW, "greetings say it too");
+        assert_eq!(p.fence_copy(ms(1400), a, false), Some(FLAG_SLOW));
+        assert_eq!(p.fence_copy(ms(1800), a, false), None, "skipped");
+        assert_eq!(p.fence_copy(ms(2200), a, false), None);
+        assert_eq!(p.fence_copy(ms(2600), a, true), Some(FLAG_SLOW), "full");
+        // A read is no traffic of ours (keepalives are reads).
+        p.handle_answer(ms(2650), a);
+        assert_eq!(p.flags(ms(2651), a), FLAG_SLOW);
+        // The peer's WATCH: every round again, no SLOW.
+        p.handle_watch_ordered(ms(2700), a, true, Epoch(1), 1);
+        assert_eq!(p.fence_copy(ms(3000), a, false), Some(0));
+        let mut out = Vec::new();
+        assert!(p.poll_round(ms(3001), &mut out));
+        assert_eq!(out, vec![(a, FLAG_FAST)]);
+        // Its ask lapses (an idle interval), two notices, then quiet.
+        for t in [3110u64, 3120, 3130] {
+            p.poll_round(ms(t), &mut out);
+        }
+        assert_eq!(
+            p.fence_copy(ms(3400), a, false),
+            Some(0),
+            "not quiet long enough"
+        );
+        // Quiet again: two notices before any skip.
+        assert_eq!(p.fence_copy(ms(4500), a, false), Some(FLAG_SLOW));
+        assert_eq!(p.fence_copy(ms(4900), a, false), Some(FLAG_SLOW));
+        assert_eq!(p.fence_copy(ms(5300), a, false), None);
+        // A call of ours: busy (the linger), so every round.
+        p.handle_traffic(ms(5400), a);
+        assert_eq!(p.fence_copy(ms(5700), a, false), Some(FLAG_WATCH));
+        // Off by default: every round, never SLOW.
+        let mut d = pacer();
+        assert_eq!(d.fence_copy(ms(0), a, false), Some(0));
+        assert_eq!(d.fence_copy(ms(60_000), a, false), Some(0));
     }
 
     /// A heartbeat without WATCH, newer than the last with it, ends the

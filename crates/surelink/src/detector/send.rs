@@ -27,8 +27,9 @@ use super::{DelayPoint, Detector, Signal, TIMESTAMP_WAIT};
 /// Whom one round of heartbeats goes to.
 #[derive(Clone, Copy)]
 enum Round<'a> {
-    /// The fence's: every peer, each copy TX-stamped and waited for.
-    Fence,
+    /// The fence's: every peer (but slow ones unless the round is full,
+    /// `Pacer::fence_copy`), each copy TX-stamped and waited for.
+    Fence { full: bool },
     /// The busy pace's: these peers with these pace flags, not waited for;
     /// a copy to a path that carries data may be left out
     /// (`Pacer::admit_copy`).
@@ -40,7 +41,7 @@ enum Round<'a> {
 /// The peers a round goes to (`None`: every peer).
 fn round_peers<'a>(round: Round<'a>) -> Option<&'a [(NodeId, u16)]> {
     match round {
-        Round::Fence => None,
+        Round::Fence { .. } => None,
         Round::Busy(p) | Round::Greet(p) => Some(p),
     }
 }
@@ -89,7 +90,7 @@ impl Detector {
             if safetimer {
                 self.gate
                     .t_valid
-                    .store(f.t_valid().as_nanos(), Ordering::Release);
+                    .store(f.data_valid().as_nanos(), Ordering::Release);
             }
         }
         while !self.closed.load(Ordering::Relaxed) {
@@ -100,20 +101,22 @@ impl Detector {
             // mirrors it, happens under the fence lock with the generation
             // read there: a fence replaced by `restart_fence` meanwhile is
             // never written back over the new one.
-            let (due, generation) = {
+            let (due, full, generation) = {
                 let mut f = self.fence.lock();
                 if !safetimer && f.is_fenced() {
                     // The baseline has no fence: a late thread just starts
                     // a fresh schedule.
                     *f = Fence::new(&self.cfg, now);
                 }
+                let due = f.poll_heartbeat(now);
                 (
-                    f.poll_heartbeat(now),
+                    due,
+                    due.is_none_or(|d| f.is_full(d.seq)),
                     self.fence_generation.load(Ordering::Acquire),
                 )
             };
             if let Some(due) = due {
-                let sent_at = self.send_round(Round::Fence, &mut st);
+                let sent_at = self.send_round(Round::Fence { full }, &mut st);
                 if sent_at.is_none_or(|t| t + LATE_WARNING > due.deadline) {
                     debug!(
                         seq = due.seq,
@@ -141,7 +144,7 @@ impl Detector {
                 if safetimer {
                     self.gate
                         .t_valid
-                        .store(f.t_valid().as_nanos(), Ordering::Release);
+                        .store(f.data_valid().as_nanos(), Ordering::Release);
                 }
                 continue;
             }
@@ -298,9 +301,10 @@ impl Detector {
         let now = self.gate.now();
         st.handed_at = None;
         // Acks come with the peer's heartbeats, at the idle pace when it is
-        // idle: the handshake's window is the idle path window.
-        let window = self.cfg.idle_path_timeout;
-        let stamped = matches!(round, Round::Fence);
+        // idle (at the slow one when it is slow): the handshake's window is
+        // the widest path window.
+        let window = self.cfg.slow_path_timeout();
+        let stamped = matches!(round, Round::Fence { .. });
         st.wire_seq += 1;
         let seq = st.wire_seq;
         // Per destination: where the counted copy goes, an extra copy, and
@@ -314,7 +318,7 @@ impl Detector {
             let hs = self.handshakes.lock();
             let mut pacer = self.pacer.lock();
             let mut out = Vec::new();
-            if matches!(round, Round::Fence) {
+            if matches!(round, Round::Fence { .. }) {
                 // A forgotten peer's count goes with it.
                 st.per_dest.retain(|k, _| public.contains_key(k));
             }
@@ -333,10 +337,22 @@ impl Detector {
                     }
                 };
             match round {
-                Round::Fence => {
+                Round::Fence { full } => {
+                    // One decision per peer and round (its networks are
+                    // next to each other in the map).
+                    let mut last: Option<(NodeId, Option<u16>)> = None;
                     for (k, p) in public.iter() {
-                        let pace = pacer.flags(now, k.0);
-                        add(&mut pacer, k, p, pace);
+                        let pace = match last {
+                            Some((peer, pace)) if peer == k.0 => pace,
+                            _ => {
+                                let pace = pacer.fence_copy(now, k.0, full);
+                                last = Some((k.0, pace));
+                                pace
+                            }
+                        };
+                        if let Some(pace) = pace {
+                            add(&mut pacer, k, p, pace);
+                        }
                     }
                 }
                 Round::Busy(peers) | Round::Greet(peers) => {
@@ -357,12 +373,14 @@ impl Detector {
                 .collect()
         };
         let epoch = Epoch(self.epoch.load(Ordering::Relaxed));
-        // Held for the sends only (no copy of the key map per heartbeat).
-        let keys = self.hb_keys.as_ref().map(|k| k.lock());
-        // Heartbeats of a fenced process must not leave either.
-        if !self.gate.may_send() && self.cfg.mode == DetectorMode::SafeTimer {
+        // Heartbeats of a fenced process must not leave either (the fence,
+        // not the gate: an unarmed fence shuts the gate to data only).
+        if self.cfg.mode == DetectorMode::SafeTimer && !self.fence.lock().may_send(self.gate.now())
+        {
             return None;
         }
+        // Held for the sends only (no copy of the key map per heartbeat).
+        let keys = self.hb_keys.as_ref().map(|k| k.lock());
         if dests.is_empty() {
             // Nobody to tell, so nobody can report us: the thread ran in
             // time, which is what the schedule asks.
