@@ -27,7 +27,10 @@ impl Monitor {
             if p.down {
                 continue;
             }
-            let window = self.window(p.pace).max(self.drop_window(*w, p.queue, now));
+            let widest = self.config.slow_path_timeout();
+            let window = self
+                .window(p.pace)
+                .max(self.drop_window(*w, p.queue, now, widest));
             let asked = p.asked.filter(|t| p.last_heard < *t);
             if p.last_heard + window < now {
                 suspects.push((Suspect::Path(*w), start_of(window)));
@@ -45,9 +48,12 @@ impl Monitor {
         let mut last: Option<(NodeId, Time, std::time::Duration)> = None;
         let mut peers: Vec<(NodeId, Time, std::time::Duration)> = Vec::new();
         for (w, p) in &self.paths {
-            let window = self
-                .peer_window(p.pace)
-                .max(self.drop_peer_window(*w, p.queue, now));
+            let window = self.peer_window(p.pace).max(self.drop_window(
+                *w,
+                p.queue,
+                now,
+                self.config.slow_timeout(),
+            ));
             match &mut last {
                 Some((peer, t, pw)) if *peer == w.peer => {
                     *t = (*t).max(p.last_heard);
@@ -101,32 +107,18 @@ impl Monitor {
         }
     }
 
-    /// A drop in the queue a path's heartbeats come through, within the
-    /// widest path window: the lost datagrams may have said the pace
-    /// dropped (a notice, `SLOW`), so the path is watched with the widest
-    /// window until that drop is that old (zero: no such drop).
+    /// A drop in the queue a path's heartbeats come through, within
+    /// `widest`: the lost datagrams may have said the pace dropped (a
+    /// notice, `SLOW`), so the path (or its peer) is watched with `widest`
+    /// until that drop is that old. Zero: no such drop. `widest` is
+    /// `slow_path_timeout()` for a path, `slow_timeout()` for a peer.
     fn drop_window(
         &self,
         w: super::Watch,
         queue: super::HeartbeatQueue,
         now: Time,
+        widest: std::time::Duration,
     ) -> std::time::Duration {
-        let widest = self.config.slow_path_timeout();
-        if self.last_drop(w, queue).is_some_and(|t| t + widest >= now) {
-            widest
-        } else {
-            std::time::Duration::ZERO
-        }
-    }
-
-    /// The same for the peer window (a lost `SLOW`).
-    fn drop_peer_window(
-        &self,
-        w: super::Watch,
-        queue: super::HeartbeatQueue,
-        now: Time,
-    ) -> std::time::Duration {
-        let widest = self.config.slow_timeout();
         if self.last_drop(w, queue).is_some_and(|t| t + widest >= now) {
             widest
         } else {
