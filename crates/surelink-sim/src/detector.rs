@@ -566,7 +566,7 @@ impl DetectorScenario {
                 && now >= next_data
             {
                 next_data = now + self.data_every.unwrap_or(DATA_EVERY);
-                if fence.may_send_data(now) {
+                if fence.may_send(now) {
                     if cfg.answer_grace.is_some() {
                         // A send waiting for its answer (with a grace).
                         pacer.handle_traffic(now, RECEIVER);

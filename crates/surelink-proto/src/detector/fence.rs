@@ -153,27 +153,7 @@ impl Fence {
         }
     }
 
-    /// Until when data frames may leave: `t_valid`, except that an
-    /// unarmed fence lets no data out — a peer that heard our data would
-    /// watch us, and nothing of ours bounds a gap before the first
-    /// heartbeat has left (the simulator found a stalled heartbeat thread
-    /// letting a new incarnation's data out past a dead report). The
-    /// heartbeats themselves go ([`Fence::may_send`]): the first one
-    /// arms the fence.
-    pub fn data_valid(&self) -> Time {
-        if self.armed || self.fenced.is_some() {
-            self.t_valid()
-        } else {
-            Time::ZERO
-        }
-    }
-
-    /// Whether a data frame may leave at `now` ([`Fence::data_valid`]).
-    pub fn may_send_data(&self, now: Time) -> bool {
-        self.fenced.is_none() && self.armed && now <= self.t_valid()
-    }
-
-    /// Whether a heartbeat may leave at `now`. Passive: it does not fence (a
+    /// Whether a frame may leave at `now`. Passive: it does not fence (a
     /// confirmation may still be on its way from the socket's error queue);
     /// [`Fence::state`] and [`Fence::poll_heartbeat`] do.
     pub fn may_send(&self, now: Time) -> bool {

@@ -582,7 +582,7 @@ impl Detector {
         *f = Fence::unarmed(&self.cfg, self.gate.now());
         self.gate
             .t_valid
-            .store(f.data_valid().as_nanos(), Ordering::Release);
+            .store(f.t_valid().as_nanos(), Ordering::Release);
         self.fence_generation.fetch_add(1, Ordering::Release);
     }
 

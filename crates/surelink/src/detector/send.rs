@@ -90,7 +90,7 @@ impl Detector {
             if safetimer {
                 self.gate
                     .t_valid
-                    .store(f.data_valid().as_nanos(), Ordering::Release);
+                    .store(f.t_valid().as_nanos(), Ordering::Release);
             }
         }
         while !self.closed.load(Ordering::Relaxed) {
@@ -144,7 +144,7 @@ impl Detector {
                 if safetimer {
                     self.gate
                         .t_valid
-                        .store(f.data_valid().as_nanos(), Ordering::Release);
+                        .store(f.t_valid().as_nanos(), Ordering::Release);
                 }
                 continue;
             }
@@ -373,14 +373,12 @@ impl Detector {
                 .collect()
         };
         let epoch = Epoch(self.epoch.load(Ordering::Relaxed));
-        // Heartbeats of a fenced process must not leave either (the fence,
-        // not the gate: an unarmed fence shuts the gate to data only).
-        if self.cfg.mode == DetectorMode::SafeTimer && !self.fence.lock().may_send(self.gate.now())
-        {
-            return None;
-        }
         // Held for the sends only (no copy of the key map per heartbeat).
         let keys = self.hb_keys.as_ref().map(|k| k.lock());
+        // Heartbeats of a fenced process must not leave either.
+        if !self.gate.may_send() && self.cfg.mode == DetectorMode::SafeTimer {
+            return None;
+        }
         if dests.is_empty() {
             // Nobody to tell, so nobody can report us: the thread ran in
             // time, which is what the schedule asks.
