@@ -566,7 +566,8 @@ impl DetectorScenario {
                 && now >= next_data
             {
                 next_data = now + self.data_every.unwrap_or(DATA_EVERY);
-                if fence.may_send(now) {
+                // The first frame of an unarmed incarnation arms its fence.
+                if fence.admit_frame(now) {
                     if cfg.answer_grace.is_some() {
                         // A send waiting for its answer (with a grace).
                         pacer.handle_traffic(now, RECEIVER);

@@ -17,8 +17,9 @@
 //! every link would end every session a slack later.
 //!
 //! A second: a fence made for the incarnation that follows a fence
-//! ([`Fence::unarmed`]) has no deadline until one of its heartbeats has
-//! left the host. Nobody can have heard that incarnation before, so nobody
+//! ([`Fence::unarmed`]) has no deadline until one of its heartbeats or
+//! data frames ([`Fence::admit_frame`]) has left the host. Before that,
+//! nobody can have heard that incarnation, so nobody
 //! can count a gap in it; without this, a process cut off from every link
 //! would fence again every slack for as long as the outage lasts (a new
 //! epoch each time), instead of once. A third: with slow pairs
@@ -158,6 +159,32 @@ impl Fence {
     /// [`Fence::state`] and [`Fence::poll_heartbeat`] do.
     pub fn may_send(&self, now: Time) -> bool {
         self.fenced.is_none() && now <= self.t_valid()
+    }
+
+    /// A frame other than a heartbeat is about to leave at `now`: whether
+    /// it may. An unarmed fence arms first — the frame tells its peer this
+    /// incarnation lives, so from now on a gap in it may be counted — as if
+    /// a heartbeat had left at `now`: the next one is scheduled an interval
+    /// later and must leave by its deadline. Without it, a new incarnation
+    /// whose heartbeat thread stalled from its first slot sent data with no
+    /// deadline, and the peer that read it reported it dead while data kept
+    /// coming (the simulator found it). Not gating data until a heartbeat
+    /// arms the fence instead: a process redialling after a fence, with no
+    /// peer yet to send a heartbeat to, would wait on itself.
+    pub fn admit_frame(&mut self, now: Time) -> bool {
+        if !self.armed && self.fenced.is_none() {
+            let nanos = u64::try_from(self.interval.as_nanos()).unwrap_or(u64::MAX);
+            // Heartbeat `next_seq` at `now + interval` (never later: slots
+            // are handed out from the old origin, so `next_seq` intervals
+            // fit in `now + interval`).
+            self.origin = Time::from_nanos(
+                (now.as_nanos().saturating_add(nanos))
+                    .saturating_sub(nanos.saturating_mul(self.next_seq)),
+            );
+            self.confirmed = self.next_seq;
+            self.armed = true;
+        }
+        self.may_send(now)
     }
 
     /// Whether the fence has closed for good.
@@ -339,6 +366,37 @@ mod tests {
         let due = h.poll_heartbeat(ms(0)).unwrap();
         h.handle_handed(due.seq, ms(0));
         assert_eq!(h.t_valid(), ms(20));
+    }
+
+    /// Data leaving an unarmed fence arms it as a heartbeat would: the
+    /// next heartbeat is due an interval later, and a heartbeat thread
+    /// stalled from then on fences the process at that one's deadline —
+    /// no data leaves after it.
+    #[test]
+    fn data_arms_an_unarmed_fence() {
+        let mut f = Fence::unarmed(&cfg(), ms(100));
+        // A slot handed out to nobody (no peer yet) leaves it unarmed.
+        let due = f.poll_heartbeat(ms(100)).unwrap();
+        assert_eq!(due.seq, 0);
+        assert!(!f.is_armed());
+        assert!(f.admit_frame(ms(105)));
+        assert!(f.is_armed());
+        assert_eq!(f.scheduled(1), ms(115));
+        assert_eq!(f.t_valid(), ms(135));
+        assert!(f.admit_frame(ms(135)));
+        assert!(!f.admit_frame(ms(136)));
+        assert!(f.poll_heartbeat(ms(136)).is_none());
+        assert!(f.is_fenced());
+        // In time, the next heartbeat keeps it open as usual.
+        let mut g = Fence::unarmed(&cfg(), ms(100));
+        assert!(g.admit_frame(ms(100)));
+        assert_eq!(g.poll_heartbeat(ms(109)), None);
+        let due = g.poll_heartbeat(ms(110)).unwrap();
+        g.handle_sent(due.seq, ms(111));
+        assert_eq!(g.t_valid(), ms(140));
+        // An armed fence is not moved by data.
+        assert!(g.admit_frame(ms(112)));
+        assert_eq!(g.t_valid(), ms(140));
     }
 
     #[test]

@@ -128,7 +128,6 @@ pub(crate) struct Detector {
     networks: usize,
     interfaces: Vec<String>,
     checker: Mutex<CheckerState>,
-    fence: Mutex<Fence>,
     /// Bumped when the fence is replaced after a new epoch.
     fence_generation: AtomicU64,
     dests: Mutex<BTreeMap<(NodeId, usize), SocketAddr>>,
@@ -306,12 +305,11 @@ impl Detector {
             .map(|s: &Arc<HeartbeatSocket>| s.local_addr())
             .collect::<std::io::Result<_>>()?;
         let (private, poller) = private::Private::open(&barrier_addrs)?;
-        let gate = Arc::new(Gate::new());
+        // The fence's schedule starts when the sender thread does (a cold
+        // start must not count as a missed heartbeat); until then nobody
+        // has heard us, so nobody can report us and the gate stays open.
+        let gate = Arc::new(Gate::new(cfg));
         let now = gate.now();
-        // The schedule starts when the sender thread does (a cold start
-        // must not count as a missed heartbeat); until then nobody has
-        // heard us, so nobody can report us and the gate stays open.
-        let fence = Fence::new(cfg, now);
         let (tx, rx) = mpsc::unbounded_channel();
         let n = sockets.len();
         let det = Arc::new(Detector {
@@ -330,7 +328,6 @@ impl Detector {
                 ovfl: vec![0; n],
                 fresh: Freshness::default(),
             }),
-            fence: Mutex::new(fence),
             fence_generation: AtomicU64::new(0),
             dests: Mutex::new(BTreeMap::new()),
             heard: Mutex::new(BTreeMap::new()),
@@ -576,13 +573,12 @@ impl Detector {
     /// After a fence: heartbeats carry `epoch` and a fresh schedule starts.
     pub(crate) fn restart_fence(&self, epoch: Epoch) {
         self.epoch.store(epoch.0, Ordering::Relaxed);
-        let mut f = self.fence.lock();
-        // Unarmed until a heartbeat of the new incarnation gets out: one
-        // fence per isolation, not one per slack while it lasts.
+        let mut f = self.gate.fence.lock();
+        // Unarmed until a heartbeat or data frame of the new incarnation
+        // gets out: one fence per isolation, not one per slack while it
+        // lasts.
         *f = Fence::unarmed(&self.cfg, self.gate.now());
-        self.gate
-            .t_valid
-            .store(f.t_valid().as_nanos(), Ordering::Release);
+        self.gate.publish(&f);
         self.fence_generation.fetch_add(1, Ordering::Release);
     }
 

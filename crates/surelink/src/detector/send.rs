@@ -85,12 +85,10 @@ impl Detector {
         let mut signalled = u64::MAX;
         let safetimer = self.cfg.mode == DetectorMode::SafeTimer;
         {
-            let mut f = self.fence.lock();
+            let mut f = self.gate.fence.lock();
             *f = Fence::new(&self.cfg, self.gate.now());
             if safetimer {
-                self.gate
-                    .t_valid
-                    .store(f.t_valid().as_nanos(), Ordering::Release);
+                self.gate.publish(&f);
             }
         }
         while !self.closed.load(Ordering::Relaxed) {
@@ -102,7 +100,7 @@ impl Detector {
             // read there: a fence replaced by `restart_fence` meanwhile is
             // never written back over the new one.
             let (due, full, generation) = {
-                let mut f = self.fence.lock();
+                let mut f = self.gate.fence.lock();
                 if !safetimer && f.is_fenced() {
                     // The baseline has no fence: a late thread just starts
                     // a fresh schedule.
@@ -126,7 +124,7 @@ impl Detector {
                         "fence heartbeat late or unconfirmed"
                     );
                 }
-                let mut f = self.fence.lock();
+                let mut f = self.gate.fence.lock();
                 if self.fence_generation.load(Ordering::Acquire) != generation {
                     continue;
                 }
@@ -142,9 +140,7 @@ impl Detector {
                     (false, _) => f.handle_sent(due.seq, Time::ZERO),
                 }
                 if safetimer {
-                    self.gate
-                        .t_valid
-                        .store(f.t_valid().as_nanos(), Ordering::Release);
+                    self.gate.publish(&f);
                 }
                 continue;
             }
@@ -187,11 +183,11 @@ impl Detector {
             }
             st.busy = busy;
             let next = {
-                let mut f = self.fence.lock();
+                let mut f = self.gate.fence.lock();
                 let generation = self.fence_generation.load(Ordering::Acquire);
                 match f.state(self.gate.now()) {
                     FenceState::Fenced { at, missed_seq } if safetimer => {
-                        self.gate.t_valid.store(at.as_nanos(), Ordering::Release);
+                        self.gate.publish(&f);
                         if signalled != generation {
                             signalled = generation;
                             self.fences.fetch_add(1, Ordering::Relaxed);
@@ -376,7 +372,7 @@ impl Detector {
         // Held for the sends only (no copy of the key map per heartbeat).
         let keys = self.hb_keys.as_ref().map(|k| k.lock());
         // Heartbeats of a fenced process must not leave either.
-        if !self.gate.may_send() && self.cfg.mode == DetectorMode::SafeTimer {
+        if !self.gate.may_send_heartbeat() && self.cfg.mode == DetectorMode::SafeTimer {
             return None;
         }
         if dests.is_empty() {

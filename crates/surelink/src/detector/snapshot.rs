@@ -45,7 +45,10 @@ pub struct DetectorSnapshot {
 impl Detector {
     pub(crate) fn snapshot(&self) -> DetectorSnapshot {
         let now = self.gate.now().as_nanos();
-        let t_valid = self.gate.t_valid.load(Ordering::Acquire);
+        let t_valid = self
+            .gate
+            .t_valid()
+            .map_or(u64::MAX, surelink_proto::Time::as_nanos);
         let t_valid_in_us = if t_valid == u64::MAX {
             i64::MAX
         } else {
