@@ -335,9 +335,10 @@ fn step(
             .context("starting a client")?;
         client_pids.push(child.id());
         procs.0.push(child);
-        // A hundred a second: 500 handshakes at once on two cores time
-        // out and retry, and the step would measure the storm.
-        std::thread::sleep(Duration::from_millis(10));
+        // Forty a second: 500 handshakes at once on two cores time out
+        // and retry, and the step would measure the storm (at a hundred a
+        // second the 500-client start still stormed now and then).
+        std::thread::sleep(Duration::from_millis(25));
     }
     // Every client connected (two connections each) and past its first
     // call, then a warm-up: the step measures the idle steady state.

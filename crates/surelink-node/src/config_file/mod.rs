@@ -460,9 +460,10 @@ fn core(c: &mut Config, core: schema::Core) {
 fn detector(c: &mut Config, d: schema::Detector) -> Result<(), ConfigError> {
     let ms = Duration::from_millis;
     if let Some(h) = d.interval_ms {
-        let mode = c.detector.mode;
+        let (mode, slow) = (c.detector.mode, c.detector.slow_after);
         c.detector = DetectorConfig::with_interval(ms(h));
         c.detector.mode = mode;
+        c.detector.slow_after = slow;
     }
     if let Some(m) = d.mode {
         c.detector.mode = match m.as_str() {
@@ -495,8 +496,11 @@ fn detector(c: &mut Config, d: schema::Detector) -> Result<(), ConfigError> {
     if let Some(g) = d.answer_grace_ms {
         det.answer_grace = (g > 0).then(|| ms(g));
     }
-    if let Some(a) = d.slow_after_ms {
-        det.slow_after = (a > 0).then(|| ms(a));
+    match d.slow_after_ms {
+        Some(a) => det.slow_after = (a > 0).then(|| ms(a)),
+        // Not given: as configured before (off by default), after five
+        // idle rounds at least (a longer idle pace keeps it valid).
+        None => det.slow_after = det.slow_after.map(|s| s.max(det.idle_interval * 5)),
     }
     if let Some(f) = d.slow_factor {
         det.slow_factor = f;

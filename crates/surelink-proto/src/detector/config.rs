@@ -133,7 +133,9 @@ pub struct DetectorConfig {
     /// [`slow_path_timeout`](Self::slow_path_timeout) and reports it dead
     /// after [`slow_timeout`](Self::slow_timeout). Any call, message or
     /// data read ends it at once. `None` (the default): every pair gets
-    /// every round. Opt-in since 2026-11-29.
+    /// every round. Opt-in: with it on, a 500-client start still spirals
+    /// into re-dials on a 2-core machine where it settles without
+    /// (docs/detector.md, "Slow pairs").
     pub slow_after: Option<Duration>,
     /// With `slow_after`: a slow pair gets one fence round in this many
     /// (1 to 16; default 4: every 1.6 s with the default idle interval).

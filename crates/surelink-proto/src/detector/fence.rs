@@ -80,6 +80,9 @@ pub struct Fence {
     armed: bool,
     /// One round in this many is full (see the module docs).
     full_every: u64,
+    /// The first round handed out full and not confirmed yet: every round
+    /// from it on is full until one is confirmed.
+    full_pending: Option<u64>,
 }
 
 impl Fence {
@@ -96,12 +99,34 @@ impl Fence {
             fenced: None,
             armed: true,
             full_every: u64::from(config.slow_rounds()),
+            full_pending: None,
         }
     }
 
-    /// Whether round `seq` goes to every peer, slow ones included.
+    /// Whether round `seq` goes to every peer, slow ones included: one in
+    /// `slow_factor`, and every round after a full one not yet confirmed.
+    /// Without the second rule one unconfirmed full round fenced the
+    /// process (no partial round covers it, and the next full one is due
+    /// after its deadline): a 500-client start fenced a server 14 times
+    /// where every round full fenced it once.
     pub fn is_full(&self, seq: u64) -> bool {
-        seq % self.full_every.max(1) == 0
+        seq % self.full_every.max(1) == 0 || self.full_pending.is_some_and(|s| seq >= s)
+    }
+
+    /// Every heartbeat below `c` is confirmed (or covered).
+    fn set_confirmed(&mut self, c: u64) {
+        self.confirmed = c;
+        if self.full_pending.is_some_and(|s| s < c) {
+            self.full_pending = None;
+        }
+    }
+
+    /// `seq` is handed out now.
+    fn hand_out(&mut self, seq: u64) {
+        self.next_seq = seq + 1;
+        if self.full_pending.is_none() && self.is_full(seq) {
+            self.full_pending = Some(seq);
+        }
     }
 
     /// A fence with no deadline until a heartbeat has left the host: for
@@ -181,7 +206,7 @@ impl Fence {
                 (now.as_nanos().saturating_add(nanos))
                     .saturating_sub(nanos.saturating_mul(self.next_seq)),
             );
-            self.confirmed = self.next_seq;
+            self.set_confirmed(self.next_seq);
             self.armed = true;
         }
         self.may_send(now)
@@ -208,7 +233,7 @@ impl Fence {
         }
         let seq = self.next_seq;
         if !self.armed {
-            self.next_seq += 1;
+            self.hand_out(seq);
             return Some(HeartbeatDue {
                 seq,
                 deadline: self.deadline(seq),
@@ -218,7 +243,7 @@ impl Fence {
             self.fence(seq);
             return None;
         }
-        self.next_seq += 1;
+        self.hand_out(seq);
         Some(HeartbeatDue {
             seq,
             deadline: self.deadline(seq),
@@ -254,10 +279,14 @@ impl Fence {
         // A partial round covers no full one (a slow peer got nothing
         // from it): it waits for its own confirmation or a later full one.
         let f = self.full_every.max(1);
-        let first_full = self.confirmed.div_ceil(f).saturating_mul(f);
+        let first_full = self
+            .confirmed
+            .div_ceil(f)
+            .saturating_mul(f)
+            .min(self.full_pending.unwrap_or(u64::MAX));
         let covers = self.is_full(seq) || first_full >= seq;
         if sent_at <= self.deadline(self.confirmed) && covers {
-            self.confirmed = seq + 1;
+            self.set_confirmed(seq + 1);
         }
     }
 
@@ -296,7 +325,7 @@ impl Fence {
             .unwrap_or(u64::MAX)
             .saturating_mul(last);
         self.origin = Time::from_nanos(at.as_nanos().saturating_sub(nanos));
-        self.confirmed = confirmed;
+        self.set_confirmed(confirmed);
         self.armed = true;
     }
 
@@ -547,19 +576,41 @@ mod tests {
         c.send_slack = Duration::from_millis(100);
         let mut f = Fence::new(&c, ms(0));
         assert!(f.is_full(0) && !f.is_full(1) && !f.is_full(3) && f.is_full(4));
-        let due: Vec<u64> = (0..=40)
+        // Full round 0 handed out and not confirmed: the next rounds go
+        // full too, so any of them covers it.
+        assert_eq!(f.poll_heartbeat(ms(0)).map(|d| d.seq), Some(0));
+        assert!(f.is_full(1) && f.is_full(3));
+        assert_eq!(f.poll_heartbeat(ms(10)).map(|d| d.seq), Some(1));
+        f.handle_sent(1, ms(11));
+        assert_eq!(f.t_valid(), ms(120), "round 2's deadline");
+        // Confirmed: partial again.
+        assert!(!f.is_full(2) && f.is_full(4));
+        let due: Vec<u64> = (20..=40)
             .step_by(10)
             .filter_map(|t| f.poll_heartbeat(ms(t)).map(|d| d.seq))
             .collect();
-        assert_eq!(due, vec![0, 1, 2, 3, 4]);
-        // Full round 0 never confirmed; partial round 1 left in time.
-        f.handle_sent(1, ms(11));
-        assert_eq!(f.t_valid(), ms(100), "round 0's deadline still holds");
-        // Partial 3 does not cover 0 either; full 4, in time for 0, does.
+        assert_eq!(due, vec![2, 3, 4]);
+        // Partial 2 never confirmed, full 4 not yet: partial 3 covers 2,
+        // not 4.
         f.handle_sent(3, ms(39));
-        assert_eq!(f.t_valid(), ms(100));
+        assert_eq!(f.t_valid(), ms(140), "round 4's deadline");
         f.handle_sent(4, ms(40));
         assert_eq!(f.t_valid(), ms(150), "round 5's deadline");
+        // Full 8 unconfirmed: 9 goes full, and partial-by-schedule rounds
+        // after it can no longer leave it behind.
+        let mut f = Fence::new(&c, ms(0));
+        for t in (0..=90).step_by(10) {
+            if let Some(d) = f.poll_heartbeat(ms(t)) {
+                if d.seq < 8 {
+                    f.handle_sent(d.seq, ms(t + 1));
+                }
+            }
+        }
+        assert!(f.is_full(8) && f.is_full(9) && f.is_full(10));
+        assert_eq!(f.t_valid(), ms(180), "round 8's deadline");
+        f.handle_sent(9, ms(91));
+        assert_eq!(f.t_valid(), ms(200), "round 10's deadline");
+        assert!(!f.is_full(10) && f.is_full(12));
         // A partial round covers earlier partial ones.
         let mut f = Fence::new(&c, ms(0));
         for t in (0..=30).step_by(10) {

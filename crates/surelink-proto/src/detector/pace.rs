@@ -1007,7 +1007,7 @@ mod tests {
         // A call of ours: busy (the linger), so every round.
         p.handle_traffic(ms(5400), a);
         assert_eq!(p.fence_copy(ms(5700), a, false), Some(FLAG_WATCH));
-        // Off by default: every round, never SLOW.
+        // Off (the default): every round, never SLOW.
         let mut d = pacer();
         assert_eq!(d.fence_copy(ms(0), a, false), Some(0));
         assert_eq!(d.fence_copy(ms(60_000), a, false), Some(0));
