@@ -83,6 +83,9 @@ pub struct Fence {
     /// The first round handed out full and not confirmed yet: every round
     /// from it on is full until one is confirmed.
     full_pending: Option<u64>,
+    /// When the last heartbeat was handed out (its copies may be on their
+    /// way while the sender has not reported it yet).
+    last_handout: Option<Time>,
 }
 
 impl Fence {
@@ -100,6 +103,7 @@ impl Fence {
             armed: true,
             full_every: u64::from(config.slow_rounds()),
             full_pending: None,
+            last_handout: None,
         }
     }
 
@@ -121,9 +125,10 @@ impl Fence {
         }
     }
 
-    /// `seq` is handed out now.
-    fn hand_out(&mut self, seq: u64) {
+    /// `seq` is handed out at `now`.
+    fn hand_out(&mut self, seq: u64, now: Time) {
         self.next_seq = seq + 1;
+        self.last_handout = Some(now);
         if self.full_pending.is_none() && self.is_full(seq) {
             self.full_pending = Some(seq);
         }
@@ -190,7 +195,10 @@ impl Fence {
     /// it may. An unarmed fence arms first — the frame tells its peer this
     /// incarnation lives, so from now on a gap in it may be counted — as if
     /// a heartbeat had left at `now`: the next one is scheduled an interval
-    /// later and must leave by its deadline. Without it, a new incarnation
+    /// later and must leave by its deadline. If a heartbeat was handed out
+    /// earlier (its copies may be out while the sender has not reported
+    /// it: a peer may have heard it, not the frame), an interval after
+    /// that hand-out instead — never later than either asks. Without it, a new incarnation
     /// whose heartbeat thread stalled from its first slot sent data with no
     /// deadline, and the peer that read it reported it dead while data kept
     /// coming (the simulator found it). Not gating data until a heartbeat
@@ -199,11 +207,12 @@ impl Fence {
     pub fn admit_frame(&mut self, now: Time) -> bool {
         if !self.armed && self.fenced.is_none() {
             let nanos = u64::try_from(self.interval.as_nanos()).unwrap_or(u64::MAX);
-            // Heartbeat `next_seq` at `now + interval` (never later: slots
+            let base = self.last_handout.map_or(now, |h| h.min(now));
+            // Heartbeat `next_seq` at `base + interval` (never later: slots
             // are handed out from the old origin, so `next_seq` intervals
             // fit in `now + interval`).
             self.origin = Time::from_nanos(
-                (now.as_nanos().saturating_add(nanos))
+                (base.as_nanos().saturating_add(nanos))
                     .saturating_sub(nanos.saturating_mul(self.next_seq)),
             );
             self.set_confirmed(self.next_seq);
@@ -233,7 +242,7 @@ impl Fence {
         }
         let seq = self.next_seq;
         if !self.armed {
-            self.hand_out(seq);
+            self.hand_out(seq, now);
             return Some(HeartbeatDue {
                 seq,
                 deadline: self.deadline(seq),
@@ -243,7 +252,7 @@ impl Fence {
             self.fence(seq);
             return None;
         }
-        self.hand_out(seq);
+        self.hand_out(seq, now);
         Some(HeartbeatDue {
             seq,
             deadline: self.deadline(seq),
@@ -408,13 +417,15 @@ mod tests {
         let due = f.poll_heartbeat(ms(100)).unwrap();
         assert_eq!(due.seq, 0);
         assert!(!f.is_armed());
+        // Its copies may be out unreported: the deadlines count from its
+        // hand-out, not from the frame.
         assert!(f.admit_frame(ms(105)));
         assert!(f.is_armed());
-        assert_eq!(f.scheduled(1), ms(115));
-        assert_eq!(f.t_valid(), ms(135));
-        assert!(f.admit_frame(ms(135)));
-        assert!(!f.admit_frame(ms(136)));
-        assert!(f.poll_heartbeat(ms(136)).is_none());
+        assert_eq!(f.scheduled(1), ms(110));
+        assert_eq!(f.t_valid(), ms(130));
+        assert!(f.admit_frame(ms(130)));
+        assert!(!f.admit_frame(ms(131)));
+        assert!(f.poll_heartbeat(ms(131)).is_none());
         assert!(f.is_fenced());
         // In time, the next heartbeat keeps it open as usual.
         let mut g = Fence::unarmed(&cfg(), ms(100));
