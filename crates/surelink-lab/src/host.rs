@@ -91,6 +91,14 @@ impl CpuCap {
             dir.join("cpu.cfs_quota_us"),
             (period_us * u64::from(pct) / 100).max(1000).to_string(),
         )?;
+        // A real-time budget (5 %), so a process whose detector sender
+        // runs under SCHED_RR may join: with RT group scheduling, a cgroup
+        // without one refuses real-time threads. Absent without it.
+        let rt = dir.join("cpu.rt_runtime_us");
+        if rt.exists() {
+            std::fs::write(&rt, "50000")
+                .with_context(|| format!("giving {} a real-time budget", dir.display()))?;
+        }
         Ok(CpuCap { dir })
     }
 

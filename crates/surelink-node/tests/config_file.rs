@@ -13,7 +13,7 @@ use surelink_node::config_file::{self, ConfigError, LoadError, Loaded};
 use surelink_node::error_chain;
 use surelink_node::keys::KeyFileError;
 use surelink_node::surelink::proto::NodeId;
-use surelink_node::surelink::{DetectorMode, WriteBatching};
+use surelink_node::surelink::{DetectorMode, DetectorPriority, WriteBatching};
 
 fn parse(text: &str) -> Result<Loaded, ConfigError> {
     config_file::parse(&format!("insecure = true\n{text}"), Path::new("."))
@@ -138,6 +138,16 @@ fn parses_the_documented_example_and_refuses_typos() {
     let err = parse("node = 1\ncluster = 7\n[detector]\nmode = \"fast\"\n").unwrap_err();
     assert!(
         matches!(&err, ConfigError::DetectorMode(m) if m == "fast"),
+        "{err:?}"
+    );
+    // The sender's class: unchanged by default, "raised" on request.
+    let l = parse("node = 1\ncluster = 7\n").unwrap();
+    assert_eq!(l.config.detector_priority, DetectorPriority::Unchanged);
+    let l = parse("node = 1\ncluster = 7\n[detector]\nsender_priority = \"raised\"\n").unwrap();
+    assert_eq!(l.config.detector_priority, DetectorPriority::Raised);
+    let err = parse("node = 1\ncluster = 7\n[detector]\nsender_priority = \"max\"\n").unwrap_err();
+    assert!(
+        matches!(&err, ConfigError::SenderPriority(m) if m == "max"),
         "{err:?}"
     );
     let err = parse("node = 1\ncluster = 7\nprotection = \"none\"\n").unwrap_err();

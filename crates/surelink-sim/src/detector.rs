@@ -202,6 +202,10 @@ pub struct DetectorOutcome {
     pub watched: bool,
     /// Paths reported down: when, and which network.
     pub path_reports: Vec<(Time, u16)>,
+    /// Paths the receiver was told to fail over (a report with
+    /// `failover`, or a later [`PathReport::PathFailover`]): when, and
+    /// which network.
+    pub failovers: Vec<(Time, u16)>,
     /// Heartbeats the sender let out (both paces).
     pub heartbeats: u64,
 }
@@ -806,8 +810,16 @@ impl DetectorScenario {
                     MonitorAction::Report(PathReport::PeerDown { .. }) => {
                         out.peer_reports.push(now)
                     }
-                    MonitorAction::Report(PathReport::PathDown { watch, .. }) => {
-                        out.path_reports.push((now, watch.network))
+                    MonitorAction::Report(PathReport::PathDown {
+                        watch, failover, ..
+                    }) => {
+                        out.path_reports.push((now, watch.network));
+                        if failover {
+                            out.failovers.push((now, watch.network));
+                        }
+                    }
+                    MonitorAction::Report(PathReport::PathFailover { watch }) => {
+                        out.failovers.push((now, watch.network))
                     }
                     MonitorAction::Report(_) => {}
                     // One sender in the model: nobody else to probe.

@@ -547,6 +547,55 @@ fn a_cut_is_found_within_the_window_of_the_pace() {
             out.path_reports
         );
         assert!(out.peer_reports.is_empty());
+        // Network 0 is heard meanwhile: the cut path is failed over.
+        assert_eq!(out.failovers.first().map(|(_, n)| *n), Some(1));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(100))]
+
+    /// A pause of the sender silences every path at once: paths may be
+    /// reported silent, but none is failed over while the sender is still
+    /// paused (nothing to move to; tearing a path down would cost a
+    /// reconnection when it resumes) — a path is failed over only once
+    /// another path was heard after it fell silent.
+    #[test]
+    fn a_sender_pause_fails_no_path_over(
+        target in prop_oneof![
+            Just(PauseTarget::SenderProcess),
+            Just(PauseTarget::SenderHeartbeat),
+            Just(PauseTarget::SenderKernel),
+        ],
+        at in 300u64..1500,
+        len in 60u64..600,
+        busy in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let ms = Duration::from_millis;
+        let s = DetectorScenario {
+            config: two_paces(),
+            faults: vec![DetectorFault::Pause { target, at: ms(at), len: ms(len) }],
+            run_for: ms(2500),
+            queue_capacity: 64,
+            seed,
+            data_every: None,
+            late_permille: 0,
+            lost_permille: 0,
+            unstamped_permille: 0,
+            start_unarmed: false,
+            data_paths: 2,
+            private: false,
+            receiver_busy: if busy { vec![(ms(200), ms(2000))] } else { vec![] },
+            answer_delay: None,
+        };
+        let out = s.clone().run();
+        let end = ms(at + len);
+        prop_assert!(
+            out.failovers.iter().all(|(t, _)| t.since_origin() > end),
+            "failed over during the pause: {:?}\n{s:?}",
+            out.failovers
+        );
     }
 }
 

@@ -12,6 +12,8 @@
 //!   elsewhere overflows only its queue; `SO_MEMINFO` queue state; batch
 //!   receive.
 //! - [`stream`]: bytes waiting unread in a connection's receive queue.
+//! - [`priority`]: raising the calling thread's scheduling class
+//!   (`SCHED_RR` or a lower nice value) for the detector's sender.
 //! - [`cpu`]: pinning the calling thread to one CPU, so a barrier can be sent
 //!   through each CPU's receive backlog in turn.
 //!
@@ -30,6 +32,7 @@
 
 pub mod counters;
 pub mod cpu;
+pub mod priority;
 pub mod private;
 mod socket;
 pub mod steer;

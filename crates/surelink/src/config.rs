@@ -198,6 +198,35 @@ pub enum WriteBatching {
     Turn,
 }
 
+/// The scheduling class of the detector's sender thread — the one thread
+/// whose lateness costs the whole process: a heartbeat that cannot leave
+/// within `send_slack` fences the process, ending every session.
+///
+/// Measured on a 2-core host with 500 client processes (2026-12-06,
+/// docs/detector.md "The 500-client start traced"): a server's round of a
+/// thousand heartbeats took 0.3–1.9 s of wall time for ~20 ms of CPU,
+/// because each loopback delivery wakes a receiver that preempts the
+/// sender. With [`DetectorPriority::Raised`] on every process the server
+/// fenced twice in nine 500-client steps (at the ordinary class 1–12 times
+/// in most runs), but the clients' side churned more (6 of the 9 steps
+/// saturated the cores), so it is not the default: raise it on a server
+/// with many peers (corosync runs its whole
+/// process under `SCHED_RR` for the same reason; here only this thread,
+/// which sleeps between rounds, asks for it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DetectorPriority {
+    /// `SCHED_RR` at priority 1 (above every ordinary thread, below any
+    /// other real-time one); where that is not allowed (no `CAP_SYS_NICE`
+    /// or `RLIMIT_RTPRIO`, or a cgroup without a real-time budget), nice
+    /// −20; where that is not allowed either, unchanged. Which one applied
+    /// is logged at start.
+    Raised,
+    /// The thread keeps the process's class (the default).
+    #[default]
+    Unchanged,
+}
+
 /// How an endpoint runs. Build one with [`Config::new`] and adjust fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -256,6 +285,9 @@ pub struct Config {
     /// address and port as each listener), SafeTimer checks and the send
     /// fence. See [`DetectorConfig`].
     pub detector: DetectorConfig,
+    /// The scheduling class the detector's sender thread asks for. See
+    /// [`DetectorPriority`].
+    pub detector_priority: DetectorPriority,
     /// This node's key pair (`surelink keygen`). Required unless
     /// `insecure`: every path starts with a Noise handshake proving it.
     pub identity: Option<Keypair>,
@@ -380,6 +412,7 @@ impl Config {
             executor: ExecutorConfig::default(),
             core: default_core(),
             detector: DetectorConfig::default(),
+            detector_priority: DetectorPriority::default(),
             identity: None,
             members: Members::new(),
             tls: None,

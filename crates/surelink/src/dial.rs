@@ -200,6 +200,7 @@ async fn dial_loop(
             .is_some_and(|d| d.hears(peer, network))
     };
     let mut backoff = cfg.reconnect_initial;
+    let mut jitter = Jitter::new(peer, network, local);
     loop {
         // A refused handshake is a configuration problem, not a cut path:
         // it always backs off; so does a connection refused at the peer's
@@ -285,14 +286,75 @@ async fn dial_loop(
             }
         }
         // Cut, not silent: retry after the first delay (a connect costs a
-        // SYN). Silent: back off until it is heard again.
-        let fast = !handshake_refused && !at_limit && heard();
-        let wait = if fast { cfg.reconnect_initial } else { backoff };
+        // SYN). Silent: back off until it is heard again. Refused (at the
+        // peer's limits, or its handshake failed): back off whatever is
+        // heard — a busy peer that refuses handshakes is heard all along,
+        // and hundreds of clients retrying each time a path is heard
+        // again kept a 500-client server in a re-dial storm.
+        let refused = handshake_refused || at_limit;
+        let fast = !refused && heard();
+        if fast {
+            tokio::select! {
+                _ = tokio::time::sleep(cfg.reconnect_initial) => {}
+                _ = shared.dialer.redial.notified() => backoff = cfg.reconnect_initial,
+            }
+            continue;
+        }
+        // Spread over half to one and a half times the backoff, so
+        // clients cut off together do not come back together.
+        let wait = jitter.spread(backoff);
+        if refused {
+            tokio::time::sleep(wait).await;
+            backoff = (backoff * 2).min(cfg.reconnect_max);
+            continue;
+        }
         tokio::select! {
-            _ = tokio::time::sleep(wait) => if !fast {
-                backoff = (backoff * 2).min(cfg.reconnect_max);
-            },
+            _ = tokio::time::sleep(wait) => backoff = (backoff * 2).min(cfg.reconnect_max),
             _ = shared.dialer.redial.notified() => backoff = cfg.reconnect_initial,
         }
+    }
+}
+
+/// Randomness for spreading re-dials (not secret: a seeded xorshift).
+struct Jitter(u64);
+
+impl Jitter {
+    fn new(peer: NodeId, network: usize, local: SocketAddr) -> Self {
+        use std::hash::{Hash, Hasher};
+        let mut h = rustc_hash::FxHasher::default();
+        (peer, network, local, std::time::SystemTime::now()).hash(&mut h);
+        Jitter(h.finish() | 1)
+    }
+
+    /// `d` times a factor drawn from [0.5, 1.5).
+    fn spread(&mut self, d: std::time::Duration) -> std::time::Duration {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        let f = 0.5 + (self.0 >> 11) as f64 / (1u64 << 53) as f64;
+        d.mul_f64(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn jitter_spreads_over_half_to_one_and_a_half_times() {
+        let local: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let d = Duration::from_millis(100);
+        let mut seen = Vec::new();
+        for peer in 0..50u64 {
+            let mut j = Jitter::new(NodeId(peer), 0, local);
+            for _ in 0..20 {
+                let w = j.spread(d);
+                assert!(w >= d / 2 && w < d * 3 / 2, "{w:?}");
+                seen.push(w);
+            }
+        }
+        // Spread, not one value: both halves of the range are used.
+        assert!(seen.iter().any(|w| *w < d) && seen.iter().any(|w| *w > d));
     }
 }

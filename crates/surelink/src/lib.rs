@@ -87,8 +87,8 @@ mod sync;
 pub mod testing;
 
 pub use config::{
-    default_core, Config, ConfigError, ExecutorConfig, PeerConfig, SchedulerConfig, SchedulerKind,
-    WriteBatching,
+    default_core, Config, ConfigError, DetectorPriority, ExecutorConfig, PeerConfig,
+    SchedulerConfig, SchedulerKind, WriteBatching,
 };
 pub use detector::{DelayPoint, DetectorSnapshot, RefusedCounts, StraysSnapshot};
 pub use endpoint::{Endpoint, PathInfo};

@@ -290,6 +290,7 @@ fn step(
     let mut procs = Procs(Vec::new());
     // The server's log, each step's after the last (why a client was
     // dropped, if one was).
+    let log_path = log;
     let mut log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -319,6 +320,23 @@ fn step(
         // One call, then idle for longer than the step.
         None => (2, 3_600_000),
     };
+    // The clients' logs, all in one file next to the server's (why a
+    // client dropped its session, if one did).
+    let client_log = log_path.with_file_name("idle_peers_clients.log");
+    let mut clients_log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&client_log)
+        .with_context(|| format!("opening {}", client_log.display()))?;
+    {
+        use std::io::Write;
+        writeln!(
+            clients_log,
+            "=== {} with {} clients",
+            bin.display(),
+            clients.len()
+        )?;
+    }
     let mut client_pids = Vec::new();
     for c in clients {
         let child = Command::new(bin)
@@ -330,7 +348,7 @@ fn step(
             .arg(c)
             .current_dir(&setup.dir)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(clients_log.try_clone()?)
             .spawn()
             .context("starting a client")?;
         client_pids.push(child.id());
@@ -429,6 +447,7 @@ pub(crate) async fn run(args: &IdlePeersArgs) -> Result<()> {
         .with_context(|| format!("creating {}", args.out.display()))?;
     let server_log = args.out.join("idle_peers_server.log");
     let _ = std::fs::remove_file(&server_log);
+    let _ = std::fs::remove_file(server_log.with_file_name("idle_peers_clients.log"));
     let current = crate::attack::surelink_bin(args.surelink_bin.as_deref())?;
     let mut builds = vec![("current".to_string(), current.clone())];
     if args.tuned.is_some() {

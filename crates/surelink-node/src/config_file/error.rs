@@ -78,6 +78,9 @@ pub enum ConfigError {
     /// `[detector] mode` names no known detector.
     #[error("detector.mode {0:?}: use safetimer, plain or off")]
     DetectorMode(String),
+    /// `[detector] sender_priority` is neither `raised` nor `unchanged`.
+    #[error("detector.sender_priority {0:?}: use raised or unchanged")]
+    SenderPriority(String),
     /// The cluster file named by `cluster_file` cannot be used.
     #[error("cluster file {}", path.display())]
     ClusterFile {

@@ -85,6 +85,8 @@
 //! max_network_delay_ms = 10
 //! data_as_heartbeat = true                          # busy pairs' data stands in for heartbeats
 //! standby_interval_ms = 20                          # then: a busy pair's path without data
+//! sender_priority = "unchanged"                     # or "raised": the heartbeat sender's class
+//!                                                   #   (SCHED_RR 1, else nice -20, where allowed)
 //!
 //! [cache]                                           # `surelink cache node`
 //! memory_mb = 64                                    # item memory (memcached -m)
@@ -504,6 +506,13 @@ fn detector(c: &mut Config, d: schema::Detector) -> Result<(), ConfigError> {
     }
     if let Some(f) = d.slow_factor {
         det.slow_factor = f;
+    }
+    if let Some(p) = &d.sender_priority {
+        c.detector_priority = match p.as_str() {
+            "raised" => surelink::DetectorPriority::Raised,
+            "unchanged" => surelink::DetectorPriority::Unchanged,
+            other => return Err(ConfigError::SenderPriority(other.to_string())),
+        };
     }
     Ok(())
 }

@@ -224,6 +224,7 @@ pub(super) struct Detector {
     pub(super) barrier_timeout_ms: Option<u64>,
     pub(super) data_as_heartbeat: Option<bool>,
     pub(super) standby_interval_ms: Option<u64>,
+    pub(super) sender_priority: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]

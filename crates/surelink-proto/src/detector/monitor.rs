@@ -183,12 +183,29 @@ pub struct Watch {
 /// A change the monitor reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PathReport {
-    /// The path is silent: fail over.
+    /// The path is silent.
     PathDown {
         /// Which path.
         watch: Watch,
         /// When it was last heard.
         last_heard: Time,
+        /// Fail over: another path of the peer was heard since this one
+        /// fell silent (later than a copy of the same round could arrive:
+        /// `max_network_delay + interval / 2` after this path's last), so
+        /// the peer is alive and this path is what failed.
+        /// `false`: every path of the peer fell silent together — the
+        /// peer is slow, paused or dead, or every network failed at once.
+        /// There is then nowhere to move traffic, and tearing the path
+        /// down would only cost a reconnection when the peer is heard
+        /// again; a [`PathReport::PathFailover`] follows if another path
+        /// is heard while this one stays silent.
+        failover: bool,
+    },
+    /// A path reported down without `failover` stays silent while another
+    /// path of its peer is heard: fail over now.
+    PathFailover {
+        /// Which path.
+        watch: Watch,
     },
     /// The path is heard again.
     PathUp {
@@ -319,6 +336,9 @@ pub struct QueuesAtBarrier {
 pub struct MonitorStats {
     /// Paths reported down.
     pub reported_down: u64,
+    /// Of them, reported without failover (every path of the peer was
+    /// silent: see [`PathReport::PathDown`]).
+    pub held: u64,
     /// Peers reported dead.
     pub reported_dead: u64,
     /// Barrier rounds started.
@@ -371,6 +391,12 @@ struct PathState {
     /// We asked the (slow) peer for the busy pace then, and have heard
     /// nothing on the path since.
     asked: Option<Time>,
+    /// Reported down without `failover` (the whole peer was silent), and
+    /// no failover reported since.
+    held: bool,
+    /// Held, and another path of the peer was heard: failed over if still
+    /// silent then (a copy of the same round may be just behind).
+    failover_at: Option<Time>,
 }
 
 /// What a round may report.
@@ -547,6 +573,8 @@ impl Monitor {
                         pace,
                         pace_seq: seq,
                         asked: None,
+                        held: false,
+                        failover_at: None,
                     },
                 );
                 // A heartbeat on a new network is news of a dead peer too.
@@ -610,6 +638,32 @@ impl Monitor {
         }
     }
 
+    /// Held paths whose peer was heard elsewhere and that stayed silent
+    /// since: failed over now.
+    pub(super) fn fail_over_held(&mut self, now: Time) {
+        for (w, p) in self.paths.iter_mut() {
+            if p.failover_at.is_some_and(|t| t <= now) {
+                p.failover_at = None;
+                if p.held && p.down {
+                    p.held = false;
+                    self.actions
+                        .push_back(MonitorAction::Report(PathReport::PathFailover {
+                            watch: *w,
+                        }));
+                }
+            }
+        }
+    }
+
+    /// How much later than a path's last heartbeat another path must be
+    /// heard to show that the peer sent something this path did not
+    /// carry: two copies of one round arrive up to `max_network_delay`
+    /// apart (and the sender hands them over a moment apart), so within
+    /// that, a later arrival on the other path is the same round.
+    fn failover_margin(&self) -> std::time::Duration {
+        self.config.max_network_delay + self.config.interval / 2
+    }
+
     /// The path window for a pace.
     fn window(&self, pace: Pace) -> std::time::Duration {
         match pace {
@@ -657,6 +711,8 @@ impl Monitor {
             pace: Pace::Idle,
             pace_seq: None,
             asked: None,
+            held: false,
+            failover_at: None,
         });
         if new {
             self.due_by(now + self.config.idle_path_timeout);
@@ -681,11 +737,35 @@ impl Monitor {
         };
         if p.down && now > p.down_at {
             p.down = false;
+            p.held = false;
+            p.failover_at = None;
             // Watched again from now.
             let t = now + window.min(self.config.timeout);
             self.due_by(t);
             self.actions
                 .push_back(MonitorAction::Report(PathReport::PathUp { watch }));
+        }
+        // The peer is alive: its paths that went silent with the rest of
+        // it are failed over if they stay silent for the margin (a copy of
+        // the round just heard may be right behind on them).
+        let margin = self.failover_margin();
+        let mut due = None;
+        for (w, p) in self.paths.range_mut(
+            Watch {
+                peer: watch.peer,
+                network: 0,
+            }..=Watch {
+                peer: watch.peer,
+                network: u16::MAX,
+            },
+        ) {
+            if *w != watch && p.held && p.down && p.failover_at.is_none() {
+                p.failover_at = Some(now + margin);
+                due = Some(now + margin);
+            }
+        }
+        if let Some(t) = due {
+            self.due_by(t);
         }
         if self.dead.get(&watch.peer).is_some_and(|at| now > *at) {
             self.dead.remove(&watch.peer);
@@ -760,17 +840,28 @@ impl Monitor {
         for suspect in suspects {
             match suspect {
                 Suspect::Path(watch) => {
+                    let Some(last_heard) = self.paths.get(&watch).map(|p| p.last_heard) else {
+                        continue;
+                    };
+                    let margin = self.failover_margin();
+                    let failover = self
+                        .peer_paths(watch.peer)
+                        .any(|(w, p)| *w != watch && p.last_heard > last_heard + margin);
                     let Some(p) = self.paths.get_mut(&watch) else {
                         continue;
                     };
                     p.down = true;
                     p.down_at = now;
-                    let last_heard = p.last_heard;
+                    p.held = !failover;
                     self.stats.reported_down += 1;
+                    if !failover {
+                        self.stats.held += 1;
+                    }
                     self.actions
                         .push_back(MonitorAction::Report(PathReport::PathDown {
                             watch,
                             last_heard,
+                            failover,
                         }));
                     let recently = self
                         .probed

@@ -18,6 +18,7 @@ impl Monitor {
         if now < self.next_check {
             return;
         }
+        self.fail_over_held(now);
         let start_of = |window| Time::from_nanos(now.as_nanos().saturating_sub(nanos(window)));
         let short = self.config.path_timeout;
         let mut suspects: Vec<(Suspect, Time)> = Vec::new();
@@ -25,6 +26,9 @@ impl Monitor {
         let mut next = Time::from_nanos(u64::MAX);
         for (w, p) in &self.paths {
             if p.down {
+                if let Some(t) = p.failover_at {
+                    next = next.min(t);
+                }
                 continue;
             }
             let widest = self.config.slow_path_timeout();

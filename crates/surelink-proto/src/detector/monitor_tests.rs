@@ -90,7 +90,8 @@ fn silence_barrier_back_no_drop_reports_path_down() {
         acts,
         vec![MonitorAction::Report(PathReport::PathDown {
             watch: w(0),
-            last_heard: ms(0)
+            last_heard: ms(0),
+            failover: false
         })]
     );
     assert_eq!(m.is_down(w(0)), Some(true));
@@ -700,7 +701,8 @@ fn the_window_follows_the_pace_the_peer_announced() {
     let acts = tick(&mut m, 100, 101);
     assert!(acts.contains(&MonitorAction::Report(PathReport::PathDown {
         watch: w(0),
-        last_heard: ms(0)
+        last_heard: ms(0),
+        failover: false
     })));
     // Fast again: the short window.
     m.handle_heartbeat_paced(ms(200), w(0), Epoch(1), HeartbeatQueue::Members, true);
@@ -764,7 +766,8 @@ fn an_ask_unanswered_within_the_short_window_is_suspect() {
         acts,
         vec![MonitorAction::Report(PathReport::PathDown {
             watch: w(1),
-            last_heard: ms(0)
+            last_heard: ms(0),
+            failover: true
         })]
     );
 }
@@ -850,7 +853,8 @@ fn a_fast_heartbeat_on_one_network_narrows_the_others() {
         acts,
         vec![MonitorAction::Report(PathReport::PathDown {
             watch: w(0),
-            last_heard: ms(0)
+            last_heard: ms(0),
+            failover: true
         })]
     );
 }
@@ -885,7 +889,8 @@ fn a_path_down_probes_its_network_once_per_window() {
     }
     assert!(got.contains(&MonitorAction::Report(PathReport::PathDown {
         watch: w(0),
-        last_heard: ms(70)
+        last_heard: ms(70),
+        failover: false
     })));
     assert!(!got
         .iter()
@@ -923,4 +928,99 @@ fn unread_bytes_in_a_connection_hold_back_its_path() {
     };
     assert_eq!(run(true), (0, 1), "held back by its unread bytes");
     assert_eq!(run(false), (1, 0), "reported once read empty");
+}
+
+/// A path that falls silent while another path of its peer is heard is
+/// failed over; paths that fall silent together (the peer paused, or every
+/// network at once) are reported without failover — nothing to move to —
+/// and the one still silent when another is heard again is failed over
+/// then.
+#[test]
+fn paths_silent_together_are_held_until_the_peer_is_heard_again() {
+    let mut m = watching(DetectorMode::Plain);
+    for n in 0..2 {
+        m.handle_heartbeat_paced(ms(0), w(n), Epoch(1), HeartbeatQueue::Members, true);
+    }
+    // Both silent from 0 ms: a paused peer.
+    let got = tick(&mut m, 1, 60);
+    let reports: Vec<_> = got
+        .iter()
+        .filter_map(|a| match a {
+            MonitorAction::Report(r) => Some(*r),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        reports,
+        vec![
+            PathReport::PathDown {
+                watch: w(0),
+                last_heard: ms(0),
+                failover: false
+            },
+            PathReport::PathDown {
+                watch: w(1),
+                last_heard: ms(0),
+                failover: false
+            },
+        ]
+    );
+    assert_eq!(m.stats().held, 2);
+    // The peer resumes on network 1 only: network 0 is failed over once
+    // it stays silent for the margin (15 ms: the same round's copy may be
+    // right behind), once.
+    m.handle_heartbeat_paced(ms(70), w(1), Epoch(1), HeartbeatQueue::Members, true);
+    assert_eq!(
+        actions(&mut m),
+        vec![MonitorAction::Report(PathReport::PathUp { watch: w(1) })]
+    );
+    assert!(m.poll_timeout() <= ms(86), "a check when the margin ends");
+    m.handle_heartbeat_paced(ms(80), w(1), Epoch(1), HeartbeatQueue::Members, true);
+    let got = tick(&mut m, 71, 90);
+    assert_eq!(
+        got,
+        vec![MonitorAction::Report(PathReport::PathFailover {
+            watch: w(0)
+        })]
+    );
+    m.handle_heartbeat_paced(ms(95), w(1), Epoch(1), HeartbeatQueue::Members, true);
+    assert!(tick(&mut m, 91, 96).is_empty(), "one failover per report");
+    // Network 0 heard again, then silent alone: failed over at once.
+    m.handle_heartbeat_paced(ms(90), w(0), Epoch(1), HeartbeatQueue::Members, true);
+    for t in (100..=200).step_by(10) {
+        m.handle_heartbeat_paced(ms(t), w(1), Epoch(1), HeartbeatQueue::Members, true);
+    }
+    let got = tick(&mut m, 97, 200);
+    assert!(
+        got.contains(&MonitorAction::Report(PathReport::PathDown {
+            watch: w(0),
+            last_heard: ms(90),
+            failover: true
+        })),
+        "{got:?}"
+    );
+    assert!(!got
+        .iter()
+        .any(|a| matches!(a, MonitorAction::Report(PathReport::PathFailover { .. }))));
+}
+
+/// The peer resumes on both paths, one copy a moment behind the other:
+/// nothing is failed over.
+#[test]
+fn a_copy_right_behind_the_first_heard_fails_nothing_over() {
+    let mut m = watching(DetectorMode::Plain);
+    for n in 0..2 {
+        m.handle_heartbeat_paced(ms(0), w(n), Epoch(1), HeartbeatQueue::Members, true);
+    }
+    let got = tick(&mut m, 1, 60);
+    assert_eq!(downs(&got), 2);
+    m.handle_heartbeat_paced(ms(70), w(1), Epoch(1), HeartbeatQueue::Members, true);
+    m.handle_heartbeat_paced(ms(75), w(0), Epoch(1), HeartbeatQueue::Members, true);
+    let mut got = actions(&mut m);
+    got.extend(tick(&mut m, 61, 120));
+    assert!(
+        !got.iter()
+            .any(|a| matches!(a, MonitorAction::Report(PathReport::PathFailover { .. }))),
+        "{got:?}"
+    );
 }

@@ -117,6 +117,8 @@ struct CheckerState {
 /// The detector of one endpoint.
 pub(crate) struct Detector {
     cfg: DetectorConfig,
+    /// The sender thread's scheduling class.
+    priority: crate::DetectorPriority,
     pub(crate) gate: Arc<Gate>,
     cluster: ClusterId,
     node: NodeId,
@@ -253,6 +255,7 @@ impl Detector {
         epoch: Epoch,
         local: &[SocketAddr],
         auth: HeartbeatAuth<'_>,
+        priority: crate::DetectorPriority,
     ) -> std::io::Result<Option<(Arc<Detector>, mpsc::UnboundedReceiver<Signal>)>> {
         if cfg.mode == DetectorMode::Off {
             return Ok(None);
@@ -314,6 +317,7 @@ impl Detector {
         let n = sockets.len();
         let det = Arc::new(Detector {
             cfg: cfg.clone(),
+            priority,
             gate,
             cluster,
             node,

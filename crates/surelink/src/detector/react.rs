@@ -1,6 +1,7 @@
 //! What the endpoint does with the detector's signals, inside the runtime:
-//! a silent path's connections are shut down (the session re-sends their
-//! in-flight messages elsewhere), a path heard again is re-dialled at once,
+//! a silent path's connections are shut down when another path of the peer
+//! is heard (the session re-sends their in-flight messages there; paths
+//! silent together stay open until one is heard), a path heard again is re-dialled at once,
 //! peer reports become events, and a closed fence ends this incarnation —
 //! every session and call fails, and the process goes on as a new epoch so
 //! peers learn the old one stopped (SafeTimer: no message leaves after
@@ -40,25 +41,49 @@ pub(crate) async fn signal_loop(shared: Arc<Shared>, mut rx: mpsc::UnboundedRece
 /// Acts on a failure-detector report.
 fn report(shared: &Shared, report: PathReport) {
     let event = match report {
-        PathReport::PathDown { watch, last_heard } => {
+        PathReport::PathDown {
+            watch,
+            last_heard,
+            failover,
+        } => {
             let network = usize::from(watch.network);
-            // The readers see the end at once and the session re-sends
-            // this path's in-flight messages elsewhere.
-            let killed = shared
-                .session(watch.peer)
-                .map_or(0, |h| h.kill_network(network));
+            // Another path of the peer is heard: the readers see this
+            // one's end at once and the session re-sends its in-flight
+            // messages there. Every path silent together: nowhere to move
+            // them, and a torn-down path costs a reconnection (a handshake
+            // per path, on a host that is likely busy already) when the
+            // peer is heard again — the connection stays.
+            let killed = if failover {
+                shared
+                    .session(watch.peer)
+                    .map_or(0, |h| h.kill_network(network))
+            } else {
+                0
+            };
             // `last_heard` is on the detector's clock.
             let now = shared
                 .detector
                 .as_ref()
                 .map_or(last_heard, |d| d.gate.now());
             let silent = now.saturating_since(last_heard);
-            warn!(peer = %watch.peer, network, silent_ms = silent.as_millis(), killed, "path silent: failing over");
+            if failover {
+                warn!(peer = %watch.peer, network, silent_ms = silent.as_millis(), killed, "path silent: failing over");
+            } else {
+                warn!(peer = %watch.peer, network, silent_ms = silent.as_millis(), "path silent with every path of the peer: kept open (nothing to fail over to)");
+            }
             NetEvent::PathSilent {
                 peer: watch.peer,
                 network,
                 silent_for_us: u64::try_from(silent.as_micros()).unwrap_or(u64::MAX),
             }
+        }
+        PathReport::PathFailover { watch } => {
+            let network = usize::from(watch.network);
+            let killed = shared
+                .session(watch.peer)
+                .map_or(0, |h| h.kill_network(network));
+            warn!(peer = %watch.peer, network, killed, "path still silent while another is heard: failing over");
+            return;
         }
         PathReport::PathUp { watch } => {
             info!(peer = %watch.peer, network = watch.network, "path heard again");

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use rustc_hash::FxHashMap;
-use tracing::debug;
+use tracing::{debug, info};
 
 use surelink_proto::detector::datagram;
 use surelink_proto::detector::{DetectorMode, Fence, FenceState, Pacer};
@@ -49,9 +49,13 @@ fn round_peers<'a>(round: Round<'a>) -> Option<&'a [(NodeId, u16)]> {
 /// A fence heartbeat this close to its deadline is logged (debug).
 const LATE_WARNING: Duration = Duration::from_millis(500);
 
-/// Datagrams per send call, after which the call's TX timestamps are read
-/// (well under what a socket's error queue holds).
+/// Datagrams after which a socket's TX timestamps are read (well under
+/// what its error queue holds).
 const STAMP_CHUNK: usize = 64;
+
+/// Datagrams per send call before the next network's turn (a divisor of
+/// [`STAMP_CHUNK`]).
+const SEND_CHUNK: usize = 16;
 
 /// One datagram to send: its bytes, where it goes, and whose counted copy
 /// it is (`None`: an extra copy).
@@ -77,6 +81,9 @@ struct SenderState {
     /// When the last fence round began handing heartbeats to the kernel
     /// (`None`: nothing of it was handed over).
     handed_at: Option<Time>,
+    /// Where the last round's time went (for the late-heartbeat log):
+    /// choosing whom (locks included), the sends, the stamps' wait.
+    phases: [Duration; 3],
 }
 
 impl Detector {
@@ -84,6 +91,7 @@ impl Detector {
         let mut st = SenderState::default();
         let mut signalled = u64::MAX;
         let safetimer = self.cfg.mode == DetectorMode::SafeTimer;
+        self.raise_priority();
         {
             let mut f = self.gate.fence.lock();
             *f = Fence::new(&self.cfg, self.gate.now());
@@ -121,6 +129,7 @@ impl Detector {
                         handed = ?now,
                         ?sent_at,
                         deadline = ?due.deadline,
+                        phases = ?st.phases,
                         "fence heartbeat late or unconfirmed"
                     );
                 }
@@ -227,6 +236,26 @@ impl Detector {
         }
     }
 
+    /// Puts this thread in the class [`crate::DetectorPriority`] asks for,
+    /// and logs which one it got.
+    fn raise_priority(&self) {
+        use surelink_sys::priority;
+        if self.priority == crate::DetectorPriority::Unchanged {
+            return;
+        }
+        match priority::set_realtime(1) {
+            Ok(p) => info!(priority = %p, "detector sender raised"),
+            Err(rt) => match priority::set_nice(-20) {
+                Ok(p) => {
+                    info!(priority = %p, realtime = %rt, "detector sender raised (real-time not allowed)")
+                }
+                Err(e) => {
+                    info!(realtime = %rt, nice = %e, "detector sender at the ordinary priority (raising it is not allowed: CAP_SYS_NICE, or RLIMIT_RTPRIO / RLIMIT_NICE, allow it)")
+                }
+            },
+        }
+    }
+
     /// Gives the pacer the traffic stamped since the last look, and the
     /// kicks (a quiet pair's first traffic) with it.
     fn fold_traffic(&self, now: Time, st: &mut SenderState) {
@@ -295,6 +324,7 @@ impl Detector {
     /// a probe.
     fn send_round(&self, round: Round<'_>, st: &mut SenderState) -> Option<Time> {
         let now = self.gate.now();
+        let began = Instant::now();
         st.handed_at = None;
         // Acks come with the peer's heartbeats, at the idle pace when it is
         // idle (at the slow one when it is slow): the handshake's window is
@@ -436,16 +466,26 @@ impl Detector {
         // filter): lost on the way, not late.
         let mut refused: Vec<NodeId> = Vec::new();
         let handed_at = self.gate.now();
-        // One system call per 64 datagrams rather than one each.
-        for (network, sock) in sockets.iter().enumerate() {
-            let batch: Vec<(&[u8], SocketAddr)> = out[network]
-                .iter()
-                .map(|(b, a, _)| (b.as_slice(), *a))
-                .collect();
-            for (msgs, outgoing) in batch
-                .chunks(STAMP_CHUNK)
-                .zip(out[network].chunks(STAMP_CHUNK))
-            {
+        let sends_began = Instant::now();
+        st.phases[0] = sends_began - began;
+        // A few datagrams per system call, the networks taking turns: a
+        // round that leaves slowly (a busy host preempts the sender at
+        // each loopback delivery) delays every path of a peer alike, so
+        // the peer sees us late — not one network silent while the other
+        // is heard, which it would fail over, tearing down a path.
+        let batches: Vec<Vec<(&[u8], SocketAddr)>> = out
+            .iter()
+            .map(|o| o.iter().map(|(b, a, _)| (b.as_slice(), *a)).collect())
+            .collect();
+        let longest = batches.iter().map(Vec::len).max().unwrap_or(0);
+        for start in (0..longest).step_by(SEND_CHUNK) {
+            for (network, sock) in sockets.iter().enumerate() {
+                let end = (start + SEND_CHUNK).min(batches[network].len());
+                if start >= end {
+                    continue;
+                }
+                let msgs = &batches[network][start..end];
+                let outgoing = &out[network][start..end];
                 for (r, (_, addr, counted)) in sock.send_batch(msgs).into_iter().zip(outgoing) {
                     match (r, counted) {
                         (Ok(id), Some(peer)) => sent[network].push((*peer, id)),
@@ -463,7 +503,12 @@ impl Detector {
                         }
                     }
                 }
-                if stamped && sock.timestamps_enabled() {
+                // Drained as they come (well under what the error queue
+                // holds).
+                if stamped
+                    && sock.timestamps_enabled()
+                    && (end % STAMP_CHUNK == 0 || end == batches[network].len())
+                {
                     st.stamps.clear();
                     let _ = sock.take_tx_timestamps(&mut st.stamps);
                     early[network].extend(st.stamps.iter().filter(|ts| ts.at >= round_start));
@@ -474,6 +519,8 @@ impl Detector {
         // for TX timestamps.
         drop(keys);
         let t_after = self.gate.now();
+        st.phases[1] = sends_began.elapsed();
+        let stamps_began = Instant::now();
         let n_sent: usize = sent.iter().map(Vec::len).sum();
         self.heartbeats_sent
             .fetch_add(n_sent as u64, Ordering::Relaxed);
@@ -555,6 +602,7 @@ impl Detector {
             std::thread::sleep(nap);
             nap = (nap * 2).min(Duration::from_micros(500));
         }
+        st.phases[2] = stamps_began.elapsed();
         let unconfirmed = confirmed.values().filter(|t| t.is_none()).count();
         if unconfirmed > 0 {
             let first = confirmed.iter().find(|(_, t)| t.is_none()).map(|(p, _)| *p);

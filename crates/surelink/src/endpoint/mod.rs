@@ -110,6 +110,9 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
+/// Tries at binding listeners on port 0 whose port is taken for UDP.
+const BIND_ATTEMPTS: u32 = 16;
+
 impl Endpoint {
     /// Validates `config`, opens the listeners, and starts dialling the
     /// configured peers. Must be called within a tokio runtime.
@@ -148,27 +151,6 @@ impl Endpoint {
         };
         let router =
             Router::new(config.core.clone(), local).map_err(|e| BindError::Config(e.into()))?;
-        let mut listeners = Vec::new();
-        for (i, &addr) in config.listen.iter().enumerate() {
-            let device = config.devices.get(i).and_then(|d| d.as_deref());
-            let l =
-                conn::listen(addr, device).map_err(|source| BindError::Listen { addr, source })?;
-            listeners.push(l);
-        }
-        let listen: Vec<SocketAddr> = listeners
-            .iter()
-            .filter_map(|l| l.local_addr().ok())
-            .collect();
-        let peers = config.peers.clone();
-        // One heartbeat socket per network: on the listener's address and
-        // port, or the dial-from address with a free port.
-        let hb_addrs: Vec<SocketAddr> = (0..config.networks())
-            .filter_map(|i| match (listen.get(i), config.local_addr(i)) {
-                (Some(l), _) => Some(*l),
-                (None, Some(a)) => Some(SocketAddr::new(a.ip(), 0)),
-                (None, None) => None,
-            })
-            .collect();
         let base = std::time::Instant::now();
         let auth = match (&config.identity, config.insecure, &config.tls) {
             (_, true, _) => HeartbeatAuth::None,
@@ -176,18 +158,59 @@ impl Endpoint {
             (Some(k), false, None) => HeartbeatAuth::Members(k, &config.members),
             (None, false, None) => HeartbeatAuth::None,
         };
-        let detector = Detector::start(
-            &config.detector,
-            config.cluster,
-            config.node,
-            epoch,
-            &hb_addrs,
-            auth,
-        )
-        .map_err(|source| BindError::Detector {
-            addrs: hb_addrs.clone(),
-            source,
-        })?;
+        let peers = config.peers.clone();
+        // A listener on port 0 takes a port free for TCP; the heartbeat
+        // socket needs the same port for UDP, which another socket may
+        // hold: then the listeners are dropped and picked afresh.
+        let any_port = config.listen.iter().any(|a| a.port() == 0);
+        let mut attempt = 0;
+        let (listeners, listen, detector) = loop {
+            attempt += 1;
+            let mut listeners = Vec::new();
+            for (i, &addr) in config.listen.iter().enumerate() {
+                let device = config.devices.get(i).and_then(|d| d.as_deref());
+                let l = conn::listen(addr, device)
+                    .map_err(|source| BindError::Listen { addr, source })?;
+                listeners.push(l);
+            }
+            let listen: Vec<SocketAddr> = listeners
+                .iter()
+                .filter_map(|l| l.local_addr().ok())
+                .collect();
+            // One heartbeat socket per network: on the listener's address
+            // and port, or the dial-from address with a free port.
+            let hb_addrs: Vec<SocketAddr> = (0..config.networks())
+                .filter_map(|i| match (listen.get(i), config.local_addr(i)) {
+                    (Some(l), _) => Some(*l),
+                    (None, Some(a)) => Some(SocketAddr::new(a.ip(), 0)),
+                    (None, None) => None,
+                })
+                .collect();
+            match Detector::start(
+                &config.detector,
+                config.cluster,
+                config.node,
+                epoch,
+                &hb_addrs,
+                auth,
+                config.detector_priority,
+            ) {
+                Err(e)
+                    if any_port
+                        && attempt < BIND_ATTEMPTS
+                        && e.kind() == std::io::ErrorKind::AddrInUse =>
+                {
+                    continue
+                }
+                r => {
+                    let d = r.map_err(|source| BindError::Detector {
+                        addrs: hb_addrs.clone(),
+                        source,
+                    })?;
+                    break (listeners, listen, d);
+                }
+            }
+        };
         let (detector, signals) = match detector {
             Some((d, rx)) => (Some(d), Some(rx)),
             None => (None, None),
