@@ -1,8 +1,8 @@
 //! What the endpoint does with the detector's signals, inside the runtime:
 //! a silent path's connections are shut down when another path of the peer
 //! is heard (the session re-sends their in-flight messages there; paths
-//! silent together stay open until one is heard), a path heard again is re-dialled at once,
-//! peer reports become events, and a closed fence ends this incarnation —
+//! silent together stay open until one is heard), a path heard again is
+//! re-dialled at once, peer reports become events, and a closed fence ends this incarnation —
 //! every session and call fails, and the process goes on as a new epoch so
 //! peers learn the old one stopped (SafeTimer: no message leaves after
 //! `t_valid`, and none of the old incarnation's state is replayed).
