@@ -464,6 +464,20 @@ impl Endpoint {
         None
     }
 
+    /// The failure detector failed `path` over (see
+    /// [`Session::handle_path_suspect`]): its in-flight messages move to
+    /// the session's other paths, the connection stays.
+    pub fn handle_path_suspect(&mut self, now: Time, path: PathId) -> bool {
+        let Some(slot) = self.paths.get(&path).copied() else {
+            return false;
+        };
+        let r = self
+            .session_mut(slot)
+            .is_some_and(|s| s.handle_path_suspect(now, path));
+        self.after(slot);
+        r
+    }
+
     /// The application finds message `id` to `peer` overdue (see
     /// [`Session::handle_message_overdue`]).
     pub fn handle_message_overdue(&mut self, now: Time, peer: NodeId, id: MessageId) -> bool {

@@ -206,6 +206,9 @@ pub struct DetectorOutcome {
     /// `failover`, or a later [`PathReport::PathFailover`]): when, and
     /// which network.
     pub failovers: Vec<(Time, u16)>,
+    /// Failed-over paths given up a peer window later
+    /// ([`PathReport::PathAbandon`]): when, and which network.
+    pub abandons: Vec<(Time, u16)>,
     /// Heartbeats the sender let out (both paces).
     pub heartbeats: u64,
 }
@@ -265,6 +268,29 @@ fn at(d: Duration) -> Time {
 }
 
 impl DetectorScenario {
+    /// A scenario with nothing going on: no fault, no data, no lateness or
+    /// loss, armed from the start, two networks, the shared queue, an
+    /// idle receiver, seed 1. Tests name what they change and take the
+    /// rest from here (`..DetectorScenario::quiet(config, run_for)`).
+    pub fn quiet(config: DetectorConfig, run_for: Duration) -> Self {
+        DetectorScenario {
+            config,
+            faults: Vec::new(),
+            run_for,
+            queue_capacity: 64,
+            seed: 1,
+            data_every: None,
+            late_permille: 0,
+            lost_permille: 0,
+            unstamped_permille: 0,
+            start_unarmed: false,
+            data_paths: 2,
+            private: false,
+            receiver_busy: Vec::new(),
+            answer_delay: None,
+        }
+    }
+
     fn paused(&self, target: PauseTarget, now: Time) -> bool {
         self.faults.iter().any(|f| match *f {
             DetectorFault::Pause {
@@ -820,6 +846,9 @@ impl DetectorScenario {
                     }
                     MonitorAction::Report(PathReport::PathFailover { watch }) => {
                         out.failovers.push((now, watch.network))
+                    }
+                    MonitorAction::Report(PathReport::PathAbandon { watch }) => {
+                        out.abandons.push((now, watch.network))
                     }
                     MonitorAction::Report(_) => {}
                     // One sender in the model: nobody else to probe.

@@ -119,10 +119,7 @@ fn scenario() -> impl Strategy<Value = DetectorScenario> {
                     config.slow_factor = 2 + u32::try_from((seed / 16) % 3).unwrap_or(0);
                 }
                 DetectorScenario {
-                    config,
                     faults,
-                    run_for: RUN,
-                    queue_capacity: 64,
                     seed,
                     data_every: data.then(|| Duration::from_millis(1)),
                     late_permille: late,
@@ -135,6 +132,7 @@ fn scenario() -> impl Strategy<Value = DetectorScenario> {
                     // A quarter of the cases answer the data (the pace then
                     // follows the answers: late ones, stalls and cuts switch it).
                     answer_delay: (seed % 4 == 1).then(|| Duration::from_micros(seed % 15_000)),
+                    ..DetectorScenario::quiet(config, RUN)
                 }
             },
         )
@@ -211,24 +209,14 @@ proptest! {
 #[test]
 fn a_two_second_receiver_pause_is_no_false_report() {
     let s = DetectorScenario {
-        config: config(),
         faults: vec![DetectorFault::Pause {
             target: PauseTarget::ReceiverProcess,
             at: Duration::from_millis(500),
             len: Duration::from_millis(2000),
         }],
-        run_for: RUN,
-        queue_capacity: 64,
         seed: 1,
         data_every: Some(Duration::from_millis(1)),
-        late_permille: 0,
-        lost_permille: 0,
-        unstamped_permille: 0,
-        start_unarmed: false,
-        data_paths: 2,
-        private: false,
-        receiver_busy: vec![],
-        answer_delay: None,
+        ..DetectorScenario::quiet(config(), RUN)
     };
     let out = s.run();
     assert!(out.peer_reports.is_empty(), "{:?}", out.peer_reports);
@@ -239,24 +227,14 @@ fn a_two_second_receiver_pause_is_no_false_report() {
 #[test]
 fn a_stalled_sender_is_fenced_then_reported() {
     let s = DetectorScenario {
-        config: config(),
         faults: vec![DetectorFault::Pause {
             target: PauseTarget::SenderHeartbeat,
             at: Duration::from_millis(500),
             len: Duration::from_millis(2000),
         }],
-        run_for: RUN,
-        queue_capacity: 64,
         seed: 2,
         data_every: Some(Duration::from_millis(1)),
-        late_permille: 0,
-        lost_permille: 0,
-        unstamped_permille: 0,
-        start_unarmed: false,
-        data_paths: 2,
-        private: false,
-        receiver_busy: vec![],
-        answer_delay: None,
+        ..DetectorScenario::quiet(config(), RUN)
     };
     let out = s.run();
     let fenced = out.fenced_at.expect("fenced");
@@ -272,22 +250,12 @@ fn a_stalled_sender_is_fenced_then_reported() {
 #[test]
 fn a_crash_is_reported_within_the_bound() {
     let s = DetectorScenario {
-        config: config(),
         faults: vec![DetectorFault::Crash {
             at: Duration::from_millis(1000),
         }],
-        run_for: RUN,
-        queue_capacity: 64,
         seed: 3,
         data_every: Some(Duration::from_millis(1)),
-        late_permille: 0,
-        lost_permille: 0,
-        unstamped_permille: 0,
-        start_unarmed: false,
-        data_paths: 2,
-        private: false,
-        receiver_busy: vec![],
-        answer_delay: None,
+        ..DetectorScenario::quiet(config(), RUN)
     };
     check(&s).unwrap();
     let out = s.run();
@@ -310,24 +278,14 @@ fn the_property_catches_a_window_below_the_validated_minimum() {
     let mut broken = 0;
     for seed in 0..300u64 {
         let s = DetectorScenario {
-            config: c.clone(),
             faults: vec![DetectorFault::Pause {
                 target: PauseTarget::SenderHeartbeat,
                 at: ms(200 + seed % 50),
                 len: ms(15 + seed % 10),
             }],
-            run_for: ms(1000),
-            queue_capacity: 64,
             seed,
-            data_every: None,
             late_permille: 100,
-            lost_permille: 0,
-            unstamped_permille: 0,
-            start_unarmed: false,
-            data_paths: 2,
-            private: false,
-            receiver_busy: vec![],
-            answer_delay: None,
+            ..DetectorScenario::quiet(c.clone(), ms(1000))
         };
         if s.run().accuracy_violation().is_some() {
             broken += 1;
@@ -357,7 +315,6 @@ fn a_heartbeat_stamped_late_fences_even_if_read_later() {
     c.validate().unwrap();
     for seed in 0..20u64 {
         let s = DetectorScenario {
-            config: c.clone(),
             faults: vec![
                 DetectorFault::Pause {
                     target: PauseTarget::SenderKernel,
@@ -370,18 +327,8 @@ fn a_heartbeat_stamped_late_fences_even_if_read_later() {
                     len: ms(55),
                 },
             ],
-            run_for: ms(1500),
-            queue_capacity: 64,
             seed,
-            data_every: None,
-            late_permille: 0,
-            lost_permille: 0,
-            unstamped_permille: 0,
-            start_unarmed: false,
-            data_paths: 2,
-            private: false,
-            receiver_busy: vec![],
-            answer_delay: None,
+            ..DetectorScenario::quiet(c.clone(), ms(1500))
         };
         check(&s).unwrap();
         let out = s.run();
@@ -399,7 +346,6 @@ fn a_heartbeat_stamped_late_fences_even_if_read_later() {
 fn a_forged_flood_holds_back_a_crash_report_only_without_private_queues() {
     let ms = Duration::from_millis;
     let scenario = |private| DetectorScenario {
-        config: config(),
         faults: vec![
             DetectorFault::ForgedFlood {
                 at: ms(500),
@@ -408,18 +354,10 @@ fn a_forged_flood_holds_back_a_crash_report_only_without_private_queues() {
             },
             DetectorFault::Crash { at: ms(1000) },
         ],
-        run_for: RUN,
-        queue_capacity: 64,
         seed: 4,
         data_every: Some(ms(1)),
-        late_permille: 0,
-        lost_permille: 0,
-        unstamped_permille: 0,
-        start_unarmed: false,
-        data_paths: 2,
         private,
-        receiver_busy: vec![],
-        answer_delay: None,
+        ..DetectorScenario::quiet(config(), RUN)
     };
     let s = scenario(true);
     check(&s).unwrap();
@@ -468,20 +406,12 @@ proptest! {
             config.slow_factor = 4;
         }
         let s = DetectorScenario {
-            config,
-            faults: vec![],
-            run_for: RUN,
-            queue_capacity: 64,
             seed,
             data_every: data.then(|| Duration::from_millis(50)),
-            late_permille: 0,
-            lost_permille: 0,
-            unstamped_permille: 0,
-            start_unarmed: false,
-            data_paths: 2,
             private: seed % 2 == 0,
             receiver_busy,
             answer_delay: answers,
+            ..DetectorScenario::quiet(config, RUN)
         };
         let out = s.run();
         prop_assert!(out.path_reports.is_empty(), "{:?}\n{s:?}", out.path_reports);
@@ -502,20 +432,10 @@ fn a_cut_is_found_within_the_window_of_the_pace() {
     };
     let run = |busy: Vec<(Duration, Duration)>| {
         DetectorScenario {
-            config: two_paces(),
             faults: vec![cut],
-            run_for: ms(3000),
-            queue_capacity: 64,
             seed: 5,
-            data_every: None,
-            late_permille: 0,
-            lost_permille: 0,
-            unstamped_permille: 0,
-            start_unarmed: false,
-            data_paths: 2,
-            private: false,
             receiver_busy: busy,
-            answer_delay: None,
+            ..DetectorScenario::quiet(two_paces(), ms(3000))
         }
         .run()
     };
@@ -547,8 +467,10 @@ fn a_cut_is_found_within_the_window_of_the_pace() {
             out.path_reports
         );
         assert!(out.peer_reports.is_empty());
-        // Network 0 is heard meanwhile: the cut path is failed over.
+        // Network 0 is heard meanwhile: the cut path is failed over (and
+        // given up at once: no later `PathAbandon`).
         assert_eq!(out.failovers.first().map(|(_, n)| *n), Some(1));
+        assert!(out.abandons.is_empty(), "{:?}", out.abandons);
     }
 }
 
@@ -574,20 +496,10 @@ proptest! {
     ) {
         let ms = Duration::from_millis;
         let s = DetectorScenario {
-            config: two_paces(),
             faults: vec![DetectorFault::Pause { target, at: ms(at), len: ms(len) }],
-            run_for: ms(2500),
-            queue_capacity: 64,
             seed,
-            data_every: None,
-            late_permille: 0,
-            lost_permille: 0,
-            unstamped_permille: 0,
-            start_unarmed: false,
-            data_paths: 2,
-            private: false,
             receiver_busy: if busy { vec![(ms(200), ms(2000))] } else { vec![] },
-            answer_delay: None,
+            ..DetectorScenario::quiet(two_paces(), ms(2500))
         };
         let out = s.clone().run();
         let end = ms(at + len);
@@ -595,6 +507,11 @@ proptest! {
             out.failovers.iter().all(|(t, _)| t.since_origin() > end),
             "failed over during the pause: {:?}\n{s:?}",
             out.failovers
+        );
+        prop_assert!(
+            out.abandons.iter().all(|(t, _)| t.since_origin() > end),
+            "gave a path up during the pause: {:?}\n{s:?}",
+            out.abandons
         );
     }
 }
@@ -606,20 +523,9 @@ fn an_idle_pair_sends_at_the_idle_pace() {
     let ms = Duration::from_millis;
     let run = |busy: Vec<(Duration, Duration)>| {
         DetectorScenario {
-            config: two_paces(),
-            faults: vec![],
-            run_for: ms(2000),
-            queue_capacity: 64,
             seed: 6,
-            data_every: None,
-            late_permille: 0,
-            lost_permille: 0,
-            unstamped_permille: 0,
-            start_unarmed: false,
-            data_paths: 2,
-            private: false,
             receiver_busy: busy,
-            answer_delay: None,
+            ..DetectorScenario::quiet(two_paces(), ms(2000))
         }
         .run()
         .heartbeats
@@ -642,20 +548,10 @@ fn a_slow_pair_sends_a_quarter_and_is_still_reported_in_its_window() {
     config.slow_factor = 4;
     config.validate().unwrap();
     let run = |config: DetectorConfig, faults: Vec<DetectorFault>, run_for: u64| DetectorScenario {
-        config,
         faults,
-        run_for: ms(run_for),
-        queue_capacity: 64,
         seed: 11,
-        data_every: None,
-        late_permille: 0,
-        lost_permille: 0,
-        unstamped_permille: 0,
-        start_unarmed: false,
-        data_paths: 2,
         private: true,
-        receiver_busy: vec![],
-        answer_delay: None,
+        ..DetectorScenario::quiet(config, ms(run_for))
     };
     // 4 s at 100 ms: 41 rounds without slow pairs; with, every round for
     // the first 200 ms and two notices, then one in four.
@@ -704,20 +600,13 @@ fn carrying(
         ..DetectorConfig::default()
     };
     DetectorScenario {
-        config,
         faults,
-        run_for: Duration::from_millis(3000),
-        queue_capacity: 64,
         seed,
         data_every: Some(Duration::from_millis(1)),
-        late_permille: 0,
-        lost_permille: 0,
-        unstamped_permille: 0,
-        start_unarmed: false,
         data_paths,
         private,
         receiver_busy: vec![(Duration::ZERO, Duration::from_millis(3000))],
-        answer_delay: None,
+        ..DetectorScenario::quiet(config, Duration::from_millis(3000))
     }
 }
 

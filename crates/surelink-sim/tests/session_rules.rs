@@ -9,6 +9,9 @@ use surelink_proto::wire::{Frame, DATA_FLAG_RETRANSMIT};
 use surelink_proto::*;
 use surelink_sim::fixture::{identity, World, A, B};
 
+const A_ID: NodeId = NodeId(1);
+const B_ID: NodeId = NodeId(2);
+
 fn cfg() -> EndpointConfig {
     EndpointConfig::default()
 }
@@ -64,6 +67,67 @@ fn failed_path_in_flight_is_resent_first_on_the_survivor() {
         // The five went as one batch: one frame moved.
         .any(|e| matches!(e, Event::PathClosed { resent: 1, .. }));
     assert!(closed, "{:?}", p.events(A));
+}
+
+/// The detector fails a late path over without tearing it down: what was
+/// in flight on it is re-sent on the other path first, the late copies
+/// that arrive after are dropped as duplicates, and the path is trusted
+/// again once it answers the probe.
+#[test]
+fn a_suspected_path_is_evacuated_kept_and_trusted_again_when_it_answers() {
+    let mut p = World::pair(cfg());
+    p.connect(A, B, PathId(1));
+    p.connect(A, B, PathId(2));
+    p.settle();
+    for _ in 0..5 {
+        p.send(A, B, 0, b"before");
+    }
+    p.flush();
+    let (late, other) = if data_frames(&p.peek_frames(A, PathId(1))).len() == 5 {
+        (1, 2)
+    } else {
+        (2, 1)
+    };
+    let now = p.now;
+    assert!(p[A].handle_path_suspect(now, PathId(late)));
+    assert!(!p[A].handle_path_suspect(now, PathId(9)), "no such path");
+    let suspect = |p: &World| {
+        p[A].session_stats(B_ID)
+            .unwrap()
+            .paths
+            .iter()
+            .find(|s| s.id == PathId(late))
+            .map(|s| s.suspect)
+    };
+    assert_eq!(suspect(&p), Some(true));
+    p.send(A, B, 0, b"after");
+    p.flush();
+    // Re-sends of 0..5 on the other path first, flagged, then the new one.
+    let frames = data_frames(&p.peek_frames(A, PathId(other)));
+    assert_eq!(frames.len(), 6, "{frames:?}");
+    for (i, (seq, flags)) in frames.iter().enumerate().take(5) {
+        assert_eq!(*seq, i as u64);
+        assert_ne!(flags & DATA_FLAG_RETRANSMIT, 0);
+    }
+    assert_eq!(frames[5], (5, 0));
+    // The other path's frames arrive first, then the late path's copies
+    // (and its probe): each message once, in order.
+    p.deliver(A, PathId(other));
+    p.settle();
+    let got = p.received(B);
+    assert_eq!(got.len(), 6);
+    assert!(got[..5].iter().all(|m| &m[..] == b"before"));
+    assert_eq!(&got[5][..], b"after");
+    assert!(p[B].session_stats(A_ID).unwrap().duplicates_received >= 1);
+    assert_eq!(suspect(&p), Some(false), "answered its probe");
+    // No path closed: the connection stayed.
+    assert!(
+        !p.events(A)
+            .iter()
+            .any(|e| matches!(e, Event::PathClosed { .. })),
+        "{:?}",
+        p.events(A)
+    );
 }
 
 #[test]

@@ -9,7 +9,11 @@
 //! is raised to 4096 (the default 1024 holds 500 two-network clients only
 //! with members' addresses listed); nothing else is tuned. Idle: each client makes one call and then waits. Loaded: each
 //! calls every `--loaded-interval-ms`. Measured over `--seconds`, after
-//! the clients are up and a warm-up: the server's CPU (utime + stime from
+//! the clients are up and their start has quietened (their shared log
+//! stopped growing for 3 s, at most 60 s; the step reports how long that
+//! took and the start's failed handshakes and fences, from that log — a
+//! build that keeps its connections through the start would otherwise be
+//! measured sooner, churn and all): the server's CPU (utime + stime from
 //! /proc, % of one core), every client's CPU summed, and what crossed the
 //! loopback interface (packets and bytes per second; heartbeats are most
 //! of it when idle).
@@ -27,6 +31,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use serde::{Deserialize, Serialize};
+
+use super::idle_peers_churn::{self as churn, Churn};
 
 /// `surelink-lab bench idle-peers`.
 #[derive(clap::Args, Debug)]
@@ -95,6 +101,13 @@ pub(crate) struct Step {
     connections_after: usize,
     /// Server plus clients used ≥ 90 % of the machine's cores.
     saturated: bool,
+    /// Seconds from the last client's start until the clients' log was
+    /// quiet (the measurement began then).
+    #[serde(default)]
+    settle_s: f64,
+    /// What the clients logged from their start to the step's end.
+    #[serde(default)]
+    churn: Churn,
 }
 
 const CLUSTER: u64 = 7;
@@ -258,6 +271,8 @@ struct Measured {
     alive: usize,
     connections: usize,
     connections_after: usize,
+    settle: Duration,
+    churn: Churn,
 }
 
 /// Established TCP connections to the server's port (both networks), as
@@ -337,6 +352,7 @@ fn step(
             clients.len()
         )?;
     }
+    let churn_from = churn::log_len(&client_log);
     let mut client_pids = Vec::new();
     for c in clients {
         let child = Command::new(bin)
@@ -359,13 +375,17 @@ fn step(
         std::thread::sleep(Duration::from_millis(25));
     }
     // Every client connected (two connections each) and past its first
-    // call, then a warm-up: the step measures the idle steady state.
+    // call, then until the start has quietened: the step measures the
+    // idle steady state.
+    let started = Instant::now();
     let want = 2 * clients.len();
     let end = Instant::now() + Duration::from_secs(60);
     while established(setup.port) < want && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(200));
     }
     std::thread::sleep(Duration::from_secs(3));
+    churn::wait_quiet(&client_log, Duration::from_secs(3), Duration::from_secs(60));
+    let settle = started.elapsed();
     let connections = established(setup.port);
     let hz = USER_HZ;
     let s0 = ticks_of(server_pid);
@@ -401,6 +421,8 @@ fn step(
         alive,
         connections,
         connections_after,
+        settle,
+        churn: churn::count(&client_log, churn_from),
     })
 }
 
@@ -516,6 +538,8 @@ pub(crate) async fn run(args: &IdlePeersArgs) -> Result<()> {
                     connections: m.connections,
                     connections_after: m.connections_after,
                     saturated: server + clients_cpu >= 90.0 * cores,
+                    settle_s: m.settle.as_secs_f64(),
+                    churn: m.churn,
                 };
                 eprintln!(
                     "    server {:.1} % (detector threads {:.1} %) · clients {:.1} % · lo {:.0} pkt/s {:.0} B/s · {} alive · {}→{} connections{}",
@@ -528,6 +552,13 @@ pub(crate) async fn run(args: &IdlePeersArgs) -> Result<()> {
                     s.connections,
                     s.connections_after,
                     if s.saturated { " · SATURATED" } else { "" }
+                );
+                eprintln!(
+                    "    start: quiet after {:.1} s · clients logged {} warnings, {} failed handshakes, {} sessions ended",
+                    s.settle_s,
+                    s.churn.warnings,
+                    s.churn.failed_handshakes,
+                    s.churn.sessions_ended
                 );
                 steps.push(s);
                 // Let the ports and the kernel settle.

@@ -93,6 +93,7 @@ mod detector;
 mod fixture;
 pub(crate) mod helpers;
 pub(crate) mod idle_peers;
+mod idle_peers_churn;
 mod latency;
 mod nats;
 mod nats_server;

@@ -207,6 +207,19 @@ pub enum PathReport {
         /// Which path.
         watch: Watch,
     },
+    /// A path failed over by a `PathFailover` is still silent a peer
+    /// window (`timeout`) later while its peer is heard: give its
+    /// connection up and dial anew. A `PathDown` with `failover` (this
+    /// path alone fell silent: a path fault) is given up at once; a
+    /// `PathFailover` follows the whole peer falling silent — a busy host,
+    /// where the path is most likely late, not broken — so its traffic
+    /// moves at once but its connection is kept that long: tearing it
+    /// down costs a handshake on that busy host (a re-dial storm when
+    /// hundreds of peers do it together).
+    PathAbandon {
+        /// Which path.
+        watch: Watch,
+    },
     /// The path is heard again.
     PathUp {
         /// Which path.
@@ -339,6 +352,9 @@ pub struct MonitorStats {
     /// Of them, reported without failover (every path of the peer was
     /// silent: see [`PathReport::PathDown`]).
     pub held: u64,
+    /// Paths failed over by [`PathReport::PathFailover`] and given up a
+    /// peer window later, still silent ([`PathReport::PathAbandon`]).
+    pub abandoned: u64,
     /// Peers reported dead.
     pub reported_dead: u64,
     /// Barrier rounds started.
@@ -397,6 +413,9 @@ struct PathState {
     /// Held, and another path of the peer was heard: failed over if still
     /// silent then (a copy of the same round may be just behind).
     failover_at: Option<Time>,
+    /// Failed over by `PathFailover`: given up (`PathAbandon`) if still
+    /// silent then.
+    abandon_at: Option<Time>,
 }
 
 /// What a round may report.
@@ -575,6 +594,7 @@ impl Monitor {
                         asked: None,
                         held: false,
                         failover_at: None,
+                        abandon_at: None,
                     },
                 );
                 // A heartbeat on a new network is news of a dead peer too.
@@ -639,17 +659,28 @@ impl Monitor {
     }
 
     /// Held paths whose peer was heard elsewhere and that stayed silent
-    /// since: failed over now.
+    /// since: failed over now. Failed-over paths silent for a peer window
+    /// since: given up now.
     pub(super) fn fail_over_held(&mut self, now: Time) {
+        let abandon_after = self.config.timeout;
         for (w, p) in self.paths.iter_mut() {
             if p.failover_at.is_some_and(|t| t <= now) {
                 p.failover_at = None;
                 if p.held && p.down {
                     p.held = false;
+                    p.abandon_at = Some(now + abandon_after);
                     self.actions
                         .push_back(MonitorAction::Report(PathReport::PathFailover {
                             watch: *w,
                         }));
+                }
+            }
+            if p.abandon_at.is_some_and(|t| t <= now) {
+                p.abandon_at = None;
+                if p.down {
+                    self.stats.abandoned += 1;
+                    self.actions
+                        .push_back(MonitorAction::Report(PathReport::PathAbandon { watch: *w }));
                 }
             }
         }
@@ -713,6 +744,7 @@ impl Monitor {
             asked: None,
             held: false,
             failover_at: None,
+            abandon_at: None,
         });
         if new {
             self.due_by(now + self.config.idle_path_timeout);
@@ -739,6 +771,7 @@ impl Monitor {
             p.down = false;
             p.held = false;
             p.failover_at = None;
+            p.abandon_at = None;
             // Watched again from now.
             let t = now + window.min(self.config.timeout);
             self.due_by(t);
@@ -853,6 +886,7 @@ impl Monitor {
                     p.down = true;
                     p.down_at = now;
                     p.held = !failover;
+                    p.abandon_at = None;
                     self.stats.reported_down += 1;
                     if !failover {
                         self.stats.held += 1;

@@ -26,7 +26,7 @@ impl Monitor {
         let mut next = Time::from_nanos(u64::MAX);
         for (w, p) in &self.paths {
             if p.down {
-                if let Some(t) = p.failover_at {
+                for t in [p.failover_at, p.abandon_at].into_iter().flatten() {
                     next = next.min(t);
                 }
                 continue;

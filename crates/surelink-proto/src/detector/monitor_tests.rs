@@ -1024,3 +1024,80 @@ fn a_copy_right_behind_the_first_heard_fails_nothing_over() {
         "{got:?}"
     );
 }
+
+/// A path failed over after the whole peer fell silent (`PathFailover`)
+/// is given up (its connection torn down) only after a peer window more of
+/// silence while its peer is heard, once; one heard again before that is
+/// not; a path that fell silent alone is never given up later (the shell
+/// tears it down at once).
+#[test]
+fn a_path_failed_over_after_a_silent_peer_is_given_up_a_peer_window_later_unless_heard() {
+    let window = u64::try_from(cfg(DetectorMode::Plain).timeout.as_millis()).unwrap();
+    let reports = |acts: Vec<MonitorAction>| -> Vec<PathReport> {
+        acts.into_iter()
+            .filter_map(|a| match a {
+                MonitorAction::Report(r) => Some(r),
+                _ => None,
+            })
+            .collect()
+    };
+    let is_abandon = |r: &PathReport| matches!(r, PathReport::PathAbandon { .. });
+    // Both paths silent from 0 ms (held), then network 1 heard every 10
+    // ms from 70 ms while network 0 stays silent (`resumes`: heard again
+    // from that time on).
+    let run = |resumes: Option<u64>| {
+        let mut m = watching(DetectorMode::Plain);
+        for n in 0..2 {
+            m.handle_heartbeat_paced(ms(0), w(n), Epoch(1), HeartbeatQueue::Members, true);
+        }
+        let mut got = Vec::new();
+        for t in 1..=70 + 2 * window {
+            if t >= 70 && t % 10 == 0 {
+                m.handle_heartbeat_paced(ms(t), w(1), Epoch(1), HeartbeatQueue::Members, true);
+                if resumes.is_some_and(|r| t >= r) {
+                    m.handle_heartbeat_paced(ms(t), w(0), Epoch(1), HeartbeatQueue::Members, true);
+                }
+            }
+            m.handle_timeout(ms(t));
+            got.extend(reports(actions(&mut m)).into_iter().map(|r| (t, r)));
+        }
+        (m, got)
+    };
+    let (m, got) = run(None);
+    let failed = got
+        .iter()
+        .find(|(_, r)| matches!(r, PathReport::PathFailover { watch } if *watch == w(0)))
+        .map(|(t, _)| *t)
+        .expect("failed over");
+    let abandons: Vec<_> = got.iter().filter(|(_, r)| is_abandon(r)).collect();
+    assert_eq!(
+        abandons.iter().map(|(_, r)| *r).collect::<Vec<_>>(),
+        vec![PathReport::PathAbandon { watch: w(0) }],
+        "given up once: {got:?}"
+    );
+    assert!(abandons[0].0 >= failed + window, "{got:?}");
+    assert_eq!(m.stats().abandoned, 1);
+
+    // Heard again before the window ends: kept.
+    let (_, got) = run(Some(150));
+    assert!(got
+        .iter()
+        .any(|(_, r)| matches!(r, PathReport::PathFailover { .. })));
+    assert!(!got.iter().any(|(_, r)| is_abandon(r)), "{got:?}");
+
+    // Silent alone (network 1 heard throughout): failed over at once,
+    // never given up later.
+    let mut m = watching(DetectorMode::Plain);
+    let mut got = Vec::new();
+    for t in 1..=2 * window {
+        if t % 10 == 0 {
+            m.handle_heartbeat_paced(ms(t), w(1), Epoch(1), HeartbeatQueue::Members, true);
+        }
+        m.handle_timeout(ms(t));
+        got.extend(reports(actions(&mut m)));
+    }
+    assert!(got
+        .iter()
+        .any(|r| matches!(r, PathReport::PathDown { failover: true, .. })));
+    assert!(!got.iter().any(is_abandon), "{got:?}");
+}

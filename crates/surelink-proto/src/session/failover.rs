@@ -174,15 +174,37 @@ impl Session {
         let Some(i) = self.path_index(path) else {
             return false;
         };
-        let p = &mut self.paths[i];
-        if p.phase != Phase::Active {
+        if self.paths[i].phase != Phase::Active {
             return false;
         }
-        p.suspect = true;
-        p.backoff = p.backoff.saturating_add(1);
-        p.ping_due = true;
+        self.paths[i].backoff = self.paths[i].backoff.saturating_add(1);
         self.stats.timeouts += 1;
-        self.evacuate(i);
+        self.suspect(i);
         true
+    }
+
+    /// The failure detector found `path` silent while another path of the
+    /// peer is heard: its in-flight messages move to the other paths and
+    /// new ones avoid it until it answers a probe or an acknowledgement
+    /// shows progress on it — the connection stays, so a path that was
+    /// only late (a busy host) costs no new handshake. Returns whether the
+    /// path was active here.
+    pub fn handle_path_suspect(&mut self, now: Time, path: PathId) -> bool {
+        self.tick(now);
+        match self.path_index(path) {
+            Some(i) if self.paths[i].phase == Phase::Active => {
+                self.suspect(i);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Suspects active path `i`: probed, avoided, its in-flight moved.
+    fn suspect(&mut self, i: usize) {
+        let p = &mut self.paths[i];
+        p.suspect = true;
+        p.ping_due = true;
+        self.evacuate(i);
     }
 }

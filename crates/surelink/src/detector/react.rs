@@ -1,7 +1,10 @@
 //! What the endpoint does with the detector's signals, inside the runtime:
-//! a silent path's connections are shut down when another path of the peer
-//! is heard (the session re-sends their in-flight messages there; paths
-//! silent together stay open until one is heard), a path heard again is
+//! a path silent while another path of the peer is heard has its
+//! connections shut down (the session re-sends their in-flight messages
+//! there); paths silent together are left alone, and one of them still
+//! silent once another is heard again is only suspected in the session
+//! (traffic moves, the connection stays: the peer's host was busy) until
+//! it has been silent a peer window longer; a path heard again is
 //! re-dialled at once, peer reports become events, and a closed fence ends this incarnation —
 //! every session and call fails, and the process goes on as a new epoch so
 //! peers learn the old one stopped (SafeTimer: no message leaves after
@@ -39,7 +42,7 @@ pub(crate) async fn signal_loop(shared: Arc<Shared>, mut rx: mpsc::UnboundedRece
 }
 
 /// Acts on a failure-detector report.
-fn report(shared: &Shared, report: PathReport) {
+fn report(shared: &Arc<Shared>, report: PathReport) {
     let event = match report {
         PathReport::PathDown {
             watch,
@@ -78,11 +81,24 @@ fn report(shared: &Shared, report: PathReport) {
             }
         }
         PathReport::PathFailover { watch } => {
+            // The whole peer fell silent first (a busy host): traffic
+            // moves, the connection stays until `PathAbandon`.
+            let network = usize::from(watch.network);
+            let suspected = shared
+                .session(watch.peer)
+                .map_or(0, |h| h.suspect_network(shared, network));
+            warn!(peer = %watch.peer, network, suspected, "path still silent while another is heard: failing over");
+            return;
+        }
+        PathReport::PathAbandon { watch } => {
+            // Silent a peer window after failing over, its peer heard all
+            // along: the readers see the end at once, and the dialer
+            // brings up a new connection when the network carries again.
             let network = usize::from(watch.network);
             let killed = shared
                 .session(watch.peer)
                 .map_or(0, |h| h.kill_network(network));
-            warn!(peer = %watch.peer, network, killed, "path still silent while another is heard: failing over");
+            warn!(peer = %watch.peer, network, killed, "path silent for the peer window while the peer is heard: giving its connection up");
             return;
         }
         PathReport::PathUp { watch } => {

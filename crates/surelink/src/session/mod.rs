@@ -477,6 +477,31 @@ impl SessionHandle {
         n
     }
 
+    /// Suspects the session's paths on `network` (the detector found it
+    /// silent while another path of the peer is heard): their in-flight
+    /// messages are re-sent elsewhere and new ones avoid them until they
+    /// answer a probe; the connections stay (see
+    /// [`PathReport::PathAbandon`](surelink_proto::detector::PathReport)
+    /// for when they are given up). Returns how many.
+    pub(crate) fn suspect_network(self: &Arc<Self>, shared: &Arc<Shared>, network: usize) -> usize {
+        let paths: Vec<PathId> = self
+            .lock()
+            .conns
+            .iter()
+            .filter(|c| c.network == network)
+            .map(|c| c.path)
+            .collect();
+        if paths.is_empty() {
+            return 0;
+        }
+        self.with(shared, |g, now| {
+            paths
+                .iter()
+                .filter(|p| g.core.handle_path_suspect(now, **p))
+                .count()
+        })
+    }
+
     /// The core's counters and gauges.
     pub(crate) fn stats(&self) -> SessionStats {
         self.lock().core.stats()
