@@ -140,6 +140,19 @@ fn parses_the_documented_example_and_refuses_typos() {
         matches!(&err, ConfigError::DetectorMode(m) if m == "fast"),
         "{err:?}"
     );
+    // A path report probes 8 peers of its network by default, 1 to 4096.
+    assert_eq!(
+        parse("node = 1\ncluster = 7\n")
+            .unwrap()
+            .config
+            .detector
+            .probe_peers,
+        8
+    );
+    let l = parse("node = 1\ncluster = 7\n[detector]\nprobe_peers = 32\n").unwrap();
+    assert_eq!(l.config.detector.probe_peers, 32);
+    let err = parse("node = 1\ncluster = 7\n[detector]\nprobe_peers = 0\n").unwrap_err();
+    assert!(error_chain(&err).contains("detector.probe_peers"), "{err}");
     // The sender's class: unchanged by default, "raised" on request.
     let l = parse("node = 1\ncluster = 7\n").unwrap();
     assert_eq!(l.config.detector_priority, DetectorPriority::Unchanged);

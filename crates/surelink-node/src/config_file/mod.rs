@@ -80,6 +80,7 @@
 //! answer_grace_ms = 0                               # opt-in (e.g. 10): busy only while a call waits this long
 //! slow_after_ms = 0                                 # opt-in (e.g. 10000): a pair quiet this long is slow
 //! slow_factor = 4                                   # then: one fence round in this many goes to it
+//! probe_peers = 8                                   # a path report probes this many peers of its network
 //! timeout_ms = 2000
 //! send_slack_ms = 1500
 //! max_network_delay_ms = 10
@@ -506,6 +507,9 @@ fn detector(c: &mut Config, d: schema::Detector) -> Result<(), ConfigError> {
     }
     if let Some(f) = d.slow_factor {
         det.slow_factor = f;
+    }
+    if let Some(n) = d.probe_peers {
+        det.probe_peers = n;
     }
     if let Some(p) = &d.sender_priority {
         c.detector_priority = match p.as_str() {

@@ -140,6 +140,13 @@ pub struct DetectorConfig {
     /// With `slow_after`: a slow pair gets one fence round in this many
     /// (1 to 16; default 4: every 1.6 s with the default idle interval).
     pub slow_factor: u32,
+    /// A path reported down probes at most this many other peers on its
+    /// network (asked for the busy pace, taken in turn across probes;
+    /// [`super::MonitorAction::ProbeNetwork`]). Default 8: a few peers
+    /// show whether this node's network is broken, as SWIM asks a few
+    /// members; asking all 500 peers of a server made it send 1 000 busy
+    /// copies every interval on a host that was already late (1 to 4 096).
+    pub probe_peers: usize,
 }
 
 impl Default for DetectorConfig {
@@ -184,6 +191,7 @@ impl DetectorConfig {
             standby_interval: interval * 2,
             slow_after: None,
             slow_factor: 4,
+            probe_peers: 8,
         }
     }
 
@@ -311,6 +319,15 @@ impl DetectorConfig {
                 other: "1..=16",
                 other_value: 16,
                 why: "a slow pair gets one fence round in 1 to 16",
+            });
+        }
+        if !(1..=4096).contains(&self.probe_peers) {
+            return Err(ConfigError::Inconsistent {
+                field: "detector.probe_peers",
+                value: u64::try_from(self.probe_peers).unwrap_or(u64::MAX),
+                other: "1..=4096",
+                other_value: 4096,
+                why: "a report probes 1 to 4096 other peers of its network",
             });
         }
         if let Some(a) = self.slow_after.filter(|a| *a < self.idle_interval) {

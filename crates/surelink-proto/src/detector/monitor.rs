@@ -251,8 +251,9 @@ pub enum MonitorAction {
     },
     /// Report this.
     Report(PathReport),
-    /// A path on `network` was just reported down: ask every other peer
-    /// on that network for the busy pace now ([`super::Pacer::handle_probe`]),
+    /// A path on `network` was just reported down: ask other peers on
+    /// that network — `probe_peers` of them, in turn — for the busy pace
+    /// now ([`super::Pacer::handle_probe`]),
     /// so that if this node is the one cut off there, its idle pairs find
     /// out within the short window too, not the idle one — and so do
     /// their peers, through this node's reports and the role service's

@@ -142,18 +142,28 @@ impl Detector {
         }
     }
 
-    /// Asks every peer but `except` that we send to on `network` for the
-    /// busy pace now (see `MonitorAction::ProbeNetwork`). Called under the
-    /// checker lock: takes the destinations', the pacer's and the kicks'
+    /// Asks `probe_peers` peers but `except` that we send to on `network`
+    /// for the busy pace now, taking them in turn across probes (see
+    /// `MonitorAction::ProbeNetwork`). Called under the checker lock:
+    /// takes the destinations', the cursor's, the pacer's and the kicks'
     /// locks, never the checker's.
     fn probe_network(&self, network: usize, except: NodeId) {
-        let peers: Vec<NodeId> = self
+        let on: Vec<NodeId> = self
             .dests
             .lock()
             .keys()
             .filter(|(p, n)| *n == network && *p != except)
             .map(|(p, _)| *p)
             .collect();
+        let peers = {
+            let mut cursors = self.probe_cursor.lock();
+            let cursor = cursors.entry(network).or_insert(NodeId(0));
+            let peers = take_in_turn(&on, *cursor, self.cfg.probe_peers);
+            if let Some(last) = peers.last() {
+                *cursor = *last;
+            }
+            peers
+        };
         if peers.is_empty() {
             return;
         }
@@ -189,5 +199,35 @@ impl Detector {
             }
         }
         barrier
+    }
+}
+
+/// Up to `n` of `peers` (sorted) in turn: those after `after`, then from
+/// the start again.
+fn take_in_turn(peers: &[NodeId], after: NodeId, n: usize) -> Vec<NodeId> {
+    let start = peers.partition_point(|p| *p <= after);
+    peers[start..]
+        .iter()
+        .chain(&peers[..start])
+        .take(n)
+        .copied()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probes_take_peers_in_turn_and_wrap() {
+        let peers: Vec<NodeId> = [2, 3, 5, 8, 13].map(NodeId).to_vec();
+        assert_eq!(take_in_turn(&peers, NodeId(0), 2), [NodeId(2), NodeId(3)]);
+        assert_eq!(take_in_turn(&peers, NodeId(3), 2), [NodeId(5), NodeId(8)]);
+        assert_eq!(
+            take_in_turn(&peers, NodeId(8), 3),
+            [NodeId(13), NodeId(2), NodeId(3)]
+        );
+        assert_eq!(take_in_turn(&peers, NodeId(4), 9).len(), 5, "each once");
+        assert!(take_in_turn(&[], NodeId(4), 9).is_empty());
     }
 }

@@ -179,6 +179,9 @@ pub(crate) struct Detector {
     /// Peers just probed (a path on a network we share was reported down):
     /// the monitor expects their busy pace once our ask is out.
     probed: Mutex<Vec<NodeId>>,
+    /// Per network, the last peer a probe asked (the next probe asks the
+    /// ones after it).
+    probe_cursor: Mutex<BTreeMap<usize, NodeId>>,
     probes: AtomicU64,
     kick_count: AtomicU64,
     /// With `answer_grace`: when the sender will next look at the traffic
@@ -362,6 +365,7 @@ impl Detector {
             kicks: Mutex::new(Vec::new()),
             greetings: Mutex::new(Vec::new()),
             probed: Mutex::new(Vec::new()),
+            probe_cursor: Mutex::new(BTreeMap::new()),
             probes: AtomicU64::new(0),
             kick_count: AtomicU64::new(0),
             sender_plan: AtomicU64::new(0),
