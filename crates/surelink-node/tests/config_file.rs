@@ -122,9 +122,14 @@ fn parses_the_documented_example_and_refuses_typos() {
     assert_eq!(l.config.detector.answer_grace, None);
     let err = parse("node = 1\ncluster = 7\n[detector]\nanswer_grace_ms = 500\n").unwrap_err();
     assert!(error_chain(&err).contains("detector.answer_grace"), "{err}");
-    // Slow pairs: off by default, opt-in in ms (0: off), a factor of 1 to 16.
-    assert_eq!(l.config.detector.slow_after, None);
+    // Slow pairs: after 10 s by default (at least five idle rounds), in
+    // ms (0: off), a factor of 1 to 16.
+    assert_eq!(l.config.detector.slow_after, Some(Duration::from_secs(10)));
     let l = parse("node = 1\ncluster = 7\n[detector]\ninterval_ms = 200\n").unwrap();
+    assert_eq!(l.config.detector.slow_after, Some(Duration::from_secs(10)));
+    let l = parse("node = 1\ncluster = 7\n[detector]\ninterval_ms = 1000\n").unwrap();
+    assert_eq!(l.config.detector.slow_after, Some(Duration::from_secs(20)));
+    let l = parse("node = 1\ncluster = 7\n[detector]\nslow_after_ms = 0\n").unwrap();
     assert_eq!(l.config.detector.slow_after, None);
     let l = parse("node = 1\ncluster = 7\n[detector]\nslow_after_ms = 10000\nslow_factor = 8\n")
         .unwrap();

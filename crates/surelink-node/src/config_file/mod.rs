@@ -78,7 +78,7 @@
 //! idle_path_timeout_ms = 1200                       # an idle pair's path window
 //! busy_linger_ms = 1000                             # busy this long after the last traffic
 //! answer_grace_ms = 0                               # opt-in (e.g. 10): busy only while a call waits this long
-//! slow_after_ms = 0                                 # opt-in (e.g. 10000): a pair quiet this long is slow
+//! slow_after_ms = 10000                             # a pair quiet this long is slow (0: off)
 //! slow_factor = 4                                   # then: one fence round in this many goes to it
 //! probe_peers = 8                                   # a path report probes this many peers of its network
 //! timeout_ms = 2000
@@ -501,7 +501,7 @@ fn detector(c: &mut Config, d: schema::Detector) -> Result<(), ConfigError> {
     }
     match d.slow_after_ms {
         Some(a) => det.slow_after = (a > 0).then(|| ms(a)),
-        // Not given: as configured before (off by default), after five
+        // Not given: as configured before (10 s by default), after five
         // idle rounds at least (a longer idle pace keeps it valid).
         None => det.slow_after = det.slow_after.map(|s| s.max(det.idle_interval * 5)),
     }

@@ -132,10 +132,11 @@ pub struct DetectorConfig {
     /// `SLOW`, and the peer watches its paths with
     /// [`slow_path_timeout`](Self::slow_path_timeout) and reports it dead
     /// after [`slow_timeout`](Self::slow_timeout). Any call, message or
-    /// data read ends it at once. `None` (the default): every pair gets
-    /// every round. Opt-in: with it on, a 500-client start still spirals
-    /// into re-dials on a 2-core machine where it settles without
-    /// (docs/detector.md, "Slow pairs").
+    /// data read ends it at once. Default 10 s (since 2026-12-06; it was
+    /// opt-in while a 500-client start spiralled into re-dials with it,
+    /// which bounding the probe ended — docs/detector.md, "Slow pairs").
+    /// `None`: every pair gets every round. [`Self::with_interval`] leaves
+    /// it off.
     pub slow_after: Option<Duration>,
     /// With `slow_after`: a slow pair gets one fence round in this many
     /// (1 to 16; default 4: every 1.6 s with the default idle interval).
@@ -161,6 +162,9 @@ impl Default for DetectorConfig {
             // Three idle heartbeats: one lost datagram is no report.
             idle_path_timeout: Duration::from_millis(1200),
             busy_linger: Duration::from_secs(1),
+            // A quiet pair gets one fence round in 4 after 10 s: dead
+            // after 3.2 s, path window 4.8 s, for such pairs only.
+            slow_after: Some(Duration::from_secs(10)),
             ..DetectorConfig::with_interval(interval)
         }
     }

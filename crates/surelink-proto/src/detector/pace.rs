@@ -1007,8 +1007,11 @@ mod tests {
         // A call of ours: busy (the linger), so every round.
         p.handle_traffic(ms(5400), a);
         assert_eq!(p.fence_copy(ms(5700), a, false), Some(FLAG_WATCH));
-        // Off (the default): every round, never SLOW.
-        let mut d = pacer();
+        // Off (`slow_after = None`): every round, never SLOW.
+        let mut d = Pacer::new(&DetectorConfig {
+            slow_after: None,
+            ..DetectorConfig::default()
+        });
         assert_eq!(d.fence_copy(ms(0), a, false), Some(0));
         assert_eq!(d.fence_copy(ms(60_000), a, false), Some(0));
     }
