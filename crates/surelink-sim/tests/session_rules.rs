@@ -28,8 +28,9 @@ fn data_frames(frames: &[Frame]) -> Vec<(u64, u16)> {
         .collect()
 }
 
-#[test]
-fn failed_path_in_flight_is_resent_first_on_the_survivor() {
+/// A pair on two paths with five messages in flight on one of them:
+/// `(world, that path, the other)`.
+fn five_in_flight_on_one_of_two_paths() -> (World, u64, u64) {
     let mut p = World::pair(cfg());
     p.connect(A, B, PathId(1));
     p.connect(A, B, PathId(2));
@@ -45,20 +46,31 @@ fn failed_path_in_flight_is_resent_first_on_the_survivor() {
         (2, 1)
     };
     assert_eq!(data_frames(&p.peek_frames(A, PathId(busy))).len(), 5);
-    // The busy path dies with its bytes; then the app sends more.
-    p.drop_queued(A, PathId(busy));
-    let now = p.now;
-    p[A].handle_path_down(now, PathId(busy));
+    (p, busy, idle)
+}
+
+/// The app sends one more; `path` then carries the re-sends of 0..5
+/// first, flagged, then the new message 5.
+fn send_one_and_expect_resends_first_on(p: &mut World, path: u64) {
     p.send(A, B, 0, b"after");
     p.flush();
-    let frames = data_frames(&p.peek_frames(A, PathId(idle)));
-    // Re-sends of 0..5 first, flagged, then the new message 5.
+    let frames = data_frames(&p.peek_frames(A, PathId(path)));
     assert_eq!(frames.len(), 6, "{frames:?}");
     for (i, (seq, flags)) in frames.iter().enumerate().take(5) {
         assert_eq!(*seq, i as u64);
         assert_ne!(flags & DATA_FLAG_RETRANSMIT, 0);
     }
     assert_eq!(frames[5], (5, 0));
+}
+
+#[test]
+fn failed_path_in_flight_is_resent_first_on_the_survivor() {
+    let (mut p, busy, idle) = five_in_flight_on_one_of_two_paths();
+    // The busy path dies with its bytes; then the app sends more.
+    p.drop_queued(A, PathId(busy));
+    let now = p.now;
+    p[A].handle_path_down(now, PathId(busy));
+    send_one_and_expect_resends_first_on(&mut p, idle);
     p.settle();
     assert_eq!(p.received(B).len(), 6);
     let closed = p
@@ -75,19 +87,7 @@ fn failed_path_in_flight_is_resent_first_on_the_survivor() {
 /// again once it answers the probe.
 #[test]
 fn a_suspected_path_is_evacuated_kept_and_trusted_again_when_it_answers() {
-    let mut p = World::pair(cfg());
-    p.connect(A, B, PathId(1));
-    p.connect(A, B, PathId(2));
-    p.settle();
-    for _ in 0..5 {
-        p.send(A, B, 0, b"before");
-    }
-    p.flush();
-    let (late, other) = if data_frames(&p.peek_frames(A, PathId(1))).len() == 5 {
-        (1, 2)
-    } else {
-        (2, 1)
-    };
+    let (mut p, late, other) = five_in_flight_on_one_of_two_paths();
     let now = p.now;
     assert!(p[A].handle_path_suspect(now, PathId(late)));
     assert!(!p[A].handle_path_suspect(now, PathId(9)), "no such path");
@@ -100,16 +100,7 @@ fn a_suspected_path_is_evacuated_kept_and_trusted_again_when_it_answers() {
             .map(|s| s.suspect)
     };
     assert_eq!(suspect(&p), Some(true));
-    p.send(A, B, 0, b"after");
-    p.flush();
-    // Re-sends of 0..5 on the other path first, flagged, then the new one.
-    let frames = data_frames(&p.peek_frames(A, PathId(other)));
-    assert_eq!(frames.len(), 6, "{frames:?}");
-    for (i, (seq, flags)) in frames.iter().enumerate().take(5) {
-        assert_eq!(*seq, i as u64);
-        assert_ne!(flags & DATA_FLAG_RETRANSMIT, 0);
-    }
-    assert_eq!(frames[5], (5, 0));
+    send_one_and_expect_resends_first_on(&mut p, other);
     // The other path's frames arrive first, then the late path's copies
     // (and its probe): each message once, in order.
     p.deliver(A, PathId(other));
