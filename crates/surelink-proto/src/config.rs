@@ -51,6 +51,12 @@ pub struct EndpointConfig {
     pub min_rto: Duration,
     /// Upper bound of a path's retransmission timeout, after backoff.
     pub max_rto: Duration,
+    /// Longest wait between PINGs to a path that has not answered, however
+    /// far its timeout has backed off (never shorter than the path's own
+    /// timeout before backoff). A suspected path is found working again
+    /// within about this long after its fault ends; data waits for that
+    /// PONG instead of backing off with the path.
+    pub max_probe_interval: Duration,
     /// Interval between handshake retransmissions on a path still handshaking.
     pub handshake_retry: Duration,
     /// A path that has not finished its handshake after this long is closed.
@@ -112,6 +118,7 @@ impl Default for EndpointConfig {
             initial_rtt: Duration::from_millis(10),
             min_rto: Duration::from_millis(200),
             max_rto: Duration::from_secs(4),
+            max_probe_interval: Duration::from_millis(50),
             handshake_retry: Duration::from_millis(250),
             handshake_timeout: Duration::from_secs(10),
             path_keepalive: Duration::from_secs(15),
@@ -214,6 +221,7 @@ impl EndpointConfig {
         nonzero("max_ack_delay", self.max_ack_delay)?;
         nonzero("initial_rtt", self.initial_rtt)?;
         nonzero("min_rto", self.min_rto)?;
+        nonzero("max_probe_interval", self.max_probe_interval)?;
         nonzero("handshake_retry", self.handshake_retry)?;
         nonzero("handshake_timeout", self.handshake_timeout)?;
         nonzero("linger", self.linger)?;

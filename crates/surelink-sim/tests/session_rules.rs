@@ -121,6 +121,104 @@ fn a_suspected_path_is_evacuated_kept_and_trusted_again_when_it_answers() {
     );
 }
 
+/// The soak's slowest calls (seed 1796553979681814): path 1 lost both
+/// ways for 1.5 s while path 2 loses A's frames for its first 0.7 s.
+/// Returns when B has all three messages sent at the start, from the
+/// start. Path 2 works again at 0.7 s; before then every path has backed
+/// its timer off many times.
+fn outage_then_recovery(c: EndpointConfig) -> Duration {
+    let mut p = World::pair(c);
+    p.connect(A, B, PathId(1));
+    p.connect(A, B, PathId(2));
+    p.settle();
+    let start = p.now;
+    let mut sent = 0;
+    loop {
+        let t = p.now.saturating_since(start);
+        // A message every 5 ms until path 2 is back (as the soak's calls).
+        if t < Duration::from_millis(700) {
+            p.send(A, B, 0, b"m");
+            sent += 1;
+        }
+        if t == Duration::from_millis(50) {
+            // B's detector hears nothing from A: both paths suspected.
+            let now = p.now;
+            p[B].handle_path_suspect(now, PathId(1));
+            p[B].handle_path_suspect(now, PathId(2));
+        }
+        p.flush();
+        if t < Duration::from_millis(1500) {
+            p.drop_queued(A, PathId(1));
+        }
+        if t < Duration::from_millis(700) {
+            p.drop_queued(A, PathId(2));
+        }
+        p.deliver_all();
+        if p.received(B).len() == sent && t >= Duration::from_millis(700) {
+            return t;
+        }
+        assert!(t < Duration::from_secs(10), "never delivered");
+        p.advance(Duration::from_millis(5));
+    }
+}
+
+/// After an outage of every path, a path whose fault ended is probed at
+/// least every `max_probe_interval` however far its timer backed off, and
+/// its PONG re-sends what waited at once: B has everything within a probe
+/// interval of path 2 coming back, not when the backed-off probe would
+/// have found it.
+#[test]
+fn after_an_outage_the_first_path_back_carries_what_waited_within_a_probe_interval() {
+    let mut c = cfg();
+    c.min_rto = Duration::from_millis(20);
+    let back = Duration::from_millis(700);
+    let bound = back + c.max_probe_interval;
+    let got = outage_then_recovery(c.clone());
+    assert!(
+        got >= back && got <= bound,
+        "delivered {got:?} after the start; path 2 back at {back:?}"
+    );
+    // The control: probes backing off with the timers (as before this
+    // rule) miss that bound.
+    c.max_probe_interval = c.max_rto;
+    let slow = outage_then_recovery(c);
+    assert!(slow > bound, "control took {slow:?}");
+}
+
+/// Messages in flight on a path that loses everything, its timer backed
+/// off, go out at once on a path that comes up meanwhile (a re-dial on
+/// the network that came back) — not when the dead path's timer fires:
+/// delivery is in order, so they would hold back everything behind them.
+#[test]
+fn a_new_path_carries_at_once_what_waits_on_a_suspected_one() {
+    let mut c = cfg();
+    c.min_rto = Duration::from_millis(20);
+    let mut p = World::pair(c);
+    p.connect(A, B, PathId(1));
+    p.settle();
+    for _ in 0..3 {
+        p.send(A, B, 0, b"m");
+    }
+    // Path 1 loses all A sends for 300 ms: its timer backs off.
+    for _ in 0..60 {
+        p.flush();
+        p.drop_queued(A, PathId(1));
+        p.deliver_all();
+        p.advance(Duration::from_millis(5));
+    }
+    assert_eq!(p.received(B).len(), 0);
+    assert!(p[A].session_stats(B_ID).unwrap().timeouts >= 1);
+    // Path 2 comes up; path 1 still loses everything. No time passes.
+    p.connect(A, B, PathId(2));
+    for _ in 0..8 {
+        p.flush();
+        p.drop_queued(A, PathId(1));
+        p.deliver_all();
+    }
+    assert_eq!(p.received(B).len(), 3, "waited for path 1's timer");
+    assert!(p[A].session_stats(B_ID).unwrap().resent_on_answer >= 1);
+}
+
 #[test]
 fn resume_resends_exactly_what_is_missing() {
     let mut p = World::pair(cfg());

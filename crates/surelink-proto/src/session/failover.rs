@@ -15,19 +15,53 @@ impl Session {
     /// Moves every frame in flight on path `i` to the retransmit queue.
     /// Returns how many moved.
     pub(super) fn evacuate(&mut self, i: usize) -> usize {
+        let moved = self.evacuate_sent_before(i, Time::MAX);
+        self.paths[i].inflight_bytes = 0;
+        moved
+    }
+
+    /// Moves the frames in flight on path `i` that were sent before
+    /// `before` to the retransmit queue. Returns how many moved.
+    fn evacuate_sent_before(&mut self, i: usize, before: Time) -> usize {
         let p = &mut self.paths[i];
         let mut moved = 0;
-        for (st, seq, t) in p.inflight.drain(..) {
+        while let Some(&(st, seq, t)) = p.inflight.front() {
+            if t >= before {
+                break;
+            }
+            p.inflight.pop_front();
             if let Some(e) = self.send.entry_mut(st, seq) {
                 if e.state == send::EntryState::InFlight && e.path == p.id && e.sent_at == t {
                     e.state = send::EntryState::Pending;
+                    p.inflight_bytes = p.inflight_bytes.saturating_sub(e.cost());
                     self.send.retx_queue.push_back((st, seq));
                     moved += 1;
                 }
             }
         }
-        p.inflight_bytes = 0;
         moved
+    }
+
+    /// Path `i` is proven to work: a suspected path answered the PING
+    /// sent at `pinged`, or a new path finished its handshake (`pinged`
+    /// zero). What went out on it before that PING, and what waits on
+    /// other suspected paths, is re-sent now (on the best path, this one
+    /// if nothing is healthier) instead of when their backed-off timers
+    /// fire — after an outage of every path those timers can be a second
+    /// or more away, and messages are delivered in order, so one waiting
+    /// on a dead path holds back everything behind it. The receiver drops
+    /// any duplicate this makes.
+    pub(super) fn path_proven(&mut self, i: usize, pinged: Time) {
+        let mut moved = self.evacuate_sent_before(i, pinged);
+        for j in 0..self.paths.len() {
+            let q = &self.paths[j];
+            if j != i && q.phase == Phase::Active && q.suspect && !q.inflight.is_empty() {
+                moved += self.evacuate(j);
+            }
+        }
+        if moved > 0 {
+            self.stats.resent_on_answer += moved as u64;
+        }
     }
 
     /// The transport under `path` failed (connection reset, or the failure
@@ -198,6 +232,12 @@ impl Session {
             }
             _ => false,
         }
+    }
+
+    /// Whether `path` is suspected (avoided until it answers a probe or an
+    /// acknowledgement shows progress on it).
+    pub fn is_path_suspect(&self, path: PathId) -> bool {
+        self.path_index(path).is_some_and(|i| self.paths[i].suspect)
     }
 
     /// Suspects active path `i`: probed, avoided, its in-flight moved.

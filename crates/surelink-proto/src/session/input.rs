@@ -102,6 +102,9 @@ impl Session {
                         peer: self.node,
                         path,
                     });
+                    // A new path is as good news as an answered probe:
+                    // what waits on suspected paths goes now.
+                    self.path_proven(pi, Time::ZERO);
                     self.update_reachability(now);
                 }
                 Ok(())
@@ -118,8 +121,11 @@ impl Session {
                     if t == token {
                         p.rtt.sample(now.saturating_since(sent));
                         p.ping_outstanding = None;
-                        p.suspect = false;
+                        let was_suspect = std::mem::replace(&mut p.suspect, false);
                         p.backoff = 0;
+                        if was_suspect {
+                            self.path_proven(pi, sent);
+                        }
                     }
                 }
                 Ok(())

@@ -33,6 +33,10 @@ pub struct SessionStats {
     pub timeouts: u64,
     /// Window probes: re-sends that ask a silent peer for its acknowledgement.
     pub probes: u64,
+    /// Messages re-sent at once because a path proved to work (a
+    /// suspected one answered its PING, or a new one came up): what was in
+    /// flight on suspected paths.
+    pub resent_on_answer: u64,
     /// Paths closed because nothing arrived on them for `path_idle_timeout`.
     pub idle_paths_closed: u64,
     /// Calls made.

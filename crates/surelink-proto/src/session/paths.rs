@@ -137,6 +137,15 @@ impl PathState {
             .min(cfg.max_rto)
     }
 
+    /// How long an unanswered PING waits before the next: the backed-off
+    /// timeout, but no longer than `max_probe_interval` (or the timeout
+    /// before backoff, if longer), so a path whose fault ended is found
+    /// again soon whatever the outage cost its timer.
+    pub(crate) fn probe_rto(&self, cfg: &EndpointConfig) -> Duration {
+        let base = self.rtt.rto(cfg);
+        self.rto(cfg).min(base.max(cfg.max_probe_interval))
+    }
+
     /// When a keepalive PING is due: the path has been quiet for
     /// `path_keepalive` and no probe is queued or waiting for its PONG.
     pub(crate) fn keepalive_due(&self, cfg: &EndpointConfig) -> Option<Time> {

@@ -75,7 +75,7 @@ impl Session {
                         p.ping_due = true;
                     }
                     if let Some((_, sent)) = p.ping_outstanding {
-                        if now >= sent + p.rto(&self.cfg) {
+                        if now >= sent + p.probe_rto(&self.cfg) {
                             p.ping_due = true;
                             p.backoff = p.backoff.saturating_add(1);
                         }
@@ -140,12 +140,11 @@ impl Session {
                     if let Some(k) = p.keepalive_due(&self.cfg) {
                         t = t.min(k);
                     }
-                    let rto = p.rto(&self.cfg);
                     if let Some(&(_, _, sent)) = p.inflight.front() {
-                        t = t.min(sent + rto);
+                        t = t.min(sent + p.rto(&self.cfg));
                     }
                     if let Some((_, sent)) = p.ping_outstanding {
-                        t = t.min(sent + rto);
+                        t = t.min(sent + p.probe_rto(&self.cfg));
                     }
                 }
             }

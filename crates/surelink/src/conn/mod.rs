@@ -358,6 +358,30 @@ impl ConnIo {
         }
     }
 
+    /// Whether the connection's TCP has backed its retransmission timer
+    /// off (what it sent went unacknowledged for a timeout or more): it
+    /// carries nothing until its next retransmission, which may be a
+    /// second away.
+    pub(crate) fn tcp_backing_off(&self) -> bool {
+        match &self.stream {
+            Wire::Tcp(s) => {
+                surelink_sys::stream::retransmit_backoff(s.as_ref().as_fd()).is_ok_and(|b| b > 0)
+            }
+            Wire::Relay(_) => false,
+        }
+    }
+
+    /// [`ConnIo::kill`], and the socket resets when it closes instead of
+    /// finishing: a FIN would wait behind a backed-off retransmission,
+    /// a RST leaves at once, so the peer drops its end (and its own
+    /// backed-off timer) and dials afresh.
+    pub(crate) fn reset(&self) {
+        if let Wire::Tcp(s) = &self.stream {
+            let _ = SockRef::from(s.as_ref()).set_linger(Some(Duration::ZERO));
+        }
+        self.kill();
+    }
+
     /// Closes after the queued bytes (a CLOSE frame) are written, or after a
     /// second if the peer does not read them.
     pub(crate) async fn close_after_flush(self: Arc<Self>) {

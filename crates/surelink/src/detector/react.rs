@@ -5,7 +5,8 @@
 //! silent once another is heard again is only suspected in the session
 //! (traffic moves, the connection stays: the peer's host was busy) until
 //! it has been silent a peer window longer; a path heard again is
-//! re-dialled at once, peer reports become events, and a closed fence ends this incarnation —
+//! re-dialled at once (a suspected connection on it whose TCP backed off
+//! is reset first: it would wait out its retransmission timer), peer reports become events, and a closed fence ends this incarnation —
 //! every session and call fails, and the process goes on as a new epoch so
 //! peers learn the old one stopped (SafeTimer: no message leaves after
 //! `t_valid`, and none of the old incarnation's state is replayed).
@@ -102,7 +103,15 @@ fn report(shared: &Arc<Shared>, report: PathReport) {
             return;
         }
         PathReport::PathUp { watch } => {
-            info!(peer = %watch.peer, network = watch.network, "path heard again");
+            let network = usize::from(watch.network);
+            let reset = shared
+                .session(watch.peer)
+                .map_or(0, |h| h.reset_stuck(network));
+            if reset > 0 {
+                warn!(peer = %watch.peer, network, reset, "path heard again, its suspected connection's TCP backing off: reset, dialling afresh");
+            } else {
+                info!(peer = %watch.peer, network, "path heard again");
+            }
             shared.dialer.redial_now();
             NetEvent::PathHeard {
                 peer: watch.peer,

@@ -477,6 +477,25 @@ impl SessionHandle {
         n
     }
 
+    /// Resets the session's connections on `network` that the core still
+    /// suspects and whose TCP is backing off: the detector hears the
+    /// network again, but such a connection would carry nothing until its
+    /// next retransmission (a second or more after an outage of some
+    /// hundreds of milliseconds), so a fresh one is dialled instead. A
+    /// connection to a host that was only late is kept: its kernel
+    /// acknowledged all along. Returns how many.
+    pub(crate) fn reset_stuck(&self, network: usize) -> usize {
+        let g = self.lock();
+        let mut n = 0;
+        for c in g.conns.iter().filter(|c| c.network == network) {
+            if g.core.is_path_suspect(c.path) && c.tcp_backing_off() {
+                c.reset();
+                n += 1;
+            }
+        }
+        n
+    }
+
     /// Suspects the session's paths on `network` (the detector found it
     /// silent while another path of the peer is heard): their in-flight
     /// messages are re-sent elsewhere and new ones avoid them until they
