@@ -35,6 +35,64 @@ pub(crate) struct DetectorArgs {
     /// Only this Table 1 row.
     #[arg(long, value_enum)]
     fault: Option<Fault>,
+    /// Table 1 with the product's default detector instead of the paper's
+    /// settings: 12 s of quiet first (an idle pair goes slow after 10 s),
+    /// and 4 s faults, beyond the slow pair's 3.2 s and a busy pair's 2 s
+    /// windows.
+    #[arg(long)]
+    defaults: bool,
+}
+
+/// The detector and the fault's size in the Table 1 runs.
+#[derive(Clone, Copy, Debug)]
+struct TableSettings {
+    /// The product's defaults (else the paper's: 100 ms heartbeats, 1 s
+    /// timeout).
+    defaults: bool,
+}
+
+impl TableSettings {
+    fn node_args(self, mode: Mode) -> Vec<String> {
+        let mode = match mode {
+            Mode::Safetimer => "safetimer",
+            Mode::Plain => "plain",
+        };
+        let mut args = vec!["--mode".to_owned(), mode.to_owned()];
+        if !self.defaults {
+            args.extend(
+                [
+                    "--interval-ms",
+                    "100",
+                    "--timeout-ms",
+                    "1000",
+                    "--slack-ms",
+                    "500",
+                    "--network-delay-ms",
+                    "100",
+                ]
+                .map(String::from),
+            );
+        }
+        args
+    }
+
+    /// Heartbeats flow this long before the fault.
+    fn warm_up(self) -> Duration {
+        Duration::from_millis(if self.defaults { 12_000 } else { 1_500 })
+    }
+
+    /// How long the fault lasts.
+    fn fault(self) -> Duration {
+        Duration::from_secs(if self.defaults { 4 } else { 2 })
+    }
+
+    fn describe(self) -> &'static str {
+        if self.defaults {
+            "the product's defaults: 10 ms busy / 400 ms fence heartbeats, 2 s timeout, slow pairs after 10 s; 4 s faults after 12 s quiet"
+        } else {
+            "the paper's settings: timeout 1 s, heartbeats every 100 ms; 2 s faults"
+        }
+    }
 }
 
 /// Where the 2 s fault of a Table 1 row hits.
@@ -67,12 +125,12 @@ impl Fault {
 
     fn label(self) -> &'static str {
         match self {
-            Fault::ReceiverReader => "receiver reader thread delayed 2 s",
-            Fault::ReceiverChecker => "receiver detector thread delayed 2 s",
-            Fault::ReceiverProcess => "receiver process stopped 2 s (SIGSTOP)",
-            Fault::ReceiverDrops => "receiver socket overflow (drops) 2 s",
-            Fault::SenderHeartbeat => "sender heartbeat thread delayed 2 s",
-            Fault::SenderProcess => "sender process stopped 2 s (SIGSTOP)",
+            Fault::ReceiverReader => "receiver reader thread delayed",
+            Fault::ReceiverChecker => "receiver detector thread delayed",
+            Fault::ReceiverProcess => "receiver process stopped (SIGSTOP)",
+            Fault::ReceiverDrops => "receiver socket overflow (drops)",
+            Fault::SenderHeartbeat => "sender heartbeat thread delayed",
+            Fault::SenderProcess => "sender process stopped (SIGSTOP)",
         }
     }
 
@@ -107,29 +165,8 @@ pub(crate) struct TableRun {
     arrivals: Vec<(f64, bool)>,
     #[serde(skip)]
     fenced_after_ms: Option<f64>,
-}
-
-/// The settings of the Table 1 runs: 1 s timeout.
-fn table_node_args(mode: Mode) -> Vec<String> {
-    let mode = match mode {
-        Mode::Safetimer => "safetimer",
-        Mode::Plain => "plain",
-    };
-    [
-        "--mode",
-        mode,
-        "--interval-ms",
-        "100",
-        "--timeout-ms",
-        "1000",
-        "--slack-ms",
-        "500",
-        "--network-delay-ms",
-        "100",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect()
+    /// How long the fault lasted, ms.
+    fault_ms: f64,
 }
 
 const RECEIVER_ADDRS: &str = "127.0.1.1:0,127.0.2.1:0";
@@ -169,21 +206,22 @@ fn flood(to: Vec<String>, until: u64) {
     }
 }
 
-async fn table_run(fault: Fault, mode: Mode) -> Result<TableRun> {
+async fn table_run(fault: Fault, mode: Mode, set: TableSettings) -> Result<TableRun> {
     // Receiver-side rows run on heartbeats alone, as in the paper (traffic
     // would count as heartbeats and hide the stall); sender-side rows
     // stream a message per millisecond, so a report the sender outlives
     // shows up as messages arriving after it.
     let stream = u64::from(fault.on_sender());
-    let (mut rx, mut tx, first_epoch) = start_pair(&table_node_args(mode), stream).await?;
+    let (mut rx, mut tx, first_epoch) = start_pair(&set.node_args(mode), stream).await?;
     // Let heartbeats flow for a while.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(set.warm_up()).await;
     let start = wall_us();
-    let pause = Duration::from_secs(2);
+    let pause = set.fault();
+    let len_ms = pause.as_millis();
     match fault {
-        Fault::ReceiverReader => rx.command("delay reader 2000").await?,
-        Fault::ReceiverChecker => rx.command("delay checker 2000").await?,
-        Fault::SenderHeartbeat => tx.command("delay sender 2000").await?,
+        Fault::ReceiverReader => rx.command(&format!("delay reader {len_ms}")).await?,
+        Fault::ReceiverChecker => rx.command(&format!("delay checker {len_ms}")).await?,
+        Fault::SenderHeartbeat => tx.command(&format!("delay sender {len_ms}")).await?,
         Fault::ReceiverProcess | Fault::SenderProcess => {
             let pid = if fault == Fault::ReceiverProcess {
                 rx.pid
@@ -196,18 +234,18 @@ async fn table_run(fault: Fault, mode: Mode) -> Result<TableRun> {
         }
         Fault::ReceiverDrops => {
             rx.command("rcvbuf 1").await?;
-            rx.command("delay reader 2000").await?;
+            rx.command(&format!("delay reader {len_ms}")).await?;
             let ready = rx
                 .wait_for(Duration::from_secs(1), |v| v["ev"] == "ready")
                 .await
                 .context("ready")?;
             let hb = addrs(&ready, "heartbeat")?;
-            let until = start + 2_000_000;
+            let until = start + micros(pause);
             tokio::task::spawn_blocking(move || flood(hb, until)).await?;
         }
     }
-    // Watch the aftermath until 4.5 s after the fault began.
-    let end = start + 4_500_000;
+    // Watch the aftermath until 2.5 s after the fault ended.
+    let end = start + micros(pause) + 2_500_000;
     let now = wall_us();
     if end > now {
         tokio::time::sleep(Duration::from_micros(end - now)).await;
@@ -259,7 +297,12 @@ async fn table_run(fault: Fault, mode: Mode) -> Result<TableRun> {
         seqs_after_report: after,
         arrivals,
         fenced_after_ms: fenced.map(ms),
+        fault_ms: pause.as_secs_f64() * 1e3,
     })
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// One detection-time cell.
@@ -369,6 +412,9 @@ pub(crate) async fn run(args: &DetectorArgs) -> Result<()> {
         None => Fault::ALL.to_vec(),
     };
     let total = faults.len() * 2;
+    let set = TableSettings {
+        defaults: args.defaults,
+    };
     for (i, fault) in faults.iter().enumerate() {
         for (j, mode) in [Mode::Plain, Mode::Safetimer].into_iter().enumerate() {
             eprint!(
@@ -376,7 +422,7 @@ pub(crate) async fn run(args: &DetectorArgs) -> Result<()> {
                 i * 2 + j + 1,
                 fault.label()
             );
-            let r = table_run(*fault, mode).await?;
+            let r = table_run(*fault, mode, set).await?;
             eprintln!(
                 "{}{}",
                 if r.reported {
@@ -438,7 +484,7 @@ pub(crate) async fn run(args: &DetectorArgs) -> Result<()> {
             }
         }
     }
-    print_report(&table, &detection);
+    print_report(&table, &detection, set);
     let json = args.out.join("detector.json");
     let report = Report {
         table: table.clone(),
@@ -464,14 +510,14 @@ fn runs_for_plot(runs: &[&TableRun]) -> Vec<super::plot::Lane> {
             arrivals: r.arrivals.clone(),
             report_ms: r.report_after_ms,
             fenced_ms: r.fenced_after_ms,
-            fault_ms: (0.0, 2000.0),
+            fault_ms: (0.0, r.fault_ms),
         })
         .collect()
 }
 
-fn print_report(table: &[TableRun], detection: &[DetectRun]) {
+fn print_report(table: &[TableRun], detection: &[DetectRun], set: TableSettings) {
     println!();
-    println!("SafeTimer Table 1 (timeout 1 s, heartbeats every 100 ms, 2 s faults)");
+    println!("SafeTimer Table 1 ({})", set.describe());
     println!(
         "{:<42} | {:^22} | {:^34}",
         "injected", "plain timeout", "surelink (SafeTimer)"
