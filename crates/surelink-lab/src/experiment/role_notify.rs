@@ -15,11 +15,14 @@
 //! (and node 1) last sent data to node 2 on network 1 — with the role
 //! service (candidate node 1, defaults) and with every node alone.
 //!
-//! Idle arms: node 1 calls node 2 as before, node 3 has nothing in flight
-//! with node 2 (an idle pair, watched at the idle pace). Measured: when
-//! node 3 first knows network 1 to node 2 is unusable — its pushed table
-//! says so (role service), or node 2, having found node 3 silent there on
-//! its own (the idle window), closed node 3's connections on it.
+//! Idle arms: node 1 calls node 2 as before, node 3 has had nothing in
+//! flight with node 2 for 12 s (a slow pair, as the product watches an
+//! idle one). Measured: when node 3 first knows network 1 to node 2 is
+//! unusable — its pushed table says so (role service), or its connections
+//! there closed: node 2 found node 3 silent (cut in: node 2's report
+//! probes its other peers at the busy pace), or node 3's own detector
+//! found node 2 silent (cut out: nothing sent by node 2 leaves; node 3
+//! alone waits out the slow pair's path window).
 //!
 //! `surelink-lab experiment-role-node` (hidden) is the process on each host.
 
@@ -256,13 +259,27 @@ fn up() -> Result<()> {
     Ok(())
 }
 
-/// Node 2's link to network 1 fails one way: nothing arrives there.
-fn fault(on: bool) -> Result<()> {
+/// Which way node 2's link to network 1 fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cut {
+    /// Nothing arrives at node 2 there: node 2's own detector finds every
+    /// peer silent on it.
+    In,
+    /// Nothing node 2 sends there leaves: its peers each find node 2
+    /// silent on their own — a pair with traffic in flight within its
+    /// path window, an idle pair within its own (slow) window, unless the
+    /// role service tells it first.
+    Out,
+}
+
+/// Node 2's link to network 1 fails one way (`cut`), or heals.
+fn fault(on: bool, cut: Cut) -> Result<()> {
     if on {
-        testbed::nft_in(
-            "sr-b",
-            "add table inet srf\nadd chain inet srf in { type filter hook input priority 0; }\nadd rule inet srf in iifname \"sr-b2\" drop\n",
-        )
+        let rule = match cut {
+            Cut::In => "add chain inet srf in { type filter hook input priority 0; }\nadd rule inet srf in iifname \"sr-b2\" drop\n",
+            Cut::Out => "add chain inet srf out { type filter hook output priority 0; }\nadd rule inet srf out oifname \"sr-b2\" drop\n",
+        };
+        testbed::nft_in("sr-b", &format!("add table inet srf\n{rule}"))
     } else {
         testbed::nft_in("sr-b", "delete table inet srf\n")
     }
@@ -288,7 +305,7 @@ struct Round {
     why: Vec<String>,
 }
 
-async fn round(role: bool, idle: bool, keys: &std::path::Path) -> Result<Option<Round>> {
+async fn round(role: bool, idle: bool, cut: Cut, keys: &std::path::Path) -> Result<Option<Round>> {
     let mut procs = Vec::new();
     for (i, h) in HOSTS.iter().enumerate() {
         let node = i as u64 + 1;
@@ -309,7 +326,10 @@ async fn round(role: bool, idle: bool, keys: &std::path::Path) -> Result<Option<
         let (p, _) = NodeProc::spawn_in(Some(h), "experiment-role-node", &args).await?;
         procs.push(p);
     }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // An idle pair is watched as the product watches it: after 10 s of
+    // quiet, as a slow pair.
+    let warm_up = if idle { 12_000 } else { 1_500 };
+    tokio::time::sleep(Duration::from_millis(warm_up)).await;
     if idle {
         // Nothing to steer: node 3 sends nothing to node 2. It must be
         // connected there, though.
@@ -325,7 +345,7 @@ async fn round(role: bool, idle: bool, keys: &std::path::Path) -> Result<Option<
             }
             return Ok(None);
         }
-        return idle_fault(procs).await.map(Some);
+        return idle_fault(procs, cut).await.map(Some);
     }
     // Steer node 3 onto network 1.
     let _ = sh(&[
@@ -348,7 +368,7 @@ async fn round(role: bool, idle: bool, keys: &std::path::Path) -> Result<Option<
         }
         return Ok(None);
     }
-    let (t_fault, c_ev, a_ev) = fault_window(&procs, Duration::from_millis(1500)).await?;
+    let (t_fault, c_ev, a_ev) = fault_window(&procs, Duration::from_millis(1500), cut).await?;
     let ms = |t: u64| t.saturating_sub(t_fault) as f64 / 1000.0;
     let table = first_ms(&c_ev, t_fault, |v| {
         v["ev"] == "table" && v["avoid1"] == true
@@ -379,11 +399,15 @@ async fn round(role: bool, idle: bool, keys: &std::path::Path) -> Result<Option<
 }
 
 /// The fault for `hold`; when it began, and node 3's and node 1's events.
-async fn fault_window(procs: &[NodeProc], hold: Duration) -> Result<(u64, Vec<Value>, Vec<Value>)> {
+async fn fault_window(
+    procs: &[NodeProc],
+    hold: Duration,
+    cut: Cut,
+) -> Result<(u64, Vec<Value>, Vec<Value>)> {
     let t_fault = wall_us();
-    fault(true)?;
+    fault(true, cut)?;
     tokio::time::sleep(hold).await;
-    fault(false)?;
+    fault(false, cut)?;
     Ok((t_fault, procs[2].events(), procs[0].events()))
 }
 
@@ -406,8 +430,10 @@ fn failed_calls<'a>(events: impl Iterator<Item = &'a Value>) -> u64 {
 }
 
 /// The idle arm's fault and what node 3 learnt, when.
-async fn idle_fault(procs: Vec<NodeProc>) -> Result<Round> {
-    let (t_fault, c_ev, a_ev) = fault_window(&procs, Duration::from_millis(2500)).await?;
+async fn idle_fault(procs: Vec<NodeProc>, cut: Cut) -> Result<Round> {
+    // Longer than the slow pair's path window (4.8 s), so node 3 alone
+    // finds the cut too.
+    let (t_fault, c_ev, a_ev) = fault_window(&procs, Duration::from_millis(6000), cut).await?;
     let ms = |t: u64| t.saturating_sub(t_fault) as f64 / 1000.0;
     let table = first_ms(&c_ev, t_fault, |v| {
         v["ev"] == "table" && v["avoid1"] == true
@@ -428,6 +454,17 @@ async fn idle_fault(procs: Vec<NodeProc>) -> Result<Round> {
     Ok(r)
 }
 
+fn arm_name(idle: bool, cut: Cut) -> String {
+    format!(
+        "node 3 {}, cut {}",
+        if idle { "idle" } else { "busy" },
+        match cut {
+            Cut::In => "in",
+            Cut::Out => "out",
+        }
+    )
+}
+
 fn median(mut v: Vec<f64>) -> Option<f64> {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied()
@@ -442,13 +479,20 @@ pub(crate) async fn run(a: &RoleNotifyArgs) -> Result<()> {
     surelink_node::keys::make_key_dir(&keys, &[NodeId(1), NodeId(2), NodeId(3)])?;
     let result = async {
         let mut rows = Vec::new();
-        for (idle, role) in [(false, false), (false, true), (true, false), (true, true)] {
+        for (idle, cut, role) in [
+            (false, Cut::In, false),
+            (false, Cut::In, true),
+            (true, Cut::In, false),
+            (true, Cut::In, true),
+            (true, Cut::Out, false),
+            (true, Cut::Out, true),
+        ] {
             let mut rounds = Vec::new();
             let mut skipped = 0;
             for i in 0..a.rounds {
                 eprintln!(
                     "  {}, {} round {}/{}",
-                    if idle { "node 3 idle" } else { "node 3 busy" },
+                    arm_name(idle, cut),
                     if role {
                         "with the role service"
                     } else {
@@ -457,12 +501,12 @@ pub(crate) async fn run(a: &RoleNotifyArgs) -> Result<()> {
                     i + 1,
                     a.rounds
                 );
-                match round(role, idle, &keys).await? {
+                match round(role, idle, cut, &keys).await? {
                     Some(r) => rounds.push(r),
                     None => skipped += 1,
                 }
             }
-            rows.push((idle, role, rounds, skipped));
+            rows.push((idle, cut, role, rounds, skipped));
         }
         Ok::<_, anyhow::Error>(rows)
     }
@@ -470,9 +514,9 @@ pub(crate) async fn run(a: &RoleNotifyArgs) -> Result<()> {
     down();
     let _ = std::fs::remove_dir_all(&keys);
     let rows = result?;
-    println!("non-local fault notification: node 2's link to network 1 fails one way (nothing arrives there); node 1 calls node 2 every 1 ms; node 3 busy (the same, steered onto network 1 first) or idle (nothing in flight with node 2)");
+    println!("non-local fault notification: node 2's link to network 1 fails one way (in: nothing arrives there; out: nothing it sends leaves); node 1 calls node 2 every 1 ms; node 3 busy (the same, steered onto network 1 first) or idle (nothing in flight with node 2 for 12 s: a slow pair)");
     println!(
-        "{:<34} {:>7} {:>22} {:>22} {:>22} {:>18} {:>8}",
+        "{:<48} {:>7} {:>22} {:>22} {:>22} {:>18} {:>8}",
         "arm",
         "rounds",
         "node 3 last on net 1",
@@ -482,9 +526,10 @@ pub(crate) async fn run(a: &RoleNotifyArgs) -> Result<()> {
         "failed"
     );
     let mut summary = Vec::new();
-    for (idle, role, rounds, skipped) in rows {
+    for (idle, cut, role, rounds, skipped) in rows {
         summary.push(json!({
             "idle": idle,
+            "cut": format!("{cut:?}").to_lowercase(),
             "role": role,
             "rounds": rounds.len(),
             "skipped": skipped,
@@ -504,10 +549,10 @@ pub(crate) async fn run(a: &RoleNotifyArgs) -> Result<()> {
             }
         };
         println!(
-            "{:<34} {:>7} {:>22} {:>22} {:>22} {:>18} {:>8}",
+            "{:<48} {:>7} {:>22} {:>22} {:>22} {:>18} {:>8}",
             format!(
-                "node 3 {}, {}",
-                if idle { "idle" } else { "busy" },
+                "{}, {}",
+                arm_name(idle, cut),
                 if role {
                     "with the role service"
                 } else {

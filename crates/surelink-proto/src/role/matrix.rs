@@ -222,6 +222,46 @@ impl Matrix {
         down > 0 && down >= watched.saturating_sub(dead)
     }
 
+    /// `(node, network)` pairs some peer stopped hearing: a fresh reporter
+    /// that still hears someone else on the network (it is not deaf there)
+    /// reports the node down on it. Most likely the node's own link fails
+    /// outwards there (nothing it sends leaves), so its other peers — idle
+    /// ones notice only after their own, longer windows — are told to
+    /// prefer another network; one witness cannot tell that from a fault
+    /// of the pair alone, so the table makes such paths `Suspect` (avoided
+    /// while another network is up), not `Down`.
+    pub(crate) fn muted(
+        &self,
+        now: Time,
+        stale_after: Duration,
+    ) -> std::collections::HashSet<(NodeId, NetworkIndex)> {
+        let mut out = std::collections::HashSet::new();
+        for (from, row) in &self.cells {
+            if self
+                .last_report(*from)
+                .is_none_or(|at| now.saturating_since(at) > stale_after)
+            {
+                continue;
+            }
+            for (to, cell) in row {
+                if !cell.alive {
+                    continue;
+                }
+                for (n, e) in cell.nets.iter().enumerate() {
+                    let Ok(n) = NetworkIndex::try_from(n) else {
+                        continue;
+                    };
+                    if e.is_some_and(|e| e.status == PathStatus::Down)
+                        && !self.deaf_on(now, stale_after, *from, n)
+                    {
+                        out.insert((*to, n));
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// Nodes some fresh reporter reports dead.
     pub(crate) fn reported_dead_by_fresh(
         &self,

@@ -256,6 +256,7 @@ fn route(
     cfg: &RoleConfig,
     m: &Matrix,
     deaf: &HashSet<(NodeId, NetworkIndex)>,
+    muted: &HashSet<(NodeId, NetworkIndex)>,
     now: Time,
     a: NodeId,
     b: NodeId,
@@ -271,6 +272,9 @@ fn route(
             let mut status = sa.worst(sb);
             if deaf.contains(&(a, n)) || deaf.contains(&(b, n)) {
                 status = PathStatus::Down;
+            }
+            if muted.contains(&(a, n)) || muted.contains(&(b, n)) {
+                status = status.worst(PathStatus::Suspect);
             }
             let rtt = ra.max(rb);
             (
@@ -323,12 +327,13 @@ pub(crate) fn compute(cfg: &RoleConfig, m: &Matrix, now: Time) -> (Vec<Route>, V
             }
         }
     }
+    let muted = m.muted(now, stale);
     let mut pairs: HashSet<(NodeId, NodeId)> = HashSet::new();
     for (a, b) in m.unusual_pairs(now, stale) {
         pairs.insert((a, b));
         pairs.insert((b, a));
     }
-    for (d, _) in &deaf {
+    for (d, _) in deaf.iter().chain(&muted) {
         for other in &cfg.nodes {
             pairs.insert((*d, *other));
             pairs.insert((*other, *d));
@@ -338,7 +343,7 @@ pub(crate) fn compute(cfg: &RoleConfig, m: &Matrix, now: Time) -> (Vec<Route>, V
     let mut routes: Vec<Route> = pairs
         .into_iter()
         .filter(|(a, b)| a != b && members.contains(a) && members.contains(b))
-        .filter_map(|(a, b)| route(cfg, m, &deaf, now, a, b))
+        .filter_map(|(a, b)| route(cfg, m, &deaf, &muted, now, a, b))
         .collect();
     routes.sort_by_key(|r| (r.from, r.to));
     // A dead report is SafeTimer's: the peer is fenced and sends nothing

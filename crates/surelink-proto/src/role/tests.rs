@@ -124,8 +124,12 @@ fn a_node_deaf_on_a_network_is_avoided_by_everyone_sending_to_it() {
     assert!(!m.deaf_on(later, c.report_stale_after, B, 1));
 }
 
+/// A reports B silent on network 1 while it hears C there: B's link most
+/// likely fails outwards. The pair A–B is down on network 1; every other
+/// pair with B is made suspect there, so C (idle with B, its own window
+/// seconds long) prefers network 0 to B at once; C–A is untouched.
 #[test]
-fn a_fault_between_two_nodes_touches_only_their_pair() {
+fn a_node_one_peer_stopped_hearing_is_suspect_there_for_everyone_and_down_for_that_pair() {
     let c = cfg();
     let mut m = Matrix::new();
     m.record(
@@ -134,11 +138,39 @@ fn a_fault_between_two_nodes_touches_only_their_pair() {
     );
     let (routes, ring) = table::compute(&c, &m, ms(1));
     let pairs: Vec<_> = routes.iter().map(|r| (r.from, r.to)).collect();
-    assert_eq!(pairs, vec![(A, B), (B, A)]);
+    assert_eq!(pairs, vec![(A, B), (B, A), (B, C), (C, B)]);
     assert!(routes.iter().all(|r| !r.usable(1) && r.usable(0)));
+    let status = |from, to| {
+        routes
+            .iter()
+            .find(|r| r.from == from && r.to == to)
+            .and_then(|r| r.paths.iter().find(|p| p.network == 1))
+            .map(|p| p.status)
+    };
+    assert_eq!(status(A, B), Some(PathStatus::Down));
+    assert_eq!(status(C, B), Some(PathStatus::Suspect));
     // A reported; B and C did not yet.
     assert_eq!(ring[0].state, MemberState::Up);
     assert_eq!(ring[1].state, MemberState::Suspect);
+}
+
+/// A witness that hears nobody on the network (it watches only B there)
+/// says nothing about B: the fault is as likely its own link (it is the
+/// one avoided there). B–C is untouched.
+#[test]
+fn a_deaf_witness_says_nothing_of_the_node_it_stopped_hearing() {
+    let c = cfg();
+    let mut m = Matrix::new();
+    let mut r = report(A, 1, vec![peer(B, PathStatus::Up, PathStatus::Down)]);
+    r.watched = 1;
+    m.record(ms(0), &r);
+    let (routes, _) = table::compute(&c, &m, ms(1));
+    assert!(
+        routes
+            .iter()
+            .all(|r| (r.from, r.to) != (B, C) && (r.from, r.to) != (C, B)),
+        "{routes:?}"
+    );
 }
 
 #[test]
