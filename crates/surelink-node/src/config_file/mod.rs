@@ -65,6 +65,7 @@
 //! [core]                                            # all optional
 //! linger_ms = 30000
 //! min_rto_ms = 20                                   # the shell default (core: 200)
+//! max_probe_interval_ms = 50                        # an unanswered path is PINGed at least this often
 //! send_buffer = 16777216
 //! path_keepalive_ms = 15000                         # PING on a path quiet this long
 //! path_idle_timeout_ms = 60000                      # close a path silent this long
@@ -440,6 +441,9 @@ fn core(c: &mut Config, core: schema::Core) {
     }
     if let Some(v) = core.max_rto_ms {
         k.max_rto = ms(v);
+    }
+    if let Some(v) = core.max_probe_interval_ms {
+        k.max_probe_interval = ms(v);
     }
     if let Some(v) = core.max_ack_delay_us {
         k.max_ack_delay = Duration::from_micros(v);

@@ -252,6 +252,7 @@ pub(super) struct Core {
     pub(super) linger_ms: Option<u64>,
     pub(super) min_rto_ms: Option<u64>,
     pub(super) max_rto_ms: Option<u64>,
+    pub(super) max_probe_interval_ms: Option<u64>,
     pub(super) max_ack_delay_us: Option<u64>,
     pub(super) handshake_timeout_ms: Option<u64>,
     pub(super) path_keepalive_ms: Option<u64>,

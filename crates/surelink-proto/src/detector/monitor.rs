@@ -70,7 +70,7 @@
 //! pace. A path report still needs its window of silence, then the
 //! barrier, drop and connection checks: an answer that never came is
 //! never itself a report.
-//!//!
+//!
 //! Slow pairs (`DetectorConfig::slow_after`): a peer whose newest
 //! heartbeat on a path says `SLOW` gets only the sender's full fence
 //! rounds, one in `slow_factor`; its dead window `slow_timeout()` covers
@@ -83,6 +83,16 @@
 //! carried such a change of pace: within `slow_path_timeout()` of one, the
 //! path is watched with the widest path window and its peer with
 //! `slow_timeout()` (`monitor_check.rs`).
+//!
+//! Paths of a peer that fell silent as a whole (`PathReport::PathFailover`,
+//! then `PathAbandon` a `timeout` later if the path alone stays silent)
+//! claim no more than any path report: each passed its window and the
+//! barrier, drop and connection checks, and acting on it moves traffic
+//! (suspect first, tear down after a peer window), never fences or
+//! declares anyone dead. The shell may reset a suspected connection whose
+//! TCP backed off once its network is heard again (`PathUp`): that too
+//! costs a re-dial, not a report.
+//!
 //! # Data as heartbeats
 //!
 //! Anything authentic read from a path's connection counts as heard
