@@ -672,7 +672,7 @@ impl Monitor {
     /// Held paths whose peer was heard elsewhere and that stayed silent
     /// since: failed over now. Failed-over paths silent for a peer window
     /// since: given up now.
-    pub(super) fn fail_over_held(&mut self, now: Time) {
+    pub(super) fn fail_over_or_abandon_held(&mut self, now: Time) {
         let abandon_after = self.config.timeout;
         for (w, p) in self.paths.iter_mut() {
             if p.failover_at.is_some_and(|t| t <= now) {

@@ -18,7 +18,7 @@ impl Monitor {
         if now < self.next_check {
             return;
         }
-        self.fail_over_held(now);
+        self.fail_over_or_abandon_held(now);
         let start_of = |window| Time::from_nanos(now.as_nanos().saturating_sub(nanos(window)));
         let short = self.config.path_timeout;
         let mut suspects: Vec<(Suspect, Time)> = Vec::new();

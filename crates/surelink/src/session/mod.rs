@@ -503,20 +503,12 @@ impl SessionHandle {
     /// [`PathReport::PathAbandon`](surelink_proto::detector::PathReport)
     /// for when they are given up). Returns how many.
     pub(crate) fn suspect_network(self: &Arc<Self>, shared: &Arc<Shared>, network: usize) -> usize {
-        let paths: Vec<PathId> = self
-            .lock()
-            .conns
-            .iter()
-            .filter(|c| c.network == network)
-            .map(|c| c.path)
-            .collect();
-        if paths.is_empty() {
-            return 0;
-        }
         self.with(shared, |g, now| {
-            paths
+            let SessionInner { core, conns, .. } = g;
+            conns
                 .iter()
-                .filter(|p| g.core.handle_path_suspect(now, **p))
+                .filter(|c| c.network == network)
+                .filter(|c| core.handle_path_suspect(now, c.path))
                 .count()
         })
     }
