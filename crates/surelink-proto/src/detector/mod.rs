@@ -53,6 +53,7 @@ pub mod datagram;
 mod fence;
 mod handshake;
 mod monitor;
+mod monitor_types;
 mod pace;
 
 pub use config::{DetectorConfig, DetectorMode};
