@@ -70,6 +70,11 @@ pub(crate) struct CacheBenchArgs {
     /// Directory for cache.json, logs and the configurations.
     #[arg(long, default_value = "results/bench-cache")]
     out: PathBuf,
+    /// TOML appended to every surelink configuration (e.g.
+    /// `$'[detector]\nmode = "off"'`): a tuned variant, announced as such
+    /// in the report. Default: none (the product's defaults).
+    #[arg(long, default_value = "")]
+    surelink_tuned: String,
 }
 
 /// A contender.
@@ -107,6 +112,14 @@ impl Running {
     fn switches(&self) -> u64 {
         self.procs.iter().map(procs::switches_of).sum()
     }
+
+    /// CPU seconds of the failure detector's threads, all processes.
+    fn detector_cpu(&self) -> f64 {
+        self.procs
+            .iter()
+            .map(|p| procs::detector_cpu_seconds(p.pid()))
+            .sum()
+    }
 }
 
 /// One measurement.
@@ -122,6 +135,9 @@ struct Point {
     errors: u64,
     /// CPU seconds per million answers, per server process (name, s).
     cpu_per_million: Vec<(String, f64)>,
+    /// Of that, the failure detector's threads (all processes; surelink
+    /// only).
+    detector_cpu_per_million: f64,
     /// Context switches of all its server processes per answer: on two
     /// shared cores (and in a VM, where a switch is dear) what a server
     /// costs beyond its own instructions.
@@ -150,7 +166,7 @@ fn local_memcached(dir: &Path, name: &str, procs: &mut Vec<Proc>) -> Result<Sock
     Ok(SocketAddr::from(([127, 0, 0, 1], port)))
 }
 
-async fn start(c: Contender, dir: &Path) -> Result<Running> {
+async fn start(c: Contender, dir: &Path, tuned: &str) -> Result<Running> {
     let dir = dir.join(format!("{c:?}").to_lowercase());
     std::fs::create_dir_all(&dir)?;
     let mut procs = Vec::new();
@@ -200,7 +216,7 @@ async fn start(c: Contender, dir: &Path) -> Result<Running> {
             let port = procs::free_port("127.0.0.1")?;
             addr = SocketAddr::from(([127, 0, 0, 1], port));
             let (node_files, proxy_file) =
-                procs::surelink_configs(&dir, &nodes, addr, ["127.0.1.20", "127.0.2.20"])?;
+                procs::surelink_configs(&dir, &nodes, addr, ["127.0.1.20", "127.0.2.20"], tuned)?;
             // memcached listens before the nodes connect to it.
             tokio::time::sleep(Duration::from_millis(200)).await;
             procs.extend(procs::spawn_surelink(
@@ -246,10 +262,12 @@ async fn measure(
     let mut load = Load::connect(cfg).await?;
     load.preload().await?;
     let cpu0 = r.cpu();
+    let det0 = r.detector_cpu();
     let sw0 = r.switches();
     let start = tokio::time::Instant::now() + Duration::from_millis(20);
     let samples = load.run(start, Arc::new(Progress::default())).await;
     let cpu1 = r.cpu();
+    let det1 = r.detector_cpu();
     let sw1 = r.switches();
     let (achieved, p50, p99, errors) = summarize(&samples, duration)?;
     let answered = samples
@@ -272,6 +290,7 @@ async fn measure(
         p99_ms: p99,
         errors,
         cpu_per_million,
+        detector_cpu_per_million: (det1 - det0) / answered * 1e6,
         switches_per_request: sw1.saturating_sub(sw0) as f64 / answered,
     })
 }
@@ -330,6 +349,12 @@ pub(crate) async fn run(args: &CacheBenchArgs) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     println!("surelink bench cache: 64 B values, 90 % get / 10 % set, {} keys (Zipf 0.99), {} client connections, open loop, {} s per point, {} rounds", args.keys, args.connections, args.seconds, args.rounds);
     println!("  client and every server share this machine's {cores} cores: compare CPU seconds per million requests too");
+    if !args.surelink_tuned.trim().is_empty() {
+        println!(
+            "  TUNED: every surelink configuration adds {:?} (not the defaults)",
+            args.surelink_tuned
+        );
+    }
     let mut points = Vec::new();
     if !args.failure_only {
         let mut contenders: Vec<Contender> = if args.only.is_empty() {
@@ -359,7 +384,7 @@ pub(crate) async fn run(args: &CacheBenchArgs) -> Result<()> {
         let mut running = Vec::new();
         for &c in &contenders {
             eprintln!("  starting {} ...", c.label());
-            running.push((c, start(c, &args.out).await?));
+            running.push((c, start(c, &args.out, &args.surelink_tuned).await?));
         }
         let total = args.rounds * args.rates.len() * running.len();
         let mut k = 0;
@@ -393,6 +418,7 @@ pub(crate) async fn run(args: &CacheBenchArgs) -> Result<()> {
         "rounds": args.rounds,
         "connections": args.connections,
         "keys": args.keys,
+        "surelink_tuned": args.surelink_tuned,
         "points": points,
         "failure": failure,
     });
@@ -405,7 +431,7 @@ pub(crate) async fn run(args: &CacheBenchArgs) -> Result<()> {
 fn report(args: &CacheBenchArgs, contenders: &[Contender], points: &[Point]) {
     println!();
     println!(
-        "  {:<34} {:>9} {:>11} {:>9} {:>9} {:>7} {:>12} {:>11}",
+        "  {:<34} {:>9} {:>11} {:>9} {:>9} {:>7} {:>12} {:>13} {:>11}",
         "contender",
         "offered",
         "good ans/s",
@@ -413,6 +439,7 @@ fn report(args: &CacheBenchArgs, contenders: &[Contender], points: &[Point]) {
         "p99 ms",
         "errors",
         "CPU s/M req",
+        "of it detector",
         "ctx sw/req"
     );
     let mut sat: Vec<(Contender, f64)> = Vec::new();
@@ -433,8 +460,16 @@ fn report(args: &CacheBenchArgs, contenders: &[Contender], points: &[Point]) {
                     .map(|p| p.cpu_per_million.iter().map(|(_, s)| s).sum())
                     .collect(),
             );
+            let detector = if matches!(c, Contender::Surelink | Contender::SurelinkMemcached) {
+                format!(
+                    "{:.2}",
+                    median(ps.iter().map(|p| p.detector_cpu_per_million).collect())
+                )
+            } else {
+                "-".to_string()
+            };
             println!(
-                "  {:<34} {:>9} {:>11.0} {:>9.3} {:>9.3} {:>7} {:>12.2} {:>11.2}",
+                "  {:<34} {:>9} {:>11.0} {:>9.3} {:>9.3} {:>7} {:>12.2} {:>13} {:>11.2}",
                 c.label(),
                 rate,
                 achieved,
@@ -442,6 +477,7 @@ fn report(args: &CacheBenchArgs, contenders: &[Contender], points: &[Point]) {
                 median(ps.iter().map(|p| p.p99_ms).collect()),
                 ps.iter().map(|p| p.errors).sum::<u64>(),
                 cpu,
+                detector,
                 median(ps.iter().map(|p| p.switches_per_request).collect()),
             );
         }

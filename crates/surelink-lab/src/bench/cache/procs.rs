@@ -59,6 +59,29 @@ pub(super) fn cpu_seconds(pid: u32) -> f64 {
     (tick(11) + tick(12)) as f64 / 100.0
 }
 
+/// CPU seconds of the failure detector's threads of process `pid`
+/// (surelink names them `surelink-hb-*`; 0 for other programs).
+pub(super) fn detector_cpu_seconds(pid: u32) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0.0;
+    };
+    let ticks: u64 = tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+        .filter_map(|stat| {
+            let (head, rest) = stat.rsplit_once(')')?;
+            let comm = head.split_once('(')?.1;
+            if !comm.starts_with("surelink-hb") {
+                return None;
+            }
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let tick = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            Some(tick(11) + tick(12))
+        })
+        .sum();
+    ticks as f64 / 100.0
+}
+
 /// Context switches of process `pid`: the sum over its threads of
 /// `voluntary_ctxt_switches` and `nonvoluntary_ctxt_switches` in
 /// /proc/PID/task/TID/status (a thread that exited takes its count along).
@@ -200,12 +223,14 @@ pub(super) struct NodeSpec {
 /// Writes keys and TOML files for `nodes` and a proxy (node 100)
 /// listening on `listen` and dialling from `dial_from`; returns the
 /// nodes' files and the proxy's. Everything else is the product's
-/// default configuration.
+/// default configuration, but for `tuned` (TOML appended to every file;
+/// empty: nothing).
 pub(super) fn surelink_configs(
     dir: &Path,
     nodes: &[NodeSpec],
     listen: SocketAddr,
     dial_from: [&str; 2],
+    tuned: &str,
 ) -> Result<(Vec<PathBuf>, PathBuf)> {
     std::fs::create_dir_all(dir)?;
     let key = |name: &str| -> Result<(PathBuf, String)> {
@@ -236,7 +261,7 @@ pub(super) fn surelink_configs(
             n.listen[1]
         );
         let f = dir.join(format!("node{}.toml", n.id));
-        std::fs::write(&f, text)?;
+        std::fs::write(&f, format!("{text}\n{tuned}\n"))?;
         files.push(f);
         members.push_str(&format!(
             "\n[[members]]\nnode = {}\npublic_key = \"{public}\"\n",
@@ -254,7 +279,7 @@ pub(super) fn surelink_configs(
         dial_from[1]
     );
     let pf = dir.join("proxy.toml");
-    std::fs::write(&pf, proxy)?;
+    std::fs::write(&pf, format!("{proxy}\n{tuned}\n"))?;
     Ok((files, pf))
 }
 
