@@ -540,7 +540,13 @@ impl DetectorScenario {
                             Duration::from_micros(rng.random_range(0..300))
                         };
                         let lost = roll >= 1000 - self.lost_permille.min(1000);
-                        if !lost {
+                        if lost {
+                            // No stamp will come: the shell's round ends
+                            // unconfirmed, and the heartbeat is retried.
+                            if let Some(seq) = stamped {
+                                fence.handle_unconfirmed(seq, now);
+                            }
+                        } else {
                             let departs = self.departure(now + lag);
                             // Judged by when it was generated: a packet the
                             // gate let out before `t_valid` may leave later

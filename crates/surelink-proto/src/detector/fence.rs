@@ -15,6 +15,11 @@
 //! (both interfaces down for a moment) does not fence the process when a
 //! later one gets out within the slack — without it, a 10 ms outage of
 //! every link would end every session a slack later.
+//! And a heartbeat whose copies all went out unconfirmed is sent again
+//! every `slack / 30` until one is confirmed or its deadline passes
+//! ([`Fence::handle_unconfirmed`]): outages of every link chained with
+//! short gaps otherwise caught each round of the idle pace and fenced a
+//! live process, though a copy in any gap would have covered them.
 //!
 //! A second: a fence made for the incarnation that follows a fence
 //! ([`Fence::unarmed`]) has no deadline until one of its heartbeats or
@@ -86,6 +91,9 @@ pub struct Fence {
     /// When the last heartbeat was handed out (its copies may be on their
     /// way while the sender has not reported it yet).
     last_handout: Option<Time>,
+    /// An unconfirmed heartbeat to send again, and when (see
+    /// [`Fence::handle_unconfirmed`]).
+    retry: Option<(u64, Time)>,
 }
 
 impl Fence {
@@ -104,6 +112,7 @@ impl Fence {
             full_every: u64::from(config.slow_rounds()),
             full_pending: None,
             last_handout: None,
+            retry: None,
         }
     }
 
@@ -237,9 +246,15 @@ impl Fence {
             let slot = self.slot_at(now);
             self.next_seq = self.next_seq.max(slot);
         }
-        if self.fenced.is_some() || now < self.scheduled(self.next_seq) {
+        if self.fenced.is_some() {
             return None;
         }
+        if now < self.scheduled(self.next_seq) {
+            return self.poll_retry(now);
+        }
+        // A scheduled heartbeat confirmed in time covers the one waiting
+        // for a retry: it replaces it.
+        self.retry = None;
         let seq = self.next_seq;
         if !self.armed {
             self.hand_out(seq, now);
@@ -259,9 +274,53 @@ impl Fence {
         })
     }
 
-    /// When the next heartbeat is due (`None` once fenced).
+    /// When the next heartbeat is due, or an unconfirmed one is sent again
+    /// (`None` once fenced).
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.fenced.is_none().then(|| self.scheduled(self.next_seq))
+        let next = self.scheduled(self.next_seq);
+        self.fenced.is_none().then(|| match self.retry {
+            Some((_, at)) => at.min(next),
+            None => next,
+        })
+    }
+
+    /// Every copy of heartbeat `seq`, handed out at `now`'s round, went
+    /// out unconfirmed (every link down, or no TX timestamp came back).
+    /// The heartbeat is sent again every `slack / 30` (50 ms with the
+    /// defaults) until a copy is confirmed or its deadline passes: outages
+    /// of every link chained with short gaps otherwise left each round of
+    /// the idle pace inside an outage and fenced a live process, although
+    /// a copy sent in any gap would have covered them. Sound: a retry
+    /// leaves after `scheduled(seq)`, so one confirmed by `deadline(seq)`
+    /// is the evidence the receiver's argument needs — and more copies
+    /// only mean peers hear us more often. An unarmed fence has no
+    /// deadlines to save: nothing is retried there.
+    pub fn handle_unconfirmed(&mut self, seq: u64, now: Time) {
+        if !self.armed || self.fenced.is_some() || seq < self.confirmed || seq >= self.next_seq {
+            return;
+        }
+        let at = now + (self.slack / 30).max(Duration::from_millis(1));
+        if at <= self.deadline(seq) {
+            self.retry = Some((seq, at));
+        }
+    }
+
+    /// The retry due at `now`, if one is still worth sending.
+    fn poll_retry(&mut self, now: Time) -> Option<HeartbeatDue> {
+        let (seq, at) = self.retry?;
+        if seq < self.confirmed || now > self.deadline(seq) {
+            self.retry = None;
+            return None;
+        }
+        if now < at {
+            return None;
+        }
+        // Re-armed by the shell if this copy goes out unconfirmed too.
+        self.retry = None;
+        Some(HeartbeatDue {
+            seq,
+            deadline: self.deadline(seq),
+        })
     }
 
     /// Heartbeat `seq` left the host at `sent_at` (its TX timestamp, or the
@@ -523,6 +582,76 @@ mod tests {
             f.state(ms(21)),
             FenceState::Fenced { missed_seq: 0, .. }
         ));
+    }
+
+    #[test]
+    fn an_unconfirmed_heartbeat_is_sent_again_until_a_copy_is_confirmed() {
+        // The defaults: a round every 400 ms, 1.5 s slack, retries 50 ms apart.
+        let mut f = Fence::new(&DetectorConfig::default(), ms(0));
+        let d = f.poll_heartbeat(ms(0)).unwrap();
+        f.handle_sent(d.seq, ms(0));
+        let d = f.poll_heartbeat(ms(400)).unwrap();
+        assert_eq!(d.seq, 1);
+        // Every link down: no copy confirmed.
+        f.handle_unconfirmed(1, ms(400));
+        assert_eq!(f.poll_timeout(), Some(ms(450)));
+        assert_eq!(f.poll_heartbeat(ms(449)), None);
+        let again = f.poll_heartbeat(ms(450)).unwrap();
+        assert_eq!(
+            again,
+            HeartbeatDue {
+                seq: 1,
+                deadline: ms(1900)
+            }
+        );
+        // Still down.
+        f.handle_unconfirmed(1, ms(450));
+        let again = f.poll_heartbeat(ms(500)).unwrap();
+        assert_eq!(again.seq, 1);
+        // A gap between outages: this copy left.
+        f.handle_sent(1, ms(505));
+        assert_eq!(f.t_valid(), ms(800 + 1500));
+        assert_eq!(f.poll_timeout(), Some(ms(800)), "no more retries");
+        assert_eq!(f.poll_heartbeat(ms(560)), None);
+        assert!(matches!(f.state(ms(2000)), FenceState::Valid { .. }));
+    }
+
+    #[test]
+    fn retries_stop_at_the_deadline_and_a_scheduled_round_replaces_them() {
+        let mut f = Fence::new(&DetectorConfig::default(), ms(0));
+        let d = f.poll_heartbeat(ms(0)).unwrap();
+        f.handle_sent(d.seq, ms(0));
+        // From 400 ms on, every copy of every round and retry fails.
+        let mut sent = Vec::new();
+        let mut t = 400;
+        while t <= 2000 {
+            if let Some(d) = f.poll_heartbeat(ms(t)) {
+                assert!(ms(t) <= d.deadline, "a retry after its deadline at {t} ms");
+                sent.push((t, d.seq));
+                f.handle_unconfirmed(d.seq, ms(t));
+            }
+            t += 5;
+        }
+        // Heartbeat 1 and its retries until the next round, then round 2
+        // and its, and so on: each round replaces the last one's retries.
+        assert_eq!(sent[0], (400, 1));
+        assert_eq!(sent[1], (450, 1));
+        assert!(sent.contains(&(800, 2)) && sent.contains(&(850, 2)));
+        assert!(!sent.iter().any(|&(t, s)| s == 1 && t >= 800));
+        // Nothing confirmed: fenced at heartbeat 1's deadline, as before.
+        assert!(matches!(
+            f.state(ms(1901)),
+            FenceState::Fenced { missed_seq: 1, .. }
+        ));
+        assert!(sent.iter().all(|&(t, _)| t <= 1900));
+    }
+
+    #[test]
+    fn an_unarmed_fence_retries_nothing() {
+        let mut f = Fence::unarmed(&DetectorConfig::default(), ms(0));
+        let d = f.poll_heartbeat(ms(0)).unwrap();
+        f.handle_unconfirmed(d.seq, ms(0));
+        assert_eq!(f.poll_timeout(), Some(ms(400)));
     }
 
     #[test]

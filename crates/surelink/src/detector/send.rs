@@ -144,8 +144,10 @@ impl Detector {
                 }
                 match (safetimer, sent_at) {
                     (true, Some(t)) => f.handle_sent(due.seq, t),
-                    // Unconfirmed: the fence closes at its deadline.
-                    (true, None) => {}
+                    // Unconfirmed: sent again shortly (every link may be
+                    // down for a moment); the fence closes at its deadline
+                    // unless a copy is confirmed by then.
+                    (true, None) => f.handle_unconfirmed(due.seq, self.gate.now()),
                     (false, _) => f.handle_sent(due.seq, Time::ZERO),
                 }
                 if safetimer {
