@@ -43,20 +43,24 @@ pub(super) fn switches_of(p: &Proc) -> u64 {
     switches(p.pid())
 }
 
-/// CPU seconds of process `pid` from /proc (fields 14 and 15 of `stat`,
-/// in USER_HZ ticks: 100 per second on Linux).
-pub(super) fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
+/// The command name and CPU ticks (user + system, fields 14 and 15, in
+/// USER_HZ: 100 per second on Linux) of a `/proc/…/stat` text.
+fn stat_ticks(stat: &str) -> Option<(&str, u64)> {
     // The command name may hold spaces: fields start after its ')'.
-    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-        return 0.0;
-    };
+    let (head, rest) = stat.rsplit_once(')')?;
+    let comm = head.split_once('(')?.1;
     let f: Vec<&str> = rest.split_whitespace().collect();
     let tick = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     // After ')': state is field 3, so utime (14) is index 11, stime index 12.
-    (tick(11) + tick(12)) as f64 / 100.0
+    Some((comm, tick(11) + tick(12)))
+}
+
+/// CPU seconds of process `pid` from /proc.
+pub(super) fn cpu_seconds(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat_ticks(&stat).map(|(_, t)| t))
+        .map_or(0.0, |t| t as f64 / 100.0)
 }
 
 /// CPU seconds of the failure detector's threads of process `pid`
@@ -69,14 +73,8 @@ pub(super) fn detector_cpu_seconds(pid: u32) -> f64 {
         .flatten()
         .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
         .filter_map(|stat| {
-            let (head, rest) = stat.rsplit_once(')')?;
-            let comm = head.split_once('(')?.1;
-            if !comm.starts_with("surelink-hb") {
-                return None;
-            }
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            let tick = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-            Some(tick(11) + tick(12))
+            let (comm, ticks) = stat_ticks(&stat)?;
+            comm.starts_with("surelink-hb").then_some(ticks)
         })
         .sum();
     ticks as f64 / 100.0
