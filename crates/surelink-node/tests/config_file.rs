@@ -109,14 +109,23 @@ fn parses_the_documented_example_and_refuses_typos() {
     let err = parse("node = 1\ncluster = 7\n[detector]\ntimeout_ms = 20\n").unwrap_err();
     assert!(matches!(err, ConfigError::Invalid(_)), "{err:?}");
     assert!(error_chain(&err).contains("detector.timeout"), "{err}");
-    // The pace following answers: off by default, opt-in in ms, and no
-    // longer than the idle interval.
+    // The pace following answers: one interval by default (scaled with
+    // `interval_ms`), set in ms, 0 for off, and no longer than the idle
+    // interval.
     let l = parse("node = 1\ncluster = 7\n").unwrap();
-    assert_eq!(l.config.detector.answer_grace, None);
-    let l = parse("node = 1\ncluster = 7\n[detector]\nanswer_grace_ms = 10\n").unwrap();
     assert_eq!(
         l.config.detector.answer_grace,
         Some(Duration::from_millis(10))
+    );
+    let l = parse("node = 1\ncluster = 7\n[detector]\ninterval_ms = 20\n").unwrap();
+    assert_eq!(
+        l.config.detector.answer_grace,
+        Some(Duration::from_millis(20))
+    );
+    let l = parse("node = 1\ncluster = 7\n[detector]\nanswer_grace_ms = 30\n").unwrap();
+    assert_eq!(
+        l.config.detector.answer_grace,
+        Some(Duration::from_millis(30))
     );
     let l = parse("node = 1\ncluster = 7\n[detector]\nanswer_grace_ms = 0\n").unwrap();
     assert_eq!(l.config.detector.answer_grace, None);

@@ -37,7 +37,9 @@
 //! each data frame is a send awaiting one, and with `answer_delay` the
 //! receiver's connection reader acknowledges what it reads, back on the
 //! same network; a send unanswered for the grace makes the sender busy
-//! until answered. A stalled receiver, a cut path, a late answer all
+//! until answered, and frames less than half a path window apart (the
+//! default 1 ms) make it dense, busy whatever the answers (`Pacer`,
+//! "Dense pairs"). A stalled receiver, a cut path, a late answer all
 //! switch the pace.
 //!
 //! With `private` the receiver keeps the shell's private queues (the core

@@ -121,7 +121,13 @@ fn scenario() -> impl Strategy<Value = DetectorScenario> {
                 DetectorScenario {
                     faults,
                     seed,
-                    data_every: data.then(|| Duration::from_millis(1)),
+                    // With the grace, half of those with data send it
+                    // sparse (every 30 ms: the pace follows each frame's
+                    // answer), half dense (every 1 ms: the linger's pace).
+                    data_every: data.then(|| {
+                        let sparse = config.answer_grace.is_some() && (seed / 32) % 2 == 0;
+                        Duration::from_millis(if sparse { 30 } else { 1 })
+                    }),
                     late_permille: late,
                     lost_permille: lost,
                     unstamped_permille: unstamped,
@@ -713,6 +719,11 @@ proptest! {
             s.answer_delay = Some(ms(1));
             s.config.answer_grace = Some(ms(10));
             s.receiver_busy.clear();
+            if seed % 2 == 0 {
+                // Sparse data: the pace follows each frame's answer
+                // (dense data keeps the linger's pace).
+                s.data_every = Some(ms(30));
+            }
         }
         let out = s.run();
         prop_assert!(out.path_reports.is_empty(), "{:?}\n{s:?}", out.path_reports);
@@ -736,16 +747,33 @@ fn answered(
     s
 }
 
-/// The pace follows answers (`answer_grace`, opt-in): a pair whose
-/// data is answered within the grace sends the fence's heartbeats and no
-/// busy-pace ones at all; the same data unanswered goes to the busy pace
-/// one grace after it starts.
+/// The pace follows answers (`answer_grace`, the default): a sparse
+/// pair (a frame every 60 ms) whose data is answered within the grace
+/// sends the fence's heartbeats and no busy-pace ones at all; the same
+/// data unanswered goes to the busy pace one grace after each frame, and
+/// a dense pair (a frame every millisecond) keeps the busy pace though
+/// answered (its unused paths on standby: "Dense pairs").
 #[test]
 fn an_answered_pair_sends_only_the_fences_heartbeats() {
-    let out = answered(vec![], 2, vec![]).run();
+    // A frame every 60 ms, on a network delivering within 2 ms: each is
+    // answered within 5 ms, inside the grace.
+    let sparse = |mut s: DetectorScenario| {
+        s.config.max_network_delay = Duration::from_millis(2);
+        DetectorScenario {
+            data_every: Some(Duration::from_millis(60)),
+            ..s
+        }
+    };
+    let out = sparse(answered(vec![], 2, vec![])).run();
     // 3 s: 8 fence rounds on 2 networks, and nothing else.
     assert!(out.heartbeats <= 18, "heartbeats: {}", out.heartbeats);
     assert!(out.path_reports.is_empty(), "{:?}", out.path_reports);
+    let mut unanswered = sparse(answered(vec![], 1, vec![]));
+    unanswered.answer_delay = None;
+    let waits = unanswered.run().heartbeats;
+    assert!(waits >= 100, "each unanswered frame is watched: {waits}");
+    let dense = answered(vec![], 1, vec![]).run().heartbeats;
+    assert!(dense >= 150, "a dense pair lingers: {dense}");
     let mut unanswered = answered(vec![], 1, vec![]);
     unanswered.answer_delay = None;
     let busy = unanswered.run().heartbeats;

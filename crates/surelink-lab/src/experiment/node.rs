@@ -83,7 +83,8 @@ pub(crate) struct NodeArgs {
     #[arg(long)]
     pub(crate) data_as_heartbeat: Option<bool>,
     /// The pace following answers (`DetectorConfig::answer_grace`), ms;
-    /// 0 or absent: off (the product's default).
+    /// 0: off; absent: the product's default (10 ms; off with
+    /// `--interval-ms`, a labelled tuning).
     #[arg(long)]
     pub(crate) answer_grace_ms: Option<u64>,
     /// Local addresses, one per network (port 0: any).

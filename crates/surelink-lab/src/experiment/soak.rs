@@ -51,8 +51,9 @@ pub(crate) struct SoakArgs {
     /// the product's default).
     #[arg(long)]
     data_as_heartbeat: Option<bool>,
-    /// The pace following answers on both nodes (ms, opt-in:
-    /// `DetectorConfig::answer_grace`; without it, the product's default).
+    /// The pace following answers on both nodes (ms, 0: off, the linger
+    /// for every pair; `DetectorConfig::answer_grace`; without it, the
+    /// product's default, 10 ms).
     #[arg(long)]
     answer_grace_ms: Option<u64>,
 }

@@ -77,8 +77,8 @@
 //! path_timeout_ms = 50                              # a busy pair's path window
 //! idle_interval_ms = 400                            # the fence's pace, every peer
 //! idle_path_timeout_ms = 1200                       # an idle pair's path window
-//! busy_linger_ms = 1000                             # busy this long after the last traffic
-//! answer_grace_ms = 0                               # opt-in (e.g. 10): busy only while a call waits this long
+//! busy_linger_ms = 1000                             # a dense pair: busy this long after its last send
+//! answer_grace_ms = 10                              # busy only while a call waits this long, or dense (0: linger)
 //! slow_after_ms = 10000                             # a pair quiet this long is slow (0: off)
 //! slow_factor = 4                                   # then: one fence round in this many goes to it
 //! probe_peers = 8                                   # a path report probes this many peers of its network
@@ -468,9 +468,12 @@ fn detector(c: &mut Config, d: schema::Detector) -> Result<(), ConfigError> {
     let ms = Duration::from_millis;
     if let Some(h) = d.interval_ms {
         let (mode, slow) = (c.detector.mode, c.detector.slow_after);
+        let grace = c.detector.answer_grace.is_some();
         c.detector = DetectorConfig::with_interval(ms(h));
         c.detector.mode = mode;
         c.detector.slow_after = slow;
+        // The grace is one interval, as by default.
+        c.detector.answer_grace = grace.then(|| ms(h));
     }
     if let Some(m) = d.mode {
         c.detector.mode = match m.as_str() {

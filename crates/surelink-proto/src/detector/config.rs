@@ -66,9 +66,10 @@ pub struct DetectorConfig {
     pub idle_path_timeout: Duration,
     /// With `answer_grace` off: a pair stays busy this long after its last
     /// traffic (so a burst every few hundred milliseconds does not switch
-    /// pace each time). With it on, only a probe
-    /// ([`crate::detector::Pacer::handle_probe`]) uses a linger, and not
-    /// this one.
+    /// pace each time). With it on (the default), only a dense pair —
+    /// sends less than `path_timeout / 2` apart for `path_timeout` — lingers
+    /// this long after each send (see [`crate::detector::Pacer`], "Dense
+    /// pairs").
     pub busy_linger: Duration,
     /// How long a call or one-way message of ours may go unanswered — no
     /// data (a reply, an acknowledgement) read from the peer since it went
@@ -79,13 +80,15 @@ pub struct DetectorConfig {
     /// exchanges no busy-pace heartbeat at all (its answers are the
     /// liveness signal), and a call that waits — a slow handler, a dead
     /// path — is watched at the busy pace from the end of the grace.
+    /// A dense pair (sends less than `path_timeout / 2` apart for
+    /// `path_timeout` or longer) is busy for `busy_linger` after each
+    /// send whatever its answers: its unused paths stay on standby.
     /// Must cover the peer's acknowledgement delay (the shell's default
-    /// is 5 ms). `None` (the default): busy for `busy_linger` after any
-    /// call, message or reply. Opt-in since 2026-11-29, typically one
-    /// `interval`: it cut a server's CPU with 50 calling clients to
-    /// 0.41×, but the random-fault soak's p99 was 165–462 ms with it
-    /// against 118–176 without (an answered pair's unused path is watched
-    /// at the idle pace; see docs/detector.md, "Busy while unanswered").
+    /// is 5 ms). Default: one `interval` (10 ms), since 2026-12-06 — with
+    /// dense pairs lingering, the random-fault soak's tail is the
+    /// linger's, and sparse callers cost a quarter (docs/detector.md,
+    /// "Busy while unanswered"). `None`: busy for `busy_linger` after any
+    /// call, message or reply (`with_interval`'s choice).
     pub answer_grace: Option<Duration>,
     /// A peer whose every path has been silent this long is suspected and,
     /// after the checks, reported dead. Only this report is backed by the
@@ -162,6 +165,8 @@ impl Default for DetectorConfig {
             // Three idle heartbeats: one lost datagram is no report.
             idle_path_timeout: Duration::from_millis(1200),
             busy_linger: Duration::from_secs(1),
+            // Sparse callers cost fence rounds alone; dense pairs linger.
+            answer_grace: Some(interval),
             // A quiet pair gets one fence round in 4 after 10 s: dead
             // after 3.2 s, path window 4.8 s, for such pairs only.
             slow_after: Some(Duration::from_secs(10)),

@@ -413,3 +413,71 @@ fn a_newer_heartbeat_without_watch_ends_the_ask() {
     // A new incarnation's counter starts low, and is newer.
     assert!(p.handle_watch_ordered(ms(40), b, true, Epoch(2), 1));
 }
+
+/// With `answer_grace` (the default), sends less than `path_timeout / 2`
+/// apart for `path_timeout` make the pair dense: busy for `busy_linger`
+/// after each send however quickly it is answered (its unused paths
+/// then go on standby); a short burst or calls 25 ms apart do not.
+#[test]
+fn a_dense_pair_lingers_a_sparse_one_does_not() {
+    let mut p = pacer();
+    let a = NodeId(7);
+    let b = NodeId(8);
+    let mut out = Vec::new();
+    // A burst of 5 sends 1 ms apart, answered: not dense.
+    for t in 0..5u64 {
+        assert!(!p.handle_traffic(ms(t), b));
+        p.handle_answer(ms(t), b);
+    }
+    assert!(!p.poll_round(ms(10), &mut out));
+    // A stream every 5 ms, each answered at once: dense from 50 ms on.
+    let mut kicked = None;
+    for t in (100..=200u64).step_by(5) {
+        if p.handle_traffic(ms(t), a) {
+            kicked.get_or_insert(t);
+        }
+        p.handle_answer(ms(t), a);
+    }
+    assert_eq!(kicked, Some(150), "dense once the run spans path_timeout");
+    assert!(p.poll_round(ms(200), &mut out));
+    assert_eq!(out, vec![(a, FLAG_FAST | FLAG_WATCH)]);
+    // Busy for busy_linger (1 s) after its last send, though answered.
+    assert!(p.poll_round(ms(1190), &mut out));
+    assert_eq!(out, vec![(a, FLAG_FAST | FLAG_WATCH)]);
+    assert!(p.poll_round(ms(1200), &mut out));
+    assert_eq!(out, vec![(a, 0)], "first notice after the linger");
+    // A gap of half a path window starts a new run: calls 25 ms apart
+    // are sparse.
+    for t in [1300u64, 1325, 1350, 1375, 1400] {
+        assert!(!p.handle_traffic(ms(t), a), "calls 25 ms apart at {t}");
+        p.handle_answer(ms(t), a);
+    }
+}
+
+/// With `answer_grace`, replies await no answer but count towards a dense
+/// pair: the side answering a stream is busy too, as with the linger;
+/// sparse replies cost nothing.
+#[test]
+fn dense_replies_linger_without_awaiting_answers() {
+    let mut p = pacer();
+    let a = NodeId(7);
+    let mut out = Vec::new();
+    for t in (0..=40u64).step_by(20) {
+        assert!(!p.handle_reply(ms(t), a), "sparse replies at {t}");
+    }
+    assert!(!p.awaits_answers(), "a reply waits for nothing");
+    assert!(!p.poll_round(ms(60), &mut out));
+    let mut kicked = None;
+    for t in (100..=160u64).step_by(10) {
+        if p.handle_reply(ms(t), a) {
+            kicked.get_or_insert(t);
+        }
+    }
+    assert_eq!(kicked, Some(150));
+    assert!(!p.awaits_answers());
+    assert!(p.poll_round(ms(160), &mut out));
+    assert_eq!(out, vec![(a, FLAG_FAST | FLAG_WATCH)]);
+    // Without the grace a reply is traffic like any other.
+    let mut l = lingering_pacer();
+    assert!(l.handle_reply(ms(0), a));
+}

@@ -56,6 +56,7 @@ use surelink_proto::{ClusterId, Epoch, NodeId, Time};
 use surelink_sys::{counters, HeartbeatSocket, StraySocket};
 
 pub(crate) use gate::Gate;
+pub(crate) use pace::TrafficCell;
 pub(crate) use react::signal_loop;
 pub use snapshot::DetectorSnapshot;
 pub use strays::{RefusedCounts, StraysSnapshot};
@@ -171,7 +172,7 @@ pub(crate) struct Detector {
     pacer: Mutex<Pacer>,
     /// When we last had traffic with each peer, ns on the gate's clock
     /// (stamped by sessions; the sender folds them into the pacer).
-    traffic: Mutex<BTreeMap<NodeId, Arc<AtomicU64>>>,
+    traffic: Mutex<BTreeMap<NodeId, Arc<pace::TrafficCell>>>,
     /// Quiet pairs whose traffic just started: the sender goes at once.
     kicks: Mutex<Vec<NodeId>>,
     /// Peers with a new destination: the sender greets them at once.

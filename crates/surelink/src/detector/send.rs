@@ -74,7 +74,7 @@ struct SenderState {
     /// The busy round in hand.
     busy: Vec<(NodeId, u16)>,
     /// Traffic stamps already given to the pacer, per peer.
-    folded: BTreeMap<NodeId, u64>,
+    folded: BTreeMap<NodeId, (u64, u64)>,
     kicked: Vec<NodeId>,
     /// Peers whose ask (our `WATCH`) the last round ended.
     ask_ends: Vec<NodeId>,
@@ -263,25 +263,46 @@ impl Detector {
     fn fold_traffic(&self, now: Time, st: &mut SenderState) {
         self.traffic_dirty.store(false, Ordering::SeqCst);
         let kicks: Vec<NodeId> = std::mem::take(&mut *self.kicks.lock());
-        let cells: Vec<(NodeId, u64)> = self
+        let cells: Vec<(NodeId, u64, u64)> = self
             .traffic
             .lock()
             .iter()
-            .map(|(p, c)| (*p, c.load(Ordering::Relaxed)))
+            .map(|(p, c)| {
+                let sent = c.sent.load(Ordering::Relaxed);
+                (*p, sent, c.replied.load(Ordering::Relaxed))
+            })
             .collect();
-        // A forgotten peer's stamp goes with it (cells only ever leave
+        // A forgotten peer's stamps go with it (cells only ever leave
         // the map with their peer, so a longer `folded` means one left).
         if st.folded.len() > cells.len() {
-            let live: std::collections::BTreeSet<NodeId> = cells.iter().map(|(p, _)| *p).collect();
+            let live: std::collections::BTreeSet<NodeId> =
+                cells.iter().map(|(p, _, _)| *p).collect();
             st.folded.retain(|p, _| live.contains(p));
         }
         let mut pacer = self.pacer.lock();
-        for (peer, t) in cells {
-            if t == 0 || st.folded.get(&peer) == Some(&t) {
-                continue;
+        for (peer, sent, replied) in cells {
+            let seen = st.folded.entry(peer).or_default();
+            let new_sent = sent != 0 && seen.0 != sent;
+            let new_reply = replied != 0 && seen.1 != replied;
+            *seen = (sent, replied);
+            let at = |t: u64| Time::from_nanos(t).min(now);
+            // In time order: the pacer's run of traffic is one sequence.
+            let mut kick = false;
+            let (first, second) = if replied < sent {
+                ((new_reply, replied, true), (new_sent, sent, false))
+            } else {
+                ((new_sent, sent, false), (new_reply, replied, true))
+            };
+            for (new, t, reply) in [first, second] {
+                if new {
+                    kick |= if reply {
+                        pacer.handle_reply(at(t), peer)
+                    } else {
+                        pacer.handle_traffic(at(t), peer)
+                    };
+                }
             }
-            st.folded.insert(peer, t);
-            if pacer.handle_traffic(Time::from_nanos(t).min(now), peer) {
+            if kick {
                 st.kicked.push(peer);
             }
         }

@@ -117,7 +117,7 @@ pub(crate) struct SessionHandle {
     pub(crate) start_order: StartOrder,
     /// The detector's traffic stamp for the peer (see
     /// [`SessionHandle::note_traffic`]).
-    traffic: std::sync::OnceLock<Arc<AtomicU64>>,
+    traffic: std::sync::OnceLock<Arc<crate::detector::TrafficCell>>,
     /// The peer's data comes through a helper (a relayed path, within
     /// [`RELAYED_LINGER`]): its traffic does not hold the detector's
     /// direct paths at the busy pace (they are the fallback, watched at
