@@ -110,9 +110,10 @@
 //!
 //! # Slow pairs
 //!
-//! With `slow_after` (opt-in), a pair with no traffic of ours for that
-//! long — no call, message or reply (with `answer_grace`: no call or
-//! message) to the peer, nothing waiting for an answer, not busy, not
+//! With `slow_after` (on by default), a pair with no traffic of ours for
+//! that long — no call, message or reply to the peer (with
+//! `answer_grace`, replies count since 2026-12-06, see
+//! [`Pacer::handle_reply`]), nothing waiting for an answer, not busy, not
 //! asked by the peer — is *slow*: our fence heartbeats to it say `SLOW`,
 //! and once two rounds have said so it gets only the *full* rounds, one in
 //! `slow_factor` ([`Pacer::fence_copy`], [`super::Fence::is_full`]). The
