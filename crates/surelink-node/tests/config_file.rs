@@ -131,6 +131,17 @@ fn parses_the_documented_example_and_refuses_typos() {
     assert_eq!(l.config.detector.answer_grace, None);
     let err = parse("node = 1\ncluster = 7\n[detector]\nanswer_grace_ms = 500\n").unwrap_err();
     assert!(error_chain(&err).contains("detector.answer_grace"), "{err}");
+    // A slow peer's grace grows up to 200 ms by default (no more than the
+    // idle interval), or as set; never below the grace itself.
+    let ms = Duration::from_millis;
+    let m = parse("node = 1\ncluster = 7\n").unwrap();
+    assert_eq!(m.config.detector.answer_grace_max, ms(200));
+    let m = parse("node = 1\ncluster = 7\n[detector]\ninterval_ms = 20\n").unwrap();
+    assert_eq!(m.config.detector.answer_grace_max, ms(80));
+    let m = parse("node = 1\ncluster = 7\n[detector]\nanswer_grace_max_ms = 30\n").unwrap();
+    assert_eq!(m.config.detector.answer_grace_max, ms(30));
+    let err = parse("node = 1\ncluster = 7\n[detector]\nanswer_grace_max_ms = 5\n").unwrap_err();
+    assert!(error_chain(&err).contains("answer_grace_max"), "{err}");
     // Slow pairs: after 10 s by default (at least five idle rounds), in
     // ms (0: off), a factor of 1 to 16.
     assert_eq!(l.config.detector.slow_after, Some(Duration::from_secs(10)));

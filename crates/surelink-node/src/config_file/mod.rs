@@ -79,6 +79,7 @@
 //! idle_path_timeout_ms = 1200                       # an idle pair's path window
 //! busy_linger_ms = 1000                             # a dense pair: busy this long after its last send
 //! answer_grace_ms = 10                              # busy only while a call waits this long, or dense (0: linger)
+//! answer_grace_max_ms = 200                         # a slow peer's grace grows with its answers up to this (at most idle_interval_ms)
 //! slow_after_ms = 10000                             # a pair quiet this long is slow (0: off)
 //! slow_factor = 4                                   # then: one fence round in this many goes to it
 //! probe_peers = 8                                   # a path report probes this many peers of its network
@@ -506,6 +507,17 @@ fn detector(c: &mut Config, d: schema::Detector) -> Result<(), ConfigError> {
     if let Some(g) = d.answer_grace_ms {
         det.answer_grace = (g > 0).then(|| ms(g));
     }
+    // Not given: the default (200 ms), never below the grace nor above
+    // the idle interval.
+    det.answer_grace_max = d.answer_grace_max_ms.map_or_else(
+        || {
+            DetectorConfig::default()
+                .answer_grace_max
+                .min(det.idle_interval)
+                .max(det.answer_grace.unwrap_or_default())
+        },
+        ms,
+    );
     match d.slow_after_ms {
         Some(a) => det.slow_after = (a > 0).then(|| ms(a)),
         // Not given: as configured before (10 s by default), after five

@@ -215,6 +215,7 @@ pub(super) struct Detector {
     pub(super) idle_path_timeout_ms: Option<u64>,
     pub(super) busy_linger_ms: Option<u64>,
     pub(super) answer_grace_ms: Option<u64>,
+    pub(super) answer_grace_max_ms: Option<u64>,
     pub(super) slow_after_ms: Option<u64>,
     pub(super) slow_factor: Option<u32>,
     pub(super) probe_peers: Option<usize>,

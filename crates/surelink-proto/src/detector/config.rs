@@ -90,6 +90,22 @@ pub struct DetectorConfig {
     /// "Busy while unanswered"). `None`: busy for `busy_linger` after any
     /// call, message or reply (`with_interval`'s choice).
     pub answer_grace: Option<Duration>,
+    /// With `answer_grace`: the most a peer's grace may grow to when its
+    /// answers usually take longer than `answer_grace` (the grace is the
+    /// smoothed answer time plus four times its deviation, as TCP's
+    /// retransmission timeout, never below `answer_grace`). Without it, a
+    /// loaded server whose answers took longer than the grace was watched
+    /// at the busy pace by every caller at once — heartbeats that loaded
+    /// it further (docs/detector.md, "A slow server is not asked").
+    /// Default 200 ms (Linux's minimum TCP retransmission timeout; 50 ms,
+    /// the path window, still let 200 callers every 50 ms tip a
+    /// quarter-core server into heartbeats now and then; `with_interval`:
+    /// its idle interval, four intervals): traffic in flight to such a
+    /// peer is then reported within `answer_grace + answer_grace_max +
+    /// path_timeout` (260 ms) of its send at worst, to a peer answering
+    /// within `answer_grace` as before (70 ms).
+    /// Equal to `answer_grace`: a fixed grace.
+    pub answer_grace_max: Duration,
     /// A peer whose every path has been silent this long is suspected and,
     /// after the checks, reported dead. Only this report is backed by the
     /// sender fence, so it must be at least `interval + send_slack +
@@ -167,6 +183,9 @@ impl Default for DetectorConfig {
             busy_linger: Duration::from_secs(1),
             // Sparse callers cost fence rounds alone; dense pairs linger.
             answer_grace: Some(interval),
+            // A slow peer's grace grows up to Linux's minimum TCP
+            // retransmission timeout.
+            answer_grace_max: Duration::from_millis(200),
             // A quiet pair gets one fence round in 4 after 10 s: dead
             // after 3.2 s, path window 4.8 s, for such pairs only.
             slow_after: Some(Duration::from_secs(10)),
@@ -190,6 +209,8 @@ impl DetectorConfig {
             idle_path_timeout: interval * 10,
             busy_linger: interval * 20,
             answer_grace: None,
+            // Unused without a grace; valid if one is set (≤ idle_interval).
+            answer_grace_max: interval * 4,
             path_timeout: interval * 5,
             timeout: interval * 15,
             send_slack: interval * 10,
@@ -316,6 +337,24 @@ impl DetectorConfig {
             return Err(ConfigError::Inconsistent {
                 field: "detector.answer_grace (µs)",
                 value: ms(g),
+                other: "detector.idle_interval (µs)",
+                other_value: ms(self.idle_interval),
+                why: "an unanswered call would be watched no sooner than an idle pair",
+            });
+        }
+        if let Some(g) = self.answer_grace.filter(|g| *g > self.answer_grace_max) {
+            return Err(ConfigError::Inconsistent {
+                field: "detector.answer_grace_max (µs)",
+                value: ms(self.answer_grace_max),
+                other: "detector.answer_grace (µs)",
+                other_value: ms(g),
+                why: "a peer's grace never shrinks below answer_grace",
+            });
+        }
+        if self.answer_grace.is_some() && self.answer_grace_max > self.idle_interval {
+            return Err(ConfigError::Inconsistent {
+                field: "detector.answer_grace_max (µs)",
+                value: ms(self.answer_grace_max),
                 other: "detector.idle_interval (µs)",
                 other_value: ms(self.idle_interval),
                 why: "an unanswered call would be watched no sooner than an idle pair",

@@ -30,15 +30,44 @@
 //! path, a frozen peer) is watched at the busy pace from the end of its
 //! grace. Replies ask for no answer (the caller waits for them, and its
 //! ask covers the reply's path). The shell looks at sends and answers at
-//! least once per grace while something waits, so the ask goes within
-//! two graces of the first unanswered send: **the window for traffic in
-//! flight is `path_timeout` from the ask, at most `2·answer_grace +
-//! path_timeout` (70 ms with a 10 ms grace) after the send; for a pair with
+//! least once per `answer_grace` while something waits, so the ask goes
+//! within the peer's grace and one `answer_grace` of the first unanswered
+//! send: **the window for traffic in flight is `path_timeout` from the
+//! ask, at most `2·answer_grace + path_timeout` (70 ms with a 10 ms grace)
+//! after the send while the peer answers quickly, at most `answer_grace +
+//! answer_grace_max + path_timeout` (260 ms) when its answers are slow
+//! (next section); for a pair with
 //! nothing in flight it is `idle_path_timeout` (1.2 s) for a path and
 //! `timeout` (2 s) for the peer.** A path that dies while another path of
 //! a sparse pair keeps answering is left to the session (its retransmission
 //! timer turns the path suspect and re-sends on the answering one) and
 //! to the idle window here.
+//!
+//! # A slow server is not asked
+//!
+//! The grace is per peer: `answer_grace`, or longer when the peer's
+//! answers usually take longer — their smoothed time plus four times its
+//! deviation (at least half an `answer_grace`), as TCP's retransmission
+//! timeout (RFC 6298's gains), up to
+//! `answer_grace_max` (default 200 ms). A sample is the time from
+//! the earliest unanswered send to the first read after it
+//! ([`Pacer::handle_answer`]), a wait past `answer_grace_max` counting as
+//! that (one failover widens the grace for a few answers, not for long).
+//! Why: with one fixed grace, a loaded server whose answers took a little
+//! longer than it was asked by every waiting caller at once; its answers
+//! to the asks (and the callers' own busy heartbeats) loaded it further,
+//! answers took longer still, and 200 callers every 50 ms kept a server
+//! capped at a quarter of a core at the busy pace for good — goodput
+//! 430–1 400 of 4 000 calls/s, most of its CPU in heartbeats (2026-12-06,
+//! docs/detector.md, "A slow server is not asked"). With the grace
+//! following the answer time, a slow answer is a reason to wait, not to
+//! watch; a wait well past the usual still asks. The cap is Linux's
+//! minimum TCP retransmission timeout: with 50 ms (the path window) the
+//! server still tipped over now and then once it was saturated and its
+//! answers took longer than that. So the window for traffic in flight is
+//! at most `answer_grace + answer_grace_max + path_timeout` (260 ms with
+//! the defaults) after the send to a slow peer, and as before (70 ms)
+//! while the peer answers quickly.
 //!
 //! # Dense pairs
 //!
@@ -202,7 +231,7 @@ struct PathPace {
 
 impl PeerPace {
     /// Busy: a probe (or the linger) holds, or a send of ours has waited
-    /// `grace` for an answer — or, once we asked, anything still waits
+    /// its grace for an answer — or, once we asked, anything still waits
     /// (a pair answering slowly does not switch pace at every answer).
     fn busy(&self, now: Time, grace: Option<Duration>) -> bool {
         self.busy_until.is_some_and(|t| now < t)
@@ -214,6 +243,54 @@ impl PeerPace {
     }
 }
 
+/// `answer_grace` and `answer_grace_max`, when the pace follows answers.
+type Grace = Option<(Duration, Duration)>;
+
+/// How long a peer's answers usually take ("A slow server is not asked").
+#[derive(Clone, Copy, Debug)]
+struct AnswerTime {
+    /// Smoothed time from a send to the first read after it.
+    srtt: Duration,
+    /// Its mean deviation.
+    rttvar: Duration,
+}
+
+impl AnswerTime {
+    /// An answer came `sample` after the send it answers: the smoothed
+    /// time and deviation move an eighth and a quarter of the way
+    /// (RFC 6298's gains). A wait longer than `max` counts as `max`: one
+    /// failover does not widen the grace for long.
+    fn sample(t: Option<Self>, sample: Duration, max: Duration) -> Self {
+        let sample = sample.min(max);
+        match t {
+            None => AnswerTime {
+                srtt: sample,
+                rttvar: sample / 2,
+            },
+            Some(t) => {
+                let dev = t.srtt.abs_diff(sample);
+                AnswerTime {
+                    srtt: t.srtt * 7 / 8 + sample / 8,
+                    rttvar: t.rttvar * 3 / 4 + dev / 4,
+                }
+            }
+        }
+    }
+}
+
+/// `peer`'s grace: `answer_grace`, or its answers' usual time when that
+/// is longer — the smoothed time plus four deviations, at least half an
+/// `answer_grace` above it (RFC 6298's `SRTT + max(G, 4·RTTVAR)`: answers
+/// that always take 20 ms leave no deviation) — up to `answer_grace_max`.
+/// `None` without `answer_grace`.
+fn grace_of(g: Grace, usual: &BTreeMap<NodeId, AnswerTime>, peer: NodeId) -> Option<Duration> {
+    let (base, max) = g?;
+    let u = usual
+        .get(&peer)
+        .map_or(Duration::ZERO, |t| t.srtt + (t.rttvar * 4).max(base / 2));
+    Some(u.min(max).max(base))
+}
+
 /// The pace of every peer of one process.
 #[derive(Clone, Debug)]
 pub struct Pacer {
@@ -221,8 +298,11 @@ pub struct Pacer {
     /// `DetectorConfig::data_as_heartbeat`.
     data: bool,
     linger: Duration,
-    /// `DetectorConfig::answer_grace`.
-    grace: Option<Duration>,
+    /// `DetectorConfig::answer_grace` and `answer_grace_max`.
+    grace: Grace,
+    /// Per peer that answered a send of ours: how long its answers take
+    /// (kept while the peer is, unlike `peers`' quiet entries).
+    usual: BTreeMap<NodeId, AnswerTime>,
     /// With `answer_grace`: sends closer than `dense / 2` make a run, and
     /// a run this long makes the pair dense (`path_timeout`; "Dense
     /// pairs").
@@ -263,7 +343,10 @@ impl Pacer {
             interval: config.interval,
             data: config.data_as_heartbeat,
             linger: config.busy_linger,
-            grace: config.answer_grace,
+            grace: config
+                .answer_grace
+                .map(|g| (g, config.answer_grace_max.max(g))),
+            usual: BTreeMap::new(),
             dense: config.path_timeout,
             watch_linger: config.idle_interval,
             probe: config.path_timeout,
@@ -347,7 +430,12 @@ impl Pacer {
             return;
         }
         p.answered = Some(at);
-        if p.pending.is_some_and(|s| at >= s) {
+        if let Some(s) = p.pending.filter(|s| at >= *s) {
+            if let Some((_, max)) = self.grace {
+                let t =
+                    AnswerTime::sample(self.usual.get(&peer).copied(), at.saturating_since(s), max);
+                self.usual.insert(peer, t);
+            }
             // What we sent after it waits still; we know only the latest
             // send's time (a later start of the grace, never an earlier one).
             p.pending = p.sent.filter(|s| *s > at);
@@ -381,7 +469,7 @@ impl Pacer {
         let Some(after) = self.slow_after else {
             return Some(flags);
         };
-        let grace = self.grace;
+        let grace = grace_of(self.grace, &self.usual, peer);
         let active = self.peers.get(&peer).is_some_and(|p| {
             p.fast || p.notices > 0 || p.busy(now, grace) || p.watched(now) || p.pending.is_some()
         });
@@ -421,7 +509,7 @@ impl Pacer {
 
     /// Keeps the pair busy until `now + d` at least; a kick if it was not.
     fn busy_for(&mut self, now: Time, peer: NodeId, d: Duration) -> bool {
-        let grace = self.grace;
+        let grace = grace_of(self.grace, &self.usual, peer);
         let p = self.peers.entry(peer).or_default();
         let was = p.busy(now, grace);
         let until = now + d;
@@ -506,7 +594,7 @@ impl Pacer {
         if p.fast {
             f |= FLAG_FAST;
         }
-        if p.busy(now, self.grace) {
+        if p.busy(now, grace_of(self.grace, &self.usual, peer)) {
             f |= FLAG_WATCH;
         }
         f | self.slow_flag(peer)
@@ -599,13 +687,13 @@ impl Pacer {
         }
         self.kicks = 0;
         let mut more = false;
-        let grace = self.grace;
+        let (grace, usual) = (self.grace, &self.usual);
         let asks = &mut self.asks;
         let ask_ends = &mut self.ask_ends;
         let slow = &mut self.slow;
         self.peers.retain(|peer, p| {
             p.kicked = false;
-            let busy = p.busy(now, grace);
+            let busy = p.busy(now, grace_of(grace, usual, *peer));
             if busy && !p.asking {
                 asks.push(*peer);
             } else if !busy && p.asking {
@@ -660,11 +748,10 @@ impl Pacer {
     /// The earliest end of a grace not yet acted on: a round is due then
     /// (a peer already asked is in the rounds).
     fn grace_ends(&self) -> Option<Time> {
-        let g = self.grace?;
         self.peers
-            .values()
-            .filter(|p| !p.asking)
-            .filter_map(|p| p.pending.map(|s| s + g))
+            .iter()
+            .filter(|(_, p)| !p.asking)
+            .filter_map(|(peer, p)| Some(p.pending? + grace_of(self.grace, &self.usual, *peer)?))
             .min()
     }
 
@@ -677,6 +764,7 @@ impl Pacer {
     /// The peer left: no busy pace for it.
     pub fn forget(&mut self, peer: NodeId) {
         self.paths.retain(|(p, _), _| *p != peer);
+        self.usual.remove(&peer);
         self.slow.remove(&peer);
         if self.peers.remove(&peer).is_some_and(|p| p.kicked) {
             self.kicks = self.kicks.saturating_sub(1);

@@ -328,12 +328,108 @@ fn an_unanswered_send_asks_after_the_grace_until_answered() {
     assert_eq!(p.poll_timeout(ms(160)), None);
     p.take_ask_ends(&mut ends);
     assert_eq!(ends, vec![a], "once");
-    // A new wait asks again.
+    // A new wait asks again — after the peer's grace, which its answers
+    // (21 and 6 ms after the sends they answered) widened to 65.6 ms
+    // (smoothed 19.1 ms plus four deviations of 11.6).
     p.handle_traffic(ms(200), a);
-    assert_eq!(p.poll_timeout(ms(200)), Some(ms(210)));
-    assert!(p.poll_round(ms(210), &mut out));
+    let due = p.poll_timeout(ms(200)).unwrap();
+    assert!(due > ms(265) && due < ms(266), "{due:?}");
+    assert!(!p.poll_round(ms(265), &mut out));
+    assert!(p.poll_round(ms(266), &mut out));
     p.take_asks(&mut asks);
     assert_eq!(asks, vec![a, a]);
+}
+
+/// The grace follows the peer's answer time: answers within
+/// `answer_grace` leave it there; slower ones widen it (smoothed time
+/// plus four deviations) up to `answer_grace_max`, a wait longer than
+/// that counting as that; quick answers bring it back; another peer
+/// keeps its own.
+#[test]
+fn the_grace_follows_the_answer_time_between_its_bounds() {
+    let mut p = answering_pacer();
+    let (a, b) = (NodeId(7), NodeId(8));
+    let mut out = Vec::new();
+    // Answers 1 ms after each send, every 100 ms: the grace stays 10 ms.
+    let mut t = 1_000;
+    for _ in 0..20 {
+        p.handle_traffic(ms(t), a);
+        p.handle_answer(ms(t + 1), a);
+        t += 100;
+    }
+    p.handle_traffic(ms(t), a);
+    assert_eq!(p.poll_timeout(ms(t)), Some(ms(t + 10)));
+    p.handle_answer(ms(t + 1), a);
+    p.poll_round(ms(t + 1), &mut out);
+    assert!(out.is_empty(), "answered within the grace: never asked");
+    // Answers 20 ms after each send (a loaded server): asked once or
+    // twice at first, then the grace covers them and nothing asks.
+    let mut asks = Vec::new();
+    for _ in 0..20 {
+        t += 100;
+        p.handle_traffic(ms(t), a);
+        for k in (1..20).step_by(5) {
+            p.poll_round(ms(t + k), &mut out);
+        }
+        p.handle_answer(ms(t + 20), a);
+        // The rounds the shell would run (the notices, if it asked).
+        for k in (20..60).step_by(5) {
+            p.poll_round(ms(t + k), &mut out);
+        }
+        p.take_asks(&mut asks);
+    }
+    let early = asks.len();
+    assert!((1..=5).contains(&early), "asked {early} times");
+    asks.clear();
+    for _ in 0..10 {
+        t += 100;
+        p.handle_traffic(ms(t), a);
+        assert_eq!(p.flags(ms(t + 19), a) & FLAG_WATCH, 0, "within its grace");
+        for k in (1..20).step_by(5) {
+            p.poll_round(ms(t + k), &mut out);
+        }
+        p.handle_answer(ms(t + 20), a);
+        // The rounds the shell would run (the notices, if it asked).
+        for k in (20..60).step_by(5) {
+            p.poll_round(ms(t + k), &mut out);
+        }
+        p.take_asks(&mut asks);
+    }
+    assert!(asks.is_empty(), "usual answers are not asked for");
+    // Never past answer_grace_max (200 ms), however slow: a 2 s wait
+    // counts as 200 ms, and the next wait asks 200 ms after its send.
+    t += 100;
+    p.handle_traffic(ms(t), a);
+    p.handle_answer(ms(t + 2_000), a);
+    t += 2_100;
+    p.handle_traffic(ms(t), a);
+    assert_eq!(p.poll_timeout(ms(t)), Some(ms(t + 200)));
+    p.handle_answer(ms(t + 1), a);
+    // Quick answers again: back to 10 ms within a few dozen.
+    for _ in 0..40 {
+        t += 100;
+        p.handle_traffic(ms(t), a);
+        p.handle_answer(ms(t + 1), a);
+    }
+    t += 100;
+    p.handle_traffic(ms(t), a);
+    assert_eq!(p.poll_timeout(ms(t)), Some(ms(t + 10)));
+    // Another peer has its own: 10 ms.
+    p.handle_traffic(ms(t), b);
+    p.handle_answer(ms(t + 1), a);
+    assert_eq!(p.poll_timeout(ms(t)), Some(ms(t + 10)));
+    // With answer_grace_max = answer_grace, the grace is fixed.
+    let mut fixed = Pacer::new(&DetectorConfig {
+        answer_grace: Some(Duration::from_millis(10)),
+        answer_grace_max: Duration::from_millis(10),
+        ..DetectorConfig::default()
+    });
+    for i in 0..10 {
+        fixed.handle_traffic(ms(100 * i), a);
+        fixed.handle_answer(ms(100 * i + 30), a);
+    }
+    fixed.handle_traffic(ms(5_000), a);
+    assert_eq!(fixed.poll_timeout(ms(5_000)), Some(ms(5_010)));
 }
 
 /// A pair quiet for `slow_after` announces `SLOW` in two fence rounds,
