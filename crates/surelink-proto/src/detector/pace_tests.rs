@@ -364,36 +364,34 @@ fn the_grace_follows_the_answer_time_between_its_bounds() {
     assert!(out.is_empty(), "answered within the grace: never asked");
     // Answers 20 ms after each send (a loaded server): asked once or
     // twice at first, then the grace covers them and nothing asks.
-    let mut asks = Vec::new();
-    for _ in 0..20 {
-        t += 100;
+    // One call answered after 20 ms, with the rounds the shell would run
+    // (the notices, if it asked); returns whether it was within the grace
+    // 19 ms after the send.
+    let slow_call = |p: &mut Pacer, t: u64, asks: &mut Vec<NodeId>| {
+        let mut out = Vec::new();
         p.handle_traffic(ms(t), a);
+        let quiet = p.flags(ms(t + 19), a) & FLAG_WATCH == 0;
         for k in (1..20).step_by(5) {
             p.poll_round(ms(t + k), &mut out);
         }
         p.handle_answer(ms(t + 20), a);
-        // The rounds the shell would run (the notices, if it asked).
         for k in (20..60).step_by(5) {
             p.poll_round(ms(t + k), &mut out);
         }
-        p.take_asks(&mut asks);
+        p.take_asks(asks);
+        quiet
+    };
+    let mut asks = Vec::new();
+    for _ in 0..20 {
+        t += 100;
+        slow_call(&mut p, t, &mut asks);
     }
     let early = asks.len();
     assert!((1..=5).contains(&early), "asked {early} times");
     asks.clear();
     for _ in 0..10 {
         t += 100;
-        p.handle_traffic(ms(t), a);
-        assert_eq!(p.flags(ms(t + 19), a) & FLAG_WATCH, 0, "within its grace");
-        for k in (1..20).step_by(5) {
-            p.poll_round(ms(t + k), &mut out);
-        }
-        p.handle_answer(ms(t + 20), a);
-        // The rounds the shell would run (the notices, if it asked).
-        for k in (20..60).step_by(5) {
-            p.poll_round(ms(t + k), &mut out);
-        }
-        p.take_asks(&mut asks);
+        assert!(slow_call(&mut p, t, &mut asks), "within its grace");
     }
     assert!(asks.is_empty(), "usual answers are not asked for");
     // Never past answer_grace_max (200 ms), however slow: a 2 s wait
