@@ -89,6 +89,8 @@ pub(crate) async fn call(
 ) -> Result<Bytes, CallError> {
     let started = Instant::now();
     let channel = check_channel(shared, channel)?;
+    // Activation counts a call waiting past the SLA as slow.
+    let _waiting = shared.note_call_waiting(peer, started);
     let deadline = tokio::time::Instant::now() + opts.timeout;
     let reply = loop {
         let session = shared.session_for(peer)?;

@@ -74,6 +74,7 @@ mod events;
 mod exporter;
 mod histogram;
 mod incoming;
+mod peer_calls;
 mod ratelog;
 mod relay;
 mod role;

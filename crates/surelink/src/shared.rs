@@ -94,9 +94,10 @@ pub(crate) struct Shared {
     /// Servers this client is helped towards (activation): new traffic
     /// to them prefers a helper's path while it is healthy.
     pub(crate) helped: Mutex<rustc_hash::FxHashSet<NodeId>>,
-    /// Per-server call round trips, for the servers activation watches
-    /// (a proxy's p99 towards its hot node, not mixed with the others').
-    peer_rtt: RwLock<FxHashMap<NodeId, (usize, Arc<crate::histogram::Histogram>)>>,
+    /// Per-server calls (round trips, and the calls waiting), for the
+    /// servers activation watches (a proxy's p99 towards its hot node,
+    /// not mixed with the others').
+    peer_rtt: RwLock<FxHashMap<NodeId, (usize, Arc<crate::peer_calls::PeerCalls>)>>,
     /// `peer_rtt` is not empty (one load on the call path otherwise).
     watching_rtt: AtomicBool,
 }
@@ -186,7 +187,7 @@ impl Shared {
 
     /// Starts keeping `peer`'s call round trips apart (activation's
     /// signal); the histogram is shared while anyone watches.
-    pub(crate) fn watch_peer_rtt(&self, peer: NodeId) -> Arc<crate::histogram::Histogram> {
+    pub(crate) fn watch_peer_rtt(&self, peer: NodeId) -> Arc<crate::peer_calls::PeerCalls> {
         let mut m = self.peer_rtt.write();
         let (watchers, h) = m.entry(peer).or_default();
         *watchers += 1;
@@ -212,8 +213,22 @@ impl Shared {
             return;
         }
         if let Some((_, h)) = self.peer_rtt.read().get(&peer) {
-            h.record(u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX).max(1));
+            h.rtt
+                .record(u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX).max(1));
         }
+    }
+
+    /// A call to `peer` begun at `at` waits (kept only for watched peers)
+    /// until the guard drops.
+    pub(crate) fn note_call_waiting(
+        &self,
+        peer: NodeId,
+        at: std::time::Instant,
+    ) -> Option<crate::peer_calls::Waiting> {
+        if !self.watching_rtt.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.peer_rtt.read().get(&peer).map(|(_, c)| c.begin(at))
     }
 
     /// Activation: `peer`'s traffic prefers a helper's path (`on`) or not.

@@ -369,6 +369,66 @@ async fn a_client_moves_to_a_helper_above_its_sla_and_back_below() {
     );
 }
 
+/// A server so hot that it answers nothing still looks slow: a call
+/// waiting past the SLA counts at its wait so far, so the client moves
+/// though no call has ended (by the p99 of ended calls alone it would
+/// wait for ever), and its calls then reach the server through the
+/// helper, relayed ones answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_whose_calls_get_no_answer_moves_to_a_helper() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use surelink::proto::helper::ActivationConfig;
+    let p = pair(&[NodeId(3)]).await;
+    // Calls that arrive before the move wait (for ever, as far as the
+    // window goes); once the client moved, the server answers.
+    let answering = std::sync::Arc::new(AtomicBool::new(false));
+    let a2 = answering.clone();
+    p.server.serve(move |r: Request| {
+        let a2 = a2.clone();
+        async move {
+            while !a2.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            r.body
+        }
+    });
+    let (_e3, h3) = helper(&p, NodeId(3)).await;
+    let c = client(&p, NodeId(4), true).await;
+    let mut cfg = ActivationConfig::default();
+    cfg.sla = Duration::from_millis(20);
+    cfg.release = Duration::from_millis(10);
+    let helped = c.helped(SERVER, vec![h3.local_addr()], 0, cfg).unwrap();
+    let waiting = c.call(
+        SERVER,
+        1,
+        Bytes::from_static(b"first"),
+        Duration::from_secs(30),
+    );
+    let script = async {
+        let mut moved = false;
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if helped.status().helper.is_some() {
+                moved = true;
+                break;
+            }
+        }
+        assert!(
+            moved,
+            "moved to a helper with no call ended: {:?}",
+            helped.status()
+        );
+        assert!(
+            helped.status().last_p99_us.is_some_and(|us| us >= 20_000),
+            "the wait counted: {:?}",
+            helped.status()
+        );
+        answering.store(true, Ordering::Relaxed);
+    };
+    let (first, ()) = tokio::join!(waiting, script);
+    assert_eq!(first.unwrap(), Bytes::from_static(b"first"));
+}
+
 /// Anyone can connect to a helper, so a helper could make a server run
 /// any number of handshakes at once: the server takes at most
 /// `max_handshaking` (128) of one helper's slots in their handshake and

@@ -47,14 +47,15 @@ pub struct ActivationConfig {
 impl Default for ActivationConfig {
     fn default() -> Self {
         ActivationConfig {
-            // Short windows: a client moves within about half a second of
-            // its p99 crossing the SLA (two windows in a row), as PostMan's
-            // clients did (L230–239); going back takes 5 s below release.
-            window: Duration::from_millis(250),
+            // Short windows: a client decides within about 0.2 s of its
+            // p99 crossing the SLA (two windows in a row that held calls),
+            // so that moving completes within PostMan's 550 ms (L230–239);
+            // going back takes 5 s below release.
+            window: Duration::from_millis(100),
             sla: Duration::from_millis(2),
             release: Duration::from_millis(1),
             windows_above: 2,
-            windows_below: 20,
+            windows_below: 50,
             choices: 2,
             dwell: Duration::from_secs(5),
             max_dwell: Duration::from_secs(80),

@@ -1,5 +1,6 @@
 //! Activation on a client (PostMan L190–193): every window, the client's
-//! own p99 over the calls that ended in it goes to the core's
+//! own p99 over the calls that ended in it (and those still waiting, at
+//! their wait so far) goes to the core's
 //! `Activation`; above the SLA it draws `choices` helpers at random, asks
 //! each its load, and adds a path to the server through the lightest —
 //! and steers the server's traffic onto it (its network is preferred
@@ -21,6 +22,7 @@ use surelink_proto::{ConfigError, NodeId};
 use super::client::RelayPath;
 use super::helper::query_load;
 use crate::histogram::Histogram;
+use crate::peer_calls::PeerCalls;
 use crate::shared::Shared;
 
 /// What activation is doing now.
@@ -31,8 +33,14 @@ pub struct HelpedStatus {
     pub helper: Option<SocketAddr>,
     /// Moves so far (each way counts one).
     pub switches: u64,
-    /// The last window's p99, µs (`None`: no call ended in it).
+    /// The last window's p99, µs, counting each call still waiting as
+    /// taking at least its wait so far (`None`: no call ended in it and
+    /// none had waited past the SLA).
     pub last_p99_us: Option<u64>,
+    /// The path through `helper` is up (connected and authenticated end
+    /// to end): the server's traffic goes through it. `helper` is set
+    /// when the client decides; this, once the move is done.
+    pub relayed: bool,
 }
 
 /// A client's activation towards one server; stops (and goes direct)
@@ -59,9 +67,9 @@ impl Helped {
         let state = Arc::new(Mutex::new(None));
         // This server's calls only: a proxy's p99 towards its hot node is
         // not diluted by (nor moves) its calls to the others.
-        let rtt = shared.watch_peer_rtt(server);
+        let calls = shared.watch_peer_rtt(server);
         let task = tokio::spawn(run(
-            rtt,
+            calls,
             Arc::downgrade(shared),
             server,
             helpers,
@@ -81,7 +89,9 @@ impl Helped {
 
     /// What activation is doing now.
     pub fn status(&self) -> HelpedStatus {
-        self.status.lock().clone()
+        let mut s = self.status.lock().clone();
+        s.relayed = s.helper.is_some() && self.state.lock().as_ref().is_some_and(RelayPath::is_up);
+        s
     }
 }
 
@@ -98,7 +108,7 @@ impl Drop for Helped {
 
 #[allow(clippy::too_many_arguments)]
 async fn run(
-    rtt: Arc<Histogram>,
+    calls: Arc<PeerCalls>,
     shared: Weak<Shared>,
     server: NodeId,
     helpers: Vec<SocketAddr>,
@@ -108,7 +118,7 @@ async fn run(
     state: Arc<Mutex<Option<RelayPath>>>,
 ) {
     let window = act_window(&act);
-    let mut before = rtt.snapshot();
+    let mut before = calls.rtt.snapshot();
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + window, window);
     // Windows in a row the helper's path has been down while helped.
     let mut down = 0u32;
@@ -134,11 +144,16 @@ async fn run(
                 status.lock().helper = None;
             }
         }
-        let after = rtt.snapshot();
-        let p99 = Histogram::quantile_since(&before, &after, 0.99);
+        let after = calls.rtt.snapshot();
+        let ended =
+            Histogram::quantile_since(&before, &after, 0.99).map(std::time::Duration::from_micros);
         before = after;
-        status.lock().last_p99_us = p99;
-        let p99 = p99.map(std::time::Duration::from_micros);
+        let p99 = with_waiting(
+            ended,
+            calls.oldest_waiting().map(|t| t.elapsed()),
+            act_sla(&act),
+        );
+        status.lock().last_p99_us = p99.map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
         // Ask the drawn helpers' loads only when a move may be due.
         let mut drawn: Vec<usize> = Vec::new();
         let mut loads: Vec<Option<u64>> = vec![None; helpers.len()];
@@ -147,10 +162,14 @@ async fn run(
             && !helpers.is_empty()
         {
             drawn = draw(helpers.len(), act_choices(&act));
-            for &i in &drawn {
-                loads[i] = query_load(helpers[i], window / 2)
-                    .await
-                    .map(surelink_proto::helper::HelperLoad::rank);
+            // Asked at once, not one after the other: a move waits for
+            // the slowest answer (or the timeout), not for their sum.
+            let answers = futures_util::future::join_all(
+                drawn.iter().map(|&i| query_load(helpers[i], window / 2)),
+            )
+            .await;
+            for (&i, l) in drawn.iter().zip(answers) {
+                loads[i] = l.map(surelink_proto::helper::HelperLoad::rank);
             }
         }
         let now = sh.clock.now();
@@ -175,6 +194,23 @@ async fn run(
             None => {}
         }
         status.lock().switches = act.switches();
+    }
+}
+
+/// The window's p99 with the calls still waiting: the longest wait is a
+/// latency at least that long, so it raises the p99 of the calls that
+/// ended; with none ended, it counts alone once past the SLA (a server
+/// that answers nothing is slow). A young waiting call with nothing
+/// ended says nothing.
+fn with_waiting(
+    ended: Option<std::time::Duration>,
+    waited: Option<std::time::Duration>,
+    sla: std::time::Duration,
+) -> Option<std::time::Duration> {
+    match (ended, waited) {
+        (Some(p), Some(w)) => Some(p.max(w)),
+        (None, Some(w)) if w > sla => Some(w),
+        (p, _) => p,
     }
 }
 
@@ -216,4 +252,25 @@ fn draw(n: usize, k: usize) -> Vec<usize> {
         out.push(all.swap_remove(j));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_waiting;
+    use std::time::Duration;
+
+    #[test]
+    fn a_call_still_waiting_counts_as_at_least_its_wait() {
+        let ms = Duration::from_millis;
+        let sla = ms(10);
+        // A server that answers nothing is slow once a call waits past
+        // the SLA, and says nothing before.
+        assert_eq!(with_waiting(None, Some(ms(30)), sla), Some(ms(30)));
+        assert_eq!(with_waiting(None, Some(ms(5)), sla), None);
+        assert_eq!(with_waiting(None, None, sla), None);
+        // With calls ended, the longer of the two.
+        assert_eq!(with_waiting(Some(ms(3)), Some(ms(40)), sla), Some(ms(40)));
+        assert_eq!(with_waiting(Some(ms(3)), Some(ms(1)), sla), Some(ms(3)));
+        assert_eq!(with_waiting(Some(ms(3)), None, sla), Some(ms(3)));
+    }
 }

@@ -96,8 +96,11 @@ async fn relay_loop(
     loop {
         let Some(sh) = shared.upgrade() else { return };
         let (first, max) = (sh.config.reconnect_initial, sh.config.reconnect_max);
+        let began = std::time::Instant::now();
+        let mut connected = None;
         let started = async {
             let mut stream = connect(&sh, helper, network).await?;
+            connected = Some(began.elapsed());
             configure(&stream, &sh);
             stream
                 .write_all(&Preamble::Relay { server }.encode())
@@ -123,6 +126,7 @@ async fn relay_loop(
         drop(sh);
         match started {
             Ok((io, done)) => {
+                debug!(%server, %helper, connect = ?connected, up = ?began.elapsed(), "path through the helper up");
                 *current.lock() = Some(io);
                 let _ = done.await;
                 current.lock().take();

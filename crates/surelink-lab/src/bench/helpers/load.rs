@@ -163,6 +163,18 @@ pub(crate) struct Window {
     pub(crate) half_helped_ms: Option<f64>,
     #[serde(default)]
     pub(crate) all_helped_ms: Option<f64>,
+    /// The same for the move done (the path through the helper up), ms
+    /// from the window's start.
+    #[serde(default)]
+    pub(crate) half_relayed_ms: Option<f64>,
+    #[serde(default)]
+    pub(crate) all_relayed_ms: Option<f64>,
+    /// Per client, decision to path up (the move itself), ms: median and
+    /// longest over the clients that moved.
+    #[serde(default)]
+    pub(crate) move_p50_ms: Option<f64>,
+    #[serde(default)]
+    pub(crate) move_max_ms: Option<f64>,
     #[serde(default)]
     pub(crate) switches: u64,
     /// The longest any client went without an answer in the window, ms
@@ -315,6 +327,10 @@ pub(crate) async fn run(a: &LoadArgs) -> Result<()> {
     println!("MEASURE START");
     let start = std::time::Instant::now();
     let (mut half, mut all) = (None, None);
+    let (mut half_up, mut all_up) = (None, None);
+    // Per client: when it decided, and how long the move then took.
+    let mut decided: Vec<Option<f64>> = vec![None; helped.len()];
+    let mut moves: Vec<Option<f64>> = vec![None; helped.len()];
     let mut early_max: Vec<u64> = Vec::new();
     while start.elapsed().as_secs_f64() < a.seconds {
         if early_max.is_empty() && start.elapsed().as_secs_f64() >= a.seconds * 0.45 {
@@ -324,19 +340,34 @@ pub(crate) async fn run(a: &LoadArgs) -> Result<()> {
                 .map(|g| g.1.swap(0, Ordering::Relaxed))
                 .collect();
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
         if !helped.is_empty() {
-            let n = helped
-                .iter()
-                .filter(|h| h.status().helper.is_some())
-                .count();
+            let st: Vec<_> = helped.iter().map(surelink::Helped::status).collect();
+            let n = st.iter().filter(|s| s.helper.is_some()).count();
+            let up = st.iter().filter(|s| s.relayed).count();
             let ms = start.elapsed().as_secs_f64() * 1e3;
-            if half.is_none() && 2 * n >= helped.len() {
-                half = Some(ms);
+            for (i, s) in st.iter().enumerate() {
+                if s.helper.is_some() && decided[i].is_none() {
+                    decided[i] = Some(ms);
+                }
+                if let (true, Some(d), None) = (s.relayed, decided[i], moves[i]) {
+                    moves[i] = Some(ms - d);
+                }
             }
-            if all.is_none() && n == helped.len() {
-                all = Some(ms);
-            }
+            let mark = |at: &mut Option<f64>, k: usize, all: bool| {
+                let reached = if all {
+                    k == helped.len()
+                } else {
+                    2 * k >= helped.len()
+                };
+                if at.is_none() && reached {
+                    *at = Some(ms);
+                }
+            };
+            mark(&mut half, n, false);
+            mark(&mut all, n, true);
+            mark(&mut half_up, up, false);
+            mark(&mut all_up, up, true);
         }
     }
     measuring.store(false, Ordering::Relaxed);
@@ -363,6 +394,14 @@ pub(crate) async fn run(a: &LoadArgs) -> Result<()> {
             .count(),
         half_helped_ms: half,
         all_helped_ms: all,
+        half_relayed_ms: half_up,
+        all_relayed_ms: all_up,
+        move_p50_ms: {
+            let mut m: Vec<f64> = moves.iter().flatten().copied().collect();
+            m.sort_by(f64::total_cmp);
+            m.get(m.len() / 2).copied()
+        },
+        move_max_ms: moves.iter().flatten().copied().reduce(f64::max),
         switches: helped.iter().map(|h| h.status().switches).sum(),
         max_gap_ms: late.iter().chain(&early_max).copied().max().unwrap_or(0) as f64 / 1e6,
         max_gap_late_ms: late.iter().copied().max().unwrap_or(0) as f64 / 1e6,
