@@ -125,12 +125,13 @@ async fn run(
     loop {
         tick.tick().await;
         let Some(sh) = shared.upgrade() else { return };
-        // A helper whose path stays down (it died, or refuses us) is left
+        // A helper whose path stays down (it died, or refuses us: an
+        // attempt failed, not merely one still under way) is left
         // for another: the session already carries the traffic on its
         // other paths, but activation would otherwise wait for the dwell
         // and a low p99 that a hot server may never give.
         let helped = matches!(act.state(), ActivationState::Helped(..));
-        down = if helped && !state.lock().as_ref().is_some_and(RelayPath::is_up) {
+        down = if helped && state.lock().as_ref().is_none_or(RelayPath::is_failing) {
             down + 1
         } else {
             0

@@ -6,6 +6,7 @@
 //! other paths and this side re-dials the helper with backoff.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -26,6 +27,8 @@ use surelink_proto::helper::Preamble;
 pub struct RelayPath {
     task: JoinHandle<()>,
     current: Arc<Mutex<Option<Arc<ConnIo>>>>,
+    /// An attempt failed, or the path broke, at least once.
+    faltered: Arc<AtomicBool>,
 }
 
 impl RelayPath {
@@ -36,19 +39,33 @@ impl RelayPath {
         network: usize,
     ) -> RelayPath {
         let current = Arc::new(Mutex::new(None));
+        let faltered = Arc::new(AtomicBool::new(false));
         let task = tokio::spawn(relay_loop(
             Arc::downgrade(shared),
             server,
             helper,
             network,
             current.clone(),
+            faltered.clone(),
         ));
-        RelayPath { task, current }
+        RelayPath {
+            task,
+            current,
+            faltered,
+        }
     }
 
     /// Whether the path is connected now.
     pub fn is_up(&self) -> bool {
         self.current.lock().is_some()
+    }
+
+    /// Down, after an attempt failed or the path broke: a first attempt
+    /// still under way is not (through a hot server the end-to-end
+    /// handshake can take a second; a dead helper refuses at once, a
+    /// frozen one fails at the handshake's deadline).
+    pub(crate) fn is_failing(&self) -> bool {
+        !self.is_up() && self.faltered.load(Ordering::Relaxed)
     }
 
     /// Closes the path (the session moves its traffic to its other paths)
@@ -91,6 +108,7 @@ async fn relay_loop(
     helper: SocketAddr,
     network: usize,
     current: Arc<Mutex<Option<Arc<ConnIo>>>>,
+    faltered: Arc<AtomicBool>,
 ) {
     let mut backoff = None;
     loop {
@@ -130,9 +148,13 @@ async fn relay_loop(
                 *current.lock() = Some(io);
                 let _ = done.await;
                 current.lock().take();
+                faltered.store(true, Ordering::Relaxed);
                 backoff = None;
             }
-            Err(e) => debug!(%server, %helper, error = %e, "path through the helper not opened"),
+            Err(e) => {
+                faltered.store(true, Ordering::Relaxed);
+                debug!(%server, %helper, error = %e, "path through the helper not opened");
+            }
         }
         let wait = backoff.map_or(first, |b: std::time::Duration| (b * 2).min(max));
         backoff = Some(wait);
