@@ -543,3 +543,63 @@ async fn a_client_leaves_a_helper_that_died_for_another() {
     tokio::join!(futures_util::future::join_all(callers), script);
     assert_eq!(failed.load(Ordering::Relaxed), 0, "no call failed");
 }
+
+/// Activation leaves a helper that froze with its connections open (not
+/// only one that died): frames through it go unanswered, the session
+/// suspects its path and sends around it, and after a second of that the
+/// client draws again and moves to the other helper. No call fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaves_a_helper_that_froze_for_another() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use surelink::proto::helper::ActivationConfig;
+    let p = pair(&[NodeId(3), NodeId(5)]).await;
+    p.server.serve(move |r: Request| async move {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        r.body
+    });
+    let helpers = [helper(&p, NodeId(3)).await, helper(&p, NodeId(5)).await];
+    let c = client(&p, NodeId(4), true).await;
+    let mut cfg = ActivationConfig::default();
+    cfg.sla = Duration::from_millis(20);
+    cfg.release = Duration::from_millis(10);
+    let addrs: Vec<SocketAddr> = helpers.iter().map(|(_, h)| h.local_addr()).collect();
+    let helped = c.helped(SERVER, addrs, 0, cfg).unwrap();
+    let stop = AtomicBool::new(false);
+    let failed = AtomicU64::new(0);
+    let callers = (0..4u32).map(|k| call_until(&c, k, &stop, &failed));
+    let script = async {
+        let mut first = None;
+        for _ in 0..200 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let st = helped.status();
+            if st.relayed {
+                first = st.helper;
+                break;
+            }
+        }
+        let first = first.expect("moved to a helper, path up");
+        let (frozen, other) = if helpers[0].1.local_addr() == first {
+            (&helpers[0].1, helpers[1].1.local_addr())
+        } else {
+            (&helpers[1].1, helpers[0].1.local_addr())
+        };
+        frozen.pause(true);
+        let t = std::time::Instant::now();
+        let mut moved = false;
+        while t.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if helped.status().helper == Some(other) {
+                moved = true;
+                break;
+            }
+        }
+        assert!(
+            moved,
+            "left the frozen helper for the other: {:?}",
+            helped.status()
+        );
+        stop.store(true, Ordering::Relaxed);
+    };
+    tokio::join!(futures_util::future::join_all(callers), script);
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "no call failed");
+}

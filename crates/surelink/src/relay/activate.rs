@@ -126,16 +126,17 @@ async fn run(
         tick.tick().await;
         let Some(sh) = shared.upgrade() else { return };
         // A helper whose path stays down (it died, or refuses us: an
-        // attempt failed, not merely one still under way) is left
+        // attempt failed, not merely one still under way) or suspected
+        // (it froze with its connections open) is left
         // for another: the session already carries the traffic on its
         // other paths, but activation would otherwise wait for the dwell
         // and a low p99 that a hot server may never give.
         let helped = matches!(act.state(), ActivationState::Helped(..));
-        down = if helped && state.lock().as_ref().is_none_or(RelayPath::is_failing) {
-            down + 1
-        } else {
-            0
-        };
+        let stuck = state
+            .lock()
+            .as_ref()
+            .is_none_or(|p| p.is_failing() || p.is_suspect(&sh, server));
+        down = if helped && stuck { down + 1 } else { 0 };
         if down >= helper_down_windows(window) {
             down = 0;
             if act.handle_helper_lost().is_some() {

@@ -60,6 +60,18 @@ impl RelayPath {
         self.current.lock().is_some()
     }
 
+    /// The path is up but its session suspects it (frames through it
+    /// went unanswered: the helper froze, or its link to the server
+    /// did): the session already sends around it.
+    pub(crate) fn is_suspect(&self, shared: &Shared, server: NodeId) -> bool {
+        let Some(path) = self.current.lock().as_ref().map(|io| io.path) else {
+            return false;
+        };
+        shared
+            .session(server)
+            .is_some_and(|s| s.is_path_suspect(path))
+    }
+
     /// Down, after an attempt failed or the path broke: a first attempt
     /// still under way is not (through a hot server the end-to-end
     /// handshake can take a second; a dead helper refuses at once, a

@@ -513,6 +513,11 @@ impl SessionHandle {
         })
     }
 
+    /// Whether the core suspects `path` (its frames went unanswered).
+    pub(crate) fn is_path_suspect(&self, path: PathId) -> bool {
+        self.lock().core.is_path_suspect(path)
+    }
+
     /// The core's counters and gauges.
     pub(crate) fn stats(&self) -> SessionStats {
         self.lock().core.stats()
