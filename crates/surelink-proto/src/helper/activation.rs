@@ -197,10 +197,16 @@ impl Activation {
                 if self.above < self.cfg.windows_above {
                     return None;
                 }
+                // Equal loads go to the first drawn, not the lowest index:
+                // clients that decide in the same window all read the
+                // same loads (all 0 before anyone moved), and a tie broken
+                // by index sent every one of them to helper 0.
                 let best = draw(self.cfg.choices)
                     .into_iter()
-                    .filter_map(|i| load(i).map(|l| (l, i)))
-                    .min()?;
+                    .enumerate()
+                    .filter_map(|(k, i)| load(i).map(|l| (l, k, i)))
+                    .min()
+                    .map(|(l, _, i)| (l, i))?;
                 self.above = 0;
                 if self
                     .direct_since
@@ -332,6 +338,19 @@ mod tests {
             Some(Decision::UseHelper(2))
         );
         assert_eq!(a.state(), ActivationState::Helped(2, at(4)));
+    }
+
+    #[test]
+    fn equal_loads_go_to_the_first_drawn() {
+        for order in [vec![0, 1], vec![1, 0], vec![2, 0, 1]] {
+            let mut a = act();
+            let first = order[0];
+            a.handle_window(at(1), Some(ms(3)), |_| order.clone(), |_| Some(0));
+            assert_eq!(
+                a.handle_window(at(2), Some(ms(3)), |_| order.clone(), |_| Some(0)),
+                Some(Decision::UseHelper(first))
+            );
+        }
     }
 
     #[test]

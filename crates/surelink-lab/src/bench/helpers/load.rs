@@ -177,6 +177,9 @@ pub(crate) struct Window {
     pub(crate) move_max_ms: Option<f64>,
     #[serde(default)]
     pub(crate) switches: u64,
+    /// How many clients made each number of moves: (moves, clients).
+    #[serde(default)]
+    pub(crate) switches_per_client: Vec<(u64, usize)>,
     /// The longest any client went without an answer in the window, ms
     /// (from its previous answer, or the window's start).
     #[serde(default)]
@@ -403,6 +406,13 @@ pub(crate) async fn run(a: &LoadArgs) -> Result<()> {
         },
         move_max_ms: moves.iter().flatten().copied().reduce(f64::max),
         switches: helped.iter().map(|h| h.status().switches).sum(),
+        switches_per_client: {
+            let mut m = std::collections::BTreeMap::new();
+            for h in &helped {
+                *m.entry(h.status().switches).or_insert(0usize) += 1;
+            }
+            m.into_iter().collect()
+        },
         max_gap_ms: late.iter().chain(&early_max).copied().max().unwrap_or(0) as f64 / 1e6,
         max_gap_late_ms: late.iter().copied().max().unwrap_or(0) as f64 / 1e6,
     };

@@ -567,10 +567,11 @@ pub(crate) async fn run(a: &HelpersArgs) -> Result<()> {
                 );
                 if arm == "activation" {
                     eprintln!(
-                        "    activation: {} of {} clients helped at the end; decided: half by {:?} ms, all by {:?} ms; moved (path through the helper up): half by {:?} ms, all by {:?} ms; each move (decision to path up) median {:?} ms, longest {:?} ms; {} moves",
+                        "    activation: {} of {} clients helped at the end; decided: half by {:?} ms, all by {:?} ms; moved (path through the helper up): half by {:?} ms, all by {:?} ms; each move (decision to path up) median {:?} ms, longest {:?} ms; {} moves ((moves, clients): {:?})",
                         st.window.helped, a.clients, st.window.half_helped_ms, st.window.all_helped_ms,
                         st.window.half_relayed_ms, st.window.all_relayed_ms,
-                        st.window.move_p50_ms, st.window.move_max_ms, st.window.switches
+                        st.window.move_p50_ms, st.window.move_max_ms, st.window.switches,
+                        st.window.switches_per_client
                     );
                 }
                 eprintln!(
