@@ -482,12 +482,20 @@ async fn a_helper_cannot_make_the_server_handshake_more_than_its_bound() {
     assert!(c.wait_for_paths(SERVER, 1, Duration::from_secs(10)).await);
 }
 
-/// The helper a client went through dies while the server stays slow:
-/// activation leaves it within about a second (its path stays down) and
-/// goes through the other helper; no call fails meanwhile (the session
+/// How the helper in use stops serving in [`leaves_a_helper_for_another`].
+#[derive(Clone, Copy)]
+enum Gone {
+    /// Shut down: its connections close.
+    Dies,
+    /// Paused with its connections open.
+    Freezes,
+}
+
+/// A client moves to one of two helpers (the server stays slow), then
+/// the helper in use goes (`gone`): activation leaves it and goes through
+/// the other within `within`; no call fails meanwhile (the session
 /// carries them on its direct paths).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_leaves_a_helper_that_died_for_another() {
+async fn leaves_a_helper_for_another(gone: Gone, within: Duration) {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use surelink::proto::helper::ActivationConfig;
     let p = pair(&[NodeId(3), NodeId(5)]).await;
@@ -496,68 +504,6 @@ async fn a_client_leaves_a_helper_that_died_for_another() {
         r.body
     });
     let mut helpers = vec![helper(&p, NodeId(3)).await, helper(&p, NodeId(5)).await];
-    let c = client(&p, NodeId(4), true).await;
-    let mut cfg = ActivationConfig::default();
-    cfg.window = Duration::from_millis(100);
-    cfg.sla = Duration::from_millis(20);
-    cfg.release = Duration::from_millis(10);
-    let addrs: Vec<SocketAddr> = helpers.iter().map(|(_, h)| h.local_addr()).collect();
-    let helped = c.helped(SERVER, addrs, 0, cfg).unwrap();
-    let stop = AtomicBool::new(false);
-    let failed = AtomicU64::new(0);
-    let callers = (0..4u32).map(|k| call_until(&c, k, &stop, &failed));
-    let script = async {
-        let mut first = None;
-        for _ in 0..100 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            if let Some(h) = helped.status().helper {
-                first = Some(h);
-                break;
-            }
-        }
-        let first = first.expect("moved to a helper");
-        let i = helpers
-            .iter()
-            .position(|(_, h)| h.local_addr() == first)
-            .unwrap();
-        let (ep, h) = helpers.remove(i);
-        drop(h);
-        ep.shutdown().await;
-        let other = helpers[0].1.local_addr();
-        let t = std::time::Instant::now();
-        let mut moved = false;
-        while t.elapsed() < Duration::from_secs(4) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            if helped.status().helper == Some(other) {
-                moved = true;
-                break;
-            }
-        }
-        assert!(
-            moved,
-            "left the dead helper for the other: {:?}",
-            helped.status()
-        );
-        stop.store(true, Ordering::Relaxed);
-    };
-    tokio::join!(futures_util::future::join_all(callers), script);
-    assert_eq!(failed.load(Ordering::Relaxed), 0, "no call failed");
-}
-
-/// Activation leaves a helper that froze with its connections open (not
-/// only one that died): frames through it go unanswered, the session
-/// suspects its path and sends around it, and after a second of that the
-/// client draws again and moves to the other helper. No call fails.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_leaves_a_helper_that_froze_for_another() {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use surelink::proto::helper::ActivationConfig;
-    let p = pair(&[NodeId(3), NodeId(5)]).await;
-    p.server.serve(move |r: Request| async move {
-        tokio::time::sleep(Duration::from_millis(30)).await;
-        r.body
-    });
-    let helpers = [helper(&p, NodeId(3)).await, helper(&p, NodeId(5)).await];
     let c = client(&p, NodeId(4), true).await;
     let mut cfg = ActivationConfig::default();
     cfg.sla = Duration::from_millis(20);
@@ -578,15 +524,26 @@ async fn a_client_leaves_a_helper_that_froze_for_another() {
             }
         }
         let first = first.expect("moved to a helper, path up");
-        let (frozen, other) = if helpers[0].1.local_addr() == first {
-            (&helpers[0].1, helpers[1].1.local_addr())
-        } else {
-            (&helpers[1].1, helpers[0].1.local_addr())
+        let i = helpers
+            .iter()
+            .position(|(_, h)| h.local_addr() == first)
+            .unwrap();
+        let (ep, h) = helpers.remove(i);
+        let other = helpers[0].1.local_addr();
+        let _frozen = match gone {
+            Gone::Dies => {
+                drop(h);
+                ep.shutdown().await;
+                None
+            }
+            Gone::Freezes => {
+                h.pause(true);
+                Some((ep, h))
+            }
         };
-        frozen.pause(true);
         let t = std::time::Instant::now();
         let mut moved = false;
-        while t.elapsed() < Duration::from_secs(5) {
+        while t.elapsed() < within {
             tokio::time::sleep(Duration::from_millis(20)).await;
             if helped.status().helper == Some(other) {
                 moved = true;
@@ -595,11 +552,27 @@ async fn a_client_leaves_a_helper_that_froze_for_another() {
         }
         assert!(
             moved,
-            "left the frozen helper for the other: {:?}",
+            "left the helper for the other: {:?}",
             helped.status()
         );
         stop.store(true, Ordering::Relaxed);
     };
     tokio::join!(futures_util::future::join_all(callers), script);
     assert_eq!(failed.load(Ordering::Relaxed), 0, "no call failed");
+}
+
+/// The helper in use dies: its path stays down, and within about a
+/// second activation leaves it for the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaves_a_helper_that_died_for_another() {
+    leaves_a_helper_for_another(Gone::Dies, Duration::from_secs(4)).await;
+}
+
+/// The helper in use freezes with its connections open: frames through
+/// it go unanswered, the session suspects its path and sends around it,
+/// and after a second of that activation leaves it for the other (the
+/// frozen one does not answer its load query, so it is not drawn back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaves_a_helper_that_froze_for_another() {
+    leaves_a_helper_for_another(Gone::Freezes, Duration::from_secs(5)).await;
 }
