@@ -1,9 +1,11 @@
-//! What one member handshake (Noise XX, the default) costs each end, in
-//! memory: the CPU a server pays per connection it authenticates — per
-//! client path, including each path a client opens through a helper
-//! (docs/postman.md, "Activation"). The baseline in the same run is one
-//! key pair generated (one X25519 base-point multiplication): a Noise XX
-//! handshake does four such operations at each end, plus its hashing.
+//! What one member handshake costs each end, in memory: the CPU a server
+//! pays per connection it authenticates — per client path, including each
+//! path a client opens through a helper (docs/postman.md, "Activation").
+//! Two kinds: the full Noise XX handshake (a pair's first path), and a
+//! further path resumed with the ticket it left (`secure::Dial`/`Accept`,
+//! HMAC only). The baseline in the same run is one key pair generated (one
+//! X25519 base-point multiplication): a Noise XX handshake does four such
+//! operations at each end, plus its hashing.
 //!
 //! `cargo bench -p surelink-proto --bench handshake`
 
@@ -14,15 +16,54 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 use criterion::{criterion_group, criterion_main, Criterion};
-use surelink_proto::secure::{Handshake, Keypair, Members, Protection};
+use surelink_proto::secure::{
+    Accept, Dial, Handshake, Keypair, Members, PathHandshake, Protection, Ticket, TicketLookup,
+};
 use surelink_proto::{ClusterId, NodeId};
 
-/// Both ends of one handshake, run to completion.
-fn handshake(a: &Keypair, b: &Keypair, members: &Arc<Members>) {
-    let cluster = ClusterId(7);
-    let mut i =
-        Handshake::initiator(a, members.clone(), cluster, Protection::Encrypt, NodeId(2)).unwrap();
-    let mut r = Handshake::responder(b, members.clone(), cluster, Protection::Encrypt).unwrap();
+const CLUSTER: ClusterId = ClusterId(7);
+const P: Protection = Protection::Encrypt;
+
+/// Both ends of one full handshake (the responder ready to accept a
+/// ticket too, as the shell runs it), to completion; the ticket minted.
+fn handshake(a: &Keypair, b: &Keypair, members: &Arc<Members>) -> Ticket {
+    let i = PathHandshake::Noise(Box::new(
+        Handshake::initiator(a, members.clone(), CLUSTER, P, NodeId(2)).unwrap(),
+    ));
+    let (ie, _) = run(i, accept(b, members, None));
+    ie.ticket.unwrap()
+}
+
+fn accept(b: &Keypair, members: &Arc<Members>, known: Option<Ticket>) -> PathHandshake {
+    let noise = Handshake::responder(b, members.clone(), CLUSTER, P).unwrap();
+    let lookup: TicketLookup = Box::new(move |_| known.clone());
+    PathHandshake::Accept(Box::new(Accept::new(noise, lookup, CLUSTER, P)))
+}
+
+/// Both ends of a path resumed with `ticket` (the responder's store holds
+/// its twin: a lookup that finds it).
+fn resume(a: &Keypair, b: &Keypair, members: &Arc<Members>, ticket: &Ticket, twin: &Ticket) {
+    let (keys, m) = (a.clone(), members.clone());
+    let i = PathHandshake::Dial(Box::new(
+        Dial::new(
+            ticket.clone(),
+            CLUSTER,
+            P,
+            Box::new(move || Handshake::initiator(&keys, m, CLUSTER, P, NodeId(2))),
+        )
+        .unwrap(),
+    ));
+    let (ie, _) = run(i, accept(b, members, Some(twin.clone())));
+    assert!(ie.ticket.is_none(), "resumed, not a full handshake");
+}
+
+fn run(
+    mut i: PathHandshake,
+    mut r: PathHandshake,
+) -> (
+    surelink_proto::secure::Established,
+    surelink_proto::secure::Established,
+) {
     let (mut to_r, mut to_i) = (BytesMut::new(), BytesMut::new());
     let (mut ie, mut re) = (None, None);
     while ie.is_none() || re.is_none() {
@@ -35,7 +76,7 @@ fn handshake(a: &Keypair, b: &Keypair, members: &Arc<Members>) {
             ie = i.handle_input(&mut to_i).unwrap();
         }
     }
-    black_box((ie, re));
+    black_box((ie.unwrap(), re.unwrap()))
 }
 
 fn bench(c: &mut Criterion) {
@@ -47,6 +88,18 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("member_handshake");
     g.bench_function("noise_xx_both_ends", |bch| {
         bch.iter(|| handshake(&a, &b, &members));
+    });
+    // The responder's twin of the dialler's ticket: the same id and secret,
+    // naming the dialler (node 1).
+    let twin = {
+        let i = PathHandshake::Noise(Box::new(
+            Handshake::initiator(&a, members.clone(), CLUSTER, P, NodeId(2)).unwrap(),
+        ));
+        let (ie, re) = run(i, accept(&b, &members, None));
+        (ie.ticket.unwrap(), re.ticket.unwrap())
+    };
+    g.bench_function("resume_both_ends", |bch| {
+        bch.iter(|| resume(&a, &b, &members, &twin.0, &twin.1));
     });
     g.bench_function("keypair_generate_baseline", |bch| {
         bch.iter(|| black_box(Keypair::generate().unwrap()));

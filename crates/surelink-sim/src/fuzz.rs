@@ -23,8 +23,8 @@ use surelink_proto::detector::datagram::{
     decode_datagram, encode_barrier, encode_heartbeat, verify_heartbeat, Freshness, HeartbeatKey,
 };
 use surelink_proto::secure::{
-    Handshake, Keypair, Members, Opener, PathHandshake, Protection, Sealer, SecretKey, TestCa,
-    TlsHandshake, TlsSetup,
+    Accept, Dial, Handshake, Keypair, Members, Opener, PathHandshake, Protection, Sealer,
+    SecretKey, TestCa, Ticket, TlsHandshake, TlsSetup,
 };
 use surelink_proto::{
     ClusterId, Endpoint, EndpointConfig, Epoch, LocalIdentity, NodeId, PathId, Time,
@@ -176,14 +176,55 @@ fn initiate(mut i: PathHandshake, data: &[u8]) {
     i.poll_transmit(&mut out);
 }
 
-/// The handshake: a responder and an initiator fed the fuzz bytes.
+/// Nodes 2's and 1's tickets from one full handshake (node 2 dialled),
+/// made once per process per protection.
+fn tickets(p: Protection) -> Option<(Ticket, Ticket)> {
+    static TICKETS: OnceLock<[Option<(Ticket, Ticket)>; 2]> = OnceLock::new();
+    let make = |p: Protection| {
+        let m = members();
+        let mut i = Handshake::initiator(&keys(2), m.clone(), ClusterId(9), p, NodeId(1)).ok()?;
+        let mut r = Handshake::responder(&keys(1), m, ClusterId(9), p).ok()?;
+        let (mut to_r, mut to_i) = (BytesMut::new(), BytesMut::new());
+        let (mut ie, mut re) = (None, None);
+        for _ in 0..4 {
+            i.poll_transmit(&mut to_r);
+            if re.is_none() {
+                re = r.handle_input(&mut to_r).ok()?;
+            }
+            r.poll_transmit(&mut to_i);
+            if ie.is_none() {
+                ie = i.handle_input(&mut to_i).ok()?;
+            }
+        }
+        Some((ie?.ticket?, re?.ticket?))
+    };
+    let all = TICKETS.get_or_init(|| [make(Protection::Encrypt), make(Protection::IntegrityOnly)]);
+    all[usize::from(p == Protection::IntegrityOnly)].clone()
+}
+
+/// The handshake: a responder (Noise alone, and ready for a ticket it
+/// knows) and an initiator (full, and resuming) fed the fuzz bytes.
 pub fn handshake(data: &[u8]) {
     let (m, p) = (members(), protection(data));
     if let Ok(r) = Handshake::responder(&keys(1), m.clone(), ClusterId(9), p) {
         respond(PathHandshake::Noise(Box::new(r)), data);
     }
-    if let Ok(i) = Handshake::initiator(&keys(2), m, ClusterId(9), p, NodeId(1)) {
+    if let Ok(i) = Handshake::initiator(&keys(2), m.clone(), ClusterId(9), p, NodeId(1)) {
         initiate(PathHandshake::Noise(Box::new(i)), data);
+    }
+    let Some((dialler, known)) = tickets(p) else {
+        return;
+    };
+    if let Ok(r) = Handshake::responder(&keys(1), m.clone(), ClusterId(9), p) {
+        let lookup = Box::new(move |id: &[u8; 16]| (known.id() == *id).then(|| known.clone()));
+        respond(
+            PathHandshake::Accept(Box::new(Accept::new(r, lookup, ClusterId(9), p))),
+            data,
+        );
+    }
+    let fallback = Box::new(move || Handshake::initiator(&keys(2), m, ClusterId(9), p, NodeId(1)));
+    if let Ok(d) = Dial::new(dialler, ClusterId(9), p, fallback) {
+        initiate(PathHandshake::Dial(Box::new(d)), data);
     }
 }
 
@@ -378,6 +419,16 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
                 let mut first = BytesMut::new();
                 i.poll_transmit(&mut first);
                 v.push(first.to_vec());
+            }
+            // A resuming dialler's opening with the ticket the responder
+            // knows.
+            if let Some((dialler, _)) = tickets(Protection::Encrypt) {
+                let fallback = Box::new(|| Err(surelink_proto::secure::SecureError::Failed));
+                if let Ok(mut d) = Dial::new(dialler, ClusterId(9), Protection::Encrypt, fallback) {
+                    let mut first = BytesMut::new();
+                    d.poll_transmit(&mut first);
+                    v.push(first.to_vec());
+                }
             }
         }
         "tls_handshake" => {

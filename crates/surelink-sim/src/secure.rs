@@ -9,15 +9,21 @@
 //! and the receiving end closes the connection (the shell does the same).
 //! So with the secure layer on, loss faults become connection resets
 //! followed by a fresh handshake, and the core's promises must still hold.
+//!
+//! As in the shell, each node keeps the tickets its full Noise handshakes
+//! minted, and a later connection to the same peer resumes with one
+//! ([`Dial`], [`Accept`]): most reconnections in a run are resumptions.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
 use surelink_proto::secure::{
-    Handshake, Keypair, Members, Opener, PathHandshake, Protection, Sealer, SecretKey, SecureError,
-    TestCa, TlsHandshake, TlsSetup,
+    Accept, Dial, Handshake, Keypair, Members, Opener, PathHandshake, Protection, Sealer,
+    SecretKey, SecureError, TestCa, TicketLookup, TicketStore, TlsHandshake, TlsSetup,
 };
-use surelink_proto::{ClusterId, NodeId};
+use surelink_proto::{ClusterId, NodeId, Time};
+
+type Store = Arc<Mutex<TicketStore>>;
 
 /// Every node's key pair and the member list they share, or (mutual TLS)
 /// every node's certificate setup from one simulated CA.
@@ -28,6 +34,8 @@ pub(crate) struct Keys {
     tls: Option<Vec<TlsSetup>>,
     cluster: ClusterId,
     protection: Protection,
+    /// Each node's tickets (Noise only).
+    tickets: Vec<Store>,
 }
 
 /// Certificates for `ids` from a fresh CA (its keys are random: the
@@ -71,7 +79,12 @@ impl Keys {
                 k
             })
             .collect();
+        let tickets = ids
+            .iter()
+            .map(|_| Arc::new(Mutex::new(TicketStore::new(TicketStore::DEFAULT_LIFETIME))))
+            .collect();
         Keys {
+            tickets,
             pairs,
             members: Arc::new(members),
             tls: tls.then(|| tls_setups(ids, cluster)),
@@ -109,6 +122,9 @@ pub(crate) struct ConnSec {
     ends: [End; 2],
     /// Bytes received by each side, not yet consumed.
     raw: [BytesMut; 2],
+    /// Each side's ticket store (Noise), for the ticket a full handshake
+    /// mints.
+    stores: Option<[Store; 2]>,
 }
 
 /// What one delivery produced at the receiving side.
@@ -118,6 +134,8 @@ pub(crate) struct Received {
     pub(crate) reply: Option<Bytes>,
     /// This side finished its handshake with this delivery: add its path.
     pub(crate) established: bool,
+    /// It resumed with a ticket (no public-key work).
+    pub(crate) resumed: bool,
     /// Plaintext for the endpoint.
     pub(crate) plaintext: BytesMut,
 }
@@ -136,32 +154,41 @@ pub(crate) enum Broken {
 impl ConnSec {
     /// A connection from node index `a` to node index `b`; returns it and
     /// the dialler's first handshake message.
-    pub(crate) fn dial(keys: &Keys, a: usize, b: usize, b_id: NodeId) -> (ConnSec, Bytes) {
+    pub(crate) fn dial(
+        keys: &Keys,
+        now: Time,
+        a: usize,
+        b: usize,
+        b_id: NodeId,
+    ) -> (ConnSec, Bytes) {
         // Every simulated node is a member (or has a certificate):
         // construction cannot fail.
         #[allow(clippy::expect_used)]
         let (mut init, resp) = match &keys.tls {
-            None => (
-                PathHandshake::Noise(Box::new(
-                    Handshake::initiator(
-                        &keys.pairs[a],
-                        keys.members.clone(),
-                        keys.cluster,
-                        keys.protection,
-                        b_id,
-                    )
-                    .expect("simulated handshake"),
-                )),
-                PathHandshake::Noise(Box::new(
-                    Handshake::responder(
-                        &keys.pairs[b],
-                        keys.members.clone(),
-                        keys.cluster,
-                        keys.protection,
-                    )
-                    .expect("simulated handshake"),
-                )),
-            ),
+            None => {
+                let (pairs, members) = (keys.pairs.clone(), keys.members.clone());
+                let (cluster, protection) = (keys.cluster, keys.protection);
+                let full =
+                    move || Handshake::initiator(&pairs[a], members, cluster, protection, b_id);
+                let ticket = lock(&keys.tickets[a]).for_dial(now, b_id);
+                let init = match ticket {
+                    Some(t) => PathHandshake::Dial(Box::new(
+                        Dial::new(t, cluster, protection, Box::new(full))
+                            .expect("simulated handshake"),
+                    )),
+                    None => PathHandshake::Noise(Box::new(full().expect("simulated handshake"))),
+                };
+                let store = keys.tickets[b].clone();
+                let lookup: TicketLookup = Box::new(move |id| lock(&store).lookup(now, id));
+                let resp = PathHandshake::Accept(Box::new(Accept::new(
+                    Handshake::responder(&keys.pairs[b], keys.members.clone(), cluster, protection)
+                        .expect("simulated handshake"),
+                    lookup,
+                    cluster,
+                    protection,
+                )));
+                (init, resp)
+            }
             Some(t) => (
                 PathHandshake::Tls(Box::new(
                     TlsHandshake::initiator(&t[a], keys.protection, b_id)
@@ -174,10 +201,15 @@ impl ConnSec {
         };
         let mut first = BytesMut::new();
         init.poll_transmit(&mut first);
+        let stores = keys
+            .tls
+            .is_none()
+            .then(|| [keys.tickets[a].clone(), keys.tickets[b].clone()]);
         (
             ConnSec {
                 ends: [End::Handshaking(init), End::Handshaking(resp)],
                 raw: [BytesMut::new(), BytesMut::new()],
+                stores,
             },
             first.freeze(),
         )
@@ -200,7 +232,12 @@ impl ConnSec {
     }
 
     /// `bytes` arrived at `side`.
-    pub(crate) fn receive(&mut self, side: usize, bytes: &[u8]) -> Result<Received, Broken> {
+    pub(crate) fn receive(
+        &mut self,
+        now: Time,
+        side: usize,
+        bytes: &[u8],
+    ) -> Result<Received, Broken> {
         let raw = &mut self.raw[side];
         raw.extend_from_slice(bytes);
         let mut out = Received::default();
@@ -213,6 +250,12 @@ impl ConnSec {
             match done? {
                 None => return Ok(out),
                 Some(est) => {
+                    // With member keys a full handshake always mints a
+                    // ticket; a resumed one never does.
+                    out.resumed = self.stores.is_some() && est.ticket.is_none();
+                    if let (Some(t), Some(stores)) = (est.ticket, &self.stores) {
+                        lock(&stores[side]).insert(now, t);
+                    }
                     self.ends[side] = End::Open(Box::new(Records {
                         sealer: est.sealer,
                         opener: est.opener,
@@ -226,4 +269,10 @@ impl ConnSec {
         }
         Ok(out)
     }
+}
+
+/// A store's lock (the simulator is single-threaded: never poisoned in
+/// practice; a poisoned one is still usable).
+fn lock(s: &Store) -> std::sync::MutexGuard<'_, TicketStore> {
+    s.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

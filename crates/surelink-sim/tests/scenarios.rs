@@ -262,6 +262,8 @@ fn secure_connections_carry_everything_once() {
         (r.handshakes, r.handshakes_failed, r.records_refused),
         (4, 0, 0)
     );
+    // Both paths dial at the start, before either minted a ticket.
+    assert_eq!(r.handshakes_resumed, 0);
 }
 
 #[test]
@@ -295,6 +297,14 @@ fn deleted_bytes_break_the_record_stream_and_the_session_rides_it_out() {
         r.records_refused
     );
     assert!(r.handshakes > 4 + 2 * 2, "{} handshake ends", r.handshakes);
+    // The reconnections resume with the first handshakes' tickets (both
+    // ends of each), and the session's promises hold over them.
+    assert!(
+        r.handshakes_resumed >= 2 * 2,
+        "{} of {} handshake ends resumed",
+        r.handshakes_resumed,
+        r.handshakes
+    );
 }
 
 #[test]

@@ -304,6 +304,14 @@ pub struct Config {
     pub tls: Option<TlsSetup>,
     /// Encrypt frames (the default) or only authenticate them.
     pub protection: Protection,
+    /// Member keys (Noise): a further path to a peer this endpoint already
+    /// completed a full handshake with resumes with a ticket from it (HMAC
+    /// only, no public-key work; `surelink_proto::secure::Dial`). On by
+    /// default; a ticket lives in memory for an hour, and whoever reads
+    /// one out of either process can read the paths resumed with it (no
+    /// forward secrecy within that hour). `false`: every path runs the full
+    /// handshake.
+    pub resume_paths: bool,
     /// Members this server takes relayed connections from (PostMan
     /// helpers, see `surelink::Helper`): their one-way messages on
     /// `relay_channel` carry clients' connections, each authenticated end
@@ -417,6 +425,7 @@ impl Config {
             members: Members::new(),
             tls: None,
             protection: Protection::Encrypt,
+            resume_paths: true,
             helpers: Vec::new(),
             relay_channel: surelink_proto::helper::DEFAULT_RELAY_CHANNEL,
             max_slots_per_helper: surelink_proto::helper::DEFAULT_MAX_SLOTS,

@@ -3,6 +3,7 @@
 //! The limits that keep connections nobody has authenticated from using
 //! up the process are in `admission.rs`.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,10 +11,10 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use surelink_proto::secure::{
-    Handshake, Keypair, MemberError, Members, Opener, PathHandshake, Protection, PublicKey, Sealer,
-    SecureError, TlsHandshake, TlsSetup,
+    Accept, Dial, Handshake, Keypair, MemberError, Members, Opener, PathHandshake, Protection,
+    PublicKey, Sealer, SecureError, TicketLookup, TicketStore, TlsHandshake, TlsSetup,
 };
-use surelink_proto::{ClusterId, NodeId};
+use surelink_proto::{ClusterId, NodeId, Time};
 
 use crate::config::Config;
 
@@ -22,6 +23,13 @@ pub(crate) struct SecureSetup {
     method: Method,
     cluster: ClusterId,
     protection: Protection,
+    /// Noise: tickets from full handshakes, to resume further paths with
+    /// the same peers without public-key work (`resume_paths`).
+    tickets: Option<Arc<parking_lot::Mutex<TicketStore>>>,
+    /// The tickets' clock.
+    base: tokio::time::Instant,
+    /// Paths that resumed with a ticket, either side.
+    resumed: AtomicU64,
 }
 
 /// How the ends prove who they are.
@@ -50,11 +58,28 @@ impl SecureSetup {
                 members: parking_lot::RwLock::new(Arc::new(c.members.clone())),
             },
         };
+        let tickets = (matches!(method, Method::Noise { .. }) && c.resume_paths).then(|| {
+            Arc::new(parking_lot::Mutex::new(TicketStore::new(
+                TicketStore::DEFAULT_LIFETIME,
+            )))
+        });
         Some(SecureSetup {
             method,
             cluster: c.cluster,
             protection: c.protection,
+            tickets,
+            base: tokio::time::Instant::now(),
+            resumed: AtomicU64::new(0),
         })
+    }
+
+    fn now(&self) -> Time {
+        Time::from_nanos(u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// Paths this endpoint resumed with a ticket (dialled or accepted).
+    pub(crate) fn resumed(&self) -> u64 {
+        self.resumed.load(Relaxed)
     }
 
     /// Adds a member (or confirms one already listed with the same key).
@@ -105,12 +130,42 @@ pub(crate) async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> Result<Secured, HandshakeFailure> {
     let (cluster, protection) = (setup.cluster, setup.protection);
     let hs = match (&setup.method, dialled) {
-        (Method::Noise { keys, members }, Some(peer)) => PathHandshake::Noise(Box::new(
-            Handshake::initiator(keys, members.read().clone(), cluster, protection, peer)?,
-        )),
-        (Method::Noise { keys, members }, None) => PathHandshake::Noise(Box::new(
-            Handshake::responder(keys, members.read().clone(), cluster, protection)?,
-        )),
+        (Method::Noise { keys, members }, Some(peer)) => {
+            let members = members.read().clone();
+            let ticket = setup
+                .tickets
+                .as_ref()
+                .and_then(|t| t.lock().for_dial(setup.now(), peer));
+            match ticket {
+                Some(ticket) => {
+                    let keys = keys.clone();
+                    PathHandshake::Dial(Box::new(Dial::new(
+                        ticket,
+                        cluster,
+                        protection,
+                        Box::new(move || {
+                            Handshake::initiator(&keys, members, cluster, protection, peer)
+                        }),
+                    )?))
+                }
+                None => PathHandshake::Noise(Box::new(Handshake::initiator(
+                    keys, members, cluster, protection, peer,
+                )?)),
+            }
+        }
+        (Method::Noise { keys, members }, None) => {
+            let noise = Handshake::responder(keys, members.read().clone(), cluster, protection)?;
+            // With resumption off a peer's ticket is unknown here: it
+            // falls back to Noise XX on the same connection.
+            let lookup: TicketLookup = match &setup.tickets {
+                Some(store) => {
+                    let (store, now) = (store.clone(), setup.now());
+                    Box::new(move |id| store.lock().lookup(now, id))
+                }
+                None => Box::new(|_| None),
+            };
+            PathHandshake::Accept(Box::new(Accept::new(noise, lookup, cluster, protection)))
+        }
         (Method::Tls(t), Some(peer)) => {
             PathHandshake::Tls(Box::new(TlsHandshake::initiator(t, protection, peer)?))
         }
@@ -118,16 +173,56 @@ pub(crate) async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             PathHandshake::Tls(Box::new(TlsHandshake::responder(t, protection)?))
         }
     };
-    match tokio::time::timeout(timeout, run(hs, stream)).await {
+    let r = match tokio::time::timeout(timeout, run(hs, stream)).await {
         Ok(r) => r,
         Err(_) => Err(HandshakeFailure::Timeout(timeout)),
+    };
+    if let Some(store) = &setup.tickets {
+        match &r {
+            Ok((secured, how)) => {
+                let mut s = store.lock();
+                if let Some((peer, id)) = how.refused {
+                    s.forget(peer, &id);
+                }
+                if let Some(t) = how.minted.clone() {
+                    s.insert(setup.now(), t);
+                }
+                if how.resumed {
+                    setup.resumed.fetch_add(1, Relaxed);
+                }
+                debug_assert!(how.minted.as_ref().is_none_or(|t| t.peer() == secured.peer));
+            }
+            Err(HandshakeFailure::Secure(SecureError::Failed)) => {
+                // A ticket the peer answered wrongly (or a forged peer):
+                // dial with a full handshake next time.
+                if let Some(peer) = dialled {
+                    let mut s = store.lock();
+                    while let Some(t) = s.for_dial(setup.now(), peer) {
+                        s.forget(peer, &t.id());
+                    }
+                }
+            }
+            Err(_) => {}
+        }
     }
+    r.map(|(secured, _)| secured)
+}
+
+/// What a finished handshake means for the ticket store.
+#[derive(Default)]
+struct TicketOutcome {
+    /// A full handshake's new ticket.
+    minted: Option<surelink_proto::secure::Ticket>,
+    /// The ticket the peer no longer knew.
+    refused: Option<(NodeId, [u8; surelink_proto::secure::TICKET_ID_LEN])>,
+    /// The path resumed (no public-key work).
+    resumed: bool,
 }
 
 async fn run<S: AsyncRead + AsyncWrite + Unpin>(
     mut hs: PathHandshake,
     stream: &mut S,
-) -> Result<Secured, HandshakeFailure> {
+) -> Result<(Secured, TicketOutcome), HandshakeFailure> {
     let mut out = BytesMut::with_capacity(256);
     let mut buf = BytesMut::with_capacity(512);
     loop {
@@ -142,13 +237,28 @@ async fn run<S: AsyncRead + AsyncWrite + Unpin>(
             if hs.poll_transmit(&mut out) {
                 stream.write_all(&out).await?;
             }
-            return Ok(Secured {
-                peer: est.peer,
-                sealer: est.sealer,
-                opener: est.opener,
-                leftover: buf,
-                exporter: est.exporter,
-            });
+            let outcome = TicketOutcome {
+                resumed: est.ticket.is_none()
+                    && matches!(&hs, PathHandshake::Dial(_) | PathHandshake::Accept(_))
+                    && !matches!(&hs, PathHandshake::Dial(d) if d.fell_back()),
+                refused: match &hs {
+                    PathHandshake::Dial(d) if d.fell_back() => {
+                        Some((d.ticket().peer(), d.ticket().id()))
+                    }
+                    _ => None,
+                },
+                minted: est.ticket,
+            };
+            return Ok((
+                Secured {
+                    peer: est.peer,
+                    sealer: est.sealer,
+                    opener: est.opener,
+                    leftover: buf,
+                    exporter: est.exporter,
+                },
+                outcome,
+            ));
         }
     }
 }

@@ -568,6 +568,7 @@ impl Shared {
         snap.cleanup_panics = self.server.cleanup_panics();
         snap.detector = self.detector.as_ref().map(|d| d.snapshot());
         snap.connections_open = self.limits.open() as u64;
+        snap.handshakes_resumed = self.secure.as_ref().map_or(0, |s| s.resumed());
         snap
     }
 }

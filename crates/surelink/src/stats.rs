@@ -170,6 +170,7 @@ impl Stats {
             call_errors: self.call_errors.load(Relaxed),
             refused_inputs: self.refused_inputs.load(Relaxed),
             handshakes_failed: self.handshakes_failed.load(Relaxed),
+            handshakes_resumed: 0,
             connections_refused: self.connections_refused.load(Relaxed),
             connections_refused_by: ConnectionsRefused(std::array::from_fn(|i| {
                 self.refused_by[i].load(Relaxed)
@@ -227,6 +228,10 @@ pub struct StatsSnapshot {
     /// Connections whose authenticating handshake failed or timed out
     /// (unknown keys, impostors, other clusters, garbage).
     pub handshakes_failed: u64,
+    /// Paths (dialled or accepted) that resumed with a ticket from an
+    /// earlier full handshake with the same peer: no public-key work
+    /// (`Config::resume_paths`).
+    pub handshakes_resumed: u64,
     /// Connections closed at once because a connection limit was reached.
     pub connections_refused: u64,
     /// The same, per limit.
@@ -348,6 +353,11 @@ impl StatsSnapshot {
             "surelink_handshakes_failed_total",
             "Connections whose authenticating handshake failed",
             self.handshakes_failed,
+        );
+        counter(
+            "surelink_handshakes_resumed_total",
+            "Paths that resumed with a ticket (no public-key work)",
+            self.handshakes_resumed,
         );
         counter(
             "surelink_connections_refused_total",

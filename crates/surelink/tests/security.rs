@@ -204,3 +204,77 @@ async fn start_with_wrong_server_key(lb: Loopback) -> bool {
     tokio::join!(client.shutdown(), server.shutdown());
     none
 }
+
+/// Kills both of the client's connections and waits for both paths back.
+async fn redial(pair: &LoopbackPair) {
+    let killed = pair.client.testing().kill_network(0) + pair.client.testing().kill_network(1);
+    assert!(killed >= 2, "{killed} killed");
+    assert!(
+        pair.client
+            .wait_for_paths(SERVER, 2, Duration::from_secs(5))
+            .await,
+        "the client did not dial both paths again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paths_dialled_again_resume_with_a_ticket_and_carry_calls() {
+    let pair = Loopback::new().start().await.unwrap();
+    pair.server.serve(|r: Request| async move { r.body });
+    echo_works(&pair).await;
+    let before = (
+        pair.client.stats().handshakes_resumed,
+        pair.server.stats().handshakes_resumed,
+    );
+    redial(&pair).await;
+    echo_works(&pair).await;
+    let (c, s) = (pair.client.stats(), pair.server.stats());
+    // Both new paths resumed: the first handshake left a ticket.
+    assert!(
+        c.handshakes_resumed >= before.0 + 2,
+        "client resumed {} (before {})",
+        c.handshakes_resumed,
+        before.0
+    );
+    assert!(
+        s.handshakes_resumed >= before.1 + 2,
+        "server resumed {} (before {})",
+        s.handshakes_resumed,
+        before.1
+    );
+    assert_eq!((c.handshakes_failed, s.handshakes_failed), (0, 0));
+    pair.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_resume_off_every_path_runs_the_full_handshake() {
+    let mut lb = Loopback::new();
+    lb.client.resume_paths = false;
+    let pair = lb.start().await.unwrap();
+    pair.server.serve(|r: Request| async move { r.body });
+    redial(&pair).await;
+    echo_works(&pair).await;
+    assert_eq!(pair.client.stats().handshakes_resumed, 0);
+    assert_eq!(
+        pair.server.stats().handshakes_resumed,
+        0,
+        "nothing offered one"
+    );
+    pair.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_the_server_forgot_falls_back_to_a_full_handshake() {
+    let mut lb = Loopback::new();
+    lb.server.resume_paths = false;
+    let pair = lb.start().await.unwrap();
+    pair.server.serve(|r: Request| async move { r.body });
+    // The client holds tickets the server never kept: each dial offers
+    // one, hears "unknown" and runs Noise XX on the same connection.
+    redial(&pair).await;
+    echo_works(&pair).await;
+    let (c, s) = (pair.client.stats(), pair.server.stats());
+    assert_eq!((c.handshakes_resumed, s.handshakes_resumed), (0, 0));
+    assert_eq!((c.handshakes_failed, s.handshakes_failed), (0, 0));
+    pair.shutdown().await;
+}

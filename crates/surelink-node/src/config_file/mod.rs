@@ -27,6 +27,7 @@
 //! cluster = 7                     # required without cluster_file
 //! key_file = "node1.key"
 //! # protection = "integrity_only"  # default "encrypt"
+//! # resume_paths = false           # default true: further paths to a peer resume with a ticket
 //! # insecure = true                # no authentication or encryption: benchmarks only
 //! listen = ["127.0.1.1:7100", "127.0.2.1:7100"]   # one per network
 //! # dial_from = ["127.0.1.9:0", "127.0.2.9:0"]     # clients without listeners
@@ -289,6 +290,9 @@ fn parse_only(text: &str, base: &Path) -> Result<Loaded, ConfigError> {
             "integrity_only" => Protection::IntegrityOnly,
             other => return Err(ConfigError::Protection(other.to_string())),
         };
+    }
+    if let Some(r) = f.resume_paths {
+        c.resume_paths = r;
     }
     if let (Some(t), false) = (&f.tls, f.insecure) {
         let read = |p: &Path, what: &'static str| {

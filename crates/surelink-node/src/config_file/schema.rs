@@ -36,6 +36,8 @@ pub(super) struct File {
     #[serde(default)]
     pub(super) insecure: bool,
     pub(super) protection: Option<String>,
+    /// `None`: resume further paths with tickets (the default).
+    pub(super) resume_paths: Option<bool>,
     pub(super) max_connections: Option<usize>,
     pub(super) max_connections_per_ip: Option<usize>,
     pub(super) max_handshaking: Option<usize>,

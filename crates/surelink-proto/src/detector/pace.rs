@@ -8,7 +8,7 @@
 //! - we wait for it: a call or message of ours has gone unanswered for
 //!   `answer_grace` (see "Busy while unanswered"; without `answer_grace`,
 //!   any call, message or reply within `busy_linger`,
-//!   [`Pacer::handle_traffic`]), or a probe asked for a short spell —
+//!   [`Pacer::handle_traffic`]), or a probe asked for an idle interval —
 //!   then our heartbeats to it say `WATCH`, asking for its fast ones too;
 //! - or it asked: its newest heartbeat said `WATCH`, within
 //!   `idle_interval` ([`Pacer::handle_watch_ordered`]); a newer one
@@ -308,6 +308,7 @@ pub struct Pacer {
     /// pairs").
     dense: Duration,
     watch_linger: Duration,
+    /// How long a probe asks (`idle_interval`; see [`Pacer::handle_probe`]).
     probe: Duration,
     peers: BTreeMap<NodeId, PeerPace>,
     /// The last copy sent per path (see "Data stands in for busy
@@ -349,7 +350,7 @@ impl Pacer {
             usual: BTreeMap::new(),
             dense: config.path_timeout,
             watch_linger: config.idle_interval,
-            probe: config.path_timeout,
+            probe: config.idle_interval,
             peers: BTreeMap::new(),
             paths: BTreeMap::new(),
             refresh: config.idle_interval / 2,
@@ -525,9 +526,14 @@ impl Pacer {
     }
 
     /// Probe `peer` at `now` (a path of another peer on a network we share
-    /// with it was reported down): the busy pace and `WATCH` for a short
-    /// while (`path_timeout`), enough for the peer to answer at its busy
-    /// pace for an idle interval. Returns whether that is a kick.
+    /// with it was reported down): the busy pace and `WATCH` for an idle
+    /// interval. Not shorter: the monitor expects the answer on every
+    /// network within `path_timeout` of the ask and forgets that when the
+    /// ask ends ([`super::Monitor::handle_watch_ended`]), so an ask that
+    /// ended at `path_timeout` raced the check that would find a path
+    /// silent — on a loaded host the end won in two rounds of five and
+    /// the silent path was found only in its idle window (`role_netns`).
+    /// Returns whether that is a kick.
     pub fn handle_probe(&mut self, now: Time, peer: NodeId) -> bool {
         self.busy_for(now, peer, self.probe)
     }

@@ -9,6 +9,11 @@
 //! router only hears HELLOs from paths whose peer is authenticated: a HELLO
 //! naming another node than the key proved is refused.
 //!
+//! A full Noise handshake also leaves both ends a [`Ticket`]: further
+//! paths between the same two members resume with it ([`Dial`],
+//! [`Accept`]; HMAC only, no public-key work), which matters when many
+//! clients open paths to a hot server at once (through helpers).
+//!
 //! Pair keys ([`Keypair::pair_key`]) authenticate what does not run over a
 //! path: the detector's heartbeat datagrams.
 //!
@@ -26,6 +31,7 @@ mod keys;
 mod noise;
 mod preamble;
 mod record;
+mod resume;
 #[cfg(any(test, feature = "test-ca"))]
 mod test_ca;
 mod tls;
@@ -34,6 +40,7 @@ pub use keys::{KeyError, Keypair, MemberError, Members, PublicKey, SecretKey, KE
 pub use noise::{Established, Handshake, NOISE_PARAMS};
 pub use preamble::{Auth, PREAMBLE_LEN};
 pub use record::{Opener, RecordError, Sealer, MAX_RECORD, RECORD_HEADER, RECORD_TAG};
+pub use resume::{Accept, Dial, Ticket, TicketLookup, TicketStore, TICKET_ID_LEN};
 #[cfg(any(test, feature = "test-ca"))]
 pub use test_ca::{Issued, TestCa};
 pub use tls::{node_name, TlsHandshake, TlsSetup, TlsSetupError};
@@ -47,6 +54,11 @@ pub enum PathHandshake {
     Noise(Box<Handshake>),
     /// Mutual TLS with certificates.
     Tls(Box<TlsHandshake>),
+    /// Dialling with a ticket from an earlier Noise handshake (Noise XX on
+    /// the same connection if the peer no longer knows it).
+    Dial(Box<Dial>),
+    /// Accepting Noise XX or a ticket.
+    Accept(Box<Accept>),
 }
 
 impl PathHandshake {
@@ -55,6 +67,8 @@ impl PathHandshake {
         match self {
             PathHandshake::Noise(h) => h.poll_transmit(out),
             PathHandshake::Tls(h) => h.poll_transmit(out),
+            PathHandshake::Dial(h) => h.poll_transmit(out),
+            PathHandshake::Accept(h) => h.poll_transmit(out),
         }
     }
 
@@ -66,6 +80,8 @@ impl PathHandshake {
         match self {
             PathHandshake::Noise(h) => h.handle_input(buf),
             PathHandshake::Tls(h) => h.handle_input(buf),
+            PathHandshake::Dial(h) => h.handle_input(buf),
+            PathHandshake::Accept(h) => h.handle_input(buf),
         }
     }
 }

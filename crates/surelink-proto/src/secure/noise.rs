@@ -47,6 +47,10 @@ pub struct Established {
     /// ends; `None` with Noise, whose heartbeat keys come from the members'
     /// static keys.
     pub exporter: Option<[u8; 32]>,
+    /// Noise: the ticket this handshake minted, for resuming further
+    /// paths with the same peer without public-key work (see `resume`).
+    /// `None` after mutual TLS or a resumption.
+    pub ticket: Option<super::resume::Ticket>,
 }
 
 enum Step {
@@ -160,6 +164,20 @@ impl Handshake {
         true
     }
 
+    /// Both preambles were exchanged by a resumption attempt the peer
+    /// refused (`resume::Dial`): ours is not sent again, theirs is read.
+    pub(super) fn skip_preamble(&mut self) {
+        if self.out.starts_with(b"SLNK") {
+            let _ = self.out.split_to(PREAMBLE_LEN);
+        }
+        self.got_preamble = true;
+    }
+
+    /// The peer's preamble was read by `resume::Accept`; ours still goes.
+    pub(super) fn skip_peer_preamble(&mut self) {
+        self.got_preamble = true;
+    }
+
     fn write_message(&mut self) -> Result<(), SecureError> {
         let mut msg = [0u8; MAX_MESSAGE];
         let n = self
@@ -196,6 +214,7 @@ impl Handshake {
             sealer: Sealer::new(&send, self.protection),
             opener: Opener::new(&recv, self.protection),
             exporter: None,
+            ticket: Some(super::resume::Ticket::from_split(peer, &i2r, &r2i)),
         }
     }
 

@@ -27,6 +27,10 @@ pub enum Auth {
     Noise,
     /// Mutual TLS 1.3 with certificates from a site's certificate authority.
     Tls,
+    /// A ticket from an earlier Noise handshake between the same two
+    /// members (`resume`); sent only by a dialling side, which a side
+    /// configured for Noise accepts.
+    Resume,
 }
 
 impl Auth {
@@ -34,6 +38,7 @@ impl Auth {
         match self {
             Auth::Noise => 0,
             Auth::Tls => 1,
+            Auth::Resume => 2,
         }
     }
 
@@ -41,6 +46,7 @@ impl Auth {
         match c {
             0 => Some(Auth::Noise),
             1 => Some(Auth::Tls),
+            2 => Some(Auth::Resume),
             _ => None,
         }
     }
@@ -51,6 +57,7 @@ impl std::fmt::Display for Auth {
         f.write_str(match self {
             Auth::Noise => "member keys (Noise)",
             Auth::Tls => "certificates (mutual TLS)",
+            Auth::Resume => "member keys (Noise, resuming with a ticket)",
         })
     }
 }
@@ -75,12 +82,23 @@ pub(super) fn read(
     protection: Protection,
     auth: Auth,
 ) -> Result<bool, SecureError> {
+    Ok(read_either(buf, cluster, protection, [auth, auth])?.is_some())
+}
+
+/// [`read`] accepting either of `auths`: which the peer sent, once read.
+pub(super) fn read_either(
+    buf: &mut BytesMut,
+    cluster: ClusterId,
+    protection: Protection,
+    auths: [Auth; 2],
+) -> Result<Option<Auth>, SecureError> {
+    let auth = auths[0];
     let n = buf.len().min(MAGIC.len());
     if buf[..n] != MAGIC[..n] {
         return Err(SecureError::NotSecure);
     }
     if buf.len() < PREAMBLE_LEN {
-        return Ok(false);
+        return Ok(None);
     }
     let p = &buf[..PREAMBLE_LEN];
     if p[4] != VERSION {
@@ -106,9 +124,9 @@ pub(super) fn read(
         });
     }
     let theirs = Auth::from_code(p[6]).ok_or(SecureError::Malformed("preamble"))?;
-    if theirs != auth {
+    if !auths.contains(&theirs) {
         return Err(SecureError::AuthMismatch { ours: auth, theirs });
     }
     buf.advance(PREAMBLE_LEN);
-    Ok(true)
+    Ok(Some(theirs))
 }

@@ -399,6 +399,7 @@ impl TlsHandshake {
             sealer: Sealer::new(&send, self.protection),
             opener: Opener::new(&recv, self.protection),
             exporter: Some(exporter),
+            ticket: None,
         })
     }
 }

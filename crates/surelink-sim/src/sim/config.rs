@@ -188,6 +188,8 @@ pub struct SimReport {
     /// Secure layer: handshakes completed (both ends), failed, and
     /// connections closed for a refused record.
     pub handshakes: u64,
+    /// Of them, ends that resumed with a ticket (no public-key work).
+    pub handshakes_resumed: u64,
     /// Handshakes that failed or timed out.
     pub handshakes_failed: u64,
     /// Connections closed because a record failed its tag.

@@ -169,6 +169,7 @@ pub struct Sim {
     /// Every node's keys, when the secure layer is on.
     keys: Option<Keys>,
     handshakes: u64,
+    handshakes_resumed: u64,
     handshakes_failed: u64,
     records_refused: u64,
 }
@@ -235,6 +236,7 @@ impl Sim {
         let mut sim = Sim {
             keys,
             handshakes: 0,
+            handshakes_resumed: 0,
             handshakes_failed: 0,
             records_refused: 0,
             rng: ChaCha8Rng::seed_from_u64(cfg.seed),
@@ -453,6 +455,7 @@ impl Sim {
             latencies: self.checker.latencies.take().unwrap_or_default(),
             steps: self.steps,
             handshakes: self.handshakes,
+            handshakes_resumed: self.handshakes_resumed,
             handshakes_failed: self.handshakes_failed,
             records_refused: self.records_refused,
             helper_batches: self

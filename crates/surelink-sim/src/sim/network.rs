@@ -105,7 +105,7 @@ impl Sim {
         if let Some(keys) = &self.keys {
             // Secure: the handshake first; each end adds its path when its
             // side of the handshake finishes (see `apply`'s `Deliver`).
-            let (sec, first) = ConnSec::dial(keys, a, b, node_id(b));
+            let (sec, first) = ConnSec::dial(keys, now, a, b, node_id(b));
             self.links[link].conn = Some(Conn {
                 gen,
                 a_path,

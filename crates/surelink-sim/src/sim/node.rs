@@ -63,13 +63,14 @@ impl Sim {
                     Some(sec) => {
                         // The receiving side is the one the bytes travel to.
                         let side = 1 - dir;
-                        match sec.receive(side, &bytes) {
+                        match sec.receive(now, side, &bytes) {
                             Ok(r) => {
                                 if let Some(reply) = r.reply {
                                     self.send_on(link, gen, side, reply);
                                 }
                                 if r.established {
                                     self.handshakes += 1;
+                                    self.handshakes_resumed += u64::from(r.resumed);
                                     let l = &self.links[link];
                                     let dial = (side == 0).then(|| node_id(l.b));
                                     self.apply(

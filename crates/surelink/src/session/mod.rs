@@ -465,13 +465,17 @@ impl SessionHandle {
 
     /// Shuts down the session's connections on `network` (the detector
     /// found the path silent): the readers see the end at once and the
-    /// session re-sends those paths' in-flight messages elsewhere.
+    /// session re-sends those paths' in-flight messages elsewhere. Each
+    /// socket resets as it closes rather than sending a FIN: over a path
+    /// that fails one way (our ACKs lost) a FIN waits behind a backed-off
+    /// retransmission and the peer, still hearing us, would never learn
+    /// the connection is gone (one `role_netns` round in five under load).
     /// Returns how many.
     pub(crate) fn kill_network(&self, network: usize) -> usize {
         let g = self.lock();
         let mut n = 0;
         for c in g.conns.iter().filter(|c| c.network == network) {
-            c.kill();
+            c.reset();
             n += 1;
         }
         n
