@@ -35,7 +35,8 @@ fn handshake(a: &Keypair, b: &Keypair, members: &Arc<Members>) -> Ticket {
 }
 
 fn accept(b: &Keypair, members: &Arc<Members>, known: Option<Ticket>) -> PathHandshake {
-    let noise = Handshake::responder(b, members.clone(), CLUSTER, P).unwrap();
+    let (b, members) = (b.clone(), members.clone());
+    let noise = Box::new(move || Handshake::responder(&b, members, CLUSTER, P));
     let lookup: TicketLookup = Box::new(move |_| known.clone());
     PathHandshake::Accept(Box::new(Accept::new(noise, lookup, CLUSTER, P)))
 }

@@ -215,13 +215,13 @@ pub fn handshake(data: &[u8]) {
     let Some((dialler, known)) = tickets(p) else {
         return;
     };
-    if let Ok(r) = Handshake::responder(&keys(1), m.clone(), ClusterId(9), p) {
-        let lookup = Box::new(move |id: &[u8; 16]| (known.id() == *id).then(|| known.clone()));
-        respond(
-            PathHandshake::Accept(Box::new(Accept::new(r, lookup, ClusterId(9), p))),
-            data,
-        );
-    }
+    let lookup = Box::new(move |id: &[u8; 16]| (known.id() == *id).then(|| known.clone()));
+    let m1 = m.clone();
+    let noise = Box::new(move || Handshake::responder(&keys(1), m1, ClusterId(9), p));
+    respond(
+        PathHandshake::Accept(Box::new(Accept::new(noise, lookup, ClusterId(9), p))),
+        data,
+    );
     let fallback = Box::new(move || Handshake::initiator(&keys(2), m, ClusterId(9), p, NodeId(1)));
     if let Ok(d) = Dial::new(dialler, ClusterId(9), p, fallback) {
         initiate(PathHandshake::Dial(Box::new(d)), data);

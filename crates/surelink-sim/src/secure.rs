@@ -180,9 +180,9 @@ impl ConnSec {
                 };
                 let store = keys.tickets[b].clone();
                 let lookup: TicketLookup = Box::new(move |id| lock(&store).lookup(now, id));
+                let (pairs, members) = (keys.pairs.clone(), keys.members.clone());
                 let resp = PathHandshake::Accept(Box::new(Accept::new(
-                    Handshake::responder(&keys.pairs[b], keys.members.clone(), cluster, protection)
-                        .expect("simulated handshake"),
+                    Box::new(move || Handshake::responder(&pairs[b], members, cluster, protection)),
                     lookup,
                     cluster,
                     protection,

@@ -11,8 +11,8 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use surelink_proto::secure::{
-    Accept, Dial, Handshake, Keypair, MemberError, Members, Opener, PathHandshake, Protection,
-    PublicKey, Sealer, SecureError, TicketLookup, TicketStore, TlsHandshake, TlsSetup,
+    Accept, Dial, Handshake, Keypair, MakeHandshake, MemberError, Members, Opener, PathHandshake,
+    Protection, PublicKey, Sealer, SecureError, TicketLookup, TicketStore, TlsHandshake, TlsSetup,
 };
 use surelink_proto::{ClusterId, NodeId, Time};
 
@@ -154,7 +154,9 @@ pub(crate) async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             }
         }
         (Method::Noise { keys, members }, None) => {
-            let noise = Handshake::responder(keys, members.read().clone(), cluster, protection)?;
+            let (keys, members) = (keys.clone(), members.read().clone());
+            let noise: MakeHandshake =
+                Box::new(move || Handshake::responder(&keys, members, cluster, protection));
             // With resumption off a peer's ticket is unknown here: it
             // falls back to Noise XX on the same connection.
             let lookup: TicketLookup = match &setup.tickets {

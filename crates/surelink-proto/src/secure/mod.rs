@@ -40,7 +40,7 @@ pub use keys::{KeyError, Keypair, MemberError, Members, PublicKey, SecretKey, KE
 pub use noise::{Established, Handshake, NOISE_PARAMS};
 pub use preamble::{Auth, PREAMBLE_LEN};
 pub use record::{Opener, RecordError, Sealer, MAX_RECORD, RECORD_HEADER, RECORD_TAG};
-pub use resume::{Accept, Dial, Ticket, TicketLookup, TicketStore, TICKET_ID_LEN};
+pub use resume::{Accept, Dial, MakeHandshake, Ticket, TicketLookup, TicketStore, TICKET_ID_LEN};
 #[cfg(any(test, feature = "test-ca"))]
 pub use test_ca::{Issued, TestCa};
 pub use tls::{node_name, TlsHandshake, TlsSetup, TlsSetupError};

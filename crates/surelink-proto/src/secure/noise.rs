@@ -164,17 +164,12 @@ impl Handshake {
         true
     }
 
-    /// Both preambles were exchanged by a resumption attempt the peer
-    /// refused (`resume::Dial`): ours is not sent again, theirs is read.
+    /// Both preambles were already exchanged (`resume::Dial` falling back,
+    /// `resume::Accept` choosing Noise): ours is not sent again.
     pub(super) fn skip_preamble(&mut self) {
         if self.out.starts_with(b"SLNK") {
             let _ = self.out.split_to(PREAMBLE_LEN);
         }
-        self.got_preamble = true;
-    }
-
-    /// The peer's preamble was read by `resume::Accept`; ours still goes.
-    pub(super) fn skip_peer_preamble(&mut self) {
         self.got_preamble = true;
     }
 

@@ -274,7 +274,7 @@ pub struct Dial {
     /// Built when the responder refused the ticket.
     fallback: Option<Box<Handshake>>,
     /// Makes the fallback (it needs the member list and our keys).
-    make_noise: Option<Box<dyn FnOnce() -> Result<Handshake, SecureError> + Send>>,
+    make_noise: Option<MakeHandshake>,
     out: BytesMut,
     done: bool,
 }
@@ -295,7 +295,7 @@ impl Dial {
         ticket: Ticket,
         cluster: ClusterId,
         protection: Protection,
-        make_noise: Box<dyn FnOnce() -> Result<Handshake, SecureError> + Send>,
+        make_noise: MakeHandshake,
     ) -> Result<Dial, SecureError> {
         let pre_i = preamble::encode(cluster, protection, Auth::Resume);
         let nonce_i = random::<NONCE_LEN>()?;
@@ -432,10 +432,16 @@ enum AcceptStep {
     Done,
 }
 
+/// Builds a full handshake's side when one is needed (its construction
+/// alone costs a public-key operation: deriving our public key).
+pub type MakeHandshake = Box<dyn FnOnce() -> Result<Handshake, SecureError> + Send>;
+
 /// The accepting side when the initiator may resume: Noise XX, or
-/// resumption with a ticket `lookup` knows.
+/// resumption with a ticket `lookup` knows. The Noise side is built only
+/// when the peer runs it, so a resumption costs no public-key work at all.
 pub struct Accept {
-    noise: Box<Handshake>,
+    noise: Option<Box<Handshake>>,
+    make_noise: Option<MakeHandshake>,
     lookup: TicketLookup,
     pre_r: [u8; PREAMBLE_LEN],
     pre_i: [u8; PREAMBLE_LEN],
@@ -456,25 +462,43 @@ impl std::fmt::Debug for Accept {
 }
 
 impl Accept {
-    /// Accepts with `noise` (a [`Handshake::responder`]) or a ticket.
+    /// Accepts with a Noise responder `make_noise` builds
+    /// ([`Handshake::responder`]) or a ticket `lookup` finds.
     pub fn new(
-        noise: Handshake,
+        make_noise: MakeHandshake,
         lookup: TicketLookup,
         cluster: ClusterId,
         protection: Protection,
     ) -> Accept {
+        let pre_r = preamble::encode(cluster, protection, Auth::Noise);
+        let mut out = BytesMut::with_capacity(PREAMBLE_LEN + 1 + NONCE_LEN + MAC_LEN);
+        out.extend_from_slice(&pre_r);
         Accept {
-            noise: Box::new(noise),
+            noise: None,
+            make_noise: Some(make_noise),
             lookup,
-            pre_r: preamble::encode(cluster, protection, Auth::Noise),
+            pre_r,
             pre_i: [0; PREAMBLE_LEN],
             nonce_i: [0; NONCE_LEN],
             cluster,
             protection,
             step: AcceptStep::Preamble,
-            out: BytesMut::new(),
+            out,
             resumed: false,
         }
+    }
+
+    /// Switches to Noise XX (both preambles already exchanged).
+    fn start_noise(&mut self) -> Result<(), SecureError> {
+        let make = self
+            .make_noise
+            .take()
+            .ok_or(SecureError::Malformed("handshake made twice"))?;
+        let mut h = make()?;
+        h.skip_preamble();
+        self.noise = Some(Box::new(h));
+        self.step = AcceptStep::Noise;
+        Ok(())
     }
 
     /// Whether the peer resumed with a ticket (no public-key work).
@@ -482,14 +506,17 @@ impl Accept {
         self.resumed
     }
 
-    /// See [`Handshake::poll_transmit`]. Our preamble goes first, from the
-    /// Noise responder that was built with it.
+    /// See [`Handshake::poll_transmit`]. Our preamble and resumption
+    /// messages first, then the Noise side's.
     pub fn poll_transmit(&mut self, buf: &mut BytesMut) -> bool {
-        let mut any = self.noise.poll_transmit(buf);
+        let mut any = false;
         if !self.out.is_empty() {
             buf.extend_from_slice(&self.out);
             self.out.clear();
             any = true;
+        }
+        if let Some(h) = self.noise.as_mut() {
+            any |= h.poll_transmit(buf);
         }
         any
     }
@@ -511,14 +538,18 @@ impl Accept {
                     else {
                         return Ok(None);
                     };
-                    self.noise.skip_peer_preamble();
-                    self.step = if auth == Auth::Resume {
-                        AcceptStep::ResumeFirst
+                    if auth == Auth::Resume {
+                        self.step = AcceptStep::ResumeFirst;
                     } else {
-                        AcceptStep::Noise
+                        self.start_noise()?;
+                    }
+                }
+                AcceptStep::Noise => {
+                    return match self.noise.as_mut() {
+                        Some(h) => h.handle_input(buf),
+                        None => Err(SecureError::Malformed("no handshake")),
                     };
                 }
-                AcceptStep::Noise => return self.noise.handle_input(buf),
                 AcceptStep::ResumeFirst => {
                     if buf.len() < TICKET_ID_LEN + NONCE_LEN {
                         return Ok(None);
@@ -532,7 +563,7 @@ impl Accept {
                         // Unknown (we restarted, or it expired): a full
                         // handshake on this connection instead.
                         self.out.put_u8(STATUS_UNKNOWN);
-                        self.step = AcceptStep::Noise;
+                        self.start_noise()?;
                         continue;
                     };
                     let nonce_r = random::<NONCE_LEN>()?;

@@ -71,8 +71,9 @@ fn accept(keys: &Keypair, m: &Arc<Members>, store: &Arc<Mutex<TicketStore>>) -> 
     let store = store.clone();
     let lookup: TicketLookup =
         Box::new(move |id| store.lock().unwrap().lookup(Time::from_millis(1), id));
+    let (keys, m) = (keys.clone(), m.clone());
     PathHandshake::Accept(Box::new(Accept::new(
-        Handshake::responder(keys, m.clone(), CLUSTER, P).unwrap(),
+        Box::new(move || Handshake::responder(&keys, m, CLUSTER, P)),
         lookup,
         CLUSTER,
         P,
@@ -242,8 +243,9 @@ fn other_preamble_values_still_name_themselves() {
     let store = Arc::new(Mutex::new(TicketStore::new(TicketStore::DEFAULT_LIFETIME)));
     let lookup: TicketLookup = Box::new(move |id| store.lock().unwrap().lookup(Time::ZERO, id));
     let other = ClusterId(8);
+    let (keys, m2) = (b.keys.clone(), m.clone());
     let r = PathHandshake::Accept(Box::new(Accept::new(
-        Handshake::responder(&b.keys, m.clone(), other, P).unwrap(),
+        Box::new(move || Handshake::responder(&keys, m2, other, P)),
         lookup,
         other,
         P,

@@ -58,6 +58,10 @@ pub(crate) struct LoadArgs {
     /// `--helpers` drawn at random (release at half the SLA).
     #[arg(long)]
     activate_sla_ms: Option<u64>,
+    /// Every path runs the full Noise XX handshake (`resume_paths =
+    /// false`): the baseline for what resuming saves a hot server.
+    #[arg(long)]
+    no_resume: bool,
     /// Instead of surelink sessions: memcached-protocol connections to
     /// this address (memcached itself, or nutcracker in front of it),
     /// each reading its own key, whose value is `--payload` bytes.
@@ -199,6 +203,7 @@ fn client_config(a: &LoadArgs, i: usize) -> Result<Config> {
     let server_pub = std::fs::read_to_string(a.dir.join(format!("node-{SERVER}.pub")))?;
     let sk = surelink_node::keys::parse_public(server_pub.trim(), "server")?;
     c.members.insert(NodeId(SERVER), sk)?;
+    c.resume_paths = !a.no_resume;
     // Each client from an address of its own, one per /24 (a host of its
     // own, under the server's per-address and per-prefix limits).
     let (b, c3) = (10 + i / 250, i % 250);

@@ -50,7 +50,9 @@ pub(crate) struct HelpersArgs {
     rates: Vec<f64>,
     /// Arms to run: direct, self_clocking, adaptive, activation (clients
     /// start direct and move to helpers by their own p99; self-clocking
-    /// helpers); and what users run today: memcached (every client
+    /// helpers), activation_full_handshake (the same with `resume_paths =
+    /// false`: each move a Noise XX handshake at the server, the baseline
+    /// for resuming); and what users run today: memcached (every client
     /// connected to a capped one-thread memcached), nutcracker (the
     /// clients through nutcracker on the clients' core to it).
     #[arg(
@@ -347,8 +349,11 @@ async fn step(
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
         load = load.args(["--helpers", &addrs.join(",")]);
-        if arm == "activation" {
+        if arm.starts_with("activation") {
             load = load.args(["--activate-sla-ms", &a.sla_ms.to_string()]);
+        }
+        if arm == "activation_full_handshake" {
+            load = load.arg("--no-resume");
         }
     }
     let load = load
@@ -467,11 +472,12 @@ fn spawn_nutcracker(
     Ok((p, listen))
 }
 
-const ARMS: [&str; 6] = [
+const ARMS: [&str; 7] = [
     "direct",
     "self_clocking",
     "adaptive",
     "activation",
+    "activation_full_handshake",
     "memcached",
     "nutcracker",
 ];
@@ -565,7 +571,7 @@ pub(crate) async fn run(a: &HelpersArgs) -> Result<()> {
                     st.client_core_pct,
                     if st.invalid { " INVALID" } else { "" }
                 );
-                if arm == "activation" {
+                if arm.starts_with("activation") {
                     eprintln!(
                         "    activation: {} of {} clients helped at the end; decided: half by {:?} ms, all by {:?} ms; moved (path through the helper up): half by {:?} ms, all by {:?} ms; each move (decision to path up) median {:?} ms, longest {:?} ms; {} moves ((moves, clients): {:?})",
                         st.window.helped, a.clients, st.window.half_helped_ms, st.window.all_helped_ms,

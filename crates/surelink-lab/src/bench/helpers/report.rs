@@ -130,6 +130,7 @@ fn color(arm: &str) -> RGBColor {
         "direct" => RED,
         "self_clocking" => BLUE,
         "activation" => RGBColor(150, 0, 150),
+        "activation_full_handshake" => RGBColor(220, 120, 220),
         "memcached" => RGBColor(120, 120, 120),
         "nutcracker" => RGBColor(230, 140, 0),
         _ => RGBColor(0, 150, 0),
