@@ -88,6 +88,41 @@ impl PathHandshake {
 
 use crate::ids::{ClusterId, NodeId};
 
+/// Runs an initiator and a responder to completion (or the first error
+/// of either), moving bytes between them; what the initiator sent that
+/// the responder left comes back too. The one driver of this module's
+/// tests.
+#[cfg(test)]
+pub(crate) fn run_both(
+    mut i: PathHandshake,
+    mut r: PathHandshake,
+) -> (
+    Result<Established, SecureError>,
+    Result<Established, SecureError>,
+    bytes::BytesMut,
+) {
+    let (mut to_r, mut to_i) = (bytes::BytesMut::new(), bytes::BytesMut::new());
+    let (mut ie, mut re) = (None, None);
+    for _ in 0..8 {
+        i.poll_transmit(&mut to_r);
+        if re.is_none() {
+            re = r.handle_input(&mut to_r).transpose();
+        }
+        r.poll_transmit(&mut to_i);
+        if ie.is_none() {
+            ie = i.handle_input(&mut to_i).transpose();
+        }
+        if let (Some(Err(_)), _) | (_, Some(Err(_))) | (Some(_), Some(_)) = (&ie, &re) {
+            break;
+        }
+    }
+    (
+        ie.unwrap_or(Err(SecureError::Malformed("unfinished"))),
+        re.unwrap_or(Err(SecureError::Malformed("unfinished"))),
+        to_r,
+    )
+}
+
 /// What the record layer does to frames after the handshake. Both ends of
 /// a path must agree (the handshake checks).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

@@ -297,42 +297,18 @@ mod tests {
         Arc::new(m)
     }
 
-    /// Runs both sides to completion (or the first error of either).
+    /// Both Noise sides through the module's one driver.
     fn run(
-        mut i: Handshake,
-        mut r: Handshake,
+        i: Handshake,
+        r: Handshake,
     ) -> (
         Result<Established, SecureError>,
         Result<Established, SecureError>,
         BytesMut,
     ) {
-        let (mut to_r, mut to_i) = (BytesMut::new(), BytesMut::new());
-        let (mut ie, mut re) = (None, None);
-        for _ in 0..6 {
-            i.poll_transmit(&mut to_r);
-            if re.is_none() {
-                match r.handle_input(&mut to_r) {
-                    Ok(Some(e)) => re = Some(Ok(e)),
-                    Ok(None) => {}
-                    Err(e) => re = Some(Err(e)),
-                }
-            }
-            r.poll_transmit(&mut to_i);
-            if ie.is_none() {
-                match i.handle_input(&mut to_i) {
-                    Ok(Some(e)) => ie = Some(Ok(e)),
-                    Ok(None) => {}
-                    Err(e) => ie = Some(Err(e)),
-                }
-            }
-            if let (Some(Err(_)), _) | (_, Some(Err(_))) | (Some(_), Some(_)) = (&ie, &re) {
-                break;
-            }
-        }
-        (
-            ie.unwrap_or(Err(SecureError::Malformed("unfinished"))),
-            re.unwrap_or(Err(SecureError::Malformed("unfinished"))),
-            to_r,
+        crate::secure::run_both(
+            crate::secure::PathHandshake::Noise(Box::new(i)),
+            crate::secure::PathHandshake::Noise(Box::new(r)),
         )
     }
 

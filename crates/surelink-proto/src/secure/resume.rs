@@ -260,6 +260,20 @@ fn established(peer: NodeId, send: &[u8; 32], recv: &[u8; 32], p: Protection) ->
     }
 }
 
+/// Appends our own bytes, then the Noise side's (if one runs), to `buf`.
+fn transmit(out: &mut BytesMut, noise: Option<&mut Handshake>, buf: &mut BytesMut) -> bool {
+    let mut any = false;
+    if !out.is_empty() {
+        buf.extend_from_slice(out);
+        out.clear();
+        any = true;
+    }
+    if let Some(h) = noise {
+        any |= h.poll_transmit(buf);
+    }
+    any
+}
+
 /// The dialling side of a path that may resume: resumes with its ticket,
 /// or runs Noise XX on the same connection when the responder no longer
 /// knows it.
@@ -330,16 +344,7 @@ impl Dial {
 
     /// See [`Handshake::poll_transmit`].
     pub fn poll_transmit(&mut self, buf: &mut BytesMut) -> bool {
-        let mut any = false;
-        if !self.out.is_empty() {
-            buf.extend_from_slice(&self.out);
-            self.out.clear();
-            any = true;
-        }
-        if let Some(h) = self.fallback.as_mut() {
-            any |= h.poll_transmit(buf);
-        }
-        any
+        transmit(&mut self.out, self.fallback.as_deref_mut(), buf)
     }
 
     /// See [`Handshake::handle_input`].
@@ -509,16 +514,7 @@ impl Accept {
     /// See [`Handshake::poll_transmit`]. Our preamble and resumption
     /// messages first, then the Noise side's.
     pub fn poll_transmit(&mut self, buf: &mut BytesMut) -> bool {
-        let mut any = false;
-        if !self.out.is_empty() {
-            buf.extend_from_slice(&self.out);
-            self.out.clear();
-            any = true;
-        }
-        if let Some(h) = self.noise.as_mut() {
-            any |= h.poll_transmit(buf);
-        }
-        any
+        transmit(&mut self.out, self.noise.as_deref_mut(), buf)
     }
 
     /// See [`Handshake::handle_input`].
