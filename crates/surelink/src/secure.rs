@@ -240,9 +240,9 @@ async fn run<S: AsyncRead + AsyncWrite + Unpin>(
                 stream.write_all(&out).await?;
             }
             let outcome = TicketOutcome {
+                // A full Noise handshake (a fallback too) always mints.
                 resumed: est.ticket.is_none()
-                    && matches!(&hs, PathHandshake::Dial(_) | PathHandshake::Accept(_))
-                    && !matches!(&hs, PathHandshake::Dial(d) if d.fell_back()),
+                    && matches!(&hs, PathHandshake::Dial(_) | PathHandshake::Accept(_)),
                 refused: match &hs {
                     PathHandshake::Dial(d) if d.fell_back() => {
                         Some((d.ticket().peer(), d.ticket().id()))

@@ -88,6 +88,36 @@ impl PathHandshake {
 
 use crate::ids::{ClusterId, NodeId};
 
+/// Members with fresh keys, for this module's tests.
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(crate) mod test_nodes {
+    use std::sync::Arc;
+
+    use super::{Keypair, Members};
+    use crate::ids::NodeId;
+
+    pub(crate) struct Node {
+        pub(crate) id: NodeId,
+        pub(crate) keys: Keypair,
+    }
+
+    pub(crate) fn node(n: u64) -> Node {
+        Node {
+            id: NodeId(n),
+            keys: Keypair::generate().unwrap(),
+        }
+    }
+
+    pub(crate) fn members(ns: &[&Node]) -> Arc<Members> {
+        let mut m = Members::new();
+        for n in ns {
+            m.insert(n.id, n.keys.public()).unwrap();
+        }
+        Arc::new(m)
+    }
+}
+
 /// Runs an initiator and a responder to completion (or the first error
 /// of either), moving bytes between them; what the initiator sent that
 /// the responder left comes back too. The one driver of this module's

@@ -277,25 +277,7 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
-    struct Node {
-        id: NodeId,
-        keys: Keypair,
-    }
-
-    fn node(n: u64) -> Node {
-        Node {
-            id: NodeId(n),
-            keys: Keypair::generate().unwrap(),
-        }
-    }
-
-    fn members(ns: &[&Node]) -> Arc<Members> {
-        let mut m = Members::new();
-        for n in ns {
-            m.insert(n.id, n.keys.public()).unwrap();
-        }
-        Arc::new(m)
-    }
+    use crate::secure::test_nodes::{members, node};
 
     /// Both Noise sides through the module's one driver.
     fn run(

@@ -4,27 +4,8 @@ use std::time::Duration;
 use bytes::BytesMut;
 
 use super::*;
+use crate::secure::test_nodes::{members, node, Node};
 use crate::secure::{Keypair, Members, PathHandshake};
-
-struct Node {
-    id: NodeId,
-    keys: Keypair,
-}
-
-fn node(n: u64) -> Node {
-    Node {
-        id: NodeId(n),
-        keys: Keypair::generate().unwrap(),
-    }
-}
-
-fn members(ns: &[&Node]) -> Arc<Members> {
-    let mut m = Members::new();
-    for n in ns {
-        m.insert(n.id, n.keys.public()).unwrap();
-    }
-    Arc::new(m)
-}
 
 const CLUSTER: ClusterId = ClusterId(7);
 const P: Protection = Protection::Encrypt;
