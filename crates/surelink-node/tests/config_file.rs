@@ -176,6 +176,11 @@ fn parses_the_documented_example_and_refuses_typos() {
     );
     let l = parse("node = 1\ncluster = 7\n[detector]\nprobe_peers = 32\n").unwrap();
     assert_eq!(l.config.detector.probe_peers, 32);
+    assert_eq!(l.config.detector.crowd_budget, Some(2000), "the default");
+    let l = parse("node = 1\ncluster = 7\n[detector]\ncrowd_budget = 500\n").unwrap();
+    assert_eq!(l.config.detector.crowd_budget, Some(500));
+    let l = parse("node = 1\ncluster = 7\n[detector]\ncrowd_budget = 0\n").unwrap();
+    assert_eq!(l.config.detector.crowd_budget, None, "0: no cap");
     let err = parse("node = 1\ncluster = 7\n[detector]\nprobe_peers = 0\n").unwrap_err();
     assert!(error_chain(&err).contains("detector.probe_peers"), "{err}");
     // The sender's class: unchanged by default, "raised" on request.

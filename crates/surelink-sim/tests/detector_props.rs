@@ -118,6 +118,11 @@ fn scenario() -> impl Strategy<Value = DetectorScenario> {
                     config.slow_after = Some(config.idle_interval * 2);
                     config.slow_factor = 2 + u32::try_from((seed / 16) % 3).unwrap_or(0);
                 }
+                // A quarter are crowded: a budget under one busy peer, so
+                // the one pair's busy pace is stretched (and announced).
+                if (seed / 64) % 4 == 0 {
+                    config.crowd_budget = Some(20 + u32::try_from((seed / 256) % 80).unwrap_or(0));
+                }
                 DetectorScenario {
                     faults,
                     seed,
@@ -411,6 +416,11 @@ proptest! {
             config.slow_after = Some(config.idle_interval);
             config.slow_factor = 4;
         }
+        if seed % 7 < 2 {
+            // Crowded: a budget under one busy peer stretches the pair's
+            // busy pace (to the largest shift with 20 a second).
+            config.crowd_budget = Some(20 + u32::try_from(seed % 80).unwrap_or(0));
+        }
         let s = DetectorScenario {
             seed,
             data_every: data.then(|| Duration::from_millis(50)),
@@ -540,6 +550,67 @@ fn an_idle_pair_sends_at_the_idle_pace() {
     assert!((20..=22).contains(&idle), "idle: {idle}");
     let busy = run(vec![(ms(0), ms(2000))]);
     assert!(busy >= 200, "busy: {busy}");
+}
+
+/// A crowded sender (`crowd_budget` under one busy peer here) sends a
+/// busy pair an eighth of the busy heartbeats — every 80 ms instead of
+/// every 10 — and the receiver, watching with the window the copies
+/// announce, finds no path silent; a cut is still found, within the
+/// crowded window.
+#[test]
+fn a_crowded_sender_sends_fewer_busy_heartbeats_and_no_path_looks_silent() {
+    let ms = Duration::from_millis;
+    let run = |budget: Option<u32>, faults: Vec<DetectorFault>| {
+        let mut config = two_paces();
+        config.crowd_budget = budget;
+        config.validate().unwrap();
+        assert_eq!(
+            config.max_crowd_shift(),
+            if budget.is_some() { 3 } else { 0 }
+        );
+        DetectorScenario {
+            seed: 6,
+            faults,
+            receiver_busy: vec![(ms(0), ms(2000))],
+            ..DetectorScenario::quiet(config, ms(2000))
+        }
+        .run()
+    };
+    let plain = run(None, vec![]);
+    let crowded = run(Some(10), vec![]);
+    assert!(plain.heartbeats >= 200, "plain: {}", plain.heartbeats);
+    assert!(
+        crowded.heartbeats * 4 <= plain.heartbeats,
+        "crowded {} against {}",
+        crowded.heartbeats,
+        plain.heartbeats
+    );
+    assert!(
+        crowded.heartbeats >= 20,
+        "still the fence's and the busy ones"
+    );
+    assert!(
+        crowded.path_reports.is_empty(),
+        "{:?}",
+        crowded.path_reports
+    );
+    assert!(crowded.peer_reports.is_empty());
+    // A cut of network 1 from 1 s: found within the crowded window (and
+    // later than the busy one would have).
+    let cut = run(
+        Some(10),
+        vec![DetectorFault::Cut {
+            at: ms(1000),
+            len: ms(900),
+        }],
+    );
+    let window = two_paces().crowd_path_timeout(3);
+    let found = cut.path_reports.iter().find(|r| r.1 == 1).map(|r| r.0);
+    let found = found.expect("the cut path is reported").since_origin();
+    assert!(
+        found <= ms(1000) + window + ms(20) && found > ms(1000) + ms(50),
+        "found at {found:?}, window {window:?}"
+    );
 }
 
 /// Slow pairs (`slow_after`): a quiet pair sends a quarter of the fence's

@@ -84,6 +84,7 @@
 //! slow_after_ms = 10000                             # a pair quiet this long is slow (0: off)
 //! slow_factor = 4                                   # then: one fence round in this many goes to it
 //! probe_peers = 8                                   # a path report probes this many peers of its network
+//! crowd_budget = 2000                               # busy-pace heartbeats a second per network, all peers (0: no cap)
 //! timeout_ms = 2000
 //! send_slack_ms = 1500
 //! max_network_delay_ms = 10
@@ -533,6 +534,10 @@ fn detector(c: &mut Config, d: schema::Detector) -> Result<(), ConfigError> {
     }
     if let Some(n) = d.probe_peers {
         det.probe_peers = n;
+    }
+    if let Some(b) = d.crowd_budget {
+        // 0 turns the budget off: every busy peer at the busy pace.
+        det.crowd_budget = (b > 0).then_some(b);
     }
     if let Some(p) = &d.sender_priority {
         c.detector_priority = match p.as_str() {

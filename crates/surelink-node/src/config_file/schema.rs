@@ -221,6 +221,7 @@ pub(super) struct Detector {
     pub(super) slow_after_ms: Option<u64>,
     pub(super) slow_factor: Option<u32>,
     pub(super) probe_peers: Option<usize>,
+    pub(super) crowd_budget: Option<u32>,
     pub(super) timeout_ms: Option<u64>,
     pub(super) send_slack_ms: Option<u64>,
     pub(super) max_network_delay_ms: Option<u64>,

@@ -167,6 +167,18 @@ pub struct DetectorConfig {
     /// members; asking all 500 peers of a server made it send 1 000 busy
     /// copies every interval on a host that was already late (1 to 4 096).
     pub probe_peers: usize,
+    /// The most busy-pace heartbeats a second this process sends on each
+    /// network, all peers together, and asks its peers to send it (see
+    /// [`crate::detector::Pacer`], "A crowd of busy peers"). Up to
+    /// `crowd_budget × interval` busy peers get the busy pace; past that
+    /// the pace halves for every doubling of busy peers (announced in the
+    /// heartbeats, so receivers widen their windows first), down to the
+    /// [`max_crowd_shift`](Self::max_crowd_shift). Without it, a server
+    /// waited on by 500 callers owed them 100 000 heartbeats a second and
+    /// received as many — a hot server's CPU spent on watching, not
+    /// serving. Default 2 000 (20 busy peers at 10 ms; 640 at 320 ms).
+    /// `None`: every busy peer at `interval` ([`Self::with_interval`]).
+    pub crowd_budget: Option<u32>,
 }
 
 impl Default for DetectorConfig {
@@ -189,6 +201,7 @@ impl Default for DetectorConfig {
             // A quiet pair gets one fence round in 4 after 10 s: dead
             // after 3.2 s, path window 4.8 s, for such pairs only.
             slow_after: Some(Duration::from_secs(10)),
+            crowd_budget: Some(2000),
             ..DetectorConfig::with_interval(interval)
         }
     }
@@ -222,7 +235,54 @@ impl DetectorConfig {
             slow_after: None,
             slow_factor: 4,
             probe_peers: 8,
+            crowd_budget: None,
         }
+    }
+
+    /// How often a busy peer gets a heartbeat from a crowded sender at
+    /// `shift` (see [`Self::crowd_budget`]): `interval × 2^shift`.
+    pub fn crowd_interval(&self, shift: u8) -> Duration {
+        self.interval * (1u32 << shift.min(15))
+    }
+
+    /// The window of a path whose heartbeats say `FAST` at `shift` > 0:
+    /// three of its heartbeats (each up to one `interval` late, the busy
+    /// rounds' granularity), or two and the network's delay, and never
+    /// less than a standby path's (defaults: 90 ms at shift 1, 990 ms at
+    /// shift 5). Shifts past [`Self::crowd_shift_limit`] count as it; a
+    /// receiver honours a peer's shift whatever its own budget.
+    pub fn crowd_path_timeout(&self, shift: u8) -> Duration {
+        let c = self.crowd_interval(shift.min(self.crowd_shift_limit())) + self.interval;
+        (c * 3)
+            .max(c * 2 + self.max_network_delay)
+            .max(self.standby_path_timeout())
+    }
+
+    /// The largest crowd shift this process sends at: the
+    /// [`Self::crowd_shift_limit`], 0 when [`Self::crowd_budget`] is off.
+    pub fn max_crowd_shift(&self) -> u8 {
+        if self.crowd_budget.is_none() {
+            return 0;
+        }
+        self.crowd_shift_limit()
+    }
+
+    /// The largest crowd shift there is: its pace no slower than the
+    /// fence's (`idle_interval`) and its window no wider than an idle
+    /// path's (defaults: 5, a heartbeat every 320 ms).
+    pub fn crowd_shift_limit(&self) -> u8 {
+        let mut s = 0u8;
+        while s < 7 {
+            let c = self.interval * (1u32 << (s + 1)) + self.interval;
+            let window = (c * 3).max(c * 2 + self.max_network_delay);
+            if self.interval * (1u32 << (s + 1)) > self.idle_interval
+                || window > self.idle_path_timeout
+            {
+                break;
+            }
+            s += 1;
+        }
+        s
     }
 
     /// One fence round in this many goes to a slow pair (1: slow pairs are
@@ -378,6 +438,11 @@ impl DetectorConfig {
                 why: "a report probes 1 to 4096 other peers of its network",
             });
         }
+        if self.crowd_budget == Some(0) {
+            return Err(ConfigError::Zero {
+                field: "detector.crowd_budget",
+            });
+        }
         if let Some(a) = self.slow_after.filter(|a| *a < self.idle_interval) {
             return Err(ConfigError::Inconsistent {
                 field: "detector.slow_after (µs)",
@@ -440,5 +505,27 @@ mod tests {
         c.validate().unwrap();
         c.interval = Duration::ZERO;
         assert!(matches!(c.validate(), Err(ConfigError::Zero { .. })));
+    }
+
+    #[test]
+    fn a_crowd_pace_stays_within_the_fence_and_the_idle_window() {
+        let c = DetectorConfig::default();
+        assert_eq!(c.max_crowd_shift(), 5);
+        assert_eq!(c.crowd_interval(5), Duration::from_millis(320));
+        assert_eq!(c.crowd_path_timeout(1), Duration::from_millis(90));
+        assert_eq!(c.crowd_path_timeout(5), Duration::from_millis(990));
+        // A shift past the largest is watched as the largest.
+        assert_eq!(c.crowd_path_timeout(7), c.crowd_path_timeout(5));
+        assert!(c.crowd_path_timeout(5) <= c.idle_path_timeout);
+        let off = DetectorConfig::with_interval(Duration::from_millis(10));
+        assert_eq!(off.max_crowd_shift(), 0);
+        // Its own budget off, a receiver still honours a peer's shift.
+        assert_eq!(off.crowd_shift_limit(), 1);
+        assert_eq!(off.crowd_path_timeout(1), Duration::from_millis(90));
+        let z = DetectorConfig {
+            crowd_budget: Some(0),
+            ..DetectorConfig::default()
+        };
+        assert!(matches!(z.validate(), Err(ConfigError::Zero { .. })));
     }
 }

@@ -73,6 +73,31 @@ pub const FLAG_STANDBY: u16 = 16;
 /// this flag says otherwise; watch its paths with `slow_path_timeout()` and
 /// the peer with `slow_timeout()`.
 pub const FLAG_SLOW: u16 = 32;
+/// Heartbeat flags (three bits; with `FAST`): the sender's busy copies on
+/// this path come every `interval × 2^shift` (a crowded sender, see the
+/// Pacer's "A crowd of busy peers"); 0: every `interval`. Read with
+/// [`pace_shift`].
+pub const PACE_SHIFT_MASK: u16 = 0b111 << 6;
+/// Heartbeat flags (three bits): the sender is crowded and asks for our
+/// busy copies no more often than every `interval × 2^shift`. Read with
+/// [`ask_shift`].
+pub const ASK_SHIFT_MASK: u16 = 0b111 << 9;
+
+/// The pace shift a heartbeat's flags announce ([`PACE_SHIFT_MASK`]).
+pub fn pace_shift(flags: u16) -> u8 {
+    ((flags & PACE_SHIFT_MASK) >> 6) as u8
+}
+
+/// The ask shift a heartbeat's flags carry ([`ASK_SHIFT_MASK`]).
+pub fn ask_shift(flags: u16) -> u8 {
+    ((flags & ASK_SHIFT_MASK) >> 9) as u8
+}
+
+/// Flags carrying a pace and an ask shift (each 0 to 7; larger ones are
+/// taken as 7).
+pub fn shift_flags(pace: u8, ask: u8) -> u16 {
+    (u16::from(pace.min(7)) << 6) | (u16::from(ask.min(7)) << 9)
+}
 
 /// A decoded datagram.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

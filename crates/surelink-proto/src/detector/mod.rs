@@ -26,7 +26,8 @@
 //! - [`datagram`]: the heartbeat and barrier datagrams.
 //! - [`Pacer`]: which peers get heartbeats at the busy pace (traffic in
 //!   flight either way) on top of the fence's idle-pace ones, and the
-//!   flags that tell the receiver which window to watch a path with.
+//!   flags that tell the receiver which window to watch a path with;
+//!   with many busy peers, a pace stretched to a budget (`crowd.rs`).
 //! - [`Handshake`]: whether a heartbeat's private copy is the counted one
 //!   (the private ports' handshake, per peer and network).
 //!
@@ -49,6 +50,7 @@
 //! the results in.
 
 mod config;
+mod crowd;
 pub mod datagram;
 mod fence;
 mod handshake;

@@ -403,7 +403,7 @@ impl Monitor {
         // A narrower window may be due before the check planned.
         let window = self.window(pace).min(self.config.timeout);
         self.due_by(now + window);
-        if matches!(pace, Pace::Busy | Pace::Standby) {
+        if pace.is_busy() {
             // The pace is the peer's, on every network: a path of it still
             // at the idle pace must carry its busy heartbeats from now on
             // (a network silent one way is found as fast as on a busy
@@ -499,6 +499,7 @@ impl Monitor {
         match pace {
             Pace::Busy => self.config.path_timeout,
             Pace::Standby => self.config.standby_path_timeout(),
+            Pace::Crowded(shift) => self.config.crowd_path_timeout(shift),
             Pace::Idle => self.config.idle_path_timeout,
             Pace::Slow => self.config.slow_path_timeout(),
         }

@@ -114,15 +114,24 @@ pub enum Pace {
     Standby,
     /// `FAST`: heartbeats every `interval`, or data; `path_timeout`.
     Busy,
+    /// `FAST` from a crowded sender: heartbeats every `interval × 2^shift`
+    /// (standby or not), or data; `crowd_path_timeout(shift)`.
+    Crowded(u8),
 }
 
 impl Pace {
+    /// Whether the pace is one of a busy pair (`FAST`).
+    pub fn is_busy(self) -> bool {
+        matches!(self, Pace::Busy | Pace::Standby | Pace::Crowded(_))
+    }
+
     /// The pace a heartbeat's flags announce.
     pub fn of(flags: u16) -> Pace {
-        use super::datagram::{FLAG_FAST, FLAG_SLOW, FLAG_STANDBY};
+        use super::datagram::{pace_shift, FLAG_FAST, FLAG_SLOW, FLAG_STANDBY};
         match (flags & FLAG_FAST != 0, flags & FLAG_STANDBY != 0) {
             (false, _) if flags & FLAG_SLOW != 0 => Pace::Slow,
             (false, _) => Pace::Idle,
+            (true, _) if pace_shift(flags) > 0 => Pace::Crowded(pace_shift(flags)),
             (true, true) => Pace::Standby,
             (true, false) => Pace::Busy,
         }

@@ -161,6 +161,24 @@
 //! factor of 4), its path bound `slow_path_timeout()` (4.8 s); a call on
 //! it gets the usual ask and busy windows from its first send.
 //!
+//! # A crowd of busy peers
+//!
+//! Every busy peer costs `1 / interval` heartbeats a second each way on
+//! each network: a server that 500 callers wait on owed them 100 000 a
+//! second and received as many, and a quarter-core server capped that
+//! way answered 12 calls a second (`bench helpers --clients 500`,
+//! 2026-12-07). With `crowd_budget` (default 2 000 a second) a process
+//! with more busy peers than `crowd_budget × interval` stretches its busy
+//! pace to `interval × 2^shift` for all of them, says so in its copies
+//! (the receiver widens the path's window to `crowd_path_timeout(shift)`
+//! before the gaps grow), and asks its peers for the same in every
+//! heartbeat, so what it receives is bounded too (`crowd.rs` has the
+//! rules). Paths of a crowded server are then found silent within about
+//! three of its stretched intervals (at most `crowd_path_timeout` of the
+//! largest shift, 990 ms with the defaults, still inside the idle
+//! window), and the session's own retransmission timer keeps moving
+//! data off a dead path as before; dead reports do not change.
+//!
 //! What it does not do: send anything. The pace is per peer; the shell
 //! sends on every network, and asks per copy whether a busy one may be
 //! left out.
@@ -168,7 +186,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::datagram::{FLAG_FAST, FLAG_SLOW, FLAG_STANDBY, FLAG_WATCH};
+use super::crowd::{Crowd, PeerShift};
+use super::datagram::{ask_shift, FLAG_FAST, FLAG_SLOW, FLAG_STANDBY, FLAG_WATCH};
 use super::DetectorConfig;
 use crate::ids::{Epoch, NodeId};
 use crate::time::Time;
@@ -207,6 +226,8 @@ struct PeerPace {
     notices: u8,
     /// A kick is pending: send at once.
     kicked: bool,
+    /// The pace of our busy copies when we or it are crowded.
+    shift: PeerShift,
 }
 
 /// When a path (peer, network) carried data, as the shell saw it.
@@ -329,6 +350,8 @@ pub struct Pacer {
     /// Per peer: since when it has been quiet, and fence rounds that said
     /// `SLOW` in a row.
     slow: BTreeMap<NodeId, SlowPace>,
+    /// `DetectorConfig::crowd_budget` (see "A crowd of busy peers").
+    crowd: Option<Crowd>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -361,7 +384,19 @@ impl Pacer {
             ask_ends: Vec::new(),
             slow_after: config.slow_after,
             slow: BTreeMap::new(),
+            crowd: Crowd::new(config),
         }
+    }
+
+    /// Our crowd shift: busy copies go every `interval × 2^shift` (0: not
+    /// crowded, or no budget; see "A crowd of busy peers").
+    pub fn crowd_shift(&self) -> u8 {
+        self.crowd.as_ref().map_or(0, Crowd::own)
+    }
+
+    /// The pace and ask shifts of a copy to a peer (`shift` with `FAST`).
+    fn crowd_flags(&self, shift: u8) -> u16 {
+        self.crowd.as_ref().map_or(0, |c| c.flags(shift))
     }
 
     /// We had traffic with `peer` at `now` (a call, a one-way message or,
@@ -579,6 +614,24 @@ impl Pacer {
         self.watch(now, peer)
     }
 
+    /// An authentic heartbeat of `peer` with `flags`, at its place in the
+    /// peer's sequence: its `WATCH` ([`Pacer::handle_watch_ordered`]) and
+    /// its crowd ask ("A crowd of busy peers"; the newest counts). Returns
+    /// whether that is a kick.
+    pub fn handle_flags_ordered(
+        &mut self,
+        now: Time,
+        peer: NodeId,
+        flags: u16,
+        epoch: Epoch,
+        seq: u64,
+    ) -> bool {
+        if let Some(c) = &mut self.crowd {
+            c.handle_ask(peer, ask_shift(flags), (epoch, seq));
+        }
+        self.handle_watch_ordered(now, peer, flags & FLAG_WATCH != 0, epoch, seq)
+    }
+
     fn watch(&mut self, now: Time, peer: NodeId) -> bool {
         let p = self.peers.entry(peer).or_default();
         p.watched_until = Some(now + self.watch_linger);
@@ -594,11 +647,13 @@ impl Pacer {
     /// rounds; the busy rounds get theirs from [`Pacer::poll_round`]).
     pub fn flags(&self, now: Time, peer: NodeId) -> u16 {
         let Some(p) = self.peers.get(&peer) else {
-            return self.slow_flag(peer);
+            return self.slow_flag(peer) | self.crowd_flags(0);
         };
         let mut f = 0;
         if p.fast {
-            f |= FLAG_FAST;
+            f |= FLAG_FAST | self.crowd_flags(p.shift.announced());
+        } else {
+            f |= self.crowd_flags(0);
         }
         if p.busy(now, grace_of(self.grace, &self.usual, peer)) {
             f |= FLAG_WATCH;
@@ -697,24 +752,39 @@ impl Pacer {
         let asks = &mut self.asks;
         let ask_ends = &mut self.ask_ends;
         let slow = &mut self.slow;
+        let crowd = self.crowd.as_ref();
         self.peers.retain(|peer, p| {
-            p.kicked = false;
+            let kicked = std::mem::take(&mut p.kicked);
             let busy = p.busy(now, grace_of(grace, usual, *peer));
-            if busy && !p.asking {
+            let ask_starts = busy && !p.asking;
+            if ask_starts {
                 asks.push(*peer);
             } else if !busy && p.asking {
                 ask_ends.push(*peer);
             }
             p.asking = busy;
-            if busy || p.watched(now) {
+            let fast = busy || p.watched(now);
+            if let Some(c) = crowd.filter(|_| fast || p.notices > 0) {
+                // A crowded pace: a copy only when this peer's is due (at
+                // once when the pair just went busy or asked).
+                let urgent = kicked || ask_starts || (fast && !p.fast);
+                if !p.shift.due(c, now, c.target(*peer), urgent) {
+                    more = true;
+                    return true;
+                }
+                p.shift.sent(now);
+            }
+            let shifts = |shift| crowd.map_or(0, |c| c.flags(shift));
+            if fast {
                 p.fast = true;
                 p.notices = NOTICES;
-                out.push((*peer, FLAG_FAST | if busy { FLAG_WATCH } else { 0 }));
+                let watch = if busy { FLAG_WATCH } else { 0 };
+                out.push((*peer, FLAG_FAST | watch | shifts(p.shift.announced())));
                 more = true;
             } else if p.notices > 0 {
                 p.fast = false;
                 p.notices -= 1;
-                out.push((*peer, 0));
+                out.push((*peer, shifts(0)));
                 more = true;
             } else {
                 p.fast = false;
@@ -737,6 +807,9 @@ impl Pacer {
                 || p.watched(now)
         });
         self.next_round = more.then(|| now + self.interval);
+        if let Some(c) = &mut self.crowd {
+            c.handle_fast_peers(self.peers.values().filter(|p| p.fast).count());
+        }
         true
     }
 
@@ -772,6 +845,9 @@ impl Pacer {
         self.paths.retain(|(p, _), _| *p != peer);
         self.usual.remove(&peer);
         self.slow.remove(&peer);
+        if let Some(c) = &mut self.crowd {
+            c.forget(peer);
+        }
         if self.peers.remove(&peer).is_some_and(|p| p.kicked) {
             self.kicks = self.kicks.saturating_sub(1);
         }

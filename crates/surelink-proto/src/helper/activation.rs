@@ -134,6 +134,8 @@ pub struct Activation {
     /// When it last went direct.
     direct_since: Option<Time>,
     switches: u64,
+    /// Moves due in a row that no drawn helper's load answer reached.
+    unanswered: u32,
 }
 
 impl Activation {
@@ -149,6 +151,7 @@ impl Activation {
             dwell,
             direct_since: None,
             switches: 0,
+            unanswered: 0,
         })
     }
 
@@ -201,12 +204,31 @@ impl Activation {
                 // clients that decide in the same window all read the
                 // same loads (all 0 before anyone moved), and a tie broken
                 // by index sent every one of them to helper 0.
-                let best = draw(self.cfg.choices)
-                    .into_iter()
+                let drawn = draw(self.cfg.choices);
+                let answered = drawn
+                    .iter()
                     .enumerate()
-                    .filter_map(|(k, i)| load(i).map(|l| (l, k, i)))
+                    .filter_map(|(k, &i)| load(i).map(|l| (l, k, i)))
                     .min()
-                    .map(|(l, _, i)| (l, i))?;
+                    .map(|(_, _, i)| i);
+                let best = match answered {
+                    Some(i) => i,
+                    None => {
+                        // No drawn helper answered its load query. Once is
+                        // a dead or frozen helper: draw again. Twice in a
+                        // row is more likely our own core or network too
+                        // loaded to hear answers in time — the state in
+                        // which moving matters most (500 clients on one
+                        // core never heard one): the first drawn, unweighed.
+                        // A dead one is left once its path stays down.
+                        self.unanswered += 1;
+                        if self.unanswered < 2 {
+                            return None;
+                        }
+                        *drawn.first()?
+                    }
+                };
+                self.unanswered = 0;
                 self.above = 0;
                 if self
                     .direct_since
@@ -215,9 +237,9 @@ impl Activation {
                     // Back within the dwell: stay helped longer next time.
                     self.dwell = (self.dwell * 2).min(self.cfg.max_dwell);
                 }
-                self.state = ActivationState::Helped(best.1, now);
+                self.state = ActivationState::Helped(best, now);
                 self.switches += 1;
-                Some(Decision::UseHelper(best.1))
+                Some(Decision::UseHelper(best))
             }
             ActivationState::Helped(_, since) => {
                 self.below = if p99 < self.cfg.release {
@@ -363,6 +385,33 @@ mod tests {
         assert_eq!(
             a.handle_window(at(3), Some(ms(3)), draw, |i| (i == 1).then_some(7)),
             Some(Decision::UseHelper(1))
+        );
+    }
+
+    /// No load answer at two moves due in a row (our own core too loaded
+    /// to hear them): the first drawn, unweighed; one answer resets that.
+    #[test]
+    fn no_answer_twice_in_a_row_takes_the_first_drawn() {
+        let mut a = act();
+        let draw = |_| vec![1, 0];
+        a.handle_window(at(1), Some(ms(3)), draw, |_| None);
+        assert_eq!(
+            a.handle_window(at(2), Some(ms(3)), draw, |_| None),
+            None,
+            "the first move due without answers waits"
+        );
+        assert_eq!(
+            a.handle_window(at(3), Some(ms(3)), draw, |_| None),
+            Some(Decision::UseHelper(1))
+        );
+        // Back direct (the helper lost); a due move with answers resets
+        // the count, so one unanswered due move afterwards waits again.
+        a.handle_helper_lost();
+        a.handle_window(at(5), Some(ms(3)), draw, |_| None);
+        assert_eq!(
+            a.handle_window(at(6), Some(ms(3)), draw, |_| None),
+            None,
+            "the count restarted after the move"
         );
     }
 

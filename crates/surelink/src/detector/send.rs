@@ -176,8 +176,12 @@ impl Detector {
                 due
             };
             if due {
-                self.send_round(Round::Busy(&busy), &mut st);
-                self.busy_rounds.fetch_add(1, Ordering::Relaxed);
+                // A crowded round may have no copy due (see the core's
+                // "A crowd of busy peers").
+                if !busy.is_empty() {
+                    self.send_round(Round::Busy(&busy), &mut st);
+                    self.busy_rounds.fetch_add(1, Ordering::Relaxed);
+                }
                 if !st.kicked.is_empty() || !st.ask_ends.is_empty() {
                     // Our WATCH is out: the monitor expects the busy pace
                     // back within the short window (or no longer).

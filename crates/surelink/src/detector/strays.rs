@@ -254,11 +254,10 @@ impl Detector {
                 t.unpark();
             }
         }
-        let watching = hb.flags & datagram::FLAG_WATCH != 0;
         if self
             .pacer
             .lock()
-            .handle_watch_ordered(now, hb.node, watching, hb.epoch, hb.seq)
+            .handle_flags_ordered(now, hb.node, hb.flags, hb.epoch, hb.seq)
         {
             self.wake_sender();
         }
