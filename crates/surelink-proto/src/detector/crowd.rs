@@ -114,10 +114,14 @@ impl Crowd {
         }
     }
 
+    /// `peer`'s ask (0: none).
+    pub(super) fn ask_of(&self, peer: NodeId) -> u8 {
+        self.asks.get(&peer).map_or(0, |a| a.0)
+    }
+
     /// The shift of our busy copies to `peer`: ours or its ask.
     pub(super) fn target(&self, peer: NodeId) -> u8 {
-        let ask = self.asks.get(&peer).map_or(0, |a| a.0);
-        self.own.max(ask).min(self.limit)
+        self.own.max(self.ask_of(peer)).min(self.limit)
     }
 
     /// The peer left.

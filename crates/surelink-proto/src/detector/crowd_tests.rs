@@ -193,3 +193,34 @@ fn one_lost_copy_never_makes_a_crowded_path_look_silent() {
     }
     assert!(path_downs(&cfg, &unannounced, Some(first + 1)) > 0);
 }
+
+/// Our ask of a crowded peer (its heartbeats asked for shift 3) expects
+/// its answer within that pace's window, not `path_timeout`: a crowded
+/// server kicked by hundreds of asks at once answers them in one long
+/// round. An ask of an uncrowded peer keeps the short window.
+#[test]
+fn an_ask_of_a_crowded_peer_waits_its_window() {
+    let cfg = DetectorConfig {
+        mode: DetectorMode::Plain,
+        ..small_budget()
+    };
+    let watch = Watch {
+        peer: NodeId(1),
+        network: 0,
+    };
+    let first_down = |shift: u8| {
+        let mut m = Monitor::new(&cfg, ms(0));
+        let q = HeartbeatQueue::Members;
+        m.handle_heartbeat_ordered(ms(0), watch, Epoch(1), q, Pace::Idle, 1);
+        m.handle_watch_sent_crowded(ms(10), NodeId(1), shift);
+        (0..=1500).find(|t| {
+            m.handle_timeout(ms(*t));
+            std::iter::from_fn(|| m.poll_action())
+                .any(|a| matches!(a, MonitorAction::Report(PathReport::PathDown { .. })))
+        })
+    };
+    let crowded = u64::try_from(cfg.crowd_path_timeout(3).as_millis()).unwrap();
+    assert_eq!(crowded, 270);
+    assert_eq!(first_down(0), Some(10 + 50 + 1), "the short window");
+    assert_eq!(first_down(3), Some(10 + crowded + 1), "the crowded one");
+}

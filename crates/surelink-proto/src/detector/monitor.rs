@@ -204,8 +204,9 @@ struct PathState {
     /// The sequence of that heartbeat, when known.
     pace_seq: Option<u64>,
     /// We asked the (slow) peer for the busy pace then, and have heard
-    /// nothing on the path since.
-    asked: Option<Time>,
+    /// nothing on the path since; its answer is due within the duration
+    /// (`path_timeout`, or a crowded peer's window).
+    asked: Option<(Time, std::time::Duration)>,
     /// Reported down without `failover` (the whole peer was silent), and
     /// no failover reported since.
     held: bool,
@@ -407,8 +408,12 @@ impl Monitor {
             // The pace is the peer's, on every network: a path of it still
             // at the idle pace must carry its busy heartbeats from now on
             // (a network silent one way is found as fast as on a busy
-            // path).
-            self.expect_busy(now, watch.peer);
+            // path) — at a crowded peer's pace, within its window.
+            let within = match pace {
+                Pace::Crowded(shift) => self.config.crowd_path_timeout(shift),
+                _ => self.config.path_timeout,
+            };
+            self.expect_busy(now, watch.peer, within);
         }
     }
 
@@ -417,7 +422,22 @@ impl Monitor {
     /// are at the idle pace are suspect if nothing arrives on them within
     /// `path_timeout` from now.
     pub fn handle_watch_sent(&mut self, now: Time, peer: NodeId) {
-        self.expect_busy(now, peer);
+        self.expect_busy(now, peer, self.config.path_timeout);
+    }
+
+    /// [`Monitor::handle_watch_sent`] to a peer whose newest heartbeat
+    /// asked for our busy copies at `crowd_shift` (it is crowded: see the
+    /// Pacer's "A crowd of busy peers"): its answers come at that pace, so
+    /// they are due within `crowd_path_timeout(crowd_shift)`, not
+    /// `path_timeout` — a crowded server kicked by hundreds of asks at once
+    /// answers them all in one round, which takes it a while.
+    pub fn handle_watch_sent_crowded(&mut self, now: Time, peer: NodeId, crowd_shift: u8) {
+        let within = if crowd_shift == 0 {
+            self.config.path_timeout
+        } else {
+            self.config.crowd_path_timeout(crowd_shift)
+        };
+        self.expect_busy(now, peer, within);
     }
 
     /// Our ask of `peer` ended (nothing of ours waits for it any more): its
@@ -438,8 +458,8 @@ impl Monitor {
 
     /// `peer`'s heartbeats come at the busy pace from `now` on every
     /// network (we asked, or one arrived): its paths still at the idle
-    /// pace are suspect if nothing arrives on them within `path_timeout`.
-    fn expect_busy(&mut self, now: Time, peer: NodeId) {
+    /// pace are suspect if nothing arrives on them `within`.
+    fn expect_busy(&mut self, now: Time, peer: NodeId, within: std::time::Duration) {
         let mut any = false;
         for (_, p) in self.paths.range_mut(
             Watch { peer, network: 0 }..=Watch {
@@ -448,12 +468,12 @@ impl Monitor {
             },
         ) {
             if matches!(p.pace, Pace::Idle | Pace::Slow) && !p.down && p.asked.is_none() {
-                p.asked = Some(now);
+                p.asked = Some((now, within));
                 any = true;
             }
         }
         if any {
-            self.due_by(now + self.config.path_timeout);
+            self.due_by(now + within);
         }
     }
 
@@ -559,7 +579,7 @@ impl Monitor {
         if now > p.last_heard {
             p.last_heard = now;
         }
-        if p.asked.is_some_and(|t| now >= t) {
+        if p.asked.is_some_and(|(t, _)| now >= t) {
             p.asked = None;
         }
         let pace = p.pace;

@@ -20,7 +20,6 @@ impl Monitor {
         }
         self.fail_over_or_abandon_held(now);
         let start_of = |window| Time::from_nanos(now.as_nanos().saturating_sub(nanos(window)));
-        let short = self.config.path_timeout;
         let mut suspects: Vec<(Suspect, Time)> = Vec::new();
         // The earliest window still open: the next check.
         let mut next = Time::from_nanos(u64::MAX);
@@ -35,16 +34,16 @@ impl Monitor {
             let window = self
                 .window(p.pace)
                 .max(self.drop_window(*w, p.queue, now, widest));
-            let asked = p.asked.filter(|t| p.last_heard < *t);
+            let asked = p.asked.filter(|(t, _)| p.last_heard < *t);
             if p.last_heard + window < now {
                 suspects.push((Suspect::Path(*w), start_of(window)));
-            } else if let Some(t) = asked.filter(|t| *t + short < now) {
+            } else if let Some((t, _)) = asked.filter(|(t, within)| *t + *within < now) {
                 // Asked for the busy pace, and nothing since.
                 suspects.push((Suspect::Path(*w), t));
             } else {
                 next = next.min(p.last_heard + window);
-                if let Some(t) = asked {
-                    next = next.min(t + short);
+                if let Some((t, within)) = asked {
+                    next = next.min(t + within);
                 }
             }
         }

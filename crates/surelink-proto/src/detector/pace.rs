@@ -394,6 +394,13 @@ impl Pacer {
         self.crowd.as_ref().map_or(0, Crowd::own)
     }
 
+    /// The crowd shift `peer`'s newest heartbeat asked of us (0: none): its
+    /// answers to our asks come at that pace
+    /// ([`super::Monitor::handle_watch_sent_crowded`]).
+    pub fn peer_crowd_shift(&self, peer: NodeId) -> u8 {
+        self.crowd.as_ref().map_or(0, |c| c.ask_of(peer))
+    }
+
     /// The pace and ask shifts of a copy to a peer (`shift` with `FAST`).
     fn crowd_flags(&self, shift: u8) -> u16 {
         self.crowd.as_ref().map_or(0, |c| c.flags(shift))

@@ -99,6 +99,8 @@ impl Detector {
                 self.gate.publish(&f);
             }
         }
+        // Per kicked peer, its crowd ask (reused across rounds).
+        let mut crowded: Vec<u8> = Vec::new();
         while !self.closed.load(Ordering::Relaxed) {
             self.stall(DelayPoint::Sender);
             let now = self.gate.now();
@@ -173,6 +175,9 @@ impl Detector {
                 // Sends unanswered for the grace: our WATCH goes now.
                 pacer.take_asks(&mut st.kicked);
                 pacer.take_ask_ends(&mut st.ask_ends);
+                // A crowded peer answers at its own pace.
+                crowded.clear();
+                crowded.extend(st.kicked.iter().map(|p| pacer.peer_crowd_shift(*p)));
                 due
             };
             if due {
@@ -189,8 +194,8 @@ impl Detector {
                     for peer in st.ask_ends.drain(..) {
                         c.monitor.handle_watch_ended(peer);
                     }
-                    for peer in st.kicked.drain(..) {
-                        c.monitor.handle_watch_sent(now, peer);
+                    for (peer, shift) in st.kicked.drain(..).zip(crowded.iter()) {
+                        c.monitor.handle_watch_sent_crowded(now, peer, *shift);
                     }
                     drop(c);
                     self.wake_checker_if_due();
