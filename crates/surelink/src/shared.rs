@@ -97,8 +97,8 @@ pub(crate) struct Shared {
     /// Per-server calls (round trips, and the calls waiting), for the
     /// servers activation watches (a proxy's p99 towards its hot node,
     /// not mixed with the others').
-    peer_rtt: RwLock<FxHashMap<NodeId, (usize, Arc<crate::peer_calls::PeerCalls>)>>,
-    /// `peer_rtt` is not empty (one load on the call path otherwise).
+    peer_calls: RwLock<FxHashMap<NodeId, (usize, Arc<crate::peer_calls::PeerCalls>)>>,
+    /// `peer_calls` is not empty (one load on the call path otherwise).
     watching_rtt: AtomicBool,
 }
 
@@ -160,7 +160,7 @@ impl Shared {
                 .clone()
                 .map(|c| Arc::new(crate::role::RoleShared::new(c))),
             helped: Mutex::new(rustc_hash::FxHashSet::default()),
-            peer_rtt: RwLock::new(FxHashMap::default()),
+            peer_calls: RwLock::new(FxHashMap::default()),
             watching_rtt: AtomicBool::new(false),
             relays: crate::relay::Relays::new(
                 &config.helpers,
@@ -187,8 +187,8 @@ impl Shared {
 
     /// Starts keeping `peer`'s call round trips apart (activation's
     /// signal); the histogram is shared while anyone watches.
-    pub(crate) fn watch_peer_rtt(&self, peer: NodeId) -> Arc<crate::peer_calls::PeerCalls> {
-        let mut m = self.peer_rtt.write();
+    pub(crate) fn watch_peer_calls(&self, peer: NodeId) -> Arc<crate::peer_calls::PeerCalls> {
+        let mut m = self.peer_calls.write();
         let (watchers, h) = m.entry(peer).or_default();
         *watchers += 1;
         self.watching_rtt.store(true, Ordering::Relaxed);
@@ -196,8 +196,8 @@ impl Shared {
     }
 
     /// Stops keeping `peer`'s round trips apart once nobody else watches.
-    pub(crate) fn unwatch_peer_rtt(&self, peer: NodeId) {
-        let mut m = self.peer_rtt.write();
+    pub(crate) fn unwatch_peer_calls(&self, peer: NodeId) {
+        let mut m = self.peer_calls.write();
         if let Some((watchers, _)) = m.get_mut(&peer) {
             *watchers -= 1;
             if *watchers == 0 {
@@ -212,7 +212,7 @@ impl Shared {
         if !self.watching_rtt.load(Ordering::Relaxed) {
             return;
         }
-        if let Some((_, h)) = self.peer_rtt.read().get(&peer) {
+        if let Some((_, h)) = self.peer_calls.read().get(&peer) {
             h.rtt
                 .record(u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX).max(1));
         }
@@ -228,7 +228,7 @@ impl Shared {
         if !self.watching_rtt.load(Ordering::Relaxed) {
             return None;
         }
-        self.peer_rtt.read().get(&peer).map(|(_, c)| c.begin(at))
+        self.peer_calls.read().get(&peer).map(|(_, c)| c.begin(at))
     }
 
     /// Activation: `peer`'s traffic prefers a helper's path (`on`) or not.

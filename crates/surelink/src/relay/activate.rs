@@ -67,7 +67,7 @@ impl Helped {
         let state = Arc::new(Mutex::new(None));
         // This server's calls only: a proxy's p99 towards its hot node is
         // not diluted by (nor moves) its calls to the others.
-        let calls = shared.watch_peer_rtt(server);
+        let calls = shared.watch_peer_calls(server);
         let task = tokio::spawn(run(
             calls,
             Arc::downgrade(shared),
@@ -100,7 +100,7 @@ impl Drop for Helped {
         self.task.abort();
         if let Some(sh) = self.shared.upgrade() {
             sh.set_helped(self.server, false);
-            sh.unwatch_peer_rtt(self.server);
+            sh.unwatch_peer_calls(self.server);
         }
         self.state.lock().take();
     }
