@@ -557,6 +557,11 @@ impl StatsSnapshot {
             );
             let _ = writeln!(
                 s,
+                "# HELP surelink_detector_crowd_shift Busy heartbeats go every interval times 2 to this power (0: not crowded; crowd_budget)\n# TYPE surelink_detector_crowd_shift gauge\nsurelink_detector_crowd_shift {}",
+                d.crowd_shift
+            );
+            let _ = writeln!(
+                s,
                 "# HELP surelink_detector_steered_sources Source addresses steered to the members' heartbeat queue\n# TYPE surelink_detector_steered_sources gauge\nsurelink_detector_steered_sources {}",
                 d.strays.steered
             );

@@ -31,6 +31,9 @@ pub struct DetectorSnapshot {
     pub t_valid_in_us: i64,
     /// Peers sent heartbeats at the busy pace now (traffic in flight).
     pub busy_peers: u64,
+    /// Our crowd shift: busy copies go every `interval × 2^shift` (0: not
+    /// crowded; see `DetectorConfig::crowd_budget`).
+    pub crowd_shift: u8,
     /// Busy-pace rounds sent (the fence's rounds are `tx_timestamped`).
     pub busy_rounds: u64,
     /// Quiet pairs woken by traffic (each one a busy round at once).
@@ -57,7 +60,10 @@ impl Detector {
         };
         // One lock at a time: a temporary guard lives to the end of the
         // statement, and the reader takes the pacer under the checker.
-        let busy_peers = self.pacer.lock().fast_peers() as u64;
+        let (busy_peers, crowd_shift) = {
+            let p = self.pacer.lock();
+            (p.fast_peers() as u64, p.crowd_shift())
+        };
         let monitor = self.checker.lock().monitor.stats();
         DetectorSnapshot {
             mode: Some(self.cfg.mode),
@@ -70,6 +76,7 @@ impl Detector {
             strays: self.strays_snapshot(),
             t_valid_in_us,
             busy_peers,
+            crowd_shift,
             busy_rounds: self.busy_rounds.load(Ordering::Relaxed),
             kicks: self.kick_count.load(Ordering::Relaxed),
             probes: self.probes.load(Ordering::Relaxed),
