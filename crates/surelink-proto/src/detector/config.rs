@@ -252,10 +252,15 @@ impl DetectorConfig {
     /// shift 5). Shifts past [`Self::crowd_shift_limit`] count as it; a
     /// receiver honours a peer's shift whatever its own budget.
     pub fn crowd_path_timeout(&self, shift: u8) -> Duration {
-        let c = self.crowd_interval(shift.min(self.crowd_shift_limit())) + self.interval;
-        (c * 3)
-            .max(c * 2 + self.max_network_delay)
+        self.crowd_window(shift.min(self.crowd_shift_limit()))
             .max(self.standby_path_timeout())
+    }
+
+    /// Three heartbeats at `shift`, each up to an interval late, or two
+    /// and the network's delay.
+    fn crowd_window(&self, shift: u8) -> Duration {
+        let c = self.crowd_interval(shift) + self.interval;
+        (c * 3).max(c * 2 + self.max_network_delay)
     }
 
     /// The largest crowd shift this process sends at: the
@@ -272,14 +277,10 @@ impl DetectorConfig {
     /// path's (defaults: 5, a heartbeat every 320 ms).
     pub fn crowd_shift_limit(&self) -> u8 {
         let mut s = 0u8;
-        while s < 7 {
-            let c = self.interval * (1u32 << (s + 1)) + self.interval;
-            let window = (c * 3).max(c * 2 + self.max_network_delay);
-            if self.interval * (1u32 << (s + 1)) > self.idle_interval
-                || window > self.idle_path_timeout
-            {
-                break;
-            }
+        while s < 7
+            && self.crowd_interval(s + 1) <= self.idle_interval
+            && self.crowd_window(s + 1) <= self.idle_path_timeout
+        {
             s += 1;
         }
         s

@@ -27,12 +27,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::datagram::shift_flags;
+use super::pace::NOTICES;
 use super::DetectorConfig;
 use crate::ids::{Epoch, NodeId};
 use crate::time::Time;
-
-/// Copies at the old pace that announce a slower one first.
-const NOTICES: u8 = 2;
 
 /// The crowd state of one process.
 #[derive(Clone, Debug)]
@@ -45,11 +43,9 @@ pub(super) struct Crowd {
     limit: u8,
     /// Our shift: the pace of our busy copies, and our ask of every peer.
     own: u8,
-    /// Per peer that asked (shift > 0): its ask, and the heartbeat that
-    /// said it (heartbeats on two networks overtake each other).
-    asks: BTreeMap<NodeId, (u8, (Epoch, u64))>,
-    /// The newest heartbeat per peer whose ask was read (also for asks of 0).
-    order: BTreeMap<NodeId, (Epoch, u64)>,
+    /// Per peer heard from: the newest heartbeat whose ask was read
+    /// (heartbeats on two networks overtake each other), and its ask.
+    asks: BTreeMap<NodeId, ((Epoch, u64), u8)>,
 }
 
 /// The pace of our busy copies to one peer.
@@ -76,7 +72,6 @@ impl Crowd {
             limit: config.crowd_shift_limit(),
             own: 0,
             asks: BTreeMap::new(),
-            order: BTreeMap::new(),
         })
     }
 
@@ -103,20 +98,15 @@ impl Crowd {
 
     /// A heartbeat of `peer` at `order` carried `ask`: the newest counts.
     pub(super) fn handle_ask(&mut self, peer: NodeId, ask: u8, order: (Epoch, u64)) {
-        if self.order.get(&peer).is_some_and(|o| *o >= order) {
+        if self.asks.get(&peer).is_some_and(|(o, _)| *o >= order) {
             return;
         }
-        self.order.insert(peer, order);
-        if ask == 0 {
-            self.asks.remove(&peer);
-        } else {
-            self.asks.insert(peer, (ask, order));
-        }
+        self.asks.insert(peer, (order, ask));
     }
 
     /// `peer`'s ask (0: none).
     pub(super) fn ask_of(&self, peer: NodeId) -> u8 {
-        self.asks.get(&peer).map_or(0, |a| a.0)
+        self.asks.get(&peer).map_or(0, |a| a.1)
     }
 
     /// The shift of our busy copies to `peer`: ours or its ask.
@@ -127,7 +117,6 @@ impl Crowd {
     /// The peer left.
     pub(super) fn forget(&mut self, peer: NodeId) {
         self.asks.remove(&peer);
-        self.order.remove(&peer);
     }
 
     /// The flags of a copy to a peer: the pace `shift` (with `FAST`; 0

@@ -193,8 +193,9 @@ use crate::ids::{Epoch, NodeId};
 use crate::time::Time;
 
 /// Heartbeats at the busy pace (or the last ones of it) that go out
-/// without `FAST` when a pair goes quiet.
-const NOTICES: u8 = 2;
+/// without `FAST` when a pair goes quiet; also the copies that announce
+/// a slower pace before it is taken (standby, slow, crowded).
+pub(super) const NOTICES: u8 = 2;
 
 #[derive(Clone, Copy, Debug, Default)]
 struct PeerPace {
