@@ -576,3 +576,60 @@ async fn a_client_leaves_a_helper_that_died_for_another() {
 async fn a_client_leaves_a_helper_that_froze_for_another() {
     leaves_a_helper_for_another(Gone::Freezes, Duration::from_secs(5)).await;
 }
+
+/// The helper freezes before the client's path through it is up: it
+/// still accepts connections (its kernel does) and answers nothing of
+/// the handshake. The client, moved to it, must not wait for the
+/// handshake's deadline (10 s): an attempt under way past
+/// `ATTEMPT_STALL` (2 s) counts as failing, and a second later
+/// activation leaves the helper (goes direct until it draws again).
+/// Calls go on over the direct paths throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaves_a_helper_frozen_before_its_path_was_up() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use surelink::proto::helper::ActivationConfig;
+    let p = pair(&[NodeId(3)]).await;
+    p.server.serve(move |r: Request| async move {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        r.body
+    });
+    let (_e3, h3) = helper(&p, NodeId(3)).await;
+    h3.pause(true);
+    let c = client(&p, NodeId(4), true).await;
+    let mut cfg = ActivationConfig::default();
+    cfg.sla = Duration::from_millis(20);
+    cfg.release = Duration::from_millis(10);
+    let helped = c.helped(SERVER, vec![h3.local_addr()], 0, cfg).unwrap();
+    let stop = AtomicBool::new(false);
+    let failed = AtomicU64::new(0);
+    let callers = (0..4u32).map(|k| call_until(&c, k, &stop, &failed));
+    let script = async {
+        let mut chosen = None;
+        for _ in 0..200 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if helped.status().helper.is_some() {
+                chosen = Some(std::time::Instant::now());
+                break;
+            }
+        }
+        let chosen = chosen.expect("moved to the (frozen) helper");
+        assert!(!helped.status().relayed, "no path through a frozen helper");
+        let mut left = None;
+        while chosen.elapsed() < Duration::from_secs(6) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            if helped.status().helper.is_none() {
+                left = Some(chosen.elapsed());
+                break;
+            }
+        }
+        let left = left.expect("left the frozen helper well before the handshake's 10 s");
+        eprintln!("left the frozen helper {left:?} after choosing it");
+        assert!(
+            left >= Duration::from_millis(1500),
+            "a young attempt is given its time: left after {left:?}"
+        );
+        stop.store(true, Ordering::Relaxed);
+    };
+    tokio::join!(futures_util::future::join_all(callers), script);
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "no call failed");
+}

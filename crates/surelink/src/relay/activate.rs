@@ -126,7 +126,8 @@ async fn run(
         tick.tick().await;
         let Some(sh) = shared.upgrade() else { return };
         // A helper whose path stays down (it died, or refuses us: an
-        // attempt failed, not merely one still under way) or suspected
+        // attempt failed, or has been under way past `ATTEMPT_STALL` —
+        // a helper frozen with its listener open) or suspected
         // (it froze with its connections open) is left
         // for another: the session already carries the traffic on its
         // other paths, but activation would otherwise wait for the dwell

@@ -8,11 +8,13 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::debug;
 
 use surelink_proto::NodeId;
@@ -29,7 +31,18 @@ pub struct RelayPath {
     current: Arc<Mutex<Option<Arc<ConnIo>>>>,
     /// An attempt failed, or the path broke, at least once.
     faltered: Arc<AtomicBool>,
+    /// When the attempt under way began (`None` while the path is up).
+    attempt: Arc<Mutex<Option<Instant>>>,
 }
+
+/// How long an attempt may stay under way before the path counts as
+/// failing: a helper frozen with its listener open accepts the
+/// connection and never answers the handshake, which would otherwise be
+/// found only at the handshake's deadline (10 s by default). Moves
+/// through a hot server take longer than on an idle one (500 clients
+/// moving at once on this project's 2-core machine: each a median
+/// 455 ms, all done by 1.56 s; docs/postman.md), so this is above that.
+pub(crate) const ATTEMPT_STALL: Duration = Duration::from_secs(2);
 
 impl RelayPath {
     pub(crate) fn start(
@@ -40,6 +53,7 @@ impl RelayPath {
     ) -> RelayPath {
         let current = Arc::new(Mutex::new(None));
         let faltered = Arc::new(AtomicBool::new(false));
+        let attempt = Arc::new(Mutex::new(Some(Instant::now())));
         let task = tokio::spawn(relay_loop(
             Arc::downgrade(shared),
             server,
@@ -47,11 +61,13 @@ impl RelayPath {
             network,
             current.clone(),
             faltered.clone(),
+            attempt.clone(),
         ));
         RelayPath {
             task,
             current,
             faltered,
+            attempt,
         }
     }
 
@@ -72,12 +88,20 @@ impl RelayPath {
             .is_some_and(|s| s.is_path_suspect(path))
     }
 
-    /// Down, after an attempt failed or the path broke: a first attempt
-    /// still under way is not (through a hot server the end-to-end
+    /// Down, after an attempt failed or the path broke, or with an
+    /// attempt under way for longer than [`ATTEMPT_STALL`]: a younger
+    /// first attempt is not (through a hot server the end-to-end
     /// handshake can take a second; a dead helper refuses at once, a
-    /// frozen one fails at the handshake's deadline).
+    /// frozen one accepts and never answers).
     pub(crate) fn is_failing(&self) -> bool {
-        !self.is_up() && self.faltered.load(Ordering::Relaxed)
+        if self.is_up() {
+            return false;
+        }
+        self.faltered.load(Ordering::Relaxed)
+            || self
+                .attempt
+                .lock()
+                .is_some_and(|t| t.elapsed() >= ATTEMPT_STALL)
     }
 
     /// Closes the path (the session moves its traffic to its other paths)
@@ -121,12 +145,14 @@ async fn relay_loop(
     network: usize,
     current: Arc<Mutex<Option<Arc<ConnIo>>>>,
     faltered: Arc<AtomicBool>,
+    attempt: Arc<Mutex<Option<Instant>>>,
 ) {
     let mut backoff = None;
     loop {
         let Some(sh) = shared.upgrade() else { return };
         let (first, max) = (sh.config.reconnect_initial, sh.config.reconnect_max);
-        let began = std::time::Instant::now();
+        let began = Instant::now();
+        *attempt.lock() = Some(began);
         let mut connected = None;
         let started = async {
             let mut stream = connect(&sh, helper, network).await?;
@@ -158,6 +184,7 @@ async fn relay_loop(
             Ok((io, done)) => {
                 debug!(%server, %helper, connect = ?connected, up = ?began.elapsed(), "path through the helper up");
                 *current.lock() = Some(io);
+                attempt.lock().take();
                 let _ = done.await;
                 current.lock().take();
                 faltered.store(true, Ordering::Relaxed);
@@ -168,7 +195,7 @@ async fn relay_loop(
                 debug!(%server, %helper, error = %e, "path through the helper not opened");
             }
         }
-        let wait = backoff.map_or(first, |b: std::time::Duration| (b * 2).min(max));
+        let wait = backoff.map_or(first, |b: Duration| (b * 2).min(max));
         backoff = Some(wait);
         tokio::time::sleep(wait).await;
     }
