@@ -68,6 +68,9 @@ pub async fn helper(config: &Path) -> Result<(), HelperRunError> {
         .map_err(StartError::from)?;
     start::metrics(&ep, loaded.metrics).await?;
     let h = Helper::start(ep.clone(), section.listen, batching, channel).await?;
+    if let Some(a) = section.advertise {
+        h.advertise(a);
+    }
     println!(
         "helper node {} relaying on {} for its peers; Ctrl-C stops",
         ep.node(),
@@ -81,8 +84,8 @@ pub async fn helper(config: &Path) -> Result<(), HelperRunError> {
             _ = tick.tick() => {
                 let s = h.stats();
                 println!(
-                    "clients {} (accepted {}, refused {}); to servers {} messages, {} records, {} bytes; from servers {} messages",
-                    s.clients, s.accepted, s.refused, s.messages_out, s.records_out, s.bytes_out, s.messages_in
+                    "clients {} (accepted {}, refused {}); to servers {} messages, {} records, {} bytes; from servers {} messages; load queries {}",
+                    s.clients, s.accepted, s.refused, s.messages_out, s.records_out, s.bytes_out, s.messages_in, s.load_queries
                 );
             }
         }

@@ -68,6 +68,7 @@ mod tests {
             node: NodeId(node),
             routes: Vec::new(),
             ring: Vec::new(),
+            helpers: Vec::new(),
         }
     }
 

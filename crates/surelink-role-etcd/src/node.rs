@@ -217,6 +217,8 @@ fn hold(held: &mut Held, input: RoleInput) {
         RoleInput::NodeRestarted(node) => {
             held.remove(&node);
         }
+        // A helper re-reports every refresh: the leader hears the next.
+        RoleInput::HelperReport { .. } => {}
     }
 }
 

@@ -236,6 +236,7 @@ async fn one_candidate_wins_writes_and_a_watcher_sees_it() {
         node: NodeId(3),
         routes: Vec::new(),
         ring: Vec::new(),
+        helpers: Vec::new(),
     };
     encode(&RoleMessage::Table(row3), &mut other_row);
     raw.put(key.as_str(), other_row, None).await.expect("put");

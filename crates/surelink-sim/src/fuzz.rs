@@ -344,6 +344,9 @@ pub fn role_messages(data: &[u8]) {
                 let _ = server.handle_report(now, from, &r);
             }
             Ok(RoleMessage::Ack { epoch, version }) => server.handle_ack(from, epoch, version),
+            Ok(RoleMessage::HelperReport(r)) => {
+                let _ = server.handle_helper_report(now, from, &r);
+            }
             Err(_) => {}
         }
         server.handle_timeout(now);
@@ -468,8 +471,25 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
                         m.state = role::MemberState::Down;
                     }
                     let delta = role::RingDelta::between(&p.view.ring, &next.ring);
+                    // A helper's report, and a row listing it (tags 5, 6).
+                    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 7400));
+                    let report = role::HelperReport {
+                        helper: NodeId(2),
+                        seq: 1,
+                        addr,
+                        level: 9,
+                    };
+                    let mut helped = next.clone();
+                    helped.version += 1;
+                    helped.helpers = vec![role::HelperEntry {
+                        node: NodeId(2),
+                        addr,
+                        level: 9,
+                    }];
                     let mut d = Vec::new();
                     for m in [
+                        Some(RoleMessage::HelperReport(report)),
+                        Some(RoleMessage::Table(helped)),
                         Some(RoleMessage::Table(p.view)),
                         delta.map(|ring| RoleMessage::TableRingDelta {
                             view: TableView {

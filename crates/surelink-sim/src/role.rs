@@ -708,6 +708,11 @@ impl RoleScenario {
                         c.handle_epoch(r.held.0);
                     }
                 }
+                RoleMessage::HelperReport(r) => {
+                    if let Some(s) = nodes[i].server.as_mut() {
+                        let _ = s.handle_helper_report(now, from_id, &r);
+                    }
+                }
                 RoleMessage::Ack { epoch, version } => {
                     if let Some(s) = nodes[i].server.as_mut() {
                         s.handle_ack(from_id, epoch, version);

@@ -97,6 +97,10 @@ pub struct HelperSection {
     pub max_frame: Option<usize>,
     /// Self-clocking: the longest a record waits, µs (default 1000).
     pub max_wait_us: Option<u64>,
+    /// The address clients list this helper by, reported with its load
+    /// to the role service (default: `listen`, unless that is a wildcard
+    /// address, which then is not reported).
+    pub advertise: Option<SocketAddr>,
 }
 
 /// `[[relays]]`: a path to `server` through the helper at `helper`,

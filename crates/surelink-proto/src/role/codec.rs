@@ -8,15 +8,25 @@
 //! | 2 | table | role u64, epoch u64, version u64, node u64, routes u16, routes × (to u64, paths u8, paths × (network u8, status u8, weight u8)), ring u16, ring × (node u64, state u8) |
 //! | 3 | ack | epoch u64, version u64 (the table the node now holds) |
 //! | 4 | table, ring as changes | as tag 2 up to the routes, then base ring digest u64, changes u16, changes × (node u64, state u8), ring digest u64 ([`RingDelta`]) |
+//! | 5 | helper report | helper u64, seq u64, addr, level u8 ([`HelperReport`]) |
+//! | 6 | table with helpers | as tag 2, then helpers u16, helpers × (node u64, addr, level u8) |
+//! | 7 | table with helpers, ring as changes | as tag 4, then helpers as in tag 6 |
 //!
+//! An `addr` is a family byte (4 or 6), the address (4 or 16 bytes) and
+//! the port u16. A row lists helpers only with tags 6 and 7, used only
+//! when it has some: a cluster without helpers sends what nodes built
+//! before them read.
 //! Decoding is bounded: counts are checked against the bytes left before
 //! anything is allocated, and every byte must be consumed.
+
+use std::net::{IpAddr, SocketAddr};
 
 use bytes::{Buf, BufMut};
 use thiserror::Error;
 
 use crate::ids::NodeId;
 
+use super::helpers::{HelperEntry, HelperReport, MAX_LEVEL};
 use super::matrix::{PathStatus, PeerReport, StatusReport};
 use super::table::{MemberState, PathChoice, RingDelta, RingMember, Route, TableView};
 use super::MAX_NETWORKS;
@@ -50,6 +60,8 @@ pub enum RoleMessage {
         /// Version of the node's table.
         version: u64,
     },
+    /// A helper's address and load level, to the role server.
+    HelperReport(HelperReport),
 }
 
 /// A role message that cannot be decoded.
@@ -97,16 +109,25 @@ pub fn encode(msg: &RoleMessage, out: &mut Vec<u8>) {
             }
         }
         RoleMessage::Table(t) => {
-            out.put_u8(2);
+            out.put_u8(if t.helpers.is_empty() { 2 } else { 6 });
             put_row_head(t, out);
             put_members(&t.ring, out);
+            put_helpers(&t.helpers, out);
         }
         RoleMessage::TableRingDelta { view, ring } => {
-            out.put_u8(4);
+            out.put_u8(if view.helpers.is_empty() { 4 } else { 7 });
             put_row_head(view, out);
             out.put_u64(ring.base);
             put_members(&ring.changes, out);
             out.put_u64(ring.digest);
+            put_helpers(&view.helpers, out);
+        }
+        RoleMessage::HelperReport(r) => {
+            out.put_u8(5);
+            out.put_u64(r.helper.0);
+            out.put_u64(r.seq);
+            put_addr(r.addr, out);
+            out.put_u8(r.level);
         }
         RoleMessage::Ack { epoch, version } => {
             out.put_u8(3);
@@ -138,6 +159,77 @@ fn get_members(b: &mut &[u8]) -> Result<Vec<RingMember>, RoleDecodeError> {
         ring.push(RingMember { node, state });
     }
     Ok(ring)
+}
+
+/// A row's helpers (tags 6 and 7; nothing when it has none).
+fn put_helpers(helpers: &[HelperEntry], out: &mut Vec<u8>) {
+    if helpers.is_empty() {
+        return;
+    }
+    let helpers = &helpers[..helpers.len().min(usize::from(u16::MAX))];
+    out.put_u16(u16::try_from(helpers.len()).unwrap_or(u16::MAX));
+    for h in helpers {
+        out.put_u64(h.node.0);
+        put_addr(h.addr, out);
+        out.put_u8(h.level);
+    }
+}
+
+fn get_helpers(b: &mut &[u8]) -> Result<Vec<HelperEntry>, RoleDecodeError> {
+    need(b, 2)?;
+    let count = usize::from(b.get_u16());
+    // Each takes at least 16 bytes (an IPv4 address).
+    need(b, count.saturating_mul(16))?;
+    let mut helpers = Vec::with_capacity(count);
+    for _ in 0..count {
+        need(b, 8)?;
+        let node = NodeId(b.get_u64());
+        let addr = get_addr(b)?;
+        need(b, 1)?;
+        let level = b.get_u8();
+        if level > MAX_LEVEL {
+            return Err(RoleDecodeError::BadField("helper level"));
+        }
+        helpers.push(HelperEntry { node, addr, level });
+    }
+    if helpers.is_empty() || helpers.windows(2).any(|w| w[0].node >= w[1].node) {
+        return Err(RoleDecodeError::BadField("helpers not sorted"));
+    }
+    Ok(helpers)
+}
+
+fn put_addr(a: SocketAddr, out: &mut Vec<u8>) {
+    match a.ip() {
+        IpAddr::V4(ip) => {
+            out.put_u8(4);
+            out.put_slice(&ip.octets());
+        }
+        IpAddr::V6(ip) => {
+            out.put_u8(6);
+            out.put_slice(&ip.octets());
+        }
+    }
+    out.put_u16(a.port());
+}
+
+fn get_addr(b: &mut &[u8]) -> Result<SocketAddr, RoleDecodeError> {
+    need(b, 1)?;
+    let ip = match b.get_u8() {
+        4 => {
+            need(b, 4 + 2)?;
+            let mut o = [0u8; 4];
+            b.copy_to_slice(&mut o);
+            IpAddr::from(o)
+        }
+        6 => {
+            need(b, 16 + 2)?;
+            let mut o = [0u8; 16];
+            b.copy_to_slice(&mut o);
+            IpAddr::from(o)
+        }
+        _ => return Err(RoleDecodeError::BadField("address family")),
+    };
+    Ok(SocketAddr::new(ip, b.get_u16()))
 }
 
 /// A row's fields up to its routes (tags 2 and 4).
@@ -213,6 +305,7 @@ fn get_row_head(b: &mut &[u8]) -> Result<TableView, RoleDecodeError> {
         node,
         routes,
         ring: Vec::new(),
+        helpers: Vec::new(),
     })
 }
 
@@ -267,25 +360,49 @@ pub fn decode(mut buf: &[u8]) -> Result<RoleMessage, RoleDecodeError> {
                 peers,
             })
         }
-        2 => {
+        tag @ (2 | 6) => {
             let mut view = get_row_head(b)?;
             view.ring = get_members(b)?;
+            if tag == 6 {
+                view.helpers = get_helpers(b)?;
+            }
             RoleMessage::Table(view)
         }
-        4 => {
-            let view = get_row_head(b)?;
+        tag @ (4 | 7) => {
+            let mut view = get_row_head(b)?;
             need(b, 8)?;
             let base = b.get_u64();
             let changes = get_members(b)?;
             need(b, 8)?;
+            let digest = b.get_u64();
+            if tag == 7 {
+                view.helpers = get_helpers(b)?;
+            }
             RoleMessage::TableRingDelta {
                 view,
                 ring: RingDelta {
                     base,
                     changes,
-                    digest: b.get_u64(),
+                    digest,
                 },
             }
+        }
+        5 => {
+            need(b, 16)?;
+            let helper = NodeId(b.get_u64());
+            let seq = b.get_u64();
+            let addr = get_addr(b)?;
+            need(b, 1)?;
+            let level = b.get_u8();
+            if level > MAX_LEVEL {
+                return Err(RoleDecodeError::BadField("helper level"));
+            }
+            RoleMessage::HelperReport(HelperReport {
+                helper,
+                seq,
+                addr,
+                level,
+            })
         }
         3 => {
             need(b, 16)?;

@@ -44,6 +44,7 @@
 mod codec;
 mod election;
 mod gate;
+mod helpers;
 mod matrix;
 mod reporter;
 pub(crate) mod server;
@@ -58,6 +59,10 @@ use crate::ids::NodeId;
 pub use codec::{decode, encode, RoleDecodeError, RoleMessage, MAX_ROLE_MESSAGE};
 pub use election::{Candidacy, CandidacyAction};
 pub use gate::{Applied, TableGate, TableRejected};
+pub use helpers::{
+    load_level, HelperEntry, HelperReport, Leveler, HELPERS_HOLD_REFRESHES, LEVEL_HOLD_REPORTS,
+    MAX_LEVEL,
+};
 pub use matrix::{Matrix, MatrixEntry, PathStatus, PeerReport, StatusReport};
 pub use reporter::{round_rtt, Reporter, Sighting};
 pub use server::{Push, ReportRejected, RoleEvent, RoleInput, RoleServer};
@@ -234,5 +239,7 @@ impl RoleConfig {
     }
 }
 
+#[cfg(test)]
+mod helpers_tests;
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,6 @@
 //! The role server of one epoch: reports in, table rows out.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use thiserror::Error;
 
@@ -8,6 +8,7 @@ use crate::ids::NodeId;
 use crate::time::Time;
 
 use super::codec::RoleMessage;
+use super::helpers::{HelperEntry, HelperReport, HELPERS_HOLD_REFRESHES};
 use super::matrix::{Matrix, StatusReport};
 use super::table::{
     compute, ring_digest, MemberState, RingDelta, RingMember, RoutingTable, TableView,
@@ -70,6 +71,13 @@ pub enum RoleInput {
     },
     /// A node restarted (a new process epoch).
     NodeRestarted(NodeId),
+    /// A helper's report from the authenticated node `from`.
+    HelperReport {
+        /// The authenticated sender.
+        from: NodeId,
+        /// Its report.
+        report: HelperReport,
+    },
 }
 
 /// Something the role server's owner should know.
@@ -139,6 +147,10 @@ pub struct RoleServer {
     /// Missed `t_valid` or stepped down: pushes nothing, for good.
     stopped: bool,
     events: VecDeque<RoleEvent>,
+    /// Each helper's last report: (entry, seq, when it arrived).
+    helpers: BTreeMap<NodeId, (HelperEntry, u64, Time)>,
+    /// When a version last changed the helpers.
+    helpers_at: Option<Time>,
 }
 
 impl RoleServer {
@@ -164,6 +176,7 @@ impl RoleServer {
             version: 0,
             routes: Vec::new(),
             ring: Vec::new(),
+            helpers: Vec::new(),
         };
         Ok(RoleServer {
             next_refresh: now,
@@ -179,6 +192,8 @@ impl RoleServer {
             whole_rows: false,
             stopped: false,
             events: VecDeque::new(),
+            helpers: BTreeMap::new(),
+            helpers_at: None,
         })
     }
 
@@ -233,14 +248,62 @@ impl RoleServer {
         Ok(())
     }
 
-    /// One input: [`RoleServer::handle_report`] or
-    /// [`RoleServer::handle_node_restarted`].
+    /// A helper's report (its address and load level) from the
+    /// authenticated node `from`. Rows list the helpers that reported
+    /// within `report_stale_after`; a change of them alone makes a new
+    /// version at most once per [`HELPERS_HOLD_REFRESHES`] refreshes.
+    pub fn handle_helper_report(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        report: &HelperReport,
+    ) -> Result<(), ReportRejected> {
+        if report.helper != from {
+            return Err(ReportRejected::NotReporter {
+                from,
+                named: report.helper,
+            });
+        }
+        if !self.nodes.contains_key(&from) {
+            return Err(ReportRejected::UnknownNode(from));
+        }
+        let entry = HelperEntry {
+            node: from,
+            addr: report.addr,
+            level: report.level,
+        };
+        match self.helpers.get_mut(&from) {
+            // An older report arriving late (over another path).
+            Some((_, seq, _)) if *seq >= report.seq => {}
+            Some((e, seq, at)) => {
+                let was_fresh = now.saturating_since(*at) <= self.cfg.report_stale_after;
+                if *e != entry || !was_fresh {
+                    self.dirty = true;
+                }
+                *e = entry;
+                *seq = report.seq;
+                *at = now;
+            }
+            None => {
+                self.helpers.insert(from, (entry, report.seq, now));
+                self.dirty = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// One input: [`RoleServer::handle_report`],
+    /// [`RoleServer::handle_node_restarted`] or
+    /// [`RoleServer::handle_helper_report`].
     pub fn handle_input(&mut self, now: Time, input: &RoleInput) -> Result<(), ReportRejected> {
         match input {
             RoleInput::Report { from, report } => self.handle_report(now, *from, report),
             RoleInput::NodeRestarted(node) => {
                 self.handle_node_restarted(*node);
                 Ok(())
+            }
+            RoleInput::HelperReport { from, report } => {
+                self.handle_helper_report(now, *from, report)
             }
         }
     }
@@ -249,6 +312,11 @@ impl RoleServer {
     /// again and it holds no table.
     pub fn handle_node_restarted(&mut self, node: NodeId) {
         self.matrix.forget_reporter(node);
+        // Its helper reports are numbered anew too (its entry stays until
+        // it goes stale or the new process reports).
+        if let Some((_, seq, _)) = self.helpers.get_mut(&node) {
+            *seq = 0;
+        }
         if let Some(p) = self.nodes.get_mut(&node) {
             *p = NodePush::default();
             self.due.push_back(node);
@@ -319,12 +387,38 @@ impl RoleServer {
         (!self.stopped).then_some(self.next_refresh)
     }
 
+    /// The helpers that reported within `report_stale_after`, by node.
+    fn fresh_helpers(&self, now: Time) -> Vec<HelperEntry> {
+        self.helpers
+            .values()
+            .filter(|(_, _, at)| now.saturating_since(*at) <= self.cfg.report_stale_after)
+            .map(|(e, _, _)| *e)
+            .collect()
+    }
+
     fn recompute(&mut self, now: Time) {
         self.dirty = false;
         let (routes, ring) = compute(&self.cfg, &self.matrix, now);
+        let helpers = self.fresh_helpers(now);
         if self.table.version > 0 && routes == self.table.routes && ring == self.table.ring {
-            return;
+            if helpers == self.table.helpers {
+                return;
+            }
+            // The helpers alone changed: each version is a push to every
+            // node, so at most one such a hold (the refresh timer looks
+            // again).
+            let hold = self.cfg.refresh * HELPERS_HOLD_REFRESHES;
+            if self
+                .helpers_at
+                .is_some_and(|t| now.saturating_since(t) < hold)
+            {
+                return;
+            }
         }
+        if helpers != self.table.helpers {
+            self.helpers_at = Some(now);
+        }
+        self.table.helpers = helpers;
         self.down = ring
             .iter()
             .filter(|m| m.state == MemberState::Down)

@@ -11,6 +11,7 @@ use std::time::Duration;
 use crate::ids::NodeId;
 use crate::time::Time;
 
+use super::helpers::HelperEntry;
 use super::matrix::{Matrix, PathStatus};
 use super::{NetworkIndex, RoleConfig};
 
@@ -160,6 +161,8 @@ pub struct RoutingTable {
     pub routes: Vec<Route>,
     /// Every node, in the cluster file's order.
     pub ring: Vec<RingMember>,
+    /// Helpers that reported lately, by node (`helpers.rs`).
+    pub helpers: Vec<HelperEntry>,
 }
 
 impl RoutingTable {
@@ -190,6 +193,7 @@ impl RoutingTable {
                 .cloned()
                 .collect(),
             ring: Vec::new(),
+            helpers: self.helpers.clone(),
         }
     }
 }
@@ -209,9 +213,16 @@ pub struct TableView {
     pub routes: Vec<Route>,
     /// The cache ring.
     pub ring: Vec<RingMember>,
+    /// Helpers that reported lately, with their load levels, by node.
+    pub helpers: Vec<HelperEntry>,
 }
 
 impl TableView {
+    /// The helper listed at `addr`.
+    pub fn helper_at(&self, addr: std::net::SocketAddr) -> Option<&HelperEntry> {
+        self.helpers.iter().find(|h| h.addr == addr)
+    }
+
     /// The route to `to`, if it is not the default.
     pub fn route_to(&self, to: NodeId) -> Option<&Route> {
         self.routes

@@ -1,3 +1,4 @@
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -107,6 +108,7 @@ fn a_node_deaf_on_a_network_is_avoided_by_everyone_sending_to_it() {
         version: 1,
         routes,
         ring: Vec::new(),
+        helpers: Vec::new(),
     };
     let row_c = t.view_for(C);
     assert!(!row_c.usable(B, 1), "C must avoid network 1 to B");
@@ -328,6 +330,7 @@ fn view(role: NodeId, epoch: u64, version: u64, node: NodeId) -> TableView {
         node,
         routes: Vec::new(),
         ring: Vec::new(),
+        helpers: Vec::new(),
     }
 }
 
@@ -513,9 +516,26 @@ fn message() -> impl Strategy<Value = RoleMessage> {
         ),
         prop::collection::vec((any::<u64>(), 0u8..3), 0..20),
     );
-    // Whole rows, and rows without their ring.
-    let table =
-        (table, any::<bool>()).prop_map(|((role, epoch, version, node, routes, ring), same)| {
+    let addr = (any::<bool>(), any::<[u8; 16]>(), any::<u16>()).prop_map(|(v4, ip, port)| {
+        if v4 {
+            SocketAddr::from(([ip[0], ip[1], ip[2], ip[3]], port))
+        } else {
+            SocketAddr::from((ip, port))
+        }
+    });
+    let helpers = prop::collection::btree_map(any::<u64>(), (addr.clone(), 0..=MAX_LEVEL), 0..5);
+    let helper_report =
+        (any::<u64>(), any::<u64>(), addr, 0..=MAX_LEVEL).prop_map(|(h, seq, addr, level)| {
+            RoleMessage::HelperReport(HelperReport {
+                helper: NodeId(h),
+                seq,
+                addr,
+                level,
+            })
+        });
+    // Whole rows, and rows without their ring; with helpers or not.
+    let table = (table, any::<bool>(), helpers).prop_map(
+        |((role, epoch, version, node, routes, ring), same, helpers)| {
             let view = TableView {
                 role: NodeId(role),
                 epoch,
@@ -543,6 +563,14 @@ fn message() -> impl Strategy<Value = RoleMessage> {
                         state: MemberState::from_u8(s).unwrap_or(MemberState::Up),
                     })
                     .collect(),
+                helpers: helpers
+                    .into_iter()
+                    .map(|(n, (addr, level))| HelperEntry {
+                        node: NodeId(n),
+                        addr,
+                        level,
+                    })
+                    .collect(),
             };
             if same {
                 // The ring as changes (its members), against an arbitrary base.
@@ -561,10 +589,11 @@ fn message() -> impl Strategy<Value = RoleMessage> {
             } else {
                 RoleMessage::Table(view)
             }
-        });
+        },
+    );
     let ack = (any::<u64>(), any::<u64>())
         .prop_map(|(epoch, version)| RoleMessage::Ack { epoch, version });
-    prop_oneof![report, table, ack]
+    prop_oneof![report, table, ack, helper_report]
 }
 
 proptest! {
@@ -604,6 +633,7 @@ fn elected_ownership_lets_any_candidate_own_any_epoch_but_only_upwards() {
         node: NodeId(3),
         routes: Vec::new(),
         ring: Vec::new(),
+        helpers: Vec::new(),
     };
     assert!(gate.apply(NodeId(2), row(2, 7, 1)).is_ok());
     // An older election's leader: refused, whoever it is.

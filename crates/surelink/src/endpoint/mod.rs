@@ -114,6 +114,11 @@ impl std::fmt::Debug for Endpoint {
 const BIND_ATTEMPTS: u32 = 16;
 
 impl Endpoint {
+    /// The endpoint's state, for the crate's other parts (helpers).
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
     /// Validates `config`, opens the listeners, and starts dialling the
     /// configured peers. Must be called within a tokio runtime.
     pub async fn bind(mut config: Config) -> Result<Endpoint, BindError> {

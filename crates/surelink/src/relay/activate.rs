@@ -1,8 +1,10 @@
 //! Activation on a client (PostMan L190–193): every window, the client's
 //! own p99 over the calls that ended in it (and those still waiting, at
 //! their wait so far) goes to the core's
-//! `Activation`; above the SLA it draws `choices` helpers at random, asks
-//! each its load, and adds a path to the server through the lightest —
+//! `Activation`; above the SLA it draws `choices` helpers at random, ranks
+//! them by the load levels the role service's row lists (or, when the row
+//! does not list them all, asks each its load), and adds a path to the
+//! server through the lightest —
 //! and steers the server's traffic onto it (its network is preferred
 //! among healthy paths: a helper's path that dies or freezes loses the
 //! traffic to the direct ones).
@@ -165,14 +167,29 @@ async fn run(
             && !helpers.is_empty()
         {
             drawn = draw(helpers.len(), act_choices(&act));
-            // Asked at once, not one after the other: a move waits for
-            // the slowest answer (or the timeout), not for their sum.
-            let answers = futures_util::future::join_all(
-                drawn.iter().map(|&i| query_load(helpers[i], window / 2)),
-            )
-            .await;
-            for (&i, l) in drawn.iter().zip(answers) {
-                loads[i] = l.map(surelink_proto::helper::HelperLoad::rank);
+            // The role service's row, when it lists every drawn helper:
+            // their levels, no round trip. Otherwise each is asked (levels
+            // and ranks do not compare, so all of them).
+            let levels: Option<Vec<u64>> = sh.role.as_ref().and_then(|r| {
+                drawn
+                    .iter()
+                    .map(|&i| r.helper_level(helpers[i]).map(u64::from))
+                    .collect()
+            });
+            if let Some(levels) = levels {
+                for (&i, l) in drawn.iter().zip(levels) {
+                    loads[i] = Some(l);
+                }
+            } else {
+                // Asked at once, not one after the other: a move waits
+                // for the slowest answer (or the timeout), not their sum.
+                let answers = futures_util::future::join_all(
+                    drawn.iter().map(|&i| query_load(helpers[i], window / 2)),
+                )
+                .await;
+                for (&i, l) in drawn.iter().zip(answers) {
+                    loads[i] = l.map(surelink_proto::helper::HelperLoad::rank);
+                }
             }
         }
         let now = sh.clock.now();

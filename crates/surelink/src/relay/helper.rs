@@ -85,6 +85,9 @@ pub struct HelperStats {
     pub bytes_out: u64,
     /// Relay messages received from servers.
     pub messages_in: u64,
+    /// Load queries answered (clients choosing a helper without a row of
+    /// the role service that lists this one).
+    pub load_queries: u64,
 }
 
 #[derive(Debug, Default)]
@@ -98,6 +101,7 @@ struct Counters {
     records_out: AtomicU64,
     bytes_out: AtomicU64,
     messages_in: AtomicU64,
+    load_queries: AtomicU64,
 }
 
 /// What waits for one server: encoded records in arrival order, and the
@@ -231,12 +235,33 @@ impl Helper {
         tasks.push(tokio::spawn(from_servers(Arc::downgrade(&inner))));
         tasks.push(tokio::spawn(rate_loop(Arc::downgrade(&inner))));
         tasks.push(tokio::spawn(accept_loop(Arc::downgrade(&inner), listener)));
-        Ok(Helper { inner, addr, tasks })
+        let h = Helper { inner, addr, tasks };
+        if !addr.ip().is_unspecified() {
+            h.advertise(addr);
+        }
+        Ok(h)
     }
 
     /// Where clients connect.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Reports `addr` as where clients reach this helper, with its load,
+    /// to the role service (if the endpoint's cluster runs one): clients
+    /// that list the helper at that address rank it from their row
+    /// without asking it. Done by [`Helper::start`] with the bound
+    /// address unless that is a wildcard (`0.0.0.0`, `::`), which no
+    /// client lists: call this with the address clients use.
+    pub fn advertise(&self, addr: SocketAddr) {
+        let Some(role) = &self.inner.endpoint.shared().role else {
+            return;
+        };
+        let inner = Arc::downgrade(&self.inner);
+        role.publish_helper(
+            addr,
+            Box::new(move || inner.upgrade().map(|i| i.load().rank())),
+        );
     }
 
     /// Test hook: stops forwarding anything either way (the helper's
@@ -257,6 +282,7 @@ impl Helper {
             records_out: c.records_out.load(Ordering::Relaxed),
             bytes_out: c.bytes_out.load(Ordering::Relaxed),
             messages_in: c.messages_in.load(Ordering::Relaxed),
+            load_queries: c.load_queries.load(Ordering::Relaxed),
         }
     }
 }
@@ -339,6 +365,7 @@ async fn client(inner: Arc<Inner>, mut stream: TcpStream, from: SocketAddr) {
     };
     if said == Some(Preamble::LoadQuery) {
         // A client choosing a helper: our load, then close.
+        inner.counters.load_queries.fetch_add(1, Ordering::Relaxed);
         let _ = stream.write_all(&inner.load().encode()).await;
         return;
     }

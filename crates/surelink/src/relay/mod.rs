@@ -16,8 +16,10 @@
 //!   it to the least loaded of a few helpers drawn at random and back
 //!   direct (the core's `Activation` decides).
 //!
-//! What it does not do yet: carry helpers' load in the role service's
-//! tables (a client asks the helpers it drew).
+//! Helpers' loads: a helper reports its address and load level to the
+//! role service with its status reports, and every node's row lists the
+//! helpers that reported lately (`surelink_proto::role::HelperEntry`); a
+//! client without such a row asks the helpers it drew.
 
 mod activate;
 mod client;

@@ -27,8 +27,9 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use surelink_proto::role::{
-    self, Candidacy, CandidacyAction, Matrix, Ownership, PathStatus, Reporter, RoleConfig,
-    RoleEvent, RoleInput, RoleMessage, RoleServer, Sighting, TableGate, TableView,
+    self, Candidacy, CandidacyAction, HelperReport, Leveler, Matrix, Ownership, PathStatus,
+    Reporter, RoleConfig, RoleEvent, RoleInput, RoleMessage, RoleServer, Sighting, TableGate,
+    TableView,
 };
 use surelink_proto::{NodeId, SessionEndReason, Time};
 
@@ -46,6 +47,17 @@ pub use status::RoleStatus;
 /// (the role protocol re-sends).
 const INBOX: usize = 1024;
 
+/// A helper's load, read when its report is due: the rank of
+/// `HelperLoad::rank`, or `None` once the helper is gone.
+pub(crate) type LoadFn = Box<dyn Fn() -> Option<u64> + Send + Sync>;
+
+/// What this node publishes as a helper.
+struct Published {
+    /// Where clients connect to it.
+    addr: std::net::SocketAddr,
+    load: LoadFn,
+}
+
 /// What the role task shares with the endpoint.
 pub(crate) struct RoleShared {
     pub(crate) cfg: RoleConfig,
@@ -56,6 +68,9 @@ pub(crate) struct RoleShared {
     status: Mutex<RoleStatus>,
     /// The link to an external backend ([`Ownership::Elected`]).
     pub(crate) external: Option<ExternalLink>,
+    /// This node is a helper: its address and load go to the role
+    /// server with every report.
+    helper: Mutex<Option<Published>>,
 }
 
 impl RoleShared {
@@ -70,8 +85,22 @@ impl RoleShared {
                 ..RoleStatus::default()
             }),
             external: (cfg.ownership == Ownership::Elected).then(ExternalLink::new),
+            helper: Mutex::new(None),
             cfg,
         }
+    }
+
+    /// This node relays as a helper at `addr`: report it and its load
+    /// (`load`, until that says the helper is gone) to the role server.
+    pub(crate) fn publish_helper(&self, addr: std::net::SocketAddr, load: LoadFn) {
+        *self.helper.lock() = Some(Published { addr, load });
+    }
+
+    /// The load level the held row gives the helper at `addr` (`None`:
+    /// no row, or the row does not list it).
+    pub(crate) fn helper_level(&self, addr: std::net::SocketAddr) -> Option<u8> {
+        let st = self.status.lock();
+        st.table.as_ref()?.helper_at(addr).map(|h| h.level)
     }
 
     /// A role message arrived from `peer` (called under its session's lock:
@@ -110,6 +139,10 @@ struct Task {
     reporter: Reporter,
     /// The timer fired since the last step.
     ticked: bool,
+    /// This node's helper reports: their number, and the level's
+    /// hysteresis.
+    helper_seq: u64,
+    leveler: Leveler,
 }
 
 /// Runs the role service of an endpoint until it shuts down.
@@ -149,6 +182,8 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         server: None,
         reporter: Reporter::new(&cfg, me, now),
         ticked: true,
+        helper_seq: 0,
+        leveler: Leveler::default(),
         me,
         shared: shared.clone(),
     };
@@ -247,6 +282,14 @@ impl Task {
                     }
                 }
                 self.forward(RoleInput::Report { from, report: r });
+            }
+            RoleMessage::HelperReport(r) => {
+                if let Some(s) = &mut self.server {
+                    if let Err(e) = s.handle_helper_report(now, from, &r) {
+                        warn!(%from, error = %e, "helper report refused");
+                    }
+                }
+                self.forward(RoleInput::HelperReport { from, report: r });
             }
             RoleMessage::Ack { epoch, version } => {
                 if let Some(c) = &mut self.candidacy {
@@ -470,6 +513,7 @@ impl Task {
                 }
             }
             self.rs.status.lock().reports_sent += 1;
+            self.report_helper();
         }
         // The candidacy; never while the send fence is shut (a server
         // started then would be fenced at its first push).
@@ -494,6 +538,37 @@ impl Task {
             }
         }
         self.serve(now, ticked);
+    }
+
+    /// A helper's report, with each status report (every refresh): its
+    /// address and load level, to every candidate.
+    fn report_helper(&mut self) {
+        let (addr, rank) = {
+            let mut h = self.rs.helper.lock();
+            let Some(p) = h.as_ref() else { return };
+            match (p.load)() {
+                Some(rank) => (p.addr, rank),
+                None => {
+                    *h = None;
+                    return;
+                }
+            }
+        };
+        self.helper_seq += 1;
+        let msg = RoleMessage::HelperReport(HelperReport {
+            helper: self.me,
+            seq: self.helper_seq,
+            addr,
+            level: self.leveler.level(rank),
+        });
+        let candidates = self.rs.cfg.candidates.clone();
+        for c in candidates {
+            if c == self.me {
+                self.handle(c, msg.clone());
+            } else {
+                self.send(c, &msg);
+            }
+        }
     }
 
     /// This process's send fence (SafeTimer), on [`clock`]'s time; no
