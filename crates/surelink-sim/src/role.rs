@@ -28,8 +28,8 @@ use std::time::Duration;
 
 use surelink_proto::detector::{DetectorConfig, Fence};
 use surelink_proto::role::{
-    self, Candidacy, CandidacyAction, Reporter, RoleConfig, RoleEvent, RoleMessage, RoleServer,
-    Sighting, TableGate,
+    self, Candidacy, CandidacyAction, HelperReport, Leveler, Reporter, RoleConfig, RoleEvent,
+    RoleMessage, RoleServer, Sighting, TableGate,
 };
 use surelink_proto::{NodeId, Time};
 
@@ -95,6 +95,10 @@ pub struct RoleScenario {
     pub faults: Vec<RoleFault>,
     /// Simulated time.
     pub run: Duration,
+    /// The helper's (the last node's) load doubles and halves every
+    /// 350 ms; otherwise it stays, and so does its level (the table then
+    /// settles once the faults end).
+    pub helper_load_swings: bool,
 }
 
 /// A table a node applied.
@@ -161,6 +165,15 @@ pub struct RoleOutcome {
     /// From when on (to the end of the run) exactly one server served and
     /// every node held its current table (`None`: not at the end).
     pub converged_from: Option<Time>,
+    /// Load levels the helper (the last node) reported.
+    pub helper_levels: HashSet<u8>,
+    /// Rows applied that list the helper.
+    pub helper_rows: u64,
+    /// Rows applied that list a helper other than the one that reports,
+    /// at another address, or at a level it never reported (must be 0).
+    pub helper_wrong: u64,
+    /// The helper's node id.
+    helper_node: u64,
 }
 
 /// A node that did not hold a reachable server's table in time.
@@ -201,6 +214,14 @@ struct Node {
     /// Since when the current role server serves, and each version it
     /// made, in order.
     serving: Option<(Time, Vec<(Time, u64)>)>,
+    /// The helper's reports (the last node is a helper).
+    helper_seq: u64,
+    leveler: Leveler,
+}
+
+/// Where the simulated helper says clients reach it.
+fn helper_addr() -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], 7400))
 }
 
 impl Node {
@@ -235,6 +256,19 @@ impl Node {
                 .map_or(0, |t| role::ring_digest(&t.ring));
             if !out.pushed_rings.contains(&(from, a.epoch, a.version, ring)) {
                 out.wrong_rings += 1;
+            }
+            if let Some(t) = self.gate.current() {
+                for h in &t.helpers {
+                    let helper = NodeId(out.helper_node);
+                    if h.node != helper
+                        || h.addr != helper_addr()
+                        || !out.helper_levels.contains(&h.level)
+                    {
+                        out.helper_wrong += 1;
+                    } else {
+                        out.helper_rows += 1;
+                    }
+                }
             }
             out.applied.push(AppliedTable {
                 at: now,
@@ -371,6 +405,8 @@ impl RoleScenario {
             },
             inbox: VecDeque::new(),
             serving: None,
+            helper_seq: 0,
+            leveler: Leveler::default(),
         }
     }
 
@@ -378,7 +414,10 @@ impl RoleScenario {
     pub fn run(&self) -> RoleOutcome {
         let det = DetectorConfig::with_interval(Duration::from_millis(10));
         let cfg = self.config();
-        let mut out = RoleOutcome::default();
+        let mut out = RoleOutcome {
+            helper_node: self.nodes as u64,
+            ..RoleOutcome::default()
+        };
         let mut nodes: Vec<Node> = (0..self.nodes)
             .map(|i| self.fresh_node(i, Time::ZERO, &det))
             .collect();
@@ -781,15 +820,43 @@ impl RoleScenario {
             .then(|| nodes[i].reporter.poll_report(now))
             .flatten();
         if let Some(report) = due {
+            // The last node is a helper: with each report, its load
+            // level, from a load that doubles and halves with time.
+            let helper = (i + 1 == self.nodes).then(|| {
+                let n = &mut nodes[i];
+                n.helper_seq += 1;
+                let step = now.saturating_since(Time::ZERO).as_millis() / 350;
+                let rank = if self.helper_load_swings {
+                    1u64 << (step % 12)
+                } else {
+                    1000
+                };
+                let level = n.leveler.level(rank);
+                out.helper_levels.insert(level);
+                HelperReport {
+                    helper: me,
+                    seq: n.helper_seq,
+                    addr: helper_addr(),
+                    level,
+                }
+            });
             for to in 0..self.candidates {
                 if to == i {
                     if let Some(s) = nodes[i].server.as_mut() {
                         let _ = s.handle_report(now, me, &report);
+                        if let Some(h) = &helper {
+                            let _ = s.handle_helper_report(now, me, h);
+                        }
                     }
                 } else {
                     let mut b = Vec::new();
                     role::encode(&RoleMessage::Report(report.clone()), &mut b);
                     wire.push_back((now + DELAY, i, to, Some(b)));
+                    if let Some(h) = &helper {
+                        let mut b = Vec::new();
+                        role::encode(&RoleMessage::HelperReport(*h), &mut b);
+                        wire.push_back((now + DELAY, i, to, Some(b)));
+                    }
                 }
             }
         }

@@ -30,7 +30,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -78,6 +78,7 @@ fn scenario(partitions: bool) -> impl Strategy<Value = RoleScenario> {
         candidates: CANDIDATES,
         faults,
         run: Duration::from_millis(3000 + 800 + 200) + BOUND,
+        helper_load_swings: false,
     })
 }
 
@@ -111,6 +112,12 @@ fn check_per_node(s: &RoleScenario, o: &RoleOutcome) -> Result<(), String> {
         return Err(format!(
             "{} rows applied with a ring their server did not push them with",
             o.wrong_rings
+        ));
+    }
+    if o.helper_wrong > 0 {
+        return Err(format!(
+            "{} rows applied list a helper, address or level nobody reported",
+            o.helper_wrong
         ));
     }
     Ok(())
@@ -206,12 +213,36 @@ fn the_first_candidate_serves_a_quiet_cluster() {
         candidates: CANDIDATES,
         faults: Vec::new(),
         run: Duration::from_millis(1000),
+        helper_load_swings: false,
     };
     let o = s.run();
     assert_eq!(o.serving_at_end.len(), 1);
     assert_eq!(o.serving_at_end[0].0, 0);
     assert_eq!(o.serving_at_end[0].1, 1);
     check_converged(&o).unwrap();
+}
+
+/// The last node is a helper whose load doubles and halves every
+/// 350 ms: its levels reach every node's row, each change of them alone
+/// at most once a second (the hold), never a level it did not report.
+#[test]
+fn a_helpers_load_levels_reach_every_row_at_most_once_a_second() {
+    let s = RoleScenario {
+        nodes: NODES,
+        candidates: CANDIDATES,
+        faults: Vec::new(),
+        run: Duration::from_millis(6000),
+        helper_load_swings: true,
+    };
+    let o = s.run();
+    check_per_node(&s, &o).unwrap();
+    assert!(o.helper_levels.len() >= 3, "{:?}", o.helper_levels);
+    assert!(o.helper_rows > 0);
+    // Versions the quiet cluster's server made: its first, then only
+    // the helper's news, held a second apart (≤ 6 in 6 s, and more than
+    // one: the levels did change).
+    let versions: HashSet<u64> = o.applied.iter().map(|a| a.version).collect();
+    assert!((2..=7).contains(&versions.len()), "versions {versions:?}");
 }
 
 #[test]
@@ -225,6 +256,7 @@ fn a_paused_role_server_is_replaced_and_never_pushes_again() {
             node: 0,
         }],
         run: Duration::from_millis(3000),
+        helper_load_swings: false,
     };
     let o = s.run();
     check_per_node(&s, &o).unwrap();
@@ -256,6 +288,7 @@ fn a_partition_heals_and_the_table_follows_within_the_bound() {
             b: 4,
         }],
         run: Duration::from_millis(2500),
+        helper_load_swings: false,
     };
     let o = s.run();
     check_per_node(&s, &o).unwrap();
@@ -287,6 +320,7 @@ fn a_path_fault_sends_rows_with_the_ring_as_changes() {
             network: 1,
         }],
         run: Duration::from_millis(2500),
+        helper_load_swings: false,
     };
     let o = s.run();
     check_per_node(&s, &o).unwrap();
@@ -309,6 +343,7 @@ fn a_paused_node_comes_back_as_ring_changes() {
             node: 4,
         }],
         run: Duration::from_millis(5000),
+        helper_load_swings: false,
     };
     let o = s.run();
     check_per_node(&s, &o).unwrap();
@@ -354,6 +389,7 @@ fn bounds_survey() {
         candidates: CANDIDATES,
         faults: Vec::new(),
         run: Duration::ZERO,
+        helper_load_swings: false,
     };
     println!(
         "{cases} cases: latest convergence {worst:?} after the faults (bound {:?}); \
@@ -371,6 +407,7 @@ fn replay_one() {
         candidates: CANDIDATES,
         faults: vec![],
         run: Duration::from_millis(2000),
+        helper_load_swings: false,
     };
     check_all(&s, true).unwrap();
 }

@@ -347,6 +347,16 @@ pub async fn role_cluster(
     role: surelink_proto::role::RoleConfig,
     base: u8,
 ) -> Result<Vec<Endpoint>, LoopbackError> {
+    role_cluster_with(role, base, |_, _| {}).await
+}
+
+/// [`role_cluster`], each node's configuration changed by `configure`
+/// before it binds.
+pub async fn role_cluster_with(
+    role: surelink_proto::role::RoleConfig,
+    base: u8,
+    configure: impl Fn(NodeId, &mut Config),
+) -> Result<Vec<Endpoint>, LoopbackError> {
     let keys: Vec<(NodeId, Keypair)> = role.nodes.iter().map(|n| (*n, fresh_keys())).collect();
     let list: Vec<(NodeId, &Keypair)> = keys.iter().map(|(n, k)| (*n, k)).collect();
     let members = members(&list);
@@ -366,6 +376,7 @@ pub async fn role_cluster(
             .iter()
             .map(|e| PeerConfig::new(e.node(), e.local_addrs().into_iter().map(Some).collect()))
             .collect();
+        configure(*node, &mut c);
         let ep = Endpoint::bind(c)
             .await
             .map_err(|source| LoopbackError::Bind {

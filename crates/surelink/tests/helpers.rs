@@ -633,3 +633,72 @@ async fn a_client_leaves_a_helper_frozen_before_its_path_was_up() {
     tokio::join!(futures_util::future::join_all(callers), script);
     assert_eq!(failed.load(Ordering::Relaxed), 0, "no call failed");
 }
+
+/// With a role service, the helper reports its address and load level
+/// and every node's row lists it: the client, over its SLA, ranks the
+/// helpers it drew from its row and moves without asking any of them
+/// (the helper answers no load query).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_role_service_a_client_moves_without_asking_the_helper() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use surelink::proto::helper::ActivationConfig;
+    use surelink::proto::role::RoleConfig;
+    use surelink::testing::{role_cluster_with, role_expect};
+    let role = RoleConfig {
+        nodes: vec![SERVER, NodeId(2), NodeId(3)],
+        candidates: vec![SERVER],
+        ..RoleConfig::default()
+    };
+    let eps = role_cluster_with(role, 60, |node, c| {
+        if node == SERVER {
+            c.helpers = vec![NodeId(3)];
+        }
+    })
+    .await
+    .unwrap();
+    let (server, c) = (&eps[0], &eps[1]);
+    server.serve(move |r: Request| async move {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        r.body
+    });
+    let listen = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+    let h = Helper::start(eps[2].clone(), listen, BatcherConfig::default(), 255)
+        .await
+        .unwrap();
+    let addr = h.local_addr();
+    let st = role_expect(c, Duration::from_secs(10), |s| {
+        s.table
+            .as_ref()
+            .is_some_and(|t| t.helper_at(addr).is_some())
+    })
+    .await;
+    let entry = *st.table.unwrap().helper_at(addr).unwrap();
+    assert_eq!(entry.node, NodeId(3));
+    let mut cfg = ActivationConfig::default();
+    cfg.sla = Duration::from_millis(20);
+    cfg.release = Duration::from_millis(10);
+    let helped = c.helped(SERVER, vec![addr], 0, cfg).unwrap();
+    let stop = AtomicBool::new(false);
+    let failed = AtomicU64::new(0);
+    let callers = (0..4u32).map(|k| call_until(c, k, &stop, &failed));
+    let script = async {
+        let mut relayed = false;
+        for _ in 0..250 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if helped.status().relayed {
+                relayed = true;
+                break;
+            }
+        }
+        assert!(relayed, "moved through the helper: {:?}", helped.status());
+        stop.store(true, Ordering::Relaxed);
+    };
+    tokio::join!(futures_util::future::join_all(callers), script);
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "no call failed");
+    assert_eq!(h.stats().load_queries, 0, "the row ranked it: no query");
+    assert!(h.stats().records_out > 0, "calls went through it");
+    drop(h);
+    for e in eps {
+        e.shutdown().await;
+    }
+}
