@@ -120,6 +120,13 @@ impl RoleStatus {
                     .map(|m| format!("{}:{:?}", m.node, m.state))
                     .collect();
                 let _ = writeln!(o, "ring: {}", ring.join(" "));
+                for h in &t.helpers {
+                    let _ = writeln!(
+                        o,
+                        "helper node {} at {}: load level {}",
+                        h.node, h.addr, h.level
+                    );
+                }
             }
         }
         if self.external {
