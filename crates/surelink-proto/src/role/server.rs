@@ -217,6 +217,18 @@ impl RoleServer {
         self.stopped
     }
 
+    /// A report naming `named` may come only from that node, a node of
+    /// the cluster file.
+    fn check_sender(&self, from: NodeId, named: NodeId) -> Result<(), ReportRejected> {
+        if named != from {
+            return Err(ReportRejected::NotReporter { from, named });
+        }
+        if !self.nodes.contains_key(&from) {
+            return Err(ReportRejected::UnknownNode(from));
+        }
+        Ok(())
+    }
+
     /// A report that arrived from the authenticated node `from`.
     pub fn handle_report(
         &mut self,
@@ -224,15 +236,7 @@ impl RoleServer {
         from: NodeId,
         report: &StatusReport,
     ) -> Result<(), ReportRejected> {
-        if report.reporter != from {
-            return Err(ReportRejected::NotReporter {
-                from,
-                named: report.reporter,
-            });
-        }
-        if !self.nodes.contains_key(&from) {
-            return Err(ReportRejected::UnknownNode(from));
-        }
+        self.check_sender(from, report.reporter)?;
         self.handle_ack(from, report.held.0, report.held.1);
         // Only a change, or a reporter coming back from stale, can change
         // the table; time alone is the refresh timer's recompute.
@@ -258,15 +262,7 @@ impl RoleServer {
         from: NodeId,
         report: &HelperReport,
     ) -> Result<(), ReportRejected> {
-        if report.helper != from {
-            return Err(ReportRejected::NotReporter {
-                from,
-                named: report.helper,
-            });
-        }
-        if !self.nodes.contains_key(&from) {
-            return Err(ReportRejected::UnknownNode(from));
-        }
+        self.check_sender(from, report.helper)?;
         let entry = HelperEntry {
             node: from,
             addr: report.addr,

@@ -504,14 +504,7 @@ impl Task {
         self.reporter.handle_held(self.gate.held());
         if let Some(r) = self.reporter.poll_report(now) {
             let msg = RoleMessage::Report(r);
-            let candidates = self.rs.cfg.candidates.clone();
-            for c in candidates {
-                if c == self.me {
-                    self.handle(c, msg.clone());
-                } else {
-                    self.send(c, &msg);
-                }
-            }
+            self.to_candidates(&msg);
             self.rs.status.lock().reports_sent += 1;
             self.report_helper();
         }
@@ -540,6 +533,19 @@ impl Task {
         self.serve(now, ticked);
     }
 
+    /// Sends `msg` to every role-server candidate (this node's own copy
+    /// handled at once).
+    fn to_candidates(&mut self, msg: &RoleMessage) {
+        let candidates = self.rs.cfg.candidates.clone();
+        for c in candidates {
+            if c == self.me {
+                self.handle(c, msg.clone());
+            } else {
+                self.send(c, msg);
+            }
+        }
+    }
+
     /// A helper's report, with each status report (every refresh): its
     /// address and load level, to every candidate.
     fn report_helper(&mut self) {
@@ -561,14 +567,7 @@ impl Task {
             addr,
             level: self.leveler.level(rank),
         });
-        let candidates = self.rs.cfg.candidates.clone();
-        for c in candidates {
-            if c == self.me {
-                self.handle(c, msg.clone());
-            } else {
-                self.send(c, &msg);
-            }
-        }
+        self.to_candidates(&msg);
     }
 
     /// This process's send fence (SafeTimer), on [`clock`]'s time; no
