@@ -504,7 +504,7 @@ impl Task {
         self.reporter.handle_held(self.gate.held());
         if let Some(r) = self.reporter.poll_report(now) {
             let msg = RoleMessage::Report(r);
-            self.to_candidates(&msg);
+            self.send_to_candidates(&msg);
             self.rs.status.lock().reports_sent += 1;
             self.report_helper();
         }
@@ -535,7 +535,7 @@ impl Task {
 
     /// Sends `msg` to every role-server candidate (this node's own copy
     /// handled at once).
-    fn to_candidates(&mut self, msg: &RoleMessage) {
+    fn send_to_candidates(&mut self, msg: &RoleMessage) {
         let candidates = self.rs.cfg.candidates.clone();
         for c in candidates {
             if c == self.me {
@@ -567,7 +567,7 @@ impl Task {
             addr,
             level: self.leveler.level(rank),
         });
-        self.to_candidates(&msg);
+        self.send_to_candidates(&msg);
     }
 
     /// This process's send fence (SafeTimer), on [`clock`]'s time; no
