@@ -10,8 +10,9 @@
 //! the helper's rank: records relayed a second, then clients), because
 //! every change of a row is a push to every node: a level moves when the
 //! load doubles or halves, not with each record ([`Leveler`] adds
-//! hysteresis), and the role server takes a change of helpers alone at
-//! most once per [`HELPERS_HOLD_REFRESHES`] refreshes. Two helpers on one
+//! hysteresis), and the role server takes a change of levels alone at
+//! most once per [`HELPERS_HOLD_REFRESHES`] refreshes (a helper coming or
+//! going — stale, or marked down in the ring — at once). Two helpers on one
 //! level are equally light: the client takes the first it drew (the draw
 //! is random), which spreads clients moving at once over them instead of
 //! sending them all to a helper that is a few records lighter.
@@ -27,8 +28,9 @@ use crate::ids::NodeId;
 /// Highest level (a rank of 2^62 or more).
 pub const MAX_LEVEL: u8 = 63;
 
-/// A change of the helpers alone (no route or ring changed) makes a new
-/// table version at most once per this many refreshes (1 s by default).
+/// A change of the helpers' levels alone (no route or ring changed, no
+/// helper come or gone) makes a new table version at most once per this
+/// many refreshes (1 s by default).
 pub const HELPERS_HOLD_REFRESHES: u32 = 10;
 
 /// Reports in a row a level one step from the published one must hold

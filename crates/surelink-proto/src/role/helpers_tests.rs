@@ -70,16 +70,44 @@ fn a_helper_is_listed_in_every_row_until_its_reports_go_stale() {
     }
     let v = s.table().version;
     // Reports at the refresh's pace with the same level: no new version.
-    for k in 1..=5u64 {
+    for k in 1..=3u64 {
         s.handle_helper_report(ms(k * 100), HELPER, &report(1 + k, 5))
             .unwrap();
         let _ = rows(&mut s, ms(k * 100));
     }
     assert_eq!(s.table().version, v);
-    // Silent past `report_stale_after` (500 ms) and the hold: unlisted.
-    let _ = rows(&mut s, ms(1100));
+    // Silent past `report_stale_after` (500 ms): unlisted at once, not
+    // held like a change of level (a client must not pick a dead one).
+    let _ = rows(&mut s, ms(800));
+    assert_eq!(listed(&s), vec![(HELPER, 5)], "fresh until 800 ms");
+    let _ = rows(&mut s, ms(900));
     assert_eq!(listed(&s), vec![], "a helper that stopped reporting");
-    assert!(s.table().version > v);
+    assert_eq!(s.table().version, v + 1);
+}
+
+#[test]
+fn a_helper_its_peers_report_dead_is_unlisted_at_once() {
+    let mut s = RoleServer::new(cfg(), A, 1, ms(0)).unwrap();
+    s.handle_helper_report(ms(0), HELPER, &report(1, 5))
+        .unwrap();
+    let _ = rows(&mut s, ms(0));
+    assert_eq!(listed(&s), vec![(HELPER, 5)]);
+    // Its last report is still fresh, but a peer's detector says dead.
+    let dead = StatusReport {
+        reporter: B,
+        seq: 1,
+        watched: 2,
+        held: (0, 0),
+        peers: vec![PeerReport {
+            peer: HELPER,
+            alive: false,
+            networks: vec![(PathStatus::Down, 0), (PathStatus::Down, 0)],
+        }],
+    };
+    s.handle_report(ms(50), B, &dead).unwrap();
+    let _ = rows(&mut s, ms(50));
+    assert_eq!(s.table().member(HELPER), Some(MemberState::Down));
+    assert_eq!(listed(&s), vec![]);
 }
 
 #[test]

@@ -254,8 +254,9 @@ impl RoleServer {
 
     /// A helper's report (its address and load level) from the
     /// authenticated node `from`. Rows list the helpers that reported
-    /// within `report_stale_after`; a change of them alone makes a new
-    /// version at most once per [`HELPERS_HOLD_REFRESHES`] refreshes.
+    /// within `report_stale_after` and that the ring does not mark down;
+    /// a change of their levels alone makes a new version at most once
+    /// per [`HELPERS_HOLD_REFRESHES`] refreshes.
     pub fn handle_helper_report(
         &mut self,
         now: Time,
@@ -383,11 +384,18 @@ impl RoleServer {
         (!self.stopped).then_some(self.next_refresh)
     }
 
-    /// The helpers that reported within `report_stale_after`, by node.
-    fn fresh_helpers(&self, now: Time) -> Vec<HelperEntry> {
+    /// The helpers that reported within `report_stale_after` and that
+    /// `ring` does not mark down (their peers' detectors report them
+    /// dead), by node.
+    fn live_helpers(&self, now: Time, ring: &[RingMember]) -> Vec<HelperEntry> {
         self.helpers
             .values()
-            .filter(|(_, _, at)| now.saturating_since(*at) <= self.cfg.report_stale_after)
+            .filter(|(e, _, at)| {
+                now.saturating_since(*at) <= self.cfg.report_stale_after
+                    && !ring
+                        .iter()
+                        .any(|m| m.node == e.node && m.state == MemberState::Down)
+            })
             .map(|(e, _, _)| *e)
             .collect()
     }
@@ -395,18 +403,25 @@ impl RoleServer {
     fn recompute(&mut self, now: Time) {
         self.dirty = false;
         let (routes, ring) = compute(&self.cfg, &self.matrix, now);
-        let helpers = self.fresh_helpers(now);
+        let helpers = self.live_helpers(now, &ring);
         if self.table.version > 0 && routes == self.table.routes && ring == self.table.ring {
             if helpers == self.table.helpers {
                 return;
             }
-            // The helpers alone changed: each version is a push to every
-            // node, so at most one such a hold (the refresh timer looks
-            // again).
+            // Only levels changed: each version is a push to every node,
+            // so at most one such a hold (the refresh timer looks again).
+            // A helper gone or come is news at once: a client must not
+            // choose a dead one from its row.
+            let same_helpers = helpers.len() == self.table.helpers.len()
+                && helpers
+                    .iter()
+                    .zip(&self.table.helpers)
+                    .all(|(a, b)| a.node == b.node && a.addr == b.addr);
             let hold = self.cfg.refresh * HELPERS_HOLD_REFRESHES;
-            if self
-                .helpers_at
-                .is_some_and(|t| now.saturating_since(t) < hold)
+            if same_helpers
+                && self
+                    .helpers_at
+                    .is_some_and(|t| now.saturating_since(t) < hold)
             {
                 return;
             }
