@@ -24,6 +24,7 @@ pub mod proxy;
 pub mod ring;
 pub mod shards;
 pub mod store;
+mod store_meta;
 pub mod text;
 
 pub use node::{StoreHandler, CACHE_CHANNEL};

@@ -93,11 +93,18 @@ impl Shards {
     /// `flush_all` empties every shard.
     pub fn apply(&self, cmd: &Command, now: i64, out: &mut BytesMut) {
         match cmd {
-            Command::Get { keys, cas } => {
+            Command::Get { keys, cas, touch } => {
                 for k in keys {
-                    self.stores[self.shard_of(k)].get_into(k, *cas, now, out);
+                    self.stores[self.shard_of(k)].get_into(k, *cas, *touch, now, out);
                 }
                 out.put_slice(b"END\r\n");
+            }
+            Command::MemLimit { mb, .. } => {
+                let each = mb.saturating_mul(1 << 20) / self.stores.len() as u64;
+                for s in &self.stores {
+                    s.set_limit(each);
+                }
+                out.put_slice(b"OK\r\n");
             }
             Command::FlushAll { .. } => {
                 for s in &self.stores[1..] {
@@ -130,10 +137,26 @@ impl Shards {
             .next()
             .unwrap_or_default();
         let mut words = line.split(|&b| b == b' ').filter(|w| !w.is_empty());
-        let key = match words.next() {
-            Some(b"flush_all" | b"version" | b"stats" | b"quit") | None => None,
+        let first = words.next();
+        let key = match first {
+            Some(b"flush_all" | b"version" | b"stats" | b"quit" | b"cache_memlimit") | None => None,
+            // `gat <exptime> <key>…`
+            Some(b"gat" | b"gats") => words.nth(1),
             Some(_) => words.next(),
         };
+        // A meta command's key may be base64 (`b`): its shard is the
+        // decoded key's.
+        let is_meta = first.is_some_and(|w| w.len() == 2 && w[0] == b'm');
+        let decoded = key
+            .filter(|_| {
+                is_meta
+                    && line
+                        .split(|&b| b == b' ')
+                        .skip(2)
+                        .any(|w| w.first() == Some(&b'b'))
+            })
+            .and_then(crate::text::meta_decode_key);
+        let key = decoded.as_deref().or(key);
         let i = key.map_or(0, |k| self.shard_of(k));
         GroupId(u16::try_from(i).unwrap_or(0))
     }

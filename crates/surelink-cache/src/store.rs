@@ -7,7 +7,8 @@
 //! so `cas`, `incr` and `append` read and write atomically; two keys do
 //! not contend unless they share a stripe.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use parking_lot::Mutex;
@@ -18,32 +19,107 @@ use crate::text::{strtoull, Command, StoreOp};
 const RELATIVE_MAX: i64 = 60 * 60 * 24 * 30;
 
 /// Accounting cost of an item beyond its key and value.
-const ITEM_COST: u64 = 64;
+pub(crate) const ITEM_COST: u64 = 64;
 
 /// Write stripes (a power of two).
 const STRIPES: usize = 256;
 
-/// One stored item.
-#[derive(Clone, Debug)]
-struct Item {
-    flags: u32,
+/// One stored item. Held behind an `Arc`: a read clones a pointer, and
+/// what reads change (last access, fetched) is in `state`, written in
+/// place without re-inserting the item.
+#[derive(Debug)]
+pub(crate) struct Item {
+    pub(crate) flags: u32,
     /// Unix seconds after which it is gone; 0 never.
-    expires: i64,
-    cas: u64,
-    data: Bytes,
+    pub(crate) expires: i64,
+    pub(crate) cas: u64,
+    pub(crate) data: Bytes,
+    /// Last access (Unix seconds) `<< STATE_BITS`, and the `FETCHED`,
+    /// `TOKEN_SENT` and `STALE` bits.
+    state: AtomicU64,
 }
 
+/// The item was read since it was stored.
+pub(crate) const FETCHED: u64 = 1;
+/// A meta get handed out the right to recache it (the `W` flag).
+pub(crate) const TOKEN_SENT: u64 = 2;
+/// A meta delete or invalidating set marked it stale (the `X` flag).
+pub(crate) const STALE: u64 = 4;
+/// Read a second time: its last access was stamped (memcached's ACTIVE).
+const ACTIVE: u64 = 8;
+/// Its key came base64-encoded (`ms … b`): shown that way.
+pub(crate) const BINARY: u64 = 16;
+const STATE_BITS: u32 = 5;
+const STATE_MASK: u64 = (1 << STATE_BITS) - 1;
+
 impl Item {
+    pub(crate) fn new(flags: u32, expires: i64, cas: u64, data: Bytes, now: i64) -> Item {
+        Item {
+            flags,
+            expires,
+            cas,
+            data,
+            state: AtomicU64::new(stamp(now)),
+        }
+    }
+
     fn live(&self, now: i64) -> bool {
         self.expires == 0 || self.expires > now
     }
+
+    /// The state bits.
+    pub(crate) fn bits(&self) -> u64 {
+        self.state.load(Ordering::Relaxed) & STATE_MASK
+    }
+
+    /// Unix second of the last access.
+    pub(crate) fn accessed(&self) -> i64 {
+        i64::try_from(self.state.load(Ordering::Relaxed) >> STATE_BITS).unwrap_or(0)
+    }
+
+    /// A read at `now`, as memcached's segmented LRU counts it: the first
+    /// marks the item fetched, the second stamps its last access, later
+    /// ones change nothing — so a hot key's readers only read the line.
+    pub(crate) fn touch_read(&self, now: i64) {
+        let _ = self
+            .state
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
+                if s & FETCHED == 0 {
+                    Some(s | FETCHED)
+                } else if s & ACTIVE == 0 {
+                    Some(stamp(now) | (s & STATE_MASK) | ACTIVE)
+                } else {
+                    None
+                }
+            });
+    }
+
+    /// Sets `bits` (under the key's stripe lock, or racing only readers).
+    pub(crate) fn set_bits(&self, bits: u64) {
+        self.state.fetch_or(bits, Ordering::Relaxed);
+    }
+
+    /// A copy to change and re-insert: the same state.
+    pub(crate) fn copy(&self) -> Item {
+        Item {
+            flags: self.flags,
+            expires: self.expires,
+            cas: self.cas,
+            data: self.data.clone(),
+            state: AtomicU64::new(self.state.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+fn stamp(now: i64) -> u64 {
+    u64::try_from(now).unwrap_or(0) << STATE_BITS
 }
 
 #[derive(Clone)]
 struct Weight;
 
-impl quick_cache::Weighter<Bytes, Item> for Weight {
-    fn weight(&self, key: &Bytes, item: &Item) -> u64 {
+impl quick_cache::Weighter<Bytes, Arc<Item>> for Weight {
+    fn weight(&self, key: &Bytes, item: &Arc<Item>) -> u64 {
         key.len() as u64 + item.data.len() as u64 + ITEM_COST
     }
 }
@@ -65,9 +141,11 @@ pub struct StoreStats {
 
 /// Items in memory, bounded in bytes.
 pub struct Store {
-    items: quick_cache::sync::Cache<Bytes, Item, Weight>,
+    items: quick_cache::sync::Cache<Bytes, Arc<Item>, Weight>,
     stripes: Box<[Mutex<()>]>,
     next_cas: AtomicU64,
+    /// A delayed `flush_all`'s time less one (0: none): see [`Store::flush`].
+    oldest_live: AtomicI64,
     get_hits: AtomicU64,
     get_misses: AtomicU64,
     cmd_set: AtomicU64,
@@ -94,7 +172,7 @@ pub fn key_hash(key: &[u8]) -> u64 {
 
 /// memcached's exptime as an absolute Unix time (0: never; in the past:
 /// already expired).
-fn expiry(exptime: i32, now: i64) -> i64 {
+pub(crate) fn expiry(exptime: i32, now: i64) -> i64 {
     let e = i64::from(exptime);
     if e < 0 {
         1
@@ -146,6 +224,7 @@ impl Store {
             items,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             next_cas: AtomicU64::new(1),
+            oldest_live: AtomicI64::new(0),
             get_hits: AtomicU64::new(0),
             get_misses: AtomicU64::new(0),
             cmd_set: AtomicU64::new(0),
@@ -163,29 +242,100 @@ impl Store {
         }
     }
 
+    /// Sets the store's bound, in bytes (`cache_memlimit`): items go
+    /// until it holds.
+    pub fn set_limit(&self, bytes: u64) {
+        self.items.set_capacity(bytes.max(1));
+    }
+
     /// Drops every item (what `flush_all` does).
     pub fn clear(&self) {
         self.items.clear();
     }
 
-    fn cas_id(&self) -> u64 {
+    pub(crate) fn cas_id(&self) -> u64 {
         self.next_cas.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn live(&self, key: &Bytes, now: i64) -> Option<Item> {
-        self.items.get(key).filter(|i| i.live(now))
+    /// The item under `key` if it is live at `now`: not expired, and
+    /// not flushed by a delayed `flush_all` whose time came.
+    pub(crate) fn live(&self, key: &Bytes, now: i64) -> Option<Arc<Item>> {
+        let oldest = self.oldest_live.load(Ordering::Relaxed);
+        self.items
+            .get(key)
+            .filter(|i| i.live(now) && !(oldest != 0 && oldest <= now && i.accessed() <= oldest))
+    }
+
+    pub(crate) fn put(&self, key: &Bytes, item: Item) {
+        self.items.insert(key.clone(), Arc::new(item));
+    }
+
+    pub(crate) fn put_arc(&self, key: &Bytes, item: Arc<Item>) {
+        self.items.insert(key.clone(), item);
+    }
+
+    pub(crate) fn count_get(&self, hit: bool) {
+        let c = if hit {
+            &self.get_hits
+        } else {
+            &self.get_misses
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_set(&self) {
+        self.cmd_set.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn remove(&self, key: &Bytes) {
+        self.items.remove(key);
+    }
+
+    /// `flush_all <delay>`: items last written or read before `now +
+    /// delay` go when that time comes (memcached's `oldest_live`); a
+    /// delay of 0 or less empties the store now.
+    pub fn flush(&self, delay: i32, now: i64) {
+        if delay <= 0 {
+            self.oldest_live.store(0, Ordering::Relaxed);
+            self.items.clear();
+        } else {
+            self.oldest_live
+                .store(expiry(delay, now) - 1, Ordering::Relaxed);
+        }
     }
 
     /// Appends `key`'s `VALUE` block to `out` if it is held and live (a
     /// `get`'s answer for one key, without its `END`); counts the hit or
     /// miss. Written in place: one reservation, no formatting buffer (it
     /// runs once per key of every read).
-    pub fn get_into(&self, key: &Bytes, cas: bool, now: i64, out: &mut BytesMut) {
-        let Some(i) = self.live(key, now) else {
+    /// With `touch` (`gat`/`gats`) the item found first gets that exptime.
+    pub fn get_into(
+        &self,
+        key: &Bytes,
+        cas: bool,
+        touch: Option<i32>,
+        now: i64,
+        out: &mut BytesMut,
+    ) {
+        let found = match touch {
+            None => self.live(key, now),
+            Some(t) => {
+                let _g = self.lock(key);
+                self.live(key, now).map(|old| {
+                    let mut i = old.copy();
+                    i.expires = expiry(t, now);
+                    let i = Arc::new(i);
+                    self.items.insert(key.clone(), i.clone());
+                    i
+                })
+            }
+        };
+        let Some(i) = found else {
             self.get_misses.fetch_add(1, Ordering::Relaxed);
             return;
         };
         self.get_hits.fetch_add(1, Ordering::Relaxed);
+        i.touch_read(now);
         let mut flags = itoa::Buffer::new();
         let mut len = itoa::Buffer::new();
         let mut unique = itoa::Buffer::new();
@@ -222,9 +372,9 @@ impl Store {
     /// does not run (`version`, `stats`, `quit`, replies) answer `ERROR`.
     pub fn apply(&self, cmd: &Command, now: i64, out: &mut BytesMut) {
         match cmd {
-            Command::Get { keys, cas } => {
+            Command::Get { keys, cas, touch } => {
                 for k in keys {
-                    self.get_into(k, *cas, now, out);
+                    self.get_into(k, *cas, *touch, now, out);
                 }
                 out.put_slice(b"END\r\n");
             }
@@ -244,12 +394,12 @@ impl Store {
             Command::Delete { key, .. } => {
                 let _g = self.lock(key);
                 let found = self.live(key, now).is_some();
-                self.items.remove(key);
+                self.remove(key);
                 line(out, if found { "DELETED" } else { "NOT_FOUND" });
             }
             Command::TooLarge { key, .. } => {
                 let _g = self.lock(key);
-                self.items.remove(key);
+                self.remove(key);
                 line(out, "SERVER_ERROR object too large for cache");
             }
             Command::Arith {
@@ -258,24 +408,32 @@ impl Store {
             Command::Touch { key, exptime, .. } => {
                 let _g = self.lock(key);
                 match self.live(key, now) {
-                    Some(mut i) => {
+                    Some(old) => {
+                        let mut i = old.copy();
                         i.expires = expiry(*exptime, now);
-                        self.items.insert(key.clone(), i);
+                        self.put(key, i);
                         line(out, "TOUCHED");
                     }
                     None => line(out, "NOT_FOUND"),
                 }
             }
-            Command::FlushAll { .. } => {
-                self.items.clear();
+            Command::FlushAll { delay, .. } => {
+                self.flush(*delay, now);
+                line(out, "OK");
+            }
+            Command::Meta(m) => self.meta(m, now, out),
+            Command::MemLimit { mb, .. } => {
+                self.set_limit(mb.saturating_mul(1 << 20));
                 line(out, "OK");
             }
             Command::Reply { text, .. } => line(out, text),
-            Command::Version | Command::Stats | Command::Quit => line(out, "ERROR"),
+            Command::Version | Command::Stats { .. } | Command::Noop | Command::Quit => {
+                line(out, "ERROR")
+            }
         }
     }
 
-    fn lock(&self, key: &[u8]) -> parking_lot::MutexGuard<'_, ()> {
+    pub(crate) fn lock(&self, key: &[u8]) -> parking_lot::MutexGuard<'_, ()> {
         // The hash's high bits: the ring uses the low ones.
         let i = (key_hash(key) >> 40) as usize & (STRIPES - 1);
         self.stripes[i].lock()
@@ -294,12 +452,7 @@ impl Store {
     ) -> &'static str {
         let _g = self.lock(key);
         let old = self.live(key, now);
-        let fresh = |data: Bytes| Item {
-            flags,
-            expires: expiry(exptime, now),
-            cas: self.cas_id(),
-            data,
-        };
+        let fresh = |data: Bytes| Item::new(flags, expiry(exptime, now), self.cas_id(), data, now);
         let item = match (op, old) {
             (StoreOp::Set, _) => fresh(data.clone()),
             (StoreOp::Add, Some(_)) => return "NOT_STORED",
@@ -316,26 +469,22 @@ impl Store {
                     joined.put_slice(data);
                     joined.put_slice(&o.data);
                 }
-                Item {
-                    flags: o.flags,
-                    expires: o.expires,
-                    cas: self.cas_id(),
-                    data: joined.freeze(),
-                }
+                Item::new(o.flags, o.expires, self.cas_id(), joined.freeze(), now)
             }
             (StoreOp::Cas, None) => return "NOT_FOUND",
             (StoreOp::Cas, Some(o)) if o.cas != cas => return "EXISTS",
             (StoreOp::Cas, Some(_)) => fresh(data.clone()),
         };
-        self.items.insert(key.clone(), item);
+        self.put(key, item);
         "STORED"
     }
 
     fn arith(&self, incr: bool, key: &Bytes, delta: u64, now: i64, out: &mut BytesMut) {
         let _g = self.lock(key);
-        let Some(mut i) = self.live(key, now) else {
+        let Some(old) = self.live(key, now) else {
             return line(out, "NOT_FOUND");
         };
+        let mut i = old.copy();
         // memcached reads the value with its "\r\n" (trailing whitespace
         // allowed), and refuses an empty one.
         let mut with_crlf = i.data.to_vec();
@@ -363,7 +512,7 @@ impl Store {
         }
         i.data = Bytes::from(data);
         i.cas = self.cas_id();
-        self.items.insert(key.clone(), i);
+        self.put(key, i);
         line(out, &text);
     }
 }

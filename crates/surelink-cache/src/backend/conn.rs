@@ -39,6 +39,9 @@ pub(super) enum Shape {
     Values,
     /// One line.
     Line,
+    /// Meta answers (a `VA` line with its value block, or one line) up to
+    /// and with the `MN` line that follows the command.
+    Meta,
 }
 
 pub(super) type Reply = oneshot::Receiver<Result<Bytes, String>>;
@@ -311,6 +314,23 @@ pub(super) fn reply_len(buf: &[u8], shape: Shape) -> Option<usize> {
         let line = &buf[at..eol];
         if shape == Shape::Line {
             return Some(eol + 2);
+        }
+        if shape == Shape::Meta {
+            if line == b"MN" {
+                return Some(eol + 2);
+            }
+            at = eol + 2;
+            if let Some(rest) = line.strip_prefix(b"VA ") {
+                let len: usize = std::str::from_utf8(rest)
+                    .ok()
+                    .and_then(|r| r.split(' ').next())
+                    .and_then(|n| n.parse().ok())?;
+                at += len + 2;
+                if buf.len() < at {
+                    return None;
+                }
+            }
+            continue;
         }
         if let Some(rest) = line.strip_prefix(b"VALUE ") {
             let len: usize = std::str::from_utf8(rest)

@@ -174,7 +174,7 @@ impl MemcachedHandler {
         cmd.clear_noreply();
         let mut line = BytesMut::new();
         match &cmd {
-            Command::Get { keys, cas } => {
+            Command::Get { keys, cas, touch } => {
                 // Each key on its own connection (so it follows the writes
                 // to it), the values joined back in the order asked.
                 let mut groups: Vec<(usize, Vec<Bytes>)> = Vec::new();
@@ -187,7 +187,20 @@ impl MemcachedHandler {
                 }
                 let mut rxs: Vec<_> = groups
                     .into_iter()
-                    .map(|(i, ks)| self.conns[i].get(ks, *cas))
+                    .map(|(i, ks)| match touch {
+                        // Reads merge; a `gat` (a write too) goes as it is.
+                        None => self.conns[i].get(ks, *cas),
+                        Some(t) => {
+                            let mut line = BytesMut::new();
+                            let _ = Command::Get {
+                                keys: ks,
+                                cas: *cas,
+                                touch: Some(*t),
+                            }
+                            .encode(&mut line);
+                            self.conns[i].send(&line, Shape::Values)
+                        }
+                    })
                     .collect();
                 let keys = keys.clone();
                 Box::pin(async move {
@@ -248,6 +261,22 @@ impl MemcachedHandler {
                         b"SERVER_ERROR object too large for cache\r\n",
                     ))
                 })
+            }
+            // Sent with an `mn` after it: a quiet command that went well
+            // gets no answer from memcached, and `MN` ends every one.
+            Command::Meta(m) => {
+                m.encode(&mut line);
+                line.extend_from_slice(b"mn\r\n");
+                let rx = self.conn_for(&m.key).send(&line, Shape::Meta);
+                Box::pin(async move {
+                    let r = rx.await.map_err(|_| fail("gone".into()))?.map_err(fail)?;
+                    Ok(r.slice(..r.len().saturating_sub(b"MN\r\n".len())))
+                })
+            }
+            Command::MemLimit { .. } => {
+                let _ = cmd.encode(&mut line);
+                let rx = self.conns[0].send(&line, Shape::Line);
+                Box::pin(async move { rx.await.map_err(|_| fail("gone".into()))?.map_err(fail) })
             }
             _ => {
                 let Some(key) = cmd.key().cloned() else {

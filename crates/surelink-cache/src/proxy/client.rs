@@ -25,6 +25,7 @@ use tracing::debug;
 use super::outq::OutQueue;
 use super::route::{self, Order, RouteError};
 use super::{stats, Shared, VERSION};
+use crate::text::meta::MetaOp;
 use crate::text::{split_values, Command, ParseError, Parser};
 
 /// What an in-flight command gives the writer.
@@ -51,6 +52,7 @@ struct GetRest {
     keys: Vec<Bytes>,
     at: usize,
     cas: bool,
+    touch: Option<i32>,
     /// One chunk at a time: the next is planned from what is left then.
     fetching: bool,
 }
@@ -64,6 +66,14 @@ struct Conn {
     /// Bytes reserved by commands in flight.
     reserved: usize,
     rest: Option<GetRest>,
+    /// A command for every node (`flush_all`, `cache_memlimit`) waiting
+    /// for the commands before it to finish: on a node, commands in
+    /// different shards may run in either order, and a `set` before a
+    /// `flush_all` must not outlive it (nor one after it be flushed).
+    held: Option<Command>,
+    /// That command is in flight: nothing after it is sent until it is
+    /// answered.
+    fence: bool,
     quit: bool,
     /// Whether parsing is paused at `max_reply_bytes` (counted once per
     /// pause).
@@ -99,6 +109,21 @@ impl Conn {
     /// commands, up to the pipeline and reply bounds.
     fn pump(&mut self, parser: &mut Parser, buf: &mut BytesMut) {
         loop {
+            if self.fence {
+                if !self.inflight.is_empty() {
+                    return;
+                }
+                self.fence = false;
+            }
+            if let Some(cmd) = self.held.take() {
+                if !self.inflight.is_empty() {
+                    self.held = Some(cmd);
+                    return;
+                }
+                self.send(cmd);
+                self.fence = true;
+                continue;
+            }
             if let Some(rest) = &self.rest {
                 if !rest.fetching && self.pause_unless_room() {
                     self.next_chunk();
@@ -113,35 +138,37 @@ impl Conn {
             }
             match parser.next(buf) {
                 Ok(Some(Command::Quit)) => self.quit = true,
-                Ok(Some(Command::Get { keys, cas })) => {
+                Ok(Some(Command::Get { keys, cas, touch })) => {
                     self.shared
                         .stats
                         .cmd_get
                         .fetch_add(keys.len() as u64, Relaxed);
+                    if touch.is_some() {
+                        self.shared
+                            .stats
+                            .cmd_touch
+                            .fetch_add(keys.len() as u64, Relaxed);
+                    }
                     self.rest = Some(GetRest {
                         keys,
                         at: 0,
                         cas,
+                        touch,
                         fetching: false,
                     });
                     self.next_chunk();
                 }
-                Ok(Some(cmd)) => {
-                    let reserved = match &cmd {
-                        Command::Store { data, .. } => data.len(),
-                        _ => 0,
-                    };
-                    self.reserved += reserved;
-                    let f = dispatch(&self.shared, &self.order, cmd);
-                    self.inflight.push_back(Box::pin(async move {
-                        Done {
-                            out: f.await.into_iter().collect(),
-                            reserved,
-                            chunk: None,
-                        }
-                    }));
+                Ok(Some(cmd @ (Command::FlushAll { .. } | Command::MemLimit { .. }))) => {
+                    self.held = Some(cmd);
                 }
+                Ok(Some(cmd)) => self.send(cmd),
                 Ok(None) => return,
+                // An HTTP request: what came before it is answered, then
+                // the connection closes without a word (memcached).
+                Err(ParseError::Http) => {
+                    self.quit = true;
+                    return;
+                }
                 Err(ParseError::LineTooLong) => {
                     // Closed without a word, as memcached does.
                     self.quit = true;
@@ -153,6 +180,24 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// Sends one command on its way.
+    fn send(&mut self, cmd: Command) {
+        let reserved = match &cmd {
+            Command::Store { data, .. } => data.len(),
+            Command::Meta(m) => m.data.len(),
+            _ => 0,
+        };
+        self.reserved += reserved;
+        let f = dispatch(&self.shared, &self.order, cmd);
+        self.inflight.push_back(Box::pin(async move {
+            Done {
+                out: f.await.into_iter().collect(),
+                reserved,
+                chunk: None,
+            }
+        }));
     }
 
     /// Sends the next chunk of the multi-get in `rest`: as many distinct
@@ -184,7 +229,7 @@ impl Conn {
         let named = rest.keys[rest.at..end].to_vec();
         rest.at = end;
         let last = end == rest.keys.len();
-        let cas = rest.cas;
+        let (cas, touch) = (rest.cas, rest.touch);
         if last {
             self.rest = None;
         } else {
@@ -194,7 +239,7 @@ impl Conn {
         self.reserved += reserved;
         let (s, ticket) = (self.shared.clone(), self.order.ticket());
         self.inflight.push_back(Box::pin(async move {
-            let (out, ok) = fetch(&s, ticket, distinct, &named, cas, last).await;
+            let (out, ok) = fetch(&s, ticket, distinct, &named, (cas, touch), last).await;
             Done {
                 out,
                 reserved,
@@ -232,7 +277,7 @@ impl Conn {
 
     /// Nothing in flight and nothing left to fetch.
     fn settled(&self) -> bool {
-        self.inflight.is_empty() && self.rest.is_none()
+        self.inflight.is_empty() && self.rest.is_none() && self.held.is_none()
     }
 }
 
@@ -259,6 +304,8 @@ pub(super) async fn client(shared: &Arc<Shared>, mut stream: TcpStream) -> std::
         out: OutQueue::default(),
         reserved: 0,
         rest: None,
+        held: None,
+        fence: false,
         quit: false,
         paused: false,
         reported: 0,
@@ -275,6 +322,8 @@ pub(super) async fn client(shared: &Arc<Shared>, mut stream: TcpStream) -> std::
         let can_read = reading
             && !c.quit
             && c.rest.is_none()
+            && c.held.is_none()
+            && !c.fence
             && c.inflight.len() < shared.cfg.max_pipeline
             && c.room();
         // Idle: no byte moved either way, and nothing in flight (a command
@@ -386,11 +435,12 @@ fn dispatch(shared: &Arc<Shared>, order: &Arc<Order>, cmd: Command) -> CmdFuture
     match &cmd {
         Command::Reply { text, .. } => ready(answer(line(text))),
         Command::Version => ready(Some(line(&format!("VERSION {VERSION}")))),
-        Command::Stats => ready(Some(stats(shared))),
+        Command::Stats { args } => ready(Some(stats::answer(shared, args))),
+        Command::Noop => ready(Some(Bytes::from_static(b"MN\r\n"))),
         Command::Quit => ready(None),
         // Parsed and sent by the connection itself (in chunks).
         Command::Get { .. } => ready(None),
-        Command::FlushAll { .. } => {
+        Command::FlushAll { .. } | Command::MemLimit { .. } => {
             let (s, ticket) = (shared.clone(), order.ticket());
             Box::pin(async move {
                 match route::all_nodes(&s, ticket, &cmd).await {
@@ -410,6 +460,24 @@ fn dispatch(shared: &Arc<Shared>, order: &Arc<Order>, cmd: Command) -> CmdFuture
             Box::pin(async move {
                 let _ = route::one_key(&s, ticket, &key, &cmd).await;
                 answer(refused)
+            })
+        }
+        Command::Meta(m) => {
+            match m.op {
+                MetaOp::Set => shared.stats.cmd_set.fetch_add(1, Relaxed),
+                MetaOp::Get => shared.stats.cmd_get.fetch_add(1, Relaxed),
+                _ => 0,
+            };
+            let (s, ticket) = (shared.clone(), order.ticket());
+            Box::pin(async move {
+                let Command::Meta(m) = &cmd else {
+                    return None;
+                };
+                match route::one_key(&s, ticket, &m.key, &cmd).await {
+                    // The node applied quiet mode: nothing is nothing.
+                    Ok(r) => (!r.is_empty()).then_some(r),
+                    Err(e) => Some(route_error(&s, &e)),
+                }
             })
         }
         Command::Store { key, .. }
@@ -440,10 +508,10 @@ async fn fetch(
     ticket: route::Ticket,
     distinct: Vec<Bytes>,
     named: &[Bytes],
-    cas: bool,
+    (cas, touch): (bool, Option<i32>),
     last: bool,
 ) -> (Vec<Bytes>, bool) {
-    let replies = match route::get(s, ticket, &distinct, cas).await {
+    let replies = match route::get(s, ticket, &distinct, cas, touch).await {
         Ok(r) => r,
         Err(e) => return (vec![route_error(s, &e)], false),
     };

@@ -39,6 +39,7 @@ pub(crate) mod binary;
 mod client;
 mod outq;
 mod route;
+mod stats;
 
 /// Keys per `get` a node is sent at once (a multi-get is split further).
 pub const GET_BATCH: usize = 16;
@@ -213,6 +214,8 @@ pub struct ProxyStats {
     pub cmd_get: AtomicU64,
     /// Storage commands.
     pub cmd_set: AtomicU64,
+    /// Keys touched by `touch`, `gat`/`gats`.
+    pub cmd_touch: AtomicU64,
     /// Keys found.
     pub get_hits: AtomicU64,
     /// Keys not found.
@@ -562,39 +565,6 @@ impl Drop for AddrPlace {
             }
         }
     }
-}
-
-fn stats(shared: &Shared) -> Bytes {
-    let s = &shared.stats;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let rows = [
-        ("pid", u64::from(std::process::id())),
-        ("uptime", shared.started.elapsed().as_secs()),
-        ("time", now),
-        ("curr_connections", s.curr_connections.load(Relaxed)),
-        ("total_connections", s.total_connections.load(Relaxed)),
-        ("rejected_connections", s.rejected_connections.load(Relaxed)),
-        ("rejected_per_addr", s.rejected_per_addr.load(Relaxed)),
-        ("idle_kicks", s.idle_kicks.load(Relaxed)),
-        ("reply_bytes", s.reply_bytes.load(Relaxed)),
-        ("reply_pauses", s.reply_pauses.load(Relaxed)),
-        ("cmd_get", s.cmd_get.load(Relaxed)),
-        ("cmd_set", s.cmd_set.load(Relaxed)),
-        ("get_hits", s.get_hits.load(Relaxed)),
-        ("get_misses", s.get_misses.load(Relaxed)),
-        ("node_errors", s.node_errors.load(Relaxed)),
-        ("ejections", s.ejections.load(Relaxed)),
-        ("rerouted", s.rerouted.load(Relaxed)),
-    ];
-    let mut out = String::new();
-    for (k, v) in rows {
-        out.push_str(&format!("STAT {k} {v}\r\n"));
-    }
-    out.push_str(&format!("STAT version {VERSION}\r\n"));
-    out.push_str("END\r\n");
-    Bytes::from(out)
 }
 
 #[cfg(test)]

@@ -277,6 +277,7 @@ pub(super) async fn get(
     ticket: Ticket,
     keys: &[Bytes],
     cas: bool,
+    touch: Option<i32>,
 ) -> Result<Vec<Bytes>, RouteError> {
     let mut replies = Vec::new();
     let mut todo: Vec<Bytes> = keys.to_vec();
@@ -303,6 +304,7 @@ pub(super) async fn get(
             let _ = Command::Get {
                 keys: ks.clone(),
                 cas,
+                touch,
             }
             .encode(&mut body);
             attempt(shared, *n, body.freeze(), || {})

@@ -3,10 +3,13 @@
 //! replies' shapes.
 
 pub mod fuzz;
+pub mod meta;
+mod meta_parse;
 mod parse;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+pub use meta_parse::{decode_key as meta_decode_key, encode_key as meta_key};
 pub use parse::{strtoull, Limits, ParseError, Parser, MAX_KEY};
 
 /// A storage command's kind.
@@ -44,12 +47,15 @@ impl StoreOp {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Command {
-    /// `get`/`gets` (`cas`: with CAS uniques).
+    /// `get`/`gets` (`cas`: with CAS uniques), and `gat`/`gats` (with
+    /// `touch`: each key found gets that exptime first).
     Get {
         /// The keys, in order (repeats allowed: each is answered).
         keys: Vec<Bytes>,
-        /// `gets`.
+        /// `gets`/`gats`.
         cas: bool,
+        /// `gat`/`gats`: the new exptime.
+        touch: Option<i32>,
     },
     /// `set`, `add`, `replace`, `append`, `prepend`, `cas`.
     Store {
@@ -101,20 +107,41 @@ pub enum Command {
     TooLarge {
         /// The key.
         key: Bytes,
-        /// A refused `set` also removes the old value (as memcached does).
+        /// A refused `set` (or `ms`, in any mode) also removes the old
+        /// value (as memcached does).
         unlink: bool,
         /// No answer wanted.
         noreply: bool,
+        /// The key came base64-encoded (an `ms` with `b`): the node is
+        /// told to remove it in that form.
+        base64: bool,
     },
-    /// `flush_all` (without a delay): every item on every node goes.
+    /// `flush_all [delay]`: every item on every node goes, now (delay 0
+    /// or less) or at `delay` (items written or read before then).
     FlushAll {
+        /// memcached's exptime of the flush (0: now).
+        delay: i32,
+        /// No answer wanted.
+        noreply: bool,
+    },
+    /// A meta command (`mg`, `ms`, `md`, `ma`, `me`).
+    Meta(Box<meta::Meta>),
+    /// `mn`: answered `MN` once everything before it is.
+    Noop,
+    /// `cache_memlimit <mb>`: every node's store limit.
+    MemLimit {
+        /// Megabytes (8 to 10^9: others are answered at once).
+        mb: u64,
         /// No answer wanted.
         noreply: bool,
     },
     /// `version`.
     Version,
-    /// `stats` (without arguments).
-    Stats,
+    /// `stats [args]`.
+    Stats {
+        /// The words after `stats`.
+        args: Vec<Bytes>,
+    },
     /// `quit`: close the connection.
     Quit,
     /// Answer `text` at once (a malformed or unknown command); nothing
@@ -137,6 +164,7 @@ impl Command {
             | Command::Arith { key, .. }
             | Command::Touch { key, .. }
             | Command::TooLarge { key, .. } => Some(key),
+            Command::Meta(m) => Some(&m.key),
             _ => None,
         }
     }
@@ -150,7 +178,8 @@ impl Command {
             | Command::Arith { noreply, .. }
             | Command::Touch { noreply, .. }
             | Command::TooLarge { noreply, .. }
-            | Command::FlushAll { noreply }
+            | Command::FlushAll { noreply, .. }
+            | Command::MemLimit { noreply, .. }
             | Command::Reply { noreply, .. } => *noreply = false,
             _ => {}
         }
@@ -164,7 +193,8 @@ impl Command {
             | Command::Arith { noreply, .. }
             | Command::Touch { noreply, .. }
             | Command::TooLarge { noreply, .. }
-            | Command::FlushAll { noreply }
+            | Command::FlushAll { noreply, .. }
+            | Command::MemLimit { noreply, .. }
             | Command::Reply { noreply, .. } => *noreply,
             _ => false,
         }
@@ -176,8 +206,14 @@ impl Command {
     /// `None` for what is answered by the proxy alone.
     pub fn encode(&self, out: &mut BytesMut) -> Option<()> {
         match self {
-            Command::Get { keys, cas } => {
-                out.put_slice(if *cas { b"gets" } else { b"get" });
+            Command::Get { keys, cas, touch } => {
+                match touch {
+                    None => out.put_slice(if *cas { b"gets" } else { b"get" }),
+                    Some(t) => {
+                        out.put_slice(if *cas { b"gats " } else { b"gat " });
+                        out.put_slice(itoa::Buffer::new().format(*t).as_bytes());
+                    }
+                }
                 for k in keys {
                     out.put_u8(b' ');
                     out.put_slice(k);
@@ -219,18 +255,45 @@ impl Command {
                 out.put_slice(key);
                 out.put_slice(format!(" {exptime}").as_bytes());
             }
-            Command::TooLarge { key, unlink, .. } => {
+            Command::TooLarge {
+                key,
+                unlink,
+                base64,
+                ..
+            } => {
                 // Only the unlink reaches a node.
                 if !*unlink {
                     return None;
                 }
-                out.put_slice(b"delete ");
-                out.put_slice(key);
+                if *base64 {
+                    out.put_slice(b"md ");
+                    out.put_slice(meta_parse::encode_key(key).as_bytes());
+                    out.put_slice(b" b");
+                } else {
+                    out.put_slice(b"delete ");
+                    out.put_slice(key);
+                }
             }
-            Command::FlushAll { .. } => out.put_slice(b"flush_all"),
-            Command::Version | Command::Stats | Command::Quit | Command::Reply { .. } => {
-                return None
+            Command::Meta(m) => {
+                m.encode(out);
+                return Some(());
             }
+            Command::MemLimit { mb, .. } => {
+                out.put_slice(b"cache_memlimit ");
+                out.put_slice(itoa::Buffer::new().format(*mb).as_bytes());
+            }
+            Command::FlushAll { delay, .. } => {
+                out.put_slice(b"flush_all");
+                if *delay != 0 {
+                    out.put_u8(b' ');
+                    out.put_slice(itoa::Buffer::new().format(*delay).as_bytes());
+                }
+            }
+            Command::Version
+            | Command::Stats { .. }
+            | Command::Noop
+            | Command::Quit
+            | Command::Reply { .. } => return None,
         }
         out.put_slice(b"\r\n");
         Some(())

@@ -11,6 +11,8 @@
 
 use bytes::{Buf, Bytes, BytesMut};
 
+use super::meta::{Meta, MetaOp};
+use super::meta_parse::{meta_line, MetaLine};
 use super::{Command, StoreOp};
 
 /// Longest key memcached accepts.
@@ -49,11 +51,15 @@ pub enum ParseError {
     /// a `get` line longer than [`Limits::max_get_line`].
     #[error("request line too long")]
     LineTooLong,
+    /// An HTTP request line (an unknown command whose last word starts
+    /// with `HTTP/`): memcached closes such a connection without a word.
+    #[error("an HTTP request, not a memcached command")]
+    Http,
 }
 
 /// The largest length a storage command may declare (memcached 1.6:
 /// `INT_MAX - 2`, so that the block with its `\r\n` fits an int).
-const MAX_VALUE_LEN: usize = i32::MAX as usize - 2;
+pub(super) const MAX_VALUE_LEN: usize = i32::MAX as usize - 2;
 
 /// Bytes per item beyond key and value, as memcached 1.6 counts them
 /// (item header with CAS, the key's NUL, the value's `\r\n`).
@@ -65,6 +71,8 @@ pub struct Parser {
     limits: Limits,
     /// A storage command whose line was read, waiting for its value block.
     pending: Option<PendingStore>,
+    /// An `ms` whose line was read, waiting for its value block.
+    pending_meta: Option<(Meta, usize)>,
     /// Bytes still to discard (the value block of a refused storage command).
     swallow: usize,
     /// How far the buffer was searched for a newline without finding one:
@@ -89,6 +97,7 @@ impl Parser {
         Parser {
             limits,
             pending: None,
+            pending_meta: None,
             swallow: 0,
             scanned: 0,
         }
@@ -129,6 +138,23 @@ impl Parser {
                     noreply: p.noreply,
                 }));
             }
+            if let Some((_, len)) = &self.pending_meta {
+                let len = *len;
+                if buf.len() < len + 2 {
+                    return Ok(None);
+                }
+                let (mut m, _) = self.pending_meta.take().unwrap_or_else(|| unreachable!());
+                let block = buf.split_to(len + 2).freeze();
+                if &block[len..] != b"\r\n" {
+                    // Sent even in quiet mode, as memcached does.
+                    return Ok(Some(Command::Reply {
+                        text: "CLIENT_ERROR bad data chunk",
+                        noreply: false,
+                    }));
+                }
+                m.data = block.slice(..len);
+                return Ok(Some(Command::Meta(Box::new(m))));
+            }
             let from = self.scanned.min(buf.len());
             let Some(nl) = buf[from..]
                 .iter()
@@ -152,7 +178,7 @@ impl Parser {
             if line.last() == Some(&b'\r') {
                 line.truncate(nl - 1);
             }
-            if let Some(c) = self.command(line) {
+            if let Some(c) = self.command(line)? {
                 return Ok(Some(c));
             }
         }
@@ -166,7 +192,20 @@ impl Parser {
 
     /// One request line: a command, or `None` when it starts a value block
     /// (or a swallow) and the caller must read on.
-    fn command(&mut self, line: Bytes) -> Option<Command> {
+    fn command(&mut self, mut line: Bytes) -> Result<Option<Command>, ParseError> {
+        // memcached reads the line as a C string.
+        if let Some(nul) = line.iter().position(|&b| b == 0) {
+            line.truncate(nul);
+        }
+        let mut http = false;
+        let c = self.line(line, &mut http);
+        if http {
+            return Err(ParseError::Http);
+        }
+        Ok(c)
+    }
+
+    fn line(&mut self, line: Bytes, http: &mut bool) -> Option<Command> {
         let tokens: Vec<Bytes> = line
             .split(|&b| b == b' ')
             .filter(|t| !t.is_empty())
@@ -192,6 +231,26 @@ impl Parser {
                 Some(Command::Get {
                     keys: tokens[1..].to_vec(),
                     cas: &name[..] == b"gets",
+                    touch: None,
+                })
+            }
+            b"gat" | b"gats" => {
+                if n < 2 {
+                    return error;
+                }
+                let Some(exptime) = strtol32(&tokens[1]) else {
+                    return Some(Command::Reply {
+                        text: "CLIENT_ERROR invalid exptime argument",
+                        noreply: false,
+                    });
+                };
+                if tokens[2..].iter().any(|k| k.len() > MAX_KEY) {
+                    return Some(bad_format(false));
+                }
+                Some(Command::Get {
+                    keys: tokens[2..].to_vec(),
+                    cas: &name[..] == b"gats",
+                    touch: Some(exptime),
                 })
             }
             b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => {
@@ -274,7 +333,6 @@ impl Parser {
             }
             // memcached ignores anything after these two.
             b"version" => Some(Command::Version),
-            b"stats" if n == 1 => Some(Command::Stats),
             b"quit" => Some(Command::Quit),
             b"verbosity" if n == 2 || n == 3 => Some(Command::Reply {
                 text: "OK",
@@ -283,18 +341,74 @@ impl Parser {
             b"flush_all" if n <= 3 => {
                 let delay = tokens.get(1).filter(|t| &t[..] != b"noreply");
                 match delay.map(|d| strtol32(d)) {
-                    None | Some(Some(0)) => Some(Command::FlushAll { noreply }),
-                    Some(Some(_)) => Some(Command::Reply {
-                        text: "SERVER_ERROR flush_all with a delay is not supported",
-                        noreply,
-                    }),
+                    None => Some(Command::FlushAll { delay: 0, noreply }),
+                    Some(Some(delay)) => Some(Command::FlushAll { delay, noreply }),
                     Some(None) => Some(Command::Reply {
                         text: "CLIENT_ERROR invalid exptime argument",
                         noreply,
                     }),
                 }
             }
-            _ => error,
+            b"mn" => Some(Command::Noop),
+            b"mg" | b"ms" | b"md" | b"ma" | b"me" => self.meta(&line, &tokens),
+            b"stats" => Some(Command::Stats {
+                args: tokens[1..].to_vec(),
+            }),
+            b"cache_memlimit" if n == 2 || n == 3 => {
+                let noreply = n == 3 && noreply;
+                let reply = |text| Some(Command::Reply { text, noreply });
+                match strtoull(&tokens[1]) {
+                    None => reply("ERROR"),
+                    Some(mb) if mb < 8 => {
+                        reply("MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m")
+                    }
+                    Some(mb) if mb > 1_000_000_000 => {
+                        reply("MEMLIMIT_ADJUST_FAILED input value is megabytes not bytes")
+                    }
+                    Some(mb) => Some(Command::MemLimit { mb, noreply }),
+                }
+            }
+            _ => {
+                *http = tokens[n - 1].starts_with(b"HTTP/");
+                error
+            }
+        }
+    }
+
+    /// A meta command's line: refused (its value block swallowed for
+    /// `ms`), run, or (`ms`) its value block to read next.
+    fn meta(&mut self, line: &Bytes, tokens: &[Bytes]) -> Option<Command> {
+        match meta_line(line, tokens) {
+            Err(r) => {
+                if let Some(len) = r.swallow {
+                    self.swallow = len + 2;
+                }
+                Some(Command::Reply {
+                    text: r.text,
+                    noreply: false,
+                })
+            }
+            Ok(MetaLine { meta, len }) if meta.op == MetaOp::Set => {
+                let extra = if meta.opts.client_flags.unwrap_or(0) != 0 {
+                    4
+                } else {
+                    0
+                };
+                if len + meta.key.len() + ITEM_OVERHEAD + extra > self.limits.max_item {
+                    // memcached swallows the value and drops the old one,
+                    // whatever the mode.
+                    self.swallow = len + 2;
+                    return Some(Command::TooLarge {
+                        key: meta.key,
+                        unlink: true,
+                        noreply: false,
+                        base64: meta.opts.base64,
+                    });
+                }
+                self.pending_meta = Some((meta, len));
+                None
+            }
+            Ok(MetaLine { meta, .. }) => Some(Command::Meta(Box::new(meta))),
         }
     }
 
@@ -337,6 +451,7 @@ impl Parser {
                 key: key.clone(),
                 unlink: op == StoreOp::Set,
                 noreply,
+                base64: false,
             });
         }
         self.pending = Some(PendingStore {
@@ -391,7 +506,7 @@ pub fn strtoull(t: &[u8]) -> Option<u64> {
 }
 
 /// `safe_strtoul` into a 32-bit field: read as 64 bits, kept modulo 2^32.
-fn strtoul32(t: &[u8]) -> Option<u32> {
+pub(super) fn strtoul32(t: &[u8]) -> Option<u32> {
     // Truncation is the point: memcached stores the low 32 bits.
     #[allow(clippy::cast_possible_truncation)]
     strtoull(t).map(|v| v as u32)
@@ -399,7 +514,7 @@ fn strtoul32(t: &[u8]) -> Option<u32> {
 
 /// `safe_strtol` into a 32-bit field: a signed 64-bit read (overflow
 /// refused), kept modulo 2^32.
-fn strtol32(t: &[u8]) -> Option<i32> {
+pub(super) fn strtol32(t: &[u8]) -> Option<i32> {
     let s = t.strip_prefix(b"-");
     let (neg, body) = match s {
         Some(b) => (true, b),

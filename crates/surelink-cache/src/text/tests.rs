@@ -210,6 +210,10 @@ proptest! {
         seed in prop::sample::select(vec![
             &b"set a 0 0 1\r\nx\r\n"[..], &b"get a b\r\n"[..], &b"cas k 1 2 3 4 noreply\r\nabc\r\n"[..],
             &b"incr n 5\r\n"[..], &b"touch k -1\r\n"[..], &b"flush_all noreply\r\n"[..], &b"delete a 0\r\n"[..],
+            &b"ms k 2 T10 F3 c k O1 q\r\nhi\r\n"[..], &b"mg k v c f s t h l k O9 N30 R5 T7 q\r\n"[..],
+            &b"md k I T3 C5 q k\r\n"[..], &b"ma k N0 J5 D2 MD v t c q\r\n"[..], &b"me Zm9vYg== b\r\n"[..],
+            &b"ms Zm9vYg== 1 b MA C0 I\r\nx\r\n"[..], &b"gats 10 a b\r\n"[..], &b"flush_all 5\r\n"[..],
+            &b"cache_memlimit 64\r\n"[..], &b"stats cachedump 1 2\r\n"[..], &b"mn\r\n"[..],
         ]),
         at in 0usize..64,
     ) {
@@ -262,7 +266,7 @@ proptest! {
             Command::Arith { incr: false, key: key.clone(), delta, noreply: false },
             Command::Touch { key: key.clone(), exptime, noreply: false },
             Command::Delete { key: key.clone(), noreply: false },
-            Command::Get { keys: vec![key.clone(), key], cas: true },
+            Command::Get { keys: vec![key.clone(), key], cas: true, touch: None },
         ];
         for c in cmds {
             let mut b = BytesMut::new();
