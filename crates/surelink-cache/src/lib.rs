@@ -13,9 +13,10 @@
 //!   [`backend::MemcachedHandler`] instead fronts a local memcached;
 //! - [`Ring`], [`Proxy`].
 //!
-//! What it does not do: replicate items (a dead node's keys are lost, as
-//! with memcached), the binary or meta protocols, `gat`/`gats`, `stats`
-//! subcommands, `flush_all` with a delay.
+//! It speaks memcached 1.6's whole text protocol, meta commands included
+//! (docs/cache.md lists the differences). What it does not do: replicate
+//! items (a dead node's keys are lost, as with memcached), or the binary
+//! protocol (read as text, as memcached `-B ascii` does).
 
 pub mod backend;
 pub mod local;

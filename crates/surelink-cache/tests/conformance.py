@@ -203,11 +203,13 @@ RAW_CASES = [
     b"stats sizes\r\nstats cachedump\r\nstats cachedump x 1\r\nstats cachedump 64 1\r\nstats cachedump 63 1\r\n",
     b"stats detail on\r\nstats detail off\r\nstats detail dump\r\nstats detail\r\nstats detail x\r\nstats foo\r\nstats reset\r\n",
     b"set a\x00junk 0 0 1\r\nx\r\nget a\r\n",
-    # The binary protocol (first byte 0x80): what memcached answers without
-    # an item — NOOP, QUIT, an unknown opcode, a wrong magic closing.
+    # The binary protocol (first byte 0x80) is off, as in a memcached run
+    # with `-B ascii` (the reference is): its bytes are read as text lines
+    # up to their first NUL.
     binary(0x0A, 7),
     binary(0x07, 7) + binary(0x0A, 8),
-    binary(0x50, 7),
+    binary(0x00, 7),
+    binary(0x00, 7) + b"\r\nversion\r\n",
     binary(0x0A, 7) + b"\x42" + b"\0" * 23,
 ]
 

@@ -311,7 +311,6 @@ pub(super) async fn client(shared: &Arc<Shared>, mut stream: TcpStream) -> std::
         reported: 0,
     };
     let mut reading = true;
-    let mut first = true;
     let mut last_activity = Instant::now();
     loop {
         c.pump(&mut parser, &mut buf);
@@ -362,16 +361,11 @@ pub(super) async fn client(shared: &Arc<Shared>, mut stream: TcpStream) -> std::
             r = rd.read_buf(&mut buf), if can_read => {
                 match r {
                     Ok(0) => reading = false,
-                    Ok(_) => {
-                        last_activity = Instant::now();
-                        // memcached takes a connection's protocol from its
-                        // first byte: 0x80 is the binary protocol's magic.
-                        if first && buf.first() == Some(&super::binary::MAGIC) {
-                            drop(c);
-                            return super::binary::serve(shared, stream, buf).await;
-                        }
-                        first = false;
-                    }
+                    // The binary protocol (first byte 0x80) is not spoken:
+                    // its bytes are read as text, as by a memcached run
+                    // with `-B ascii` (a request without a newline waits;
+                    // one with a newline gets `ERROR`).
+                    Ok(_) => last_activity = Instant::now(),
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                     Err(e) => return Err(e),
                 }

@@ -35,7 +35,6 @@ use tracing::{debug, info, warn};
 use crate::ring::Ring;
 use crate::text::Limits;
 
-pub(crate) mod binary;
 mod client;
 mod outq;
 mod route;

@@ -79,36 +79,3 @@ fn strip_noreply(c: &mut Command) {
         _ => {}
     }
 }
-
-/// The binary-protocol answerer (`proxy/binary.rs`): arbitrary bytes cut
-/// into reads by themselves never panic, every answer is a whole response
-/// (header and the body it declares), a body is never held (what is
-/// skipped is only counted), and the connection closes on the first
-/// request that is not one.
-pub fn binary(data: &[u8]) {
-    let max_body = 4096;
-    let (mut buf, mut skip, mut out) = (BytesMut::new(), 0usize, BytesMut::new());
-    let mut rest = data;
-    while !rest.is_empty() {
-        let n = usize::from(rest[0]).clamp(1, rest.len());
-        buf.extend_from_slice(&rest[..n]);
-        rest = &rest[n..];
-        let close = crate::proxy::binary::answer(&mut buf, &mut skip, max_body, &mut out);
-        assert!(
-            buf.len() < 24 || skip == 0 || close,
-            "a whole header left unread"
-        );
-        assert!(skip <= u32::MAX as usize);
-        if close {
-            break;
-        }
-    }
-    let mut at = 0;
-    while at < out.len() {
-        assert_eq!(out[at], 0x81, "a response's magic");
-        let body =
-            u32::from_be_bytes([out[at + 8], out[at + 9], out[at + 10], out[at + 11]]) as usize;
-        at += 24 + body;
-    }
-    assert_eq!(at, out.len(), "whole responses only");
-}
