@@ -169,6 +169,17 @@ impl LocalNodes {
         listen: SocketAddr,
         dial: impl Fn(NodeId) -> Vec<SocketAddr>,
     ) -> Result<LocalCluster, LocalError> {
+        self.start_proxy_tuned(listen, dial, |_| {}).await
+    }
+
+    /// As [`LocalNodes::start_proxy`], the proxy's configuration changed
+    /// by `tune` first (say, `replicas`).
+    pub async fn start_proxy_tuned(
+        self,
+        listen: SocketAddr,
+        dial: impl Fn(NodeId) -> Vec<SocketAddr>,
+        tune: impl FnOnce(&mut ProxyConfig),
+    ) -> Result<LocalCluster, LocalError> {
         let LocalNodes {
             nodes,
             members,
@@ -203,7 +214,9 @@ impl LocalNodes {
             }
         }
         let ids = nodes.iter().map(|s| s.id).collect();
-        let proxy = Proxy::start(proxy_ep.clone(), ProxyConfig::new(listen, ids)).await?;
+        let mut cfg = ProxyConfig::new(listen, ids);
+        tune(&mut cfg);
+        let proxy = Proxy::start(proxy_ep.clone(), cfg).await?;
         Ok(LocalCluster {
             nodes,
             members,
@@ -242,6 +255,21 @@ impl LocalCluster {
         listen: SocketAddr,
     ) -> Result<LocalCluster, LocalError> {
         Self::start_full(n, items, listen, false).await
+    }
+
+    /// `n` nodes keeping items as `items` says, and a proxy on `listen`
+    /// configured by `tune` (say, `replicas`).
+    pub async fn start_tuned(
+        n: u64,
+        items: Items,
+        listen: SocketAddr,
+        tune: impl FnOnce(&mut ProxyConfig),
+    ) -> Result<LocalCluster, LocalError> {
+        let nodes = Self::bind_nodes(n, items, false).await?;
+        let direct = nodes.addrs();
+        nodes
+            .start_proxy_tuned(listen, |id| direct_addrs(&direct, id), tune)
+            .await
     }
 
     /// As [`LocalCluster::start_with`], and with `role` the role service

@@ -69,6 +69,27 @@ impl Ring {
             .find(|node| !self.ejected.contains(node))
     }
 
+    /// The `n` nodes holding `key` in a replicated pool: the first `n`
+    /// distinct nodes from its point on, in or out of the ring (a key
+    /// never moves to a node outside these, so no other node can hold
+    /// an old copy of it).
+    pub fn replicas(&self, key: &[u8], n: usize) -> Vec<NodeId> {
+        let h = key_point(key);
+        let start = self.points.partition_point(|p| p.0 < h);
+        let len = self.points.len();
+        let mut out: Vec<NodeId> = Vec::with_capacity(n);
+        for i in 0..len {
+            let node = self.points[(start + i) % len].1;
+            if !out.contains(&node) {
+                out.push(node);
+                if out.len() == n {
+                    break;
+                }
+            }
+        }
+        out
+    }
+
     /// Takes `node` out (true if it was in).
     pub fn eject(&mut self, node: NodeId) -> bool {
         self.ejected.insert(node)

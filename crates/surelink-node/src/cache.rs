@@ -148,6 +148,9 @@ pub async fn proxy(config: &Path) -> Result<(), CacheProxyError> {
     if let Some(m) = p.max_reply_bytes {
         cfg.max_reply_bytes = m;
     }
+    if let Some(r) = p.replicas {
+        cfg.replicas = r;
+    }
     cfg.helpers.clone_from(&p.helpers);
     if let Some(ms) = p.helper_sla_ms {
         cfg.activation.sla = Duration::from_millis(ms);

@@ -37,6 +37,7 @@ use crate::text::Limits;
 
 mod client;
 mod outq;
+mod replica;
 mod route;
 mod stats;
 
@@ -102,6 +103,12 @@ pub struct ProxyConfig {
     pub helper_network: usize,
     /// When to move to a helper and back (per node).
     pub activation: surelink::proto::helper::ActivationConfig,
+    /// Nodes holding each key (1: one, memcached's way — a dead node's
+    /// keys are lost). With 2 or more, a key lives on the first
+    /// `replicas` nodes of the ring whatever their state: writes go to
+    /// every one in the ring, reads to the least loaded and on to the
+    /// next on a miss or a failure (see `replica.rs`).
+    pub replicas: usize,
 }
 
 impl ProxyConfig {
@@ -125,6 +132,7 @@ impl ProxyConfig {
             helpers: Vec::new(),
             helper_network: 0,
             activation: surelink::proto::helper::ActivationConfig::default(),
+            replicas: 1,
         }
     }
 
@@ -142,6 +150,12 @@ impl ProxyConfig {
         }
         if self.call_timeout.is_zero() {
             return Err(ProxyConfigError::Zero);
+        }
+        if self.replicas == 0 || self.replicas > self.nodes.len() {
+            return Err(ProxyConfigError::Replicas {
+                replicas: self.replicas,
+                nodes: self.nodes.len(),
+            });
         }
         if self.limits.max_item < 1024 {
             return Err(ProxyConfigError::ItemLimit(self.limits.max_item));
@@ -172,6 +186,14 @@ pub enum ProxyConfigError {
     /// The helpers' activation settings cannot work.
     #[error("helper activation: {0}")]
     Activation(String),
+    /// `replicas` is zero or more than there are nodes.
+    #[error("replicas = {replicas} needs 1 to {nodes} (the cache nodes)")]
+    Replicas {
+        /// As configured.
+        replicas: usize,
+        /// Cache nodes.
+        nodes: usize,
+    },
 }
 
 /// Starting a proxy failed.
@@ -239,6 +261,9 @@ struct Shared {
     started: Instant,
     /// Open client connections per source address.
     per_addr: parking_lot::Mutex<HashMap<IpAddr, usize>>,
+    /// Reads in flight per node (a replicated read goes to the least
+    /// loaded replica).
+    load: HashMap<NodeId, AtomicU64>,
 }
 
 /// A running proxy.
@@ -273,6 +298,7 @@ impl Proxy {
             source,
         })?;
         let (gen_tx, gen) = watch::channel(0);
+        let cfg_nodes = cfg.nodes.clone();
         let shared = Arc::new(Shared {
             ring: RwLock::new(Ring::new(&cfg.nodes)),
             ep,
@@ -281,6 +307,7 @@ impl Proxy {
             stats: ProxyStats::default(),
             started: Instant::now(),
             per_addr: parking_lot::Mutex::new(HashMap::new()),
+            load: cfg_nodes.iter().map(|&n| (n, AtomicU64::new(0))).collect(),
         });
         let mut helped = Vec::new();
         if !shared.cfg.helpers.is_empty() {

@@ -148,7 +148,7 @@ impl Order {
 impl Ticket {
     /// Waits until the command may be sent on the current ring, and
     /// returns that ring's generation.
-    async fn turn(&self, shared: &Shared) -> u64 {
+    pub(super) async fn turn(&self, shared: &Shared) -> u64 {
         loop {
             let waiting = self.order.changed.notified();
             let mut waiting = pin!(waiting);
@@ -174,7 +174,7 @@ impl Ticket {
     }
 
     /// Records that the command went out on generation `gen`.
-    fn sent(&self, gen: u64) {
+    pub(super) fn sent(&self, gen: u64) {
         let mut s = self.order.state.lock();
         s.set_gen(self.n, gen);
         let wake = s.waiting > 0;
@@ -186,7 +186,7 @@ impl Ticket {
 }
 
 /// How one attempt at a node ended.
-enum Attempt {
+pub(super) enum Attempt {
     Reply(Bytes),
     /// The node left the ring (or restarted): send again.
     Reroute,
@@ -211,7 +211,12 @@ async fn ejected(shared: &Shared, node: NodeId) {
 /// Sends `body` to `node` and waits for the reply, or for the node to
 /// leave the ring. `queued` runs once the request is in the session's
 /// queue (so later commands may follow it).
-async fn attempt(shared: &Shared, node: NodeId, body: Bytes, queued: impl FnOnce()) -> Attempt {
+pub(super) async fn attempt(
+    shared: &Shared,
+    node: NodeId,
+    body: Bytes,
+    queued: impl FnOnce(),
+) -> Attempt {
     let mut call = pin!(shared
         .ep
         .call(node, CACHE_CHANNEL, body, shared.cfg.call_timeout));
@@ -252,6 +257,9 @@ pub(super) async fn one_key(
     key: &[u8],
     cmd: &Command,
 ) -> Result<Bytes, RouteError> {
+    if shared.cfg.replicas > 1 {
+        return super::replica::one_key(shared, ticket, key, cmd).await;
+    }
     let mut body = BytesMut::new();
     let _ = cmd.encode(&mut body);
     let body = body.freeze();
@@ -279,6 +287,9 @@ pub(super) async fn get(
     cas: bool,
     touch: Option<i32>,
 ) -> Result<Vec<Bytes>, RouteError> {
+    if shared.cfg.replicas > 1 {
+        return super::replica::get(shared, ticket, keys, cas, touch).await;
+    }
     let mut replies = Vec::new();
     let mut todo: Vec<Bytes> = keys.to_vec();
     for _ in 0..=MAX_REROUTES {

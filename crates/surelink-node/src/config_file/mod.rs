@@ -106,6 +106,7 @@
 //!                                                   #   file: every node there with addrs)
 //! # max_clients = 10000; max_pipeline = 128; call_timeout_ms = 5000
 //! # max_clients_per_addr = 1024; idle_timeout_secs = 600; max_reply_bytes = 16777216
+//! # replicas = 1                                   # 2+: a replicated pool (docs/cache.md)
 //! ```
 //!
 //! A file written before cluster files said less still loads: entries

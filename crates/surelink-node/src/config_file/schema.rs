@@ -189,6 +189,9 @@ pub struct ProxySection {
     pub idle_timeout_secs: Option<u64>,
     /// A client's outstanding reply bytes (default: the proxy's).
     pub max_reply_bytes: Option<usize>,
+    /// Nodes holding each key: 1 (the default) as memcached, 2 or more a
+    /// replicated pool (writes to every replica, reads from one).
+    pub replicas: Option<usize>,
     /// PostMan helpers' relay addresses (`surelink helper`'s `[helper]
     /// listen`): the proxy goes through one to a node whose call p99
     /// stays above `helper_sla_ms` (default: none, always direct).

@@ -1,0 +1,350 @@
+//! Replicated pools (`replicas` ≥ 2): each key lives on the first
+//! `replicas` nodes of the ring from its point ([`Ring::replicas`]) —
+//! the same nodes whatever their state, so a node that is not one of a
+//! key's replicas never holds a copy of it, old or new.
+//!
+//! - **Reads** (`get`, `gets`, `mg` without `N`/`R`, `me`) go to the live
+//!   replica with the fewest reads in flight from this proxy, and on to
+//!   the next on a miss or a failure: a replica that came back empty, or
+//!   died in between, costs one more request, not a miss.
+//! - **Writes that do not depend on the item** (`set`, `delete`, `touch`,
+//!   `gat`, `ms` in set mode without a CAS, `md` without a CAS) go to every
+//!   live replica at once; the client gets the first replica's answer.
+//! - **Writes that do** (`add`, `replace`, `append`, `prepend`, `cas`,
+//!   `incr`, `decr`, `ma`, `ms` in another mode or with a CAS, `md` with a
+//!   CAS, `mg` with `N` or `R`) run on the first live replica alone: the
+//!   replicas could answer differently (one came back empty), and one
+//!   answer must decide. When it changed the item, the key is then deleted
+//!   from the other live replicas before the client is answered: a read
+//!   there misses and goes on to the first, so no replica ever serves a
+//!   value the first no longer holds.
+//!
+//! No stale read: a replica out of the ring gets no write and no read; it
+//! comes back only after the watcher emptied it (`flush_all`, sent after
+//! every command it had been sent — `proxy/mod.rs`), and a node that
+//! fenced itself emptied itself. So a replica holds, for each key, either
+//! the last write or nothing.
+//!
+//! What it does not do: order two proxies' concurrent writes to one key
+//! the same way on every replica (each proxy's own writes are: its
+//! sessions to the nodes are ordered, and a write goes to every replica
+//! before a later one); refill a replica that came back (it fills as keys
+//! are written again); serve a key whose replicas are all out of the ring
+//! (`SERVER_ERROR no cache node available`).
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::task::Poll;
+
+use bytes::{Bytes, BytesMut};
+use surelink::proto::NodeId;
+use surelink::CallError;
+
+use super::route::{attempt, Attempt, RouteError, Ticket};
+use super::Shared;
+use crate::text::meta::{MetaOp, SetMode};
+use crate::text::{split_values, Command, StoreOp};
+
+/// How a replicated pool runs a command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Class {
+    /// One replica answers; a miss goes on to the next.
+    Read,
+    /// Every live replica, at once.
+    All,
+    /// The first live replica; the others lose the key if it changed.
+    First,
+}
+
+/// The class of a command on one key.
+pub(super) fn class(cmd: &Command) -> Class {
+    match cmd {
+        Command::Store {
+            op: StoreOp::Set, ..
+        }
+        | Command::Delete { .. }
+        | Command::Touch { .. }
+        | Command::TooLarge { .. } => Class::All,
+        Command::Store { .. } | Command::Arith { .. } => Class::First,
+        Command::Meta(m) => {
+            let o = &m.opts;
+            match m.op {
+                MetaOp::Get if o.vivify.is_some() || o.recache.is_some() => Class::First,
+                MetaOp::Get if o.ttl.is_some() => Class::All,
+                MetaOp::Get | MetaOp::Debug => Class::Read,
+                MetaOp::Set
+                    if o.mode == SetMode::Set && o.compare_cas.is_none() && !o.invalidate =>
+                {
+                    Class::All
+                }
+                MetaOp::Delete if o.compare_cas.is_none() => Class::All,
+                _ => Class::First,
+            }
+        }
+        _ => Class::All,
+    }
+}
+
+/// The key's replicas in the ring now, in ring order.
+fn live(shared: &Shared, key: &[u8]) -> Vec<NodeId> {
+    let ring = shared.ring.read();
+    ring.replicas(key, shared.cfg.replicas)
+        .into_iter()
+        .filter(|n| !ring.is_ejected(*n))
+        .collect()
+}
+
+/// `nodes` with the least loaded first (ring order among equals).
+fn by_load(shared: &Shared, mut nodes: Vec<NodeId>) -> Vec<NodeId> {
+    let load = |n: &NodeId| shared.load.get(n).map_or(0, |l| l.load(Relaxed));
+    nodes.sort_by_key(load);
+    nodes
+}
+
+/// A read attempt, counted in the node's load while it runs.
+async fn read(shared: &Shared, node: NodeId, body: Bytes, queued: impl FnOnce()) -> Attempt {
+    let l = shared.load.get(&node);
+    if let Some(l) = l {
+        l.fetch_add(1, Relaxed);
+    }
+    let a = attempt(shared, node, body, queued).await;
+    if let Some(l) = l {
+        l.fetch_sub(1, Relaxed);
+    }
+    a
+}
+
+/// Whether a read's answer is a miss (the next replica may hold it).
+fn missed(cmd: &Command, reply: &[u8]) -> bool {
+    match cmd {
+        // A quiet `mg` says nothing on a miss.
+        Command::Meta(m) => reply.starts_with(b"EN") || (m.opts.quiet && reply.is_empty()),
+        _ => reply == b"END\r\n",
+    }
+}
+
+/// Whether a `First` command's answer says it changed the item.
+fn changed(reply: &[u8]) -> bool {
+    [
+        &b"STORED"[..],
+        b"DELETED",
+        b"TOUCHED",
+        b"HD",
+        b"VA ",
+        b"OK",
+    ]
+    .iter()
+    .any(|p| reply.starts_with(p))
+        || reply.first().is_some_and(u8::is_ascii_digit)
+        // A quiet meta command that went well says nothing.
+        || reply.is_empty()
+}
+
+/// Runs `cmd` on `key`'s replicas (see the module docs).
+pub(super) async fn one_key(
+    shared: &Shared,
+    ticket: Ticket,
+    key: &[u8],
+    cmd: &Command,
+) -> Result<Bytes, RouteError> {
+    let mut body = BytesMut::new();
+    let _ = cmd.encode(&mut body);
+    let body = body.freeze();
+    let gen = ticket.turn(shared).await;
+    let nodes = live(shared, key);
+    if nodes.is_empty() {
+        return Err(RouteError::NoNode);
+    }
+    match class(cmd) {
+        Class::Read => {
+            let mut last = Err(RouteError::NoNode);
+            let mut sent = Some(|| ticket.sent(gen));
+            for n in by_load(shared, nodes) {
+                let queued = || {
+                    if let Some(s) = sent.take() {
+                        s();
+                    }
+                };
+                match read(shared, n, body.clone(), queued).await {
+                    Attempt::Reply(r) if missed(cmd, &r) => last = Ok(r),
+                    Attempt::Reply(r) => return Ok(r),
+                    Attempt::Reroute => {
+                        shared.stats.rerouted.fetch_add(1, Relaxed);
+                    }
+                    Attempt::Failed(e) => {
+                        if last.is_err() {
+                            last = Err(RouteError::Call(e));
+                        }
+                    }
+                }
+            }
+            last
+        }
+        Class::All => {
+            let answers = all(shared, &nodes, &body, || ticket.sent(gen)).await;
+            first_answer(answers)
+        }
+        Class::First => {
+            let first = nodes[0];
+            let r = match attempt(shared, first, body, || ticket.sent(gen)).await {
+                Attempt::Reply(r) => r,
+                Attempt::Reroute => return Err(RouteError::Call(CallError::Timeout)),
+                Attempt::Failed(e) => return Err(RouteError::Call(e)),
+            };
+            if changed(&r) && nodes.len() > 1 {
+                let base64 = matches!(cmd, Command::Meta(m) if m.opts.base64);
+                let mut del = BytesMut::new();
+                let _ = Command::TooLarge {
+                    key: Bytes::copy_from_slice(key),
+                    unlink: true,
+                    noreply: false,
+                    base64,
+                }
+                .encode(&mut del);
+                // Failures are the watcher's: a replica that did not
+                // answer leaves the ring and comes back empty.
+                let _ = all(shared, &nodes[1..], &del.freeze(), || {}).await;
+            }
+            Ok(r)
+        }
+    }
+}
+
+/// Sends `body` to every one of `nodes` (all queued before `queued`
+/// runs) and waits for every answer.
+async fn all(
+    shared: &Shared,
+    nodes: &[NodeId],
+    body: &Bytes,
+    queued: impl FnOnce(),
+) -> Vec<Attempt> {
+    let calls = nodes
+        .iter()
+        .map(|&n| attempt(shared, n, body.clone(), || {}));
+    let mut all = pin!(futures_util::future::join_all(calls));
+    let first = std::future::poll_fn(|cx| Poll::Ready(all.as_mut().poll(cx))).await;
+    queued();
+    match first {
+        Poll::Ready(d) => d,
+        Poll::Pending => all.await,
+    }
+}
+
+/// The first replica's answer, or the next one's if it had none.
+fn first_answer(answers: Vec<Attempt>) -> Result<Bytes, RouteError> {
+    let mut err = RouteError::NoNode;
+    for a in answers {
+        match a {
+            Attempt::Reply(r) => return Ok(r),
+            Attempt::Failed(e) => {
+                if matches!(err, RouteError::NoNode) {
+                    err = RouteError::Call(e);
+                }
+            }
+            Attempt::Reroute => {}
+        }
+    }
+    Err(err)
+}
+
+/// A multi-get in a replicated pool: each key from its least loaded live
+/// replica, the keys it missed (or whose replica failed) from the next,
+/// until found or out of replicas. The replies' `VALUE` blocks.
+pub(super) async fn get(
+    shared: &Shared,
+    ticket: Ticket,
+    keys: &[Bytes],
+    cas: bool,
+    touch: Option<i32>,
+) -> Result<Vec<Bytes>, RouteError> {
+    let gen = ticket.turn(shared).await;
+    // Each key's replicas still to ask, least loaded first.
+    let mut todo: Vec<(Bytes, Vec<NodeId>)> = Vec::with_capacity(keys.len());
+    for k in keys {
+        let mut nodes = by_load(shared, live(shared, k));
+        if nodes.is_empty() {
+            return Err(RouteError::NoNode);
+        }
+        nodes.reverse();
+        todo.push((k.clone(), nodes));
+    }
+    let mut replies = Vec::new();
+    let mut sent = Some(|| ticket.sent(gen));
+    let mut failure = None;
+    while !todo.is_empty() {
+        let mut per_node: Vec<(NodeId, Vec<Bytes>)> = Vec::new();
+        let mut next = Vec::new();
+        for (k, mut nodes) in todo.drain(..) {
+            let Some(n) = nodes.pop() else { continue };
+            next.push((k.clone(), nodes, n));
+            match per_node
+                .iter_mut()
+                .find(|(m, ks)| *m == n && ks.len() < super::GET_BATCH)
+            {
+                Some((_, ks)) => ks.push(k.clone()),
+                None => per_node.push((n, vec![k])),
+            }
+        }
+        let parts = per_node.iter().map(|(n, ks)| {
+            let mut body = BytesMut::new();
+            let _ = Command::Get {
+                keys: ks.clone(),
+                cas,
+                touch,
+            }
+            .encode(&mut body);
+            read(shared, *n, body.freeze(), || {})
+        });
+        let mut all = pin!(futures_util::future::join_all(parts));
+        let first = std::future::poll_fn(|cx| Poll::Ready(all.as_mut().poll(cx))).await;
+        if let Some(s) = sent.take() {
+            s();
+        }
+        let done = match first {
+            Poll::Ready(d) => d,
+            Poll::Pending => all.await,
+        };
+        let mut found: Vec<Bytes> = Vec::new();
+        let mut failed: Vec<NodeId> = Vec::new();
+        for (a, (n, _)) in done.into_iter().zip(&per_node) {
+            match a {
+                Attempt::Reply(r) => match split_values(&r) {
+                    Some(v) => {
+                        found.extend(v.into_iter().map(|(k, _)| k));
+                        replies.push(r);
+                    }
+                    // An error line instead of values: that part failed.
+                    None => {
+                        failed.push(*n);
+                        failure = Some(RouteError::Call(CallError::Timeout));
+                    }
+                },
+                Attempt::Reroute => {
+                    shared.stats.rerouted.fetch_add(1, Relaxed);
+                    failed.push(*n);
+                }
+                Attempt::Failed(e) => {
+                    failed.push(*n);
+                    failure = Some(RouteError::Call(e));
+                }
+            }
+        }
+        // Keys found are done; the others go to their next replica. A key
+        // whose last replica failed has no answer: the client gets the
+        // error, not a miss.
+        for (k, nodes, n) in next {
+            if found.contains(&k) {
+                continue;
+            }
+            if nodes.is_empty() {
+                if failed.contains(&n) {
+                    return Err(failure.unwrap_or(RouteError::NoNode));
+                }
+                continue;
+            }
+            todo.push((k, nodes));
+        }
+    }
+    Ok(replies)
+}

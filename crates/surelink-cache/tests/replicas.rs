@@ -1,0 +1,287 @@
+//! Replicated pools on loopback (three nodes, `replicas = 2`): a node's
+//! death costs no miss and no error; a node cut off past its peer window
+//! and back serves nothing stale; writes that depend on the item leave no
+//! replica holding another value. Each replica's content is read
+//! directly (a `get` sent to that node), not only through the proxy.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use bytes::Bytes;
+use surelink::proto::NodeId;
+use surelink_cache::local::{Items, LocalCluster};
+use surelink_cache::{Ring, CACHE_CHANNEL};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+async fn cluster() -> LocalCluster {
+    LocalCluster::start_tuned(
+        3,
+        Items::Embedded(16 << 20),
+        "127.0.0.1:0".parse().unwrap(),
+        |cfg| cfg.replicas = 2,
+    )
+    .await
+    .unwrap()
+}
+
+/// Sends `req`, reads until the answer ends with `end`.
+async fn ask(s: &mut TcpStream, req: &[u8], end: &[u8]) -> String {
+    s.write_all(req).await.unwrap();
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(12);
+    while !got.ends_with(end) {
+        let mut b = [0u8; 65536];
+        let n = tokio::time::timeout_at(deadline, s.read(&mut b))
+            .await
+            .unwrap_or_else(|_| {
+                panic!("no answer in time; got {:?}", String::from_utf8_lossy(&got))
+            })
+            .unwrap();
+        assert!(n > 0, "closed");
+        got.extend_from_slice(&b[..n]);
+    }
+    String::from_utf8(got).unwrap()
+}
+
+/// What node `n` itself holds for `key` (its `get` answer).
+async fn held(c: &LocalCluster, n: NodeId, key: &str) -> String {
+    let r = c
+        .proxy_ep
+        .call(
+            n,
+            CACHE_CHANNEL,
+            Bytes::from(format!("get {key}\r\n")),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    String::from_utf8(r.to_vec()).unwrap()
+}
+
+fn replicas(c: &LocalCluster, key: &str) -> Vec<NodeId> {
+    Ring::new(&c.node_ids()).replicas(key.as_bytes(), 2)
+}
+
+async fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_replica_costs_no_miss_and_no_error() {
+    let mut c = cluster().await;
+    let mut s = TcpStream::connect(c.proxy.local_addr()).await.unwrap();
+    let keys: Vec<String> = (0..300).map(|i| format!("k{i}")).collect();
+    for k in &keys {
+        assert_eq!(
+            ask(
+                &mut s,
+                format!("set {k} 0 0 2\r\nv1\r\n").as_bytes(),
+                b"\r\n"
+            )
+            .await,
+            "STORED\r\n"
+        );
+    }
+    // Both replicas hold every key; the third node none of them.
+    for k in keys.iter().take(20) {
+        let r = replicas(&c, k);
+        for n in c.node_ids() {
+            let want = if r.contains(&n) {
+                format!("VALUE {k} 0 2\r\nv1\r\nEND\r\n")
+            } else {
+                "END\r\n".to_string()
+            };
+            assert_eq!(held(&c, n, k).await, want, "{k} on {n}");
+        }
+    }
+    let dead = NodeId(2);
+    c.kill_node(dead);
+    // Reads while it is dead, before and after it is ejected: every key
+    // found, none an error.
+    for round in 0..2 {
+        for chunk in keys.chunks(50) {
+            let req = format!("get {}\r\n", chunk.join(" "));
+            let got = ask(&mut s, req.as_bytes(), b"END\r\n").await;
+            assert_eq!(
+                got.matches("VALUE ").count(),
+                chunk.len(),
+                "round {round}: {got}"
+            );
+        }
+        for k in keys.iter().take(50) {
+            let got = ask(&mut s, format!("mg {k} v\r\nmn\r\n").as_bytes(), b"MN\r\n").await;
+            assert_eq!(got, "VA 2\r\nv1\r\nMN\r\n", "round {round}: {k}");
+        }
+        wait_until("node not ejected", || c.proxy.ejected() == vec![dead]).await;
+    }
+    assert_eq!(c.proxy.stats().node_errors.load(Relaxed), 0);
+    assert_eq!(c.proxy.stats().get_misses.load(Relaxed), 0);
+    // Writes while it is out go to the live replica; back, it is empty
+    // and reads still find every key (a miss there goes on).
+    for k in &keys {
+        ask(
+            &mut s,
+            format!("set {k} 0 0 2\r\nv2\r\n").as_bytes(),
+            b"\r\n",
+        )
+        .await;
+    }
+    c.restart_node(dead).await.unwrap();
+    wait_until("node not restored", || c.proxy.ejected().is_empty()).await;
+    for chunk in keys.chunks(50) {
+        let req = format!("get {}\r\n", chunk.join(" "));
+        let got = ask(&mut s, req.as_bytes(), b"END\r\n").await;
+        assert_eq!(got.matches("v2\r\n").count(), chunk.len(), "{got}");
+    }
+    for k in keys
+        .iter()
+        .filter(|k| replicas(&c, k).contains(&dead))
+        .take(20)
+    {
+        assert_eq!(held(&c, dead, k).await, "END\r\n", "{k}: back empty");
+    }
+    assert_eq!(c.proxy.stats().node_errors.load(Relaxed), 0);
+    assert_eq!(c.proxy.stats().get_misses.load(Relaxed), 0);
+    c.shutdown().await;
+}
+
+/// A replica cut off (alive, its items kept) until it is ejected; its keys
+/// are written meanwhile; when it is heard again it comes back empty and
+/// no read through the proxy ever returns the old value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_cut_off_and_back_serves_nothing_stale() {
+    let c = cluster().await;
+    let node = NodeId(3);
+    let keys: Vec<String> = (0..200)
+        .map(|i| format!("c{i}"))
+        .filter(|k| replicas(&c, k).contains(&node))
+        .take(40)
+        .collect();
+    let mut s = TcpStream::connect(c.proxy.local_addr()).await.unwrap();
+    for k in &keys {
+        ask(
+            &mut s,
+            format!("set {k} 0 0 3\r\nold\r\n").as_bytes(),
+            b"\r\n",
+        )
+        .await;
+    }
+    let ep = c.node(node).unwrap().clone();
+    ep.testing().mute_network(0, true);
+    ep.testing().mute_network(1, true);
+    wait_until("node not ejected", || c.proxy.ejected() == vec![node]).await;
+    for k in &keys {
+        assert_eq!(
+            ask(
+                &mut s,
+                format!("set {k} 0 0 3\r\nnew\r\n").as_bytes(),
+                b"\r\n"
+            )
+            .await,
+            "STORED\r\n"
+        );
+    }
+    // It still holds the old values while cut off.
+    ep.testing().mute_network(0, false);
+    ep.testing().mute_network(1, false);
+    // Reads all along its return: never the old value.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut back = false;
+    while std::time::Instant::now() < deadline {
+        for k in &keys {
+            let got = ask(&mut s, format!("get {k}\r\n").as_bytes(), b"END\r\n").await;
+            assert_eq!(got, format!("VALUE {k} 0 3\r\nnew\r\nEND\r\n"));
+        }
+        if c.proxy.ejected().is_empty() {
+            if back {
+                break;
+            }
+            back = true;
+        }
+    }
+    assert!(back, "node not restored");
+    for k in &keys {
+        assert_eq!(held(&c, node, k).await, "END\r\n", "{k}: back empty");
+    }
+    assert_eq!(c.proxy.stats().node_errors.load(Relaxed), 0);
+    c.shutdown().await;
+}
+
+/// `incr`, `append`, `add` run on the first replica; the other loses the
+/// key, so it never serves another value; `set` goes to both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_that_depend_on_the_item_leave_no_replica_behind() {
+    let c = cluster().await;
+    let mut s = TcpStream::connect(c.proxy.local_addr()).await.unwrap();
+    let k = "counter";
+    let r = replicas(&c, k);
+    ask(
+        &mut s,
+        format!("set {k} 0 0 1\r\n5\r\n").as_bytes(),
+        b"\r\n",
+    )
+    .await;
+    for n in &r {
+        assert_eq!(
+            held(&c, *n, k).await,
+            format!("VALUE {k} 0 1\r\n5\r\nEND\r\n")
+        );
+    }
+    assert_eq!(
+        ask(&mut s, format!("incr {k} 3\r\n").as_bytes(), b"\r\n").await,
+        "8\r\n"
+    );
+    assert_eq!(
+        held(&c, r[0], k).await,
+        format!("VALUE {k} 0 1\r\n8\r\nEND\r\n")
+    );
+    assert_eq!(held(&c, r[1], k).await, "END\r\n");
+    // Reads, whichever replica they go to, see 8.
+    for _ in 0..20 {
+        assert_eq!(
+            ask(&mut s, format!("get {k}\r\n").as_bytes(), b"END\r\n").await,
+            format!("VALUE {k} 0 1\r\n8\r\nEND\r\n")
+        );
+    }
+    // A failed conditional write changes nothing anywhere.
+    ask(
+        &mut s,
+        format!("set {k} 0 0 1\r\n1\r\n").as_bytes(),
+        b"\r\n",
+    )
+    .await;
+    assert_eq!(
+        ask(
+            &mut s,
+            format!("add {k} 0 0 1\r\n2\r\n").as_bytes(),
+            b"\r\n"
+        )
+        .await,
+        "NOT_STORED\r\n"
+    );
+    for n in &r {
+        assert_eq!(
+            held(&c, *n, k).await,
+            format!("VALUE {k} 0 1\r\n1\r\nEND\r\n")
+        );
+    }
+    // Meta: a quiet `ma` and an `ms` append leave the second without it.
+    assert_eq!(
+        ask(&mut s, format!("ma {k} q\r\nmn\r\n").as_bytes(), b"MN\r\n").await,
+        "MN\r\n"
+    );
+    assert_eq!(held(&c, r[1], k).await, "END\r\n");
+    assert_eq!(
+        ask(&mut s, format!("mg {k} v\r\n").as_bytes(), b"2\r\n").await,
+        "VA 1\r\n2\r\n"
+    );
+    assert_eq!(c.proxy.stats().node_errors.load(Relaxed), 0);
+    c.shutdown().await;
+}
