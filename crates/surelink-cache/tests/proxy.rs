@@ -329,3 +329,56 @@ async fn garbage_and_idle_clients_harm_no_one() {
     drop(idle);
     c.shutdown().await;
 }
+
+/// A node that dies, comes back and dies again: its keys go to the next
+/// node both times, and the copies its first absence left there are gone
+/// by the second (deleted once it was back) — no stale value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_fails_twice_serves_nothing_stale() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut c = cluster().await;
+    let node = surelink::proto::NodeId(2);
+    let k = key_on(&c, node, true);
+    let mut s = connect(c.proxy.local_addr()).await;
+    let wait = |c: &LocalCluster, out: bool| c.proxy.ejected().contains(&node) == out;
+    c.kill_node(node);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !wait(&c, true) {
+        assert!(std::time::Instant::now() < deadline, "not ejected");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Written on the next node while its own is out.
+    let got = ask(
+        &mut s,
+        format!("set {k} 0 0 2\r\nv1\r\n").as_bytes(),
+        b"\r\n",
+    )
+    .await;
+    assert_eq!(got, b"STORED\r\n");
+    c.restart_node(node).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !wait(&c, false) {
+        assert!(std::time::Instant::now() < deadline, "not restored");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let got = ask(
+        &mut s,
+        format!("set {k} 0 0 2\r\nv2\r\n").as_bytes(),
+        b"\r\n",
+    )
+    .await;
+    assert_eq!(got, b"STORED\r\n");
+    // Give the clean-up its moment (it follows the restore).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.kill_node(node);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !wait(&c, true) {
+        assert!(std::time::Instant::now() < deadline, "not ejected");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // v2 died with the node (one replica); v1 must not come back.
+    let got = ask(&mut s, format!("get {k}\r\n").as_bytes(), b"END\r\n").await;
+    assert_eq!(String::from_utf8(got).unwrap(), "END\r\n");
+    assert_eq!(c.proxy.stats().node_errors.load(Relaxed), 0);
+    c.shutdown().await;
+}

@@ -40,6 +40,7 @@ mod outq;
 mod replica;
 mod route;
 mod stats;
+mod strays;
 
 /// Keys per `get` a node is sent at once (a multi-get is split further).
 pub const GET_BATCH: usize = 16;
@@ -264,6 +265,8 @@ struct Shared {
     /// Reads in flight per node (a replicated read goes to the least
     /// loaded replica).
     load: HashMap<NodeId, AtomicU64>,
+    /// Keys written on a node other than their own (`strays.rs`).
+    strays: parking_lot::Mutex<strays::Strays>,
 }
 
 /// A running proxy.
@@ -308,6 +311,7 @@ impl Proxy {
             started: Instant::now(),
             per_addr: parking_lot::Mutex::new(HashMap::new()),
             load: cfg_nodes.iter().map(|&n| (n, AtomicU64::new(0))).collect(),
+            strays: parking_lot::Mutex::new(strays::Strays::default()),
         });
         let mut helped = Vec::new();
         if !shared.cfg.helpers.is_empty() {
@@ -501,6 +505,41 @@ async fn restore(shared: Arc<Shared>, gen: Arc<watch::Sender<u64>>, node: NodeId
     if shared.ring.write().restore(node) {
         gen.send_modify(|g| *g += 1);
         info!(%node, "cache node back in the ring (emptied)");
+    }
+    clean_strays(&shared, node).await;
+}
+
+/// Deletes what `node`'s keys left on other nodes while it was out (it is
+/// back: those copies are no longer read, and must not be if it fails
+/// again). Nodes that took too many of its keys to remember are emptied.
+async fn clean_strays(shared: &Shared, node: NodeId) {
+    let left = shared.strays.lock().take(node);
+    let timeout = shared.cfg.call_timeout;
+    let flush = Bytes::from_static(b"flush_all\r\n");
+    let mut calls = Vec::new();
+    for n in left.flush {
+        warn!(%node, at = %n, "emptying a node that took too many of a returning node's keys");
+        calls.push((n, flush.clone()));
+    }
+    for (n, keys) in left.keys {
+        calls.extend(keys.iter().map(|k| (n, strays::delete(k))));
+    }
+    let done = calls.len();
+    for chunk in calls.chunks(256) {
+        let sent = chunk.iter().map(|(n, body)| {
+            shared
+                .ep
+                .call(*n, crate::node::CACHE_CHANNEL, body.clone(), timeout)
+        });
+        for r in futures_util::future::join_all(sent).await {
+            if let Err(e) = r {
+                // That node is gone or going: it comes back empty.
+                debug!(error = %e, "deleting a stray copy failed");
+            }
+        }
+    }
+    if done > 0 {
+        info!(%node, copies = done, "stray copies of a returned node's keys deleted");
     }
 }
 

@@ -265,9 +265,21 @@ pub(super) async fn one_key(
     let body = body.freeze();
     for _ in 0..=MAX_REROUTES {
         let gen = ticket.turn(shared).await;
-        let Some(node) = shared.ring.read().node_for(key) else {
-            return Err(RouteError::NoNode);
+        let (node, owner) = {
+            let ring = shared.ring.read();
+            let Some(node) = ring.node_for(key) else {
+                return Err(RouteError::NoNode);
+            };
+            (node, ring.replicas(key, 1).first().copied())
         };
+        // A write on a node standing in for the key's own leaves a copy
+        // there: remembered, to be deleted once its own is back.
+        if let Some(owner) = owner.filter(|&o| o != node && super::strays::writes(cmd)) {
+            shared
+                .strays
+                .lock()
+                .record(owner, node, &Bytes::copy_from_slice(key));
+        }
         match attempt(shared, node, body.clone(), || ticket.sent(gen)).await {
             Attempt::Reply(r) => return Ok(r),
             Attempt::Failed(e) => return Err(RouteError::Call(e)),
