@@ -285,3 +285,43 @@ async fn writes_that_depend_on_the_item_leave_no_replica_behind() {
     assert_eq!(c.proxy.stats().node_errors.load(Relaxed), 0);
     c.shutdown().await;
 }
+
+/// A read that misses on one replica and goes on to the next keeps its
+/// place in the client's order: a write pipelined after it, to the same
+/// key, is not what it finds there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_going_on_to_the_next_replica_keeps_the_clients_order() {
+    let c = cluster().await;
+    let mut s = TcpStream::connect(c.proxy.local_addr()).await.unwrap();
+    for i in 0..20 {
+        let k = format!("o{i}");
+        let r = replicas(&c, &k);
+        ask(
+            &mut s,
+            format!("set {k} 0 0 2\r\nv1\r\n").as_bytes(),
+            b"\r\n",
+        )
+        .await;
+        // The first replica (where an idle proxy reads first) loses it.
+        c.proxy_ep
+            .call(
+                r[0],
+                CACHE_CHANNEL,
+                Bytes::from(format!("delete {k}\r\n")),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+        let got = ask(
+            &mut s,
+            format!("get {k}\r\nset {k} 0 0 2\r\nv2\r\nget {k}\r\n").as_bytes(),
+            b"v2\r\nEND\r\n",
+        )
+        .await;
+        assert_eq!(
+            got,
+            format!("VALUE {k} 0 2\r\nv1\r\nEND\r\nSTORED\r\nVALUE {k} 0 2\r\nv2\r\nEND\r\n")
+        );
+    }
+    c.shutdown().await;
+}

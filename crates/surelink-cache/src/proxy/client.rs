@@ -23,6 +23,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::outq::OutQueue;
+use super::replica;
 use super::route::{self, Order, RouteError};
 use super::{stats, Shared, VERSION};
 use crate::text::meta::MetaOp;
@@ -238,8 +239,10 @@ impl Conn {
         let reserved = distinct.len() * max_item;
         self.reserved += reserved;
         let (s, ticket) = (self.shared.clone(), self.order.ticket());
+        let reading = replica::reading(&s, &ticket, distinct.iter().map(|k| &k[..]));
         self.inflight.push_back(Box::pin(async move {
             let (out, ok) = fetch(&s, ticket, distinct, &named, (cas, touch), last).await;
+            drop(reading);
             Done {
                 out,
                 reserved,
@@ -463,7 +466,11 @@ fn dispatch(shared: &Arc<Shared>, order: &Arc<Order>, cmd: Command) -> CmdFuture
                 _ => 0,
             };
             let (s, ticket) = (shared.clone(), order.ticket());
+            let reading = (replica::class(&cmd) == replica::Class::Read)
+                .then(|| replica::reading(shared, &ticket, [&m.key[..]]))
+                .flatten();
             Box::pin(async move {
+                let _reading = reading;
                 let Command::Meta(m) = &cmd else {
                     return None;
                 };

@@ -19,6 +19,11 @@
 //!   there misses and goes on to the first, so no replica ever serves a
 //!   value the first no longer holds.
 //!
+//! Per client, commands keep their order: a read that goes on to the next
+//! replica does so after later commands of its client may have gone out,
+//! so a later write of the same key waits until that read ended ([`Reads`]);
+//! otherwise the read could find that later write.
+//!
 //! No stale read: a replica out of the ring gets no write and no read; it
 //! comes back only after the watcher emptied it (`flush_all`, sent after
 //! every command it had been sent — `proxy/mod.rs`), and a node that
@@ -35,16 +40,87 @@
 use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::task::Poll;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
 
 use bytes::{Bytes, BytesMut};
 use surelink::proto::NodeId;
 use surelink::CallError;
 
-use super::route::{attempt, Attempt, RouteError, Ticket};
+use super::route::{attempt, Attempt, Order, RouteError, Ticket};
 use super::Shared;
 use crate::text::meta::{MetaOp, SetMode};
 use crate::text::{split_values, Command, StoreOp};
+
+/// One client's reads in flight (ticket, key hash): a read that misses
+/// goes on to the next replica after later commands of its client may
+/// have gone out, so a later write of the same key waits for it to end —
+/// else the read could find that write there, out of the client's order.
+#[derive(Debug, Default)]
+pub(super) struct Reads {
+    inflight: Mutex<Vec<(u64, u64)>>,
+    done: Notify,
+}
+
+/// Holds a read's keys in [`Reads`] until dropped.
+pub(super) struct Reading {
+    order: Arc<Order>,
+    n: u64,
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        let r = &self.order.reads;
+        r.inflight.lock().retain(|(n, _)| *n != self.n);
+        r.done.notify_waiters();
+    }
+}
+
+/// Registers `ticket`'s read of `keys` (call when the command is made, in
+/// the client's order); `None` unless the pool is replicated.
+pub(super) fn reading<'a>(
+    shared: &Shared,
+    ticket: &Ticket,
+    keys: impl IntoIterator<Item = &'a [u8]>,
+) -> Option<Reading> {
+    if shared.cfg.replicas < 2 {
+        return None;
+    }
+    let order = ticket.order().clone();
+    let n = ticket.number();
+    order
+        .reads
+        .inflight
+        .lock()
+        .extend(keys.into_iter().map(|k| (n, crate::store::key_hash(k))));
+    Some(Reading { order, n })
+}
+
+/// Waits until no read of `key` made before `ticket` is in flight.
+async fn after_reads(ticket: &Ticket, key: &[u8]) {
+    let (reads, n, h) = (
+        &ticket.order().reads,
+        ticket.number(),
+        crate::store::key_hash(key),
+    );
+    loop {
+        let done = reads.done.notified();
+        let mut done = pin!(done);
+        done.as_mut().enable();
+        if !reads
+            .inflight
+            .lock()
+            .iter()
+            .any(|&(m, kh)| m < n && kh == h)
+        {
+            return;
+        }
+        done.await;
+    }
+}
 
 /// How a replicated pool runs a command.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,12 +227,16 @@ pub(super) async fn one_key(
     let mut body = BytesMut::new();
     let _ = cmd.encode(&mut body);
     let body = body.freeze();
+    let class = class(cmd);
+    if class != Class::Read {
+        after_reads(&ticket, key).await;
+    }
     let gen = ticket.turn(shared).await;
     let nodes = live(shared, key);
     if nodes.is_empty() {
         return Err(RouteError::NoNode);
     }
-    match class(cmd) {
+    match class {
         Class::Read => {
             let mut last = Err(RouteError::NoNode);
             let mut sent = Some(|| ticket.sent(gen));
@@ -259,15 +339,16 @@ pub(super) async fn get(
     touch: Option<i32>,
 ) -> Result<Vec<Bytes>, RouteError> {
     let gen = ticket.turn(shared).await;
-    // Each key's replicas still to ask, least loaded first.
-    let mut todo: Vec<(Bytes, Vec<NodeId>)> = Vec::with_capacity(keys.len());
+    // Each key's replicas still to ask, least loaded first, and whether
+    // one answered it (a miss there).
+    let mut todo: Vec<(Bytes, Vec<NodeId>, bool)> = Vec::with_capacity(keys.len());
     for k in keys {
         let mut nodes = by_load(shared, live(shared, k));
         if nodes.is_empty() {
             return Err(RouteError::NoNode);
         }
         nodes.reverse();
-        todo.push((k.clone(), nodes));
+        todo.push((k.clone(), nodes, false));
     }
     let mut replies = Vec::new();
     let mut sent = Some(|| ticket.sent(gen));
@@ -275,9 +356,9 @@ pub(super) async fn get(
     while !todo.is_empty() {
         let mut per_node: Vec<(NodeId, Vec<Bytes>)> = Vec::new();
         let mut next = Vec::new();
-        for (k, mut nodes) in todo.drain(..) {
+        for (k, mut nodes, answered) in todo.drain(..) {
             let Some(n) = nodes.pop() else { continue };
-            next.push((k.clone(), nodes, n));
+            next.push((k.clone(), nodes, n, answered));
             match per_node
                 .iter_mut()
                 .find(|(m, ks)| *m == n && ks.len() < super::GET_BATCH)
@@ -333,17 +414,19 @@ pub(super) async fn get(
         // Keys found are done; the others go to their next replica. A key
         // whose last replica failed has no answer: the client gets the
         // error, not a miss.
-        for (k, nodes, n) in next {
+        for (k, nodes, n, answered) in next {
             if found.contains(&k) {
                 continue;
             }
+            let answered = answered || !failed.contains(&n);
             if nodes.is_empty() {
-                if failed.contains(&n) {
-                    return Err(failure.unwrap_or(RouteError::NoNode));
+                // A miss if a replica said so; an error if none answered.
+                if !answered {
+                    return Err(failure.unwrap_or(RouteError::Call(CallError::Timeout)));
                 }
                 continue;
             }
-            todo.push((k, nodes));
+            todo.push((k, nodes, answered));
         }
     }
     Ok(replies)

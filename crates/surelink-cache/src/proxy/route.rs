@@ -42,6 +42,8 @@ const MAX_REROUTES: u32 = 8;
 pub(super) struct Order {
     state: Mutex<OrderState>,
     changed: Notify,
+    /// Its reads in flight, in a replicated pool (`replica.rs`).
+    pub(super) reads: super::replica::Reads,
 }
 
 #[derive(Debug, Default)]
@@ -117,6 +119,18 @@ impl OrderState {
 pub(super) struct Ticket {
     order: Arc<Order>,
     n: u64,
+}
+
+impl Ticket {
+    /// This command's number in its client's order.
+    pub(super) fn number(&self) -> u64 {
+        self.n
+    }
+
+    /// Its client's order.
+    pub(super) fn order(&self) -> &Arc<Order> {
+        &self.order
+    }
 }
 
 impl Drop for Ticket {

@@ -100,12 +100,20 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     let d = seconds as f64;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
-    let (cluster, relay) = start_cluster().await?;
+    let (cluster, relay) = start_cluster(args.replicas).await?;
     let addr = cluster.proxy.local_addr();
     println!("surelink demo: a memcached-compatible cache cluster under fire");
     println!(
-        "  3 cache nodes (embedded store) and a proxy on {addr}, in this process, over two networks (127.0.1.x, 127.0.2.x); default configuration"
+        "  3 cache nodes (embedded store) and a proxy on {addr}, in this process, over two networks (127.0.1.x, 127.0.2.x); default configuration but one setting:"
     );
+    if args.replicas > 1 {
+        println!(
+            "  replicated pool: each key on {} nodes (`[proxy] replicas = {}`; the product's default is 1, memcached's way — `--replicas 1`)",
+            args.replicas, args.replicas
+        );
+    } else {
+        println!("  one node per key (`[proxy] replicas = 1`, the product's default): a dead node's keys are lost, as with memcached");
+    }
     println!("  the proxy reaches every node through a TCP/UDP relay on each network: the faults are made there");
     println!("  role service on: candidates node 1, node 2 (hr-net's role server pushes routing tables and the ring view)");
     let cfg = LoadConfig {
@@ -172,16 +180,28 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
     cluster.shutdown().await;
     relay.shutdown().await;
 
-    // Keys whose items died with the victim.
+    // Where each key's copies lived: the failing shard empties node 1's
+    // copy, the kill node 2's.
+    let emptied_by_shard = |key: &str, n: NodeId| {
+        n == SHARD_NODE && shard_index(key.as_bytes(), DEFAULT_SHARDS) == SHARD
+    };
+    // Keys every copy of which died with the victim (or before it, in the
+    // failing shard): with one replica, node 2's keys.
     let lost: Vec<bool> = (0..args.keys)
-        .map(|k| ring.node_for(key_name(k).as_bytes()) == Some(VICTIM))
+        .map(|k| {
+            let key = key_name(k);
+            ring.replicas(key.as_bytes(), args.replicas)
+                .iter()
+                .all(|&n| n == VICTIM || emptied_by_shard(&key, n))
+        })
         .collect();
-    // Keys of the failing shard.
+    // Keys every copy of which the failing shard held.
     let in_shard: Vec<bool> = (0..args.keys)
         .map(|k| {
             let key = key_name(k);
-            ring.node_for(key.as_bytes()) == Some(SHARD_NODE)
-                && shard_index(key.as_bytes(), DEFAULT_SHARDS) == SHARD
+            ring.replicas(key.as_bytes(), args.replicas)
+                .iter()
+                .all(|&n| emptied_by_shard(&key, n))
         })
         .collect();
     let phases = [
@@ -251,19 +271,37 @@ pub(crate) async fn run(args: &DemoArgs) -> Result<()> {
         c.fabric_misses,
         c.stale + c.wrong
     );
+    if args.replicas > 1 {
+        println!(
+            "  misses after node {VICTIM}'s kill: {} — every one a key whose other copy node {SHARD_NODE}'s failing shard {SHARD} had emptied just before ({} of {} keys; expected); of the keys with a copy left: 0",
+            c.expected_misses,
+            lost.iter().filter(|l| **l).count(),
+            args.keys,
+        );
+    } else {
+        println!(
+            "  misses of keys that lived on node {VICTIM} after its kill (expected): {} ({} of {} keys were on it)",
+            c.expected_misses,
+            lost.iter().filter(|l| **l).count(),
+            args.keys
+        );
+    }
     println!(
-        "  misses of keys that lived on node {VICTIM} after its kill (expected): {} ({} of {} keys were on it)",
-        c.expected_misses,
-        lost.iter().filter(|l| **l).count(),
-        args.keys
-    );
-    println!(
-        "  misses of keys in node {SHARD_NODE}'s shard {SHARD} after its fault began (expected: each recovery emptied it): {} ({} of {} keys were in it)",
+        "  misses of keys in node {SHARD_NODE}'s shard {SHARD} after its fault began (expected: each recovery emptied it): {} ({} of {} keys had every copy in it)",
         c.shard_misses,
         in_shard.iter().filter(|l| **l).count(),
         args.keys
     );
-    let shard_key = |s: &Sample| in_shard.get(s.key as usize).copied().unwrap_or(false);
+    // Keys with a copy in the failing shard (their latency during it).
+    let has_shard_copy: Vec<bool> = (0..args.keys)
+        .map(|k| {
+            let key = key_name(k);
+            ring.replicas(key.as_bytes(), args.replicas)
+                .iter()
+                .any(|&n| emptied_by_shard(&key, n))
+        })
+        .collect();
+    let shard_key = |s: &Sample| has_shard_copy.get(s.key as usize).copied().unwrap_or(false);
     let fault = &phases[3];
     let (others, its) = (
         phase_row_of(&samples, fault, |s| !shard_key(s))?,
@@ -393,7 +431,7 @@ impl DemoRelay {
 
 /// The nodes, a relay link in front of each of their addresses, and the
 /// proxy dialling the links.
-async fn start_cluster() -> Result<(LocalCluster, DemoRelay)> {
+async fn start_cluster(replicas: usize) -> Result<(LocalCluster, DemoRelay)> {
     let nodes =
         LocalCluster::bind_nodes(3, surelink_cache::local::Items::Embedded(256 << 20), true)
             .await
@@ -425,12 +463,16 @@ async fn start_cluster() -> Result<(LocalCluster, DemoRelay)> {
         .map(|(node, ids)| (node, relay.links(&ids)))
         .collect();
     let cluster = nodes
-        .start_proxy("127.0.0.1:0".parse()?, |id| {
-            via.iter()
-                .find(|(n, _)| *n == id)
-                .map(|(_, a)| a.clone())
-                .unwrap_or_default()
-        })
+        .start_proxy_tuned(
+            "127.0.0.1:0".parse()?,
+            |id| {
+                via.iter()
+                    .find(|(n, _)| *n == id)
+                    .map(|(_, a)| a.clone())
+                    .unwrap_or_default()
+            },
+            |cfg| cfg.replicas = replicas,
+        )
         .await
         .context("starting the proxy through the relay")?;
     Ok((

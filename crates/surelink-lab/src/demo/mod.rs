@@ -43,6 +43,11 @@ pub(crate) struct DemoArgs {
     /// Cluster: distinct keys (Zipf-popular).
     #[arg(long, default_value_t = 10_000)]
     pub(crate) keys: u32,
+    /// Cluster: nodes holding each key (the proxy's `[proxy] replicas`).
+    /// 2, the demo's: a node's death costs no miss. 1 is the product's
+    /// default, memcached's way: a dead node's keys are lost.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) replicas: usize,
     /// Cluster: where the report (JSON) and the timeline (PNG) go.
     #[arg(long, default_value = "target/demo")]
     pub(crate) out: PathBuf,
