@@ -272,6 +272,7 @@ fn start_surelink(dir: &Path) -> Result<(Vec<Proc>, SocketAddr)> {
         &nodes,
         addr,
         [ADDRS[0][0], ADDRS[0][1]],
+        1,
         "",
     )?;
     let procs = procs::spawn_surelink(dir, &files, &proxy, Some(HOSTS[1]), Some(HOSTS[0]))?;

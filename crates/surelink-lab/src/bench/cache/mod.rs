@@ -8,6 +8,8 @@
 //!   configures a cache that ejects failed servers;
 //! - `surelink`: `surelink cache proxy` in front of three `surelink cache
 //!   node`s with the embedded store, over two networks (loopback ranges);
+//! - `surelink-replicated`: `surelink` with `[proxy] replicas = 2` (each
+//!   key on two nodes: every set written twice);
 //! - `surelink-memcached`: the same, each node fronting its own memcached.
 //!
 //! Every server is its own process with the product's defaults; each is
@@ -16,9 +18,11 @@
 //! medians. Client and servers share this machine's cores — the report
 //! says how many — so each server's CPU seconds per million requests are
 //! reported next to its throughput. `--failure` adds the netns row
-//! ([`failure`]).
+//! ([`failure`]); `--kill` the row of a server process killed under load
+//! ([`kill`]).
 
 pub(crate) mod failure;
+mod kill;
 mod procs;
 
 use std::net::SocketAddr;
@@ -67,6 +71,13 @@ pub(crate) struct CacheBenchArgs {
     /// Only the failure row.
     #[arg(long)]
     failure_only: bool,
+    /// Also the kill row: a cache server process killed under load
+    /// (nutcracker's memcached; a surelink node with 1 and 2 replicas).
+    #[arg(long)]
+    kill: bool,
+    /// Only the kill row.
+    #[arg(long)]
+    kill_only: bool,
     /// Directory for cache.json, logs and the configurations.
     #[arg(long, default_value = "results/bench-cache")]
     out: PathBuf,
@@ -84,6 +95,7 @@ pub(crate) enum Contender {
     Memcached,
     Nutcracker,
     Surelink,
+    SurelinkReplicated,
     SurelinkMemcached,
 }
 
@@ -93,6 +105,7 @@ impl Contender {
             Contender::Memcached => "memcached (direct)",
             Contender::Nutcracker => "nutcracker -> 3 memcached",
             Contender::Surelink => "surelink proxy -> 3 nodes",
+            Contender::SurelinkReplicated => "surelink proxy -> 3 nodes, 2 replicas",
             Contender::SurelinkMemcached => "surelink -> 3 nodes -> memcached",
         }
     }
@@ -186,7 +199,7 @@ async fn start(c: Contender, dir: &Path, tuned: &str) -> Result<Running> {
                 .context("nutcracker not installed (apt-get install nutcracker)")?;
             procs.push(procs::nutcracker(&bin, &dir, addr, &servers, None)?);
         }
-        Contender::Surelink | Contender::SurelinkMemcached => {
+        Contender::Surelink | Contender::SurelinkReplicated | Contender::SurelinkMemcached => {
             let mut nodes = Vec::new();
             for id in 1..=3u8 {
                 let ips = [
@@ -215,8 +228,19 @@ async fn start(c: Contender, dir: &Path, tuned: &str) -> Result<Running> {
             }
             let port = procs::free_port("127.0.0.1")?;
             addr = SocketAddr::from(([127, 0, 0, 1], port));
-            let (node_files, proxy_file) =
-                procs::surelink_configs(&dir, &nodes, addr, ["127.0.1.20", "127.0.2.20"], tuned)?;
+            let replicas = if c == Contender::SurelinkReplicated {
+                2
+            } else {
+                1
+            };
+            let (node_files, proxy_file) = procs::surelink_configs(
+                &dir,
+                &nodes,
+                addr,
+                ["127.0.1.20", "127.0.2.20"],
+                replicas,
+                tuned,
+            )?;
             // memcached listens before the nodes connect to it.
             tokio::time::sleep(Duration::from_millis(200)).await;
             procs.extend(procs::spawn_surelink(
@@ -356,12 +380,13 @@ pub(crate) async fn run(args: &CacheBenchArgs) -> Result<()> {
         );
     }
     let mut points = Vec::new();
-    if !args.failure_only {
+    if !args.failure_only && !args.kill_only {
         let mut contenders: Vec<Contender> = if args.only.is_empty() {
             vec![
                 Contender::Memcached,
                 Contender::Nutcracker,
                 Contender::Surelink,
+                Contender::SurelinkReplicated,
                 Contender::SurelinkMemcached,
             ]
         } else {
@@ -374,7 +399,7 @@ pub(crate) async fn run(args: &CacheBenchArgs) -> Result<()> {
                 }
                 Contender::Nutcracker => (memcached_bin().is_none() || nutcracker_bin().is_none())
                     .then_some("memcached and nutcracker"),
-                Contender::Surelink => None,
+                Contender::Surelink | Contender::SurelinkReplicated => None,
             };
             if let Some(m) = missing {
                 println!("  SKIPPED {}: {m} not installed", c.label());
@@ -412,6 +437,11 @@ pub(crate) async fn run(args: &CacheBenchArgs) -> Result<()> {
     } else {
         None
     };
+    let kill = if args.kill || args.kill_only {
+        Some(kill::run(&args.out).await?)
+    } else {
+        None
+    };
     let json = serde_json::json!({
         "cores": cores,
         "seconds": args.seconds,
@@ -421,6 +451,7 @@ pub(crate) async fn run(args: &CacheBenchArgs) -> Result<()> {
         "surelink_tuned": args.surelink_tuned,
         "points": points,
         "failure": failure,
+        "kill": kill,
     });
     let path = args.out.join("cache.json");
     std::fs::write(&path, serde_json::to_vec_pretty(&json)?)?;
@@ -460,7 +491,10 @@ fn report(args: &CacheBenchArgs, contenders: &[Contender], points: &[Point]) {
                     .map(|p| p.cpu_per_million.iter().map(|(_, s)| s).sum())
                     .collect(),
             );
-            let detector = if matches!(c, Contender::Surelink | Contender::SurelinkMemcached) {
+            let detector = if matches!(
+                c,
+                Contender::Surelink | Contender::SurelinkReplicated | Contender::SurelinkMemcached
+            ) {
                 format!(
                     "{:.2}",
                     median(ps.iter().map(|p| p.detector_cpu_per_million).collect())

@@ -228,6 +228,7 @@ pub(super) fn surelink_configs(
     nodes: &[NodeSpec],
     listen: SocketAddr,
     dial_from: [&str; 2],
+    replicas: usize,
     tuned: &str,
 ) -> Result<(Vec<PathBuf>, PathBuf)> {
     std::fs::create_dir_all(dir)?;
@@ -271,7 +272,7 @@ pub(super) fn surelink_configs(
         ));
     }
     let proxy = format!(
-        "node = 100\ncluster = 21\nkey_file = {:?}\ndial_from = [\"{}:0\", \"{}:0\"]\n\n[proxy]\nlisten = \"{listen}\"\n{members}{peers}",
+        "node = 100\ncluster = 21\nkey_file = {:?}\ndial_from = [\"{}:0\", \"{}:0\"]\n\n[proxy]\nlisten = \"{listen}\"\nreplicas = {replicas}\n{members}{peers}",
         proxy_key.display().to_string(),
         dial_from[0],
         dial_from[1]
