@@ -27,6 +27,21 @@ struct View<'a> {
     number: Option<&'a [u8]>,
 }
 
+impl<'a> View<'a> {
+    /// The request's own key, no item (a failure's, or before the item).
+    fn request(m: &'a Meta, now: i64) -> View<'a> {
+        View {
+            key: &m.key,
+            binary: m.opts.base64,
+            item: None,
+            expires: 0,
+            fetched: false,
+            accessed: now,
+            number: None,
+        }
+    }
+}
+
 impl Store {
     /// Runs a meta command at `now`, appending memcached's answer (nothing
     /// when quiet mode hides it).
@@ -146,15 +161,7 @@ impl Store {
             }
             _ => None,
         };
-        let mut v = View {
-            key: &m.key,
-            binary: o.base64,
-            item: None,
-            expires: 0,
-            fetched: false,
-            accessed: now,
-            number: None,
-        };
+        let mut v = View::request(m, now);
         if let Some(code) = refused {
             out.put_slice(code.as_bytes());
             flags(m, &mut v, now, false, out);
@@ -209,15 +216,7 @@ impl Store {
     fn meta_delete(&self, m: &Meta, now: i64, out: &mut BytesMut) {
         let o = &m.opts;
         let _g = self.lock(&m.key);
-        let mut v = View {
-            key: &m.key,
-            binary: o.base64,
-            item: None,
-            expires: 0,
-            fetched: false,
-            accessed: now,
-            number: None,
-        };
+        let mut v = View::request(m, now);
         let code = match self.live(&m.key, now) {
             None => "NF",
             Some(old) if o.compare_cas.is_some_and(|c| c != old.cas) => "EX",
@@ -252,15 +251,7 @@ impl Store {
     fn meta_arith(&self, m: &Meta, now: i64, out: &mut BytesMut) {
         let o = &m.opts;
         let _g = self.lock(&m.key);
-        let mut v = View {
-            key: &m.key,
-            binary: o.base64,
-            item: None,
-            expires: 0,
-            fetched: false,
-            accessed: now,
-            number: None,
-        };
+        let mut v = View::request(m, now);
         let (item, number, created) = match self.live(&m.key, now) {
             None if o.vivify.is_some() => {
                 let text = o.initial.to_string();

@@ -37,11 +37,9 @@
 //! are written again); serve a key whose replicas are all out of the ring
 //! (`SERVER_ERROR no cache node available`).
 
-use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::task::Poll;
 
 use parking_lot::Mutex;
 use tokio::sync::Notify;
@@ -50,7 +48,7 @@ use bytes::{Bytes, BytesMut};
 use surelink::proto::NodeId;
 use surelink::CallError;
 
-use super::route::{attempt, Attempt, Order, RouteError, Ticket};
+use super::route::{attempt, join_queued, Attempt, Order, RouteError, Ticket};
 use super::Shared;
 use crate::text::meta::{MetaOp, SetMode};
 use crate::text::{split_values, Command, StoreOp};
@@ -302,13 +300,7 @@ async fn all(
     let calls = nodes
         .iter()
         .map(|&n| attempt(shared, n, body.clone(), || {}));
-    let mut all = pin!(futures_util::future::join_all(calls));
-    let first = std::future::poll_fn(|cx| Poll::Ready(all.as_mut().poll(cx))).await;
-    queued();
-    match first {
-        Poll::Ready(d) => d,
-        Poll::Pending => all.await,
-    }
+    join_queued(calls, queued).await
 }
 
 /// The first replica's answer, or the next one's if it had none.
@@ -377,15 +369,12 @@ pub(super) async fn get(
             .encode(&mut body);
             read(shared, *n, body.freeze(), || {})
         });
-        let mut all = pin!(futures_util::future::join_all(parts));
-        let first = std::future::poll_fn(|cx| Poll::Ready(all.as_mut().poll(cx))).await;
-        if let Some(s) = sent.take() {
-            s();
-        }
-        let done = match first {
-            Poll::Ready(d) => d,
-            Poll::Pending => all.await,
-        };
+        let done = join_queued(parts, || {
+            if let Some(s) = sent.take() {
+                s();
+            }
+        })
+        .await;
         let mut found: Vec<Bytes> = Vec::new();
         let mut failed: Vec<NodeId> = Vec::new();
         for (a, (n, _)) in done.into_iter().zip(&per_node) {

@@ -255,6 +255,22 @@ pub(super) async fn attempt(
     }
 }
 
+/// Runs `parts` together: every one is polled once, in order (so each
+/// queues its request), then `queued` runs, then all are awaited.
+pub(super) async fn join_queued<F: Future>(
+    parts: impl IntoIterator<Item = F>,
+    queued: impl FnOnce(),
+) -> Vec<F::Output> {
+    // join_all polls every part once, in order, on its first poll.
+    let mut all = pin!(futures_util::future::join_all(parts));
+    let first = std::future::poll_fn(|cx| Poll::Ready(all.as_mut().poll(cx))).await;
+    queued();
+    match first {
+        Poll::Ready(d) => d,
+        Poll::Pending => all.await,
+    }
+}
+
 /// Why a routed command got no node's answer.
 pub(super) enum RouteError {
     /// Every node is out of the ring.
@@ -346,15 +362,8 @@ pub(super) async fn get(
             .encode(&mut body);
             attempt(shared, *n, body.freeze(), || {})
         });
-        // join_all polls every part once, in order, on its first poll:
-        // all are queued before the command counts as sent.
-        let mut all = pin!(futures_util::future::join_all(parts));
-        let first = std::future::poll_fn(|cx| Poll::Ready(all.as_mut().poll(cx))).await;
-        ticket.sent(gen);
-        let done = match first {
-            Poll::Ready(d) => d,
-            Poll::Pending => all.await,
-        };
+        // All are queued before the command counts as sent.
+        let done = join_queued(parts, || ticket.sent(gen)).await;
         for (a, (_, ks)) in done.into_iter().zip(per_node) {
             match a {
                 Attempt::Reply(r) => replies.push(r),
@@ -392,13 +401,7 @@ pub(super) async fn all_nodes(
     let calls = nodes
         .iter()
         .map(|&n| attempt(shared, n, body.clone(), || {}));
-    let mut all = pin!(futures_util::future::join_all(calls));
-    let first = std::future::poll_fn(|cx| Poll::Ready(all.as_mut().poll(cx))).await;
-    ticket.sent(gen);
-    let done = match first {
-        Poll::Ready(d) => d,
-        Poll::Pending => all.await,
-    };
+    let done = join_queued(calls, || ticket.sent(gen)).await;
     for a in done {
         // A node that left the ring meanwhile has nothing to flush (it
         // comes back empty).

@@ -107,26 +107,7 @@ pub(crate) async fn client(a: &ClientArgs) -> Result<()> {
     let progress = Arc::new(Progress::default());
     let samples = load.run(start, progress.clone()).await;
     let end = a.seconds * 1_000_000_000;
-    // Good answers only: an error reply is not service.
-    let mut done: Vec<u64> = samples
-        .iter()
-        .filter(|s| {
-            s.done_ns != u64::MAX
-                && matches!(
-                    s.outcome,
-                    Outcome::Stored | Outcome::Hit | Outcome::Miss { .. }
-                )
-        })
-        .map(|s| s.done_ns)
-        .collect();
-    done.sort_unstable();
-    let mut gap = 0u64;
-    let mut prev = 0u64;
-    for &t in done.iter().filter(|t| **t <= end) {
-        gap = gap.max(t - prev);
-        prev = t;
-    }
-    gap = gap.max(end.saturating_sub(prev));
+    let gap = longest_gap_ns(&samples, end);
     let (f0, f1) = (
         a.fault_ms * 1_000_000,
         (a.fault_ms + a.fault_for_ms) * 1_000_000,
@@ -328,4 +309,27 @@ async fn one(addr: SocketAddr, procs: Vec<Proc>) -> Result<Seen> {
     client.wait_or_kill(Duration::from_secs(60)).await;
     drop(procs);
     serde_json::from_str(&json).context("the client's result")
+}
+
+/// The longest time within `end` ns of the start without a good answer
+/// (an error reply is not service).
+pub(super) fn longest_gap_ns(samples: &[crate::memload::Sample], end: u64) -> u64 {
+    let mut done: Vec<u64> = samples
+        .iter()
+        .filter(|s| {
+            s.done_ns != u64::MAX
+                && matches!(
+                    s.outcome,
+                    Outcome::Stored | Outcome::Hit | Outcome::Miss { .. }
+                )
+        })
+        .map(|s| s.done_ns)
+        .collect();
+    done.sort_unstable();
+    let (mut gap, mut prev) = (0u64, 0u64);
+    for &t in done.iter().filter(|t| **t <= end) {
+        gap = gap.max(t - prev);
+        prev = t;
+    }
+    gap.max(end.saturating_sub(prev))
 }

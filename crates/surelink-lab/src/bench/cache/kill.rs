@@ -112,24 +112,7 @@ async fn one(r: &super::Running, round: usize) -> Result<Seen> {
     };
     let (samples, ()) = tokio::join!(load.run(start, Arc::new(Progress::default())), killer);
     let end = u64::try_from(duration.as_nanos())?;
-    let mut done: Vec<u64> = samples
-        .iter()
-        .filter(|s| {
-            s.done_ns != u64::MAX
-                && matches!(
-                    s.outcome,
-                    Outcome::Stored | Outcome::Hit | Outcome::Miss { .. }
-                )
-        })
-        .map(|s| s.done_ns)
-        .collect();
-    done.sort_unstable();
-    let (mut gap, mut prev) = (0u64, 0u64);
-    for &t in done.iter().filter(|t| **t <= end) {
-        gap = gap.max(t - prev);
-        prev = t;
-    }
-    gap = gap.max(end.saturating_sub(prev));
+    let gap = super::failure::longest_gap_ns(&samples, end);
     Ok(Seen {
         requests: samples.len() as u64,
         misses_after_kill: samples
