@@ -90,6 +90,26 @@ impl Ring {
         out
     }
 
+    /// The nodes a command for `key` skipped to reach `node`: those
+    /// before it from the key's point on (out of the ring, if `node` is
+    /// where [`Ring::node_for`] sends it).
+    pub fn skipped(&self, key: &[u8], node: NodeId) -> Vec<NodeId> {
+        let h = key_point(key);
+        let start = self.points.partition_point(|p| p.0 < h);
+        let len = self.points.len();
+        let mut out: Vec<NodeId> = Vec::new();
+        for i in 0..len {
+            let n = self.points[(start + i) % len].1;
+            if n == node {
+                break;
+            }
+            if !out.contains(&n) {
+                out.push(n);
+            }
+        }
+        out
+    }
+
     /// Takes `node` out (true if it was in).
     pub fn eject(&mut self, node: NodeId) -> bool {
         self.ejected.insert(node)

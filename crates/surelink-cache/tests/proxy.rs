@@ -382,3 +382,52 @@ async fn a_node_that_fails_twice_serves_nothing_stale() {
     assert_eq!(c.proxy.stats().node_errors.load(Relaxed), 0);
     c.shutdown().await;
 }
+
+/// Two nodes out: a key's own and the next; its write lands on the third.
+/// When the second returns, that copy goes too (it stood in for both), so
+/// a later failure of the second does not bring it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_that_stood_in_for_two_nodes_goes_when_either_returns() {
+    let mut c = cluster().await;
+    let ring = surelink_cache::Ring::new(&c.node_ids());
+    let k = "sk";
+    let chain = ring.replicas(k.as_bytes(), 3);
+    let (o, n1) = (chain[0], chain[1]);
+    let mut s = connect(c.proxy.local_addr()).await;
+    let until = |c: &LocalCluster, want: usize| c.proxy.ejected().len() == want;
+    c.kill_node(o);
+    c.kill_node(n1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !until(&c, 2) {
+        assert!(std::time::Instant::now() < deadline, "not ejected");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let got = ask(
+        &mut s,
+        format!("set {k} 0 0 2\r\nv1\r\n").as_bytes(),
+        b"\r\n",
+    )
+    .await;
+    assert_eq!(got, b"STORED\r\n");
+    c.restart_node(n1).await.unwrap();
+    while !until(&c, 1) {
+        assert!(std::time::Instant::now() < deadline, "not restored");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let got = ask(
+        &mut s,
+        format!("set {k} 0 0 2\r\nv2\r\n").as_bytes(),
+        b"\r\n",
+    )
+    .await;
+    assert_eq!(got, b"STORED\r\n");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.kill_node(n1);
+    while !until(&c, 2) {
+        assert!(std::time::Instant::now() < deadline, "not ejected again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let got = ask(&mut s, format!("get {k}\r\n").as_bytes(), b"END\r\n").await;
+    assert_eq!(String::from_utf8(got).unwrap(), "END\r\n");
+    c.shutdown().await;
+}

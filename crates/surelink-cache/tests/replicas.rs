@@ -325,3 +325,92 @@ async fn a_read_going_on_to_the_next_replica_keeps_the_clients_order() {
     }
     c.shutdown().await;
 }
+
+/// `gat` is a write too: every replica takes the new exptime (a `gat -1`
+/// expires the item everywhere).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gat_gives_every_replica_the_new_exptime() {
+    let c = cluster().await;
+    let mut s = TcpStream::connect(c.proxy.local_addr()).await.unwrap();
+    ask(&mut s, b"set gk 0 0 2\r\nv1\r\n", b"\r\n").await;
+    assert_eq!(
+        ask(&mut s, b"gat 100 gk\r\n", b"END\r\n").await,
+        "VALUE gk 0 2\r\nv1\r\nEND\r\n"
+    );
+    assert_eq!(
+        ask(&mut s, b"gat -1 gk\r\n", b"END\r\n").await,
+        "VALUE gk 0 2\r\nv1\r\nEND\r\n"
+    );
+    for _ in 0..10 {
+        assert_eq!(ask(&mut s, b"get gk\r\n", b"END\r\n").await, "END\r\n");
+    }
+    for n in replicas(&c, "gk") {
+        assert_eq!(held(&c, n, "gk").await, "END\r\n", "on {n}");
+    }
+    c.shutdown().await;
+}
+
+/// A read pipelined after an `incr` sees it, whichever replica it goes
+/// to (other connections keep the first replica busy, so reads go to the
+/// second): the other replica's delete is queued before later commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_after_an_item_dependent_write_sees_it() {
+    let c = cluster().await;
+    let ring = Ring::new(&c.node_ids());
+    let k = "cnt";
+    let rk = ring.replicas(k.as_bytes(), 2);
+    let others: Vec<String> = (0..500)
+        .map(|i| format!("o{i}"))
+        .filter(|o| {
+            let r = ring.replicas(o.as_bytes(), 2);
+            r.contains(&rk[0]) && !r.contains(&rk[1])
+        })
+        .take(30)
+        .collect();
+    let mut s = TcpStream::connect(c.proxy.local_addr()).await.unwrap();
+    for o in &others {
+        ask(
+            &mut s,
+            format!("set {o} 0 0 1\r\nx\r\n").as_bytes(),
+            b"\r\n",
+        )
+        .await;
+    }
+    ask(
+        &mut s,
+        format!("set {k} 0 0 1\r\n0\r\n").as_bytes(),
+        b"\r\n",
+    )
+    .await;
+    let mut busy = Vec::new();
+    for _ in 0..8 {
+        let (addr, others) = (c.proxy.local_addr(), others.clone());
+        busy.push(tokio::spawn(async move {
+            let mut t = TcpStream::connect(addr).await.unwrap();
+            loop {
+                let mut req = String::new();
+                for o in &others {
+                    req.push_str(&format!("mg {o} v\r\n"));
+                }
+                req.push_str("mn\r\n");
+                ask(&mut t, req.as_bytes(), b"MN\r\n").await;
+            }
+        }));
+    }
+    for i in 1..=300u32 {
+        let got = ask(
+            &mut s,
+            format!("incr {k} 1\r\nmg {k} v\r\nmn\r\n").as_bytes(),
+            b"MN\r\n",
+        )
+        .await;
+        assert_eq!(
+            got,
+            format!("{i}\r\nVA {}\r\n{i}\r\nMN\r\n", i.to_string().len())
+        );
+    }
+    for b in busy {
+        b.abort();
+    }
+    c.shutdown().await;
+}

@@ -249,6 +249,9 @@ pub struct ProxyStats {
     /// Commands (or a multi-get's part) sent again to another node
     /// because theirs left the ring or restarted.
     pub rerouted: AtomicU64,
+    /// Replicated writes that failed on one replica still in the ring,
+    /// whose key was then deleted there.
+    pub mended: AtomicU64,
 }
 
 struct Shared {
@@ -506,13 +509,15 @@ async fn restore(shared: Arc<Shared>, gen: Arc<watch::Sender<u64>>, node: NodeId
         gen.send_modify(|g| *g += 1);
         info!(%node, "cache node back in the ring (emptied)");
     }
-    clean_strays(&shared, node).await;
+    // Its own task: a new ejection aborts this one, and must not stop a
+    // clean-up that took the strays already.
+    tokio::spawn(clean_strays(shared, node));
 }
 
 /// Deletes what `node`'s keys left on other nodes while it was out (it is
 /// back: those copies are no longer read, and must not be if it fails
 /// again). Nodes that took too many of its keys to remember are emptied.
-async fn clean_strays(shared: &Shared, node: NodeId) {
+async fn clean_strays(shared: Arc<Shared>, node: NodeId) {
     let left = shared.strays.lock().take(node);
     let timeout = shared.cfg.call_timeout;
     let flush = Bytes::from_static(b"flush_all\r\n");

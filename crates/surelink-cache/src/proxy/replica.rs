@@ -9,7 +9,10 @@
 //!   died in between, costs one more request, not a miss.
 //! - **Writes that do not depend on the item** (`set`, `delete`, `touch`,
 //!   `gat`, `ms` in set mode without a CAS, `md` without a CAS) go to every
-//!   live replica at once; the client gets the first replica's answer.
+//!   live replica at once; the client gets the first replica's answer. A
+//!   replica still in the ring that did not answer such a write may hold
+//!   the old value (a call past its deadline is dropped unrun): the key is
+//!   deleted there before the client is answered (`mend`).
 //! - **Writes that do** (`add`, `replace`, `append`, `prepend`, `cas`,
 //!   `incr`, `decr`, `ma`, `ms` in another mode or with a CAS, `md` with a
 //!   CAS, `mg` with `N` or `R`) run on the first live replica alone: the
@@ -261,30 +264,67 @@ pub(super) async fn one_key(
         }
         Class::All => {
             let answers = all(shared, &nodes, &body, || ticket.sent(gen)).await;
+            let base64 = matches!(cmd, Command::Meta(m) if m.opts.base64);
+            mend(shared, key, base64, &nodes, &answers).await;
             first_answer(answers)
         }
         Class::First => {
+            // Later commands of the client wait until the other replicas'
+            // deletes are queued: one sent before could read the old value
+            // there.
             let first = nodes[0];
-            let r = match attempt(shared, first, body, || ticket.sent(gen)).await {
+            let r = match attempt(shared, first, body, || {}).await {
                 Attempt::Reply(r) => r,
                 Attempt::Reroute => return Err(RouteError::Call(CallError::Timeout)),
                 Attempt::Failed(e) => return Err(RouteError::Call(e)),
             };
             if changed(&r) && nodes.len() > 1 {
                 let base64 = matches!(cmd, Command::Meta(m) if m.opts.base64);
-                let mut del = BytesMut::new();
-                let _ = Command::TooLarge {
-                    key: Bytes::copy_from_slice(key),
-                    unlink: true,
-                    noreply: false,
-                    base64,
-                }
-                .encode(&mut del);
-                // Failures are the watcher's: a replica that did not
-                // answer leaves the ring and comes back empty.
-                let _ = all(shared, &nodes[1..], &del.freeze(), || {}).await;
+                let del = delete_body(key, base64);
+                let answers = all(shared, &nodes[1..], &del, || ticket.sent(gen)).await;
+                mend(shared, key, base64, &nodes[1..], &answers).await;
+            } else {
+                ticket.sent(gen);
             }
             Ok(r)
+        }
+    }
+}
+
+/// The request deleting `key` on a node.
+fn delete_body(key: &[u8], base64: bool) -> Bytes {
+    let mut del = BytesMut::new();
+    let _ = Command::TooLarge {
+        key: Bytes::copy_from_slice(key),
+        unlink: true,
+        noreply: false,
+        base64,
+    }
+    .encode(&mut del);
+    del.freeze()
+}
+
+/// Tries this many times to delete a key from a replica that did not
+/// answer a write to it.
+const MEND_TRIES: usize = 3;
+
+/// A write (or a delete) that failed on a replica still in the ring may
+/// have left the old value there (a call past its deadline is dropped
+/// unrun): the key is deleted there, a few times if need be, so a read
+/// misses and goes on instead of finding it. A replica that left the ring
+/// comes back empty anyway.
+async fn mend(shared: &Shared, key: &[u8], base64: bool, nodes: &[NodeId], answers: &[Attempt]) {
+    for (n, a) in nodes.iter().zip(answers) {
+        if !matches!(a, Attempt::Failed(_)) {
+            continue;
+        }
+        shared.stats.mended.fetch_add(1, Relaxed);
+        let del = delete_body(key, base64);
+        for _ in 0..MEND_TRIES {
+            match attempt(shared, *n, del.clone(), || {}).await {
+                Attempt::Reply(_) | Attempt::Reroute => break,
+                Attempt::Failed(_) => {}
+            }
         }
     }
 }
@@ -330,6 +370,9 @@ pub(super) async fn get(
     cas: bool,
     touch: Option<i32>,
 ) -> Result<Vec<Bytes>, RouteError> {
+    if let Some(t) = touch {
+        return get_touch(shared, ticket, keys, cas, t).await;
+    }
     let gen = ticket.turn(shared).await;
     // Each key's replicas still to ask, least loaded first, and whether
     // one answered it (a miss there).
@@ -419,4 +462,76 @@ pub(super) async fn get(
         }
     }
     Ok(replies)
+}
+
+/// `gat`/`gats` in a replicated pool: a write too (the new exptime), so
+/// every live replica of every key gets it; each key's value is the first
+/// replica's (ring order) that has it.
+async fn get_touch(
+    shared: &Shared,
+    ticket: Ticket,
+    keys: &[Bytes],
+    cas: bool,
+    touch: i32,
+) -> Result<Vec<Bytes>, RouteError> {
+    let gen = ticket.turn(shared).await;
+    let mut per_key: Vec<(Bytes, Vec<NodeId>)> = Vec::with_capacity(keys.len());
+    let mut per_node: Vec<(NodeId, Vec<Bytes>)> = Vec::new();
+    for k in keys {
+        let nodes = live(shared, k);
+        if nodes.is_empty() {
+            return Err(RouteError::NoNode);
+        }
+        for &n in &nodes {
+            match per_node
+                .iter_mut()
+                .find(|(m, ks)| *m == n && ks.len() < super::GET_BATCH)
+            {
+                Some((_, ks)) => ks.push(k.clone()),
+                None => per_node.push((n, vec![k.clone()])),
+            }
+        }
+        per_key.push((k.clone(), nodes));
+    }
+    let parts = per_node.iter().map(|(n, ks)| {
+        let mut body = BytesMut::new();
+        let _ = Command::Get {
+            keys: ks.clone(),
+            cas,
+            touch: Some(touch),
+        }
+        .encode(&mut body);
+        attempt(shared, *n, body.freeze(), || {})
+    });
+    let done = join_queued(parts, || ticket.sent(gen)).await;
+    let mut blocks: std::collections::HashMap<(NodeId, Bytes), Bytes> =
+        std::collections::HashMap::new();
+    let mut failure = None;
+    let mut answered = false;
+    for (a, (n, _)) in done.into_iter().zip(&per_node) {
+        match a {
+            Attempt::Reply(r) => match split_values(&r) {
+                Some(v) => {
+                    answered = true;
+                    for (k, b) in v {
+                        blocks.insert((*n, k), b);
+                    }
+                }
+                None => failure = Some(RouteError::Call(CallError::Timeout)),
+            },
+            Attempt::Reroute => {}
+            Attempt::Failed(e) => failure = Some(RouteError::Call(e)),
+        }
+    }
+    if !answered {
+        return Err(failure.unwrap_or(RouteError::NoNode));
+    }
+    let mut out = BytesMut::new();
+    for (k, nodes) in &per_key {
+        if let Some(b) = nodes.iter().find_map(|n| blocks.get(&(*n, k.clone()))) {
+            out.extend_from_slice(b);
+        }
+    }
+    out.extend_from_slice(b"END\r\n");
+    Ok(vec![out.freeze()])
 }

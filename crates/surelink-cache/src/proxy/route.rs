@@ -295,20 +295,21 @@ pub(super) async fn one_key(
     let body = body.freeze();
     for _ in 0..=MAX_REROUTES {
         let gen = ticket.turn(shared).await;
-        let (node, owner) = {
+        let (node, skipped) = {
             let ring = shared.ring.read();
             let Some(node) = ring.node_for(key) else {
                 return Err(RouteError::NoNode);
             };
-            (node, ring.replicas(key, 1).first().copied())
+            (node, ring.skipped(key, node))
         };
         // A write on a node standing in for the key's own leaves a copy
-        // there: remembered, to be deleted once its own is back.
-        if let Some(owner) = owner.filter(|&o| o != node && super::strays::writes(cmd)) {
-            shared
-                .strays
-                .lock()
-                .record(owner, node, &Bytes::copy_from_slice(key));
+        // there: remembered under every node it stood in for (each out of
+        // the ring), to be deleted once any of them is back.
+        if !skipped.is_empty() && super::strays::writes(cmd) {
+            let mut strays = shared.strays.lock();
+            for owner in skipped {
+                strays.record(owner, node, &Bytes::copy_from_slice(key));
+            }
         }
         match attempt(shared, node, body.clone(), || ticket.sent(gen)).await {
             Attempt::Reply(r) => return Ok(r),

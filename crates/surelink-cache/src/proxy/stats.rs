@@ -73,6 +73,7 @@ fn reset(shared: &Shared) {
         &s.node_errors,
         &s.ejections,
         &s.rerouted,
+        &s.mended,
     ] {
         c.store(0, Relaxed);
     }
@@ -114,6 +115,7 @@ fn general(shared: &Shared) -> Bytes {
             ("node_errors", n(&s.node_errors)),
             ("ejections", n(&s.ejections)),
             ("rerouted", n(&s.rerouted)),
+            ("mended", n(&s.mended)),
             ("version", VERSION.to_string()),
         ],
     );
