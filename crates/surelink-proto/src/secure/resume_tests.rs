@@ -243,3 +243,24 @@ fn the_store_keeps_a_few_tickets_per_peer_for_their_lifetime() {
     s.handle_timeout(late);
     assert!(s.is_empty());
 }
+
+#[test]
+fn a_ticket_just_minted_waits_to_settle_while_an_older_one_lives() {
+    let (a, b) = (node(1), node(2));
+    let m = members(&[&a, &b]);
+    let mut s = TicketStore::new(Duration::from_secs(10));
+    let (old, _) = full(&a, &b, &m);
+    let (young, _) = full(&a, &b, &m);
+    s.insert(Time::from_millis(0), old.clone());
+    s.insert(Time::from_millis(1_000), young.clone());
+    let at = |s: &TicketStore, ms| s.for_dial(Time::from_millis(ms), b.id).unwrap().id;
+    assert_eq!(
+        at(&s, 1_100),
+        old.id,
+        "the peer may not hold the young one yet"
+    );
+    assert_eq!(at(&s, 1_000 + 250), young.id, "settled");
+    // Alone, the young one dials at once (better than a full handshake).
+    s.forget(b.id, &old.id);
+    assert_eq!(at(&s, 1_010), young.id);
+}
