@@ -135,9 +135,9 @@ impl TicketStore {
     /// A ticket younger than this is not dialled with while an older one
     /// lives: each side stores a minted ticket when its own part of the
     /// handshake ends, the peer's possibly a little after ours, so paths
-    /// dialled at once (both networks after a cut) offered the ticket one
-    /// of them had just minted before the peer held it, and fell back to
-    /// a full handshake (1 time in 8 with tests running beside).
+    /// dialled right after a full handshake offered the ticket it had just
+    /// minted before the peer held it, and fell back to a full handshake
+    /// (1 time in 8 with tests running beside).
     pub const SETTLE: Duration = Duration::from_millis(250);
 
     /// An empty store whose tickets live `lifetime`.
