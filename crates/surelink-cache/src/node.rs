@@ -3,9 +3,12 @@
 //! replies are memcached's answers. The embedded [`Store`] serves them by
 //! default.
 //!
-//! Each command runs when the server starts the request, and the server
-//! starts one peer's requests in the order they were sent — so a proxy's
-//! pipelined `set k` then `get k` are applied in that order.
+//! Each command runs when the server starts the request. The server
+//! starts one peer's requests of one recovery group (a shard) in the
+//! order they were sent — so a proxy's pipelined `set k` then `get k` are
+//! applied in that order — and a command that spans shards (a multi-get
+//! across them, `flush_all`) after everything sent before it and before
+//! everything sent after it ([`Shards::route`]).
 //!
 //! A node that fences itself (it missed its heartbeat deadline, so peers
 //! may have reported it dead and moved its keys) drops every item before

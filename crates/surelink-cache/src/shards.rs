@@ -10,7 +10,7 @@
 
 use bytes::{BufMut, BytesMut};
 
-use surelink::{GroupConfig, GroupId};
+use surelink::{GroupConfig, GroupId, Routing};
 
 use crate::store::{key_hash, Store, StoreStats};
 use crate::text::Command;
@@ -129,20 +129,28 @@ impl Shards {
 
     /// The group of a request as the proxy forwards it (one memcached
     /// command): its first key's shard; group 0 for a command without a
-    /// key. Cheap, from the first line's second word: it runs on the
-    /// session's reader.
-    pub fn route(&self, body: &[u8]) -> GroupId {
+    /// key. A command that touches more than its group's shard — a
+    /// multi-key read across shards, `flush_all`, `cache_memlimit`,
+    /// `stats` — spans groups, so it keeps its place among the commands
+    /// its proxy sent before and after it (a `get a b` after `set b`
+    /// sees b). Cheap, from the first line: it runs on the session's
+    /// reader.
+    pub fn route(&self, body: &[u8]) -> Routing {
         let line = body
             .split(|&b| b == b'\r' || b == b'\n')
             .next()
             .unwrap_or_default();
         let mut words = line.split(|&b| b == b' ').filter(|w| !w.is_empty());
         let first = words.next();
-        let key = match first {
-            Some(b"flush_all" | b"version" | b"stats" | b"quit" | b"cache_memlimit") | None => None,
+        let (key, multi) = match first {
+            Some(b"flush_all" | b"stats" | b"cache_memlimit") => {
+                return Routing::spanning(GroupId(0))
+            }
+            Some(b"version" | b"quit") | None => (None, false),
             // `gat <exptime> <key>…`
-            Some(b"gat" | b"gats") => words.nth(1),
-            Some(_) => words.next(),
+            Some(b"gat" | b"gats") => (words.nth(1), true),
+            Some(b"get" | b"gets") => (words.next(), true),
+            Some(_) => (words.next(), false),
         };
         // A meta command's key may be base64 (`b`): its shard is the
         // decoded key's.
@@ -158,7 +166,11 @@ impl Shards {
             .and_then(crate::text::meta_decode_key);
         let key = decoded.as_deref().or(key);
         let i = key.map_or(0, |k| self.shard_of(k));
-        GroupId(u16::try_from(i).unwrap_or(0))
+        let group = GroupId(u16::try_from(i).unwrap_or(0));
+        if multi && words.any(|k| self.shard_of(k) != i) {
+            return Routing::spanning(group);
+        }
+        group.into()
     }
 }
 
@@ -193,7 +205,8 @@ mod tests {
             assert_eq!(run(&sh, &format!("set {k} 0 0 1\r\nv\r\n")), "STORED\r\n");
             used.insert(sh.shard_of(k.as_bytes()));
             let g = sh.route(format!("set {k} 0 0 1\r\nv\r\n").as_bytes());
-            assert_eq!(usize::from(g.0), sh.shard_of(k.as_bytes()));
+            assert_eq!(usize::from(g.group.0), sh.shard_of(k.as_bytes()));
+            assert!(!g.spans_groups);
         }
         assert_eq!(used.len(), 4, "64 keys reach every shard");
         let got = run(&sh, "get k0 k1 nope k2\r\n");
@@ -212,8 +225,24 @@ mod tests {
         assert_eq!(sh.stats().curr_items, left as u64);
         assert_eq!(run(&sh, "flush_all\r\n"), "OK\r\n");
         assert_eq!(sh.stats().curr_items, 0);
-        assert_eq!(sh.route(b"flush_all\r\n"), GroupId(0));
-        assert_eq!(sh.route(b""), GroupId(0));
+        assert_eq!(sh.route(b"flush_all\r\n"), Routing::spanning(GroupId(0)));
+        assert_eq!(sh.route(b""), GroupId(0).into());
+        // A multi-get spans groups only when its keys do.
+        let same: Vec<&String> = keys
+            .iter()
+            .filter(|k| sh.shard_of(k.as_bytes()) == victim)
+            .collect();
+        let other = keys
+            .iter()
+            .find(|k| sh.shard_of(k.as_bytes()) != victim)
+            .unwrap();
+        let g = sh.route(format!("get {} {}\r\n", same[0], same[1]).as_bytes());
+        assert!(!g.spans_groups);
+        let g = sh.route(format!("gat 10 {} {other}\r\n", same[0]).as_bytes());
+        assert_eq!(
+            g,
+            Routing::spanning(GroupId(u16::try_from(victim).unwrap()))
+        );
     }
 
     /// memcached's largest default item (1 MiB) fits in a shard of a

@@ -431,3 +431,41 @@ async fn a_copy_that_stood_in_for_two_nodes_goes_when_either_returns() {
     assert_eq!(String::from_utf8(got).unwrap(), "END\r\n");
     c.shutdown().await;
 }
+
+/// A client's pipelined `set k` then a multi-get naming `k` after a key
+/// of another shard: the get sees the set (the node starts a command
+/// that spans shards only after the commands sent before it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_get_across_shards_sees_the_writes_before_it() {
+    let c = cluster().await;
+    let mut s = connect(c.proxy.local_addr()).await;
+    for round in 0..5 {
+        let mut req = Vec::new();
+        let mut want = Vec::new();
+        for i in 0..200 {
+            req.extend_from_slice(
+                format!("set k{round}x{i} 0 0 1\r\nv\r\nget z{i} k{round}x{i}\r\n").as_bytes(),
+            );
+            want.extend_from_slice(
+                format!("STORED\r\nVALUE k{round}x{i} 0 1\r\nv\r\nEND\r\n").as_bytes(),
+            );
+        }
+        s.write_all(&req).await.unwrap();
+        // Every answer ends in END; count them rather than match bytes.
+        let mut got = Vec::new();
+        while got.windows(5).filter(|w| w == b"END\r\n").count() < 200 {
+            let mut b = [0u8; 65536];
+            let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut b))
+                .await
+                .expect("answers in time")
+                .unwrap();
+            assert!(n > 0, "proxy closed");
+            got.extend_from_slice(&b[..n]);
+        }
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            String::from_utf8_lossy(&want),
+            "round {round}"
+        );
+    }
+}

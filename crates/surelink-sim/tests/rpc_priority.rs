@@ -139,11 +139,14 @@ fn stalled_path_resends_jump_the_queue_and_run_once() {
 
 #[test]
 fn requests_resent_three_times_run_once() {
-    // Both paths stall for 400 ms (nothing fails): every call in the
-    // window is re-sent at 60, 180 and 420 ms, and all copies arrive at
-    // once when the stall ends.
-    let mut s = scenario(100, 400, 700, 0);
-    s.stalls.push((1, ms(100), ms(400)));
+    // Both paths stall for 500 ms (nothing fails): every call in the
+    // window is re-sent at 60, 180 and 420 ms — the first 80 ms of calls
+    // all three times within the stall — and all copies arrive at once
+    // when the stall ends. (A re-send takes its session's earlier waiting
+    // requests to the head with it, so after the stall the queue drains
+    // oldest first, before later third re-sends fall due.)
+    let mut s = scenario(100, 500, 700, 0);
+    s.stalls.push((1, ms(100), ms(500)));
     let o = s.run();
     check(&s, &o).unwrap();
     let thrice = o.sends.values().filter(|n| **n >= 4).count();

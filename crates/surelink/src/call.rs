@@ -79,13 +79,38 @@ impl Future for Reply {
     }
 }
 
-/// Makes a call (see the module docs).
+/// Runs its closure once: when the request enters the session, or when
+/// the call ends (or is dropped, polled or not) before it did.
+pub(crate) struct OnQueued<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> OnQueued<F> {
+    pub(crate) fn new(f: F) -> Self {
+        OnQueued(Some(f))
+    }
+
+    fn fire(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
+}
+
+impl<F: FnOnce()> Drop for OnQueued<F> {
+    fn drop(&mut self) {
+        self.fire();
+    }
+}
+
+/// Makes a call (see the module docs); `queued` runs once the request is
+/// in its session's send queue, or once the call failed or was dropped
+/// before that.
 pub(crate) async fn call(
     shared: &Arc<Shared>,
     peer: NodeId,
     channel: u16,
     mut body: Bytes,
     opts: &CallOptions,
+    mut queued: OnQueued<impl FnOnce()>,
 ) -> Result<Bytes, CallError> {
     let started = Instant::now();
     let channel = check_channel(shared, channel)?;
@@ -117,6 +142,7 @@ pub(crate) async fn call(
         });
         match attempt {
             Attempt::Sent(call, _) => {
+                queued.fire();
                 break Reply {
                     rx,
                     pending: Pending {
@@ -124,7 +150,7 @@ pub(crate) async fn call(
                         call,
                         done: false,
                     },
-                }
+                };
             }
             Attempt::Full(b) => {
                 let len = b.len() + 64;

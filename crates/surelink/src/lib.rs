@@ -101,7 +101,7 @@ pub use role::{ExternalRole, ExternalRoleError, RoleStatus};
 pub use server::{
     Cleanup, GroupConfig, GroupError, GroupEvent, GroupId, GroupSnapshot, GroupState, GroupStats,
     Handler, HandlerError, HandlerFuture, IntoReply, Mapping, RecoveryEvent, RecoveryPolicy,
-    Request, RouteInfo,
+    Request, RouteInfo, Routing,
 };
 pub use stats::{ConnectionsRefused, StatsSnapshot};
 pub use surelink_proto as proto;

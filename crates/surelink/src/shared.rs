@@ -352,7 +352,7 @@ impl Shared {
                 map.remove(&h.node);
             }
         }
-        self.server.remove_session(h.key);
+        self.server.remove_session(h);
         self.incoming.forget(h.node);
         // A peer we do not dial (a client) that left: stop heartbeating
         // the address it last used. Configured peers keep theirs.

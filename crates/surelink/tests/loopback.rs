@@ -660,3 +660,54 @@ async fn a_network_silent_one_way_costs_no_call() {
         .unwrap();
     assert_eq!(&r[..], b"after");
 }
+
+/// `call_then`'s `queued` runs when the request enters the session's send
+/// queue, not before: while the send buffer is full (the server admits 2
+/// requests and holds them) the calls past it wait unqueued, so a caller
+/// that issues its next call from `queued` never lets one overtake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn call_then_reports_queued_only_once_the_request_is_in_the_session() {
+    let mut lb = Loopback::new();
+    lb.server.core.max_requests_per_peer = 2;
+    lb.client.core.max_message_size = 4096;
+    lb.client.core.send_buffer = 16 * 1024;
+    let LoopbackPair { server, client } = lb.start().await.unwrap();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = gate.clone();
+    server.serve(move |req: Request| {
+        let g = g.clone();
+        async move {
+            let _p = g.acquire().await;
+            req.body
+        }
+    });
+    let queued = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let opts = surelink::CallOptions::new(Duration::from_secs(20));
+    let calls: Vec<_> = (0..40usize)
+        .map(|i| {
+            let q = queued.clone();
+            let client = client.clone();
+            let opts = opts.clone();
+            async move {
+                client
+                    .call_then(SERVER, 0, Bytes::from(vec![7u8; 1024]), &opts, move || {
+                        q.lock().unwrap().push(i);
+                    })
+                    .await
+            }
+        })
+        .collect();
+    let all = tokio::spawn(futures_util::future::join_all(calls));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = queued.lock().unwrap().clone();
+    assert!(
+        !before.is_empty() && before.len() < 20,
+        "a 16 KiB buffer queues some, not all, of 40 KiB: {before:?}"
+    );
+    assert_eq!(before, (0..before.len()).collect::<Vec<_>>());
+    gate.add_permits(1000);
+    for r in all.await.unwrap() {
+        assert_eq!(r.unwrap().len(), 1024);
+    }
+    assert_eq!(queued.lock().unwrap().len(), 40);
+}

@@ -14,7 +14,7 @@ use surelink::proto::{ChannelId, NodeId};
 use surelink::testing::Loopback;
 use surelink::{
     CallError, Config, ConfigError, Endpoint, GroupConfig, GroupError, GroupEvent, GroupId,
-    HandlerError, RecoveryPolicy, RemoteError, Request,
+    HandlerError, RecoveryPolicy, RemoteError, Request, Routing,
 };
 
 const SERVER: NodeId = NodeId(1);
@@ -376,4 +376,64 @@ async fn a_home_past_the_runtimes_pools_is_refused_at_bind() {
         "{:?}",
         r.err()
     );
+}
+
+/// Requests of two groups interleaved, with some that span groups: each
+/// spanning one starts after every request sent before it and before
+/// every one sent after it, whatever the groups (the others keep order
+/// only within their group).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_spans_groups_keeps_its_place() {
+    let (server, client) = pair(|_| {}).await;
+    server.route_requests(|r| match r.body.first() {
+        Some(b'b') => Routing::from(B),
+        Some(b's') => Routing::spanning(A),
+        _ => Routing::from(A),
+    });
+    let started = log();
+    let s = started.clone();
+    server.serve(move |req: Request| {
+        s.lock()
+            .unwrap()
+            .push(String::from_utf8_lossy(&req.body).into_owned());
+        async move {
+            tokio::task::yield_now().await;
+            req.body
+        }
+    });
+    let bodies: Vec<String> = (0..400)
+        .map(|i| {
+            let kind = if i % 25 == 24 {
+                's'
+            } else if i % 2 == 0 {
+                'a'
+            } else {
+                'b'
+            };
+            format!("{kind}{i}")
+        })
+        .collect();
+    let calls = bodies
+        .iter()
+        .map(|b| client.call(SERVER, 0, Bytes::from(b.clone()), Duration::from_secs(10)));
+    for r in futures_util::future::join_all(calls).await {
+        r.unwrap();
+    }
+    let started = started.lock().unwrap().clone();
+    assert_eq!(started.len(), bodies.len());
+    let at = |b: &str| started.iter().position(|s| s == b).unwrap();
+    for (i, b) in bodies
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| b.starts_with('s'))
+    {
+        let pos = at(b);
+        for (j, other) in bodies.iter().enumerate() {
+            let p = at(other);
+            assert!(
+                (j < i && p < pos) || (j > i && p > pos) || j == i,
+                "{other} (sent {j}) started at {p}, {b} (sent {i}) at {pos}"
+            );
+        }
+    }
 }

@@ -51,7 +51,7 @@ use bytes::{Bytes, BytesMut};
 use surelink::proto::NodeId;
 use surelink::CallError;
 
-use super::route::{attempt, join_queued, Attempt, Order, RouteError, Ticket};
+use super::route::{attempt, join_queued, Attempt, Latch, Order, RouteError, Ticket};
 use super::Shared;
 use crate::text::meta::{MetaOp, SetMode};
 use crate::text::{split_values, Command, StoreOp};
@@ -337,10 +337,11 @@ async fn all(
     body: &Bytes,
     queued: impl FnOnce(),
 ) -> Vec<Attempt> {
+    let latch = Latch::default();
     let calls = nodes
         .iter()
-        .map(|&n| attempt(shared, n, body.clone(), || {}));
-    join_queued(calls, queued).await
+        .map(|&n| attempt(shared, n, body.clone(), latch.part()));
+    join_queued(&latch, calls, queued).await
 }
 
 /// The first replica's answer, or the next one's if it had none.
@@ -402,6 +403,7 @@ pub(super) async fn get(
                 None => per_node.push((n, vec![k])),
             }
         }
+        let latch = Latch::default();
         let parts = per_node.iter().map(|(n, ks)| {
             let mut body = BytesMut::new();
             let _ = Command::Get {
@@ -410,9 +412,9 @@ pub(super) async fn get(
                 touch,
             }
             .encode(&mut body);
-            read(shared, *n, body.freeze(), || {})
+            read(shared, *n, body.freeze(), latch.part())
         });
-        let done = join_queued(parts, || {
+        let done = join_queued(&latch, parts, || {
             if let Some(s) = sent.take() {
                 s();
             }
@@ -493,6 +495,7 @@ async fn get_touch(
         }
         per_key.push((k.clone(), nodes));
     }
+    let latch = Latch::default();
     let parts = per_node.iter().map(|(n, ks)| {
         let mut body = BytesMut::new();
         let _ = Command::Get {
@@ -501,9 +504,9 @@ async fn get_touch(
             touch: Some(touch),
         }
         .encode(&mut body);
-        attempt(shared, *n, body.freeze(), || {})
+        attempt(shared, *n, body.freeze(), latch.part())
     });
-    let done = join_queued(parts, || ticket.sent(gen)).await;
+    let done = join_queued(&latch, parts, || ticket.sent(gen)).await;
     let mut blocks: std::collections::HashMap<(NodeId, Bytes), Bytes> =
         std::collections::HashMap::new();
     let mut failure = None;

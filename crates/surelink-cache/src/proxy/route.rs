@@ -19,12 +19,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::pin;
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::task::Poll;
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
+use surelink::proto::rpc::CallOptions;
 use surelink::proto::NodeId;
 use surelink::CallError;
 use tokio::sync::Notify;
@@ -224,26 +225,22 @@ async fn ejected(shared: &Shared, node: NodeId) {
 
 /// Sends `body` to `node` and waits for the reply, or for the node to
 /// leave the ring. `queued` runs once the request is in the session's
-/// queue (so later commands may follow it).
+/// send queue (so later commands may follow it), or once the attempt
+/// ended before it got there.
 pub(super) async fn attempt(
     shared: &Shared,
     node: NodeId,
     body: Bytes,
     queued: impl FnOnce(),
 ) -> Attempt {
-    let mut call = pin!(shared
+    let opts = CallOptions::new(shared.cfg.call_timeout);
+    let call = shared
         .ep
-        .call(node, CACHE_CHANNEL, body, shared.cfg.call_timeout));
-    // The first poll queues the request into the session.
-    let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
-    queued();
-    let r = match first {
-        Poll::Ready(r) => r,
-        Poll::Pending => tokio::select! {
-            biased;
-            r = &mut call => r,
-            () = ejected(shared, node) => return Attempt::Reroute,
-        },
+        .call_then(node, CACHE_CHANNEL, body, &opts, queued);
+    let r = tokio::select! {
+        biased;
+        r = call => r,
+        () = ejected(shared, node) => return Attempt::Reroute,
     };
     match r {
         Ok(b) => Attempt::Reply(b),
@@ -255,20 +252,43 @@ pub(super) async fn attempt(
     }
 }
 
-/// Runs `parts` together: every one is polled once, in order (so each
-/// queues its request), then `queued` runs, then all are awaited.
+/// Counts the parts of one command whose requests are not queued yet
+/// (see [`join_queued`]).
+#[derive(Default)]
+pub(super) struct Latch(Arc<AtomicUsize>);
+
+impl Latch {
+    /// One more part: the returned closure is its `queued`.
+    pub(super) fn part(&self) -> impl FnOnce() + Send + 'static {
+        self.0.fetch_add(1, Relaxed);
+        let left = self.0.clone();
+        move || {
+            left.fetch_sub(1, Relaxed);
+        }
+    }
+}
+
+/// Runs `parts` (each made with a `latch.part()`) together; `queued` runs
+/// once every part's request is queued, then all are awaited.
 pub(super) async fn join_queued<F: Future>(
+    latch: &Latch,
     parts: impl IntoIterator<Item = F>,
     queued: impl FnOnce(),
 ) -> Vec<F::Output> {
-    // join_all polls every part once, in order, on its first poll.
+    // Every part is made (and counted) here, before any is polled; they
+    // queue inside this task's polls of `all`.
     let mut all = pin!(futures_util::future::join_all(parts));
-    let first = std::future::poll_fn(|cx| Poll::Ready(all.as_mut().poll(cx))).await;
-    queued();
-    match first {
-        Poll::Ready(d) => d,
-        Poll::Pending => all.await,
-    }
+    let mut queued = Some(queued);
+    std::future::poll_fn(|cx| {
+        let r = all.as_mut().poll(cx);
+        if latch.0.load(Relaxed) == 0 || r.is_ready() {
+            if let Some(q) = queued.take() {
+                q();
+            }
+        }
+        r
+    })
+    .await
 }
 
 /// Why a routed command got no node's answer.
@@ -353,6 +373,7 @@ pub(super) async fn get(
                 }
             }
         }
+        let latch = Latch::default();
         let parts = per_node.iter().map(|(n, ks)| {
             let mut body = BytesMut::new();
             let _ = Command::Get {
@@ -361,10 +382,10 @@ pub(super) async fn get(
                 touch,
             }
             .encode(&mut body);
-            attempt(shared, *n, body.freeze(), || {})
+            attempt(shared, *n, body.freeze(), latch.part())
         });
         // All are queued before the command counts as sent.
-        let done = join_queued(parts, || ticket.sent(gen)).await;
+        let done = join_queued(&latch, parts, || ticket.sent(gen)).await;
         for (a, (_, ks)) in done.into_iter().zip(per_node) {
             match a {
                 Attempt::Reply(r) => replies.push(r),
@@ -399,10 +420,11 @@ pub(super) async fn all_nodes(
     let mut body = BytesMut::new();
     let _ = cmd.encode(&mut body);
     let body = body.freeze();
+    let latch = Latch::default();
     let calls = nodes
         .iter()
-        .map(|&n| attempt(shared, n, body.clone(), || {}));
-    let done = join_queued(calls, || ticket.sent(gen)).await;
+        .map(|&n| attempt(shared, n, body.clone(), latch.part()));
+    let done = join_queued(&latch, calls, || ticket.sent(gen)).await;
     for a in done {
         // A node that left the ring meanwhile has nothing to flush (it
         // comes back empty).

@@ -9,7 +9,9 @@
 //! sessions or handlers.
 //!
 //! - [`PriorityScheduler`] (the default): hr-net's queues — high-priority
-//!   requests first, a re-sent request promoted to the head — with two
+//!   requests first, a re-sent request promoted to the head (with its
+//!   session's earlier waiting requests, in order: a re-send never passes
+//!   its own session's earlier requests) — with two
 //!   bounds. A normal request is never overtaken by a high-priority one
 //!   that arrived more than `aging_bound` after it (the virtual-time rule
 //!   of [`DispatchQueue`](super::DispatchQueue)). And normal requests are
@@ -213,20 +215,50 @@ impl<T: Send> Scheduler<T> for PriorityScheduler<T> {
     }
 
     fn promote(&mut self, key: TicketKey) -> bool {
+        if !self.slots.contains_key(&key) {
+            return false;
+        }
         let head_vt = self
             .high_head()
             .and_then(|k| self.slots.get(&k))
             .map(|s| s.vt);
-        let Some(s) = self.slots.get_mut(&key) else {
-            return false;
-        };
-        if s.place == Place::High {
-            self.high.retain(|k| *k != key);
+        // A re-sent request goes to the head, but never ahead of its own
+        // session's earlier requests (re-sends of A then B would otherwise
+        // run B first): those it passes go with it, in call order — its
+        // session's waiting keys, normal ones from its own queue and high
+        // ones from the high queue (both may hold stale keys).
+        let earlier = |k: &&TicketKey| k.session == key.session && k.call <= key.call;
+        let mut moved: Vec<TicketKey> = self
+            .normal
+            .get(&key.session)
+            .into_iter()
+            .flatten()
+            .chain(self.high.iter())
+            .filter(earlier)
+            .filter(|k| self.slots.contains_key(k))
+            .copied()
+            .collect();
+        moved.sort_unstable_by_key(|k| k.call);
+        moved.dedup();
+        let vt = moved
+            .iter()
+            .filter_map(|k| self.slots.get(k))
+            .map(|s| s.arrived.min(s.vt))
+            .chain(head_vt)
+            .min();
+        self.high.retain(|k| {
+            k.session != key.session || moved.binary_search_by_key(&k.call, |m| m.call).is_err()
+        });
+        for k in moved.iter().rev() {
+            if let Some(s) = self.slots.get_mut(k) {
+                s.place = Place::High;
+                s.priority = Priority::High;
+                if let Some(vt) = vt {
+                    s.vt = vt;
+                }
+            }
+            self.high.push_front(*k);
         }
-        s.place = Place::High;
-        s.priority = Priority::High;
-        s.vt = head_vt.map_or(s.arrived, |h| h.min(s.arrived).min(s.vt));
-        self.high.push_front(key);
         true
     }
 
@@ -356,14 +388,31 @@ mod tests {
     #[test]
     fn high_first_and_promotion_to_the_head() {
         let mut s = PriorityScheduler::new(Duration::from_millis(100));
-        s.push(ms(0), key(1, 1), Priority::Normal, ());
+        s.push(ms(0), key(2, 1), Priority::Normal, ());
         s.push(ms(0), key(1, 2), Priority::Normal, ());
         s.push(ms(0), key(1, 3), Priority::High, ());
         s.push(ms(0), key(1, 4), Priority::High, ());
         assert!(s.promote(key(1, 2)));
         assert!(!s.promote(key(9, 9)));
-        assert_eq!(order(&mut s, ms(1)), vec![(1, 2), (1, 3), (1, 4), (1, 1)]);
+        assert_eq!(order(&mut s, ms(1)), vec![(1, 2), (1, 3), (1, 4), (2, 1)]);
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn a_resent_request_never_passes_its_own_sessions_earlier_ones() {
+        let mut s = PriorityScheduler::new(Duration::from_millis(100));
+        for c in 1..=4 {
+            s.push(ms(0), key(1, c), Priority::Normal, ());
+        }
+        s.push(ms(0), key(2, 1), Priority::Normal, ());
+        // Re-sends of 2 then 3 (a failover re-sends in order): each goes
+        // to the head, taking its session's earlier ones along, in order.
+        assert!(s.promote(key(1, 2)));
+        assert!(s.promote(key(1, 3)));
+        assert_eq!(
+            order(&mut s, ms(1)),
+            vec![(1, 1), (1, 2), (1, 3), (1, 4), (2, 1)]
+        );
     }
 
     #[test]

@@ -152,7 +152,7 @@ fn recover_from_fence(shared: &Shared) {
             let (c, a) = h.abandon(&err);
             calls_failed += c;
             abandoned += a;
-            shared.server.remove_session(h.key);
+            shared.server.remove_session(&h);
         }
         shared.epoch.store(new.0, Ordering::Relaxed);
     }

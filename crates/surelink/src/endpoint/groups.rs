@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::server::{
-    GroupError, GroupId, GroupSnapshot, Handler, RecoveryEvent, RouteInfo, Server,
+    GroupError, GroupId, GroupSnapshot, Handler, RecoveryEvent, RouteInfo, Routing, Server,
 };
 
 use super::Endpoint;
@@ -27,11 +27,17 @@ impl Endpoint {
     /// (`Config::executor.channels`). Runs on the session's reader before
     /// the request is queued: keep it cheap (a key's hash, a header byte).
     /// A group that does not exist sends the request by channel instead.
-    pub fn route_requests<F>(&self, route: F)
+    /// Return a [`GroupId`], or a [`Routing`] to mark a request that
+    /// spans groups (it keeps its place among its session's requests of
+    /// every group).
+    pub fn route_requests<F, R>(&self, route: F)
     where
-        F: Fn(&RouteInfo<'_>) -> GroupId + Send + Sync + 'static,
+        F: Fn(&RouteInfo<'_>) -> R + Send + Sync + 'static,
+        R: Into<Routing>,
     {
-        self.shared.server.set_route(Arc::new(route));
+        self.shared
+            .server
+            .set_route(Arc::new(move |r: &RouteInfo<'_>| route(r).into()));
     }
 
     /// `group`'s own recovery: runs in its clean-up, once none of its

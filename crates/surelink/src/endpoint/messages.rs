@@ -40,6 +40,7 @@ impl Endpoint {
             channel,
             request,
             &CallOptions::new(timeout),
+            call::OnQueued::new(|| {}),
         )
         .await
     }
@@ -66,7 +67,36 @@ impl Endpoint {
         request: Bytes,
         opts: &CallOptions,
     ) -> Result<Bytes, CallError> {
-        call::call(&self.shared, peer, channel, request, opts).await
+        call::call(
+            &self.shared,
+            peer,
+            channel,
+            request,
+            opts,
+            call::OnQueued::new(|| {}),
+        )
+        .await
+    }
+
+    /// [`Endpoint::call_with`], and `queued` runs as soon as the request is
+    /// in the session's send queue (or the call failed, or was dropped,
+    /// before it got there). A caller that must keep its calls in order
+    /// issues the next one from there: requests leave in the order they
+    /// were queued (and a server starts those of one recovery group in
+    /// that order) — while the session's send buffer is full a call waits
+    /// *before* it is queued. `queued` runs even if the future is dropped
+    /// unpolled.
+    pub fn call_then<'a>(
+        &'a self,
+        peer: NodeId,
+        channel: u16,
+        request: Bytes,
+        opts: &'a CallOptions,
+        queued: impl FnOnce() + 'a,
+    ) -> impl std::future::Future<Output = Result<Bytes, CallError>> + 'a {
+        // Made now: a future dropped unpolled still runs `queued`.
+        let queued = call::OnQueued::new(queued);
+        call::call(&self.shared, peer, channel, request, opts, queued)
     }
 
     /// Sends a one-way message, waiting while the session's send buffer is

@@ -1,7 +1,7 @@
 //! The executor: the scheduler and its worker pools (see the module docs
 //! of `server`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -19,7 +19,7 @@ use surelink_proto::rpc::recovery::{
 use surelink_proto::rpc::{RemoteError, Ticket, TicketKey};
 use surelink_proto::{CallId, ChannelId};
 
-use super::groups::{Handlers, RecoveryEvent, RouteInfo};
+use super::groups::{Handlers, RecoveryEvent, RouteInfo, Routing};
 use super::{Cleanup, Handler, Request};
 use crate::clock::Clock;
 use crate::config::{ExecutorConfig, SchedulerConfig};
@@ -38,6 +38,58 @@ pub(crate) const HANDLER_GRACE: std::time::Duration = std::time::Duration::from_
 pub(crate) struct Job {
     pub(crate) session: Arc<SessionHandle>,
     pub(crate) ticket: Ticket,
+    mark: SpanMark,
+}
+
+/// One session's requests that span groups, kept in place (see
+/// [`Routing::spans_groups`]): such a request reaches the scheduler only
+/// once every earlier request of its session has been handed to a pool
+/// (pools then start them in that order: [`StartOrder`]), and the
+/// session's later requests wait here until it has been. What waits here
+/// takes no worker slot, so no pool can be filled with requests waiting
+/// for ones it cannot take. Bounded by the session's admitted requests.
+#[derive(Default)]
+pub(crate) struct Spans {
+    /// The session's requests in the scheduler, not yet handed to a pool.
+    queued: AtomicUsize,
+    /// A spanning request is among them.
+    spanning: AtomicBool,
+    /// Requests held back, in arrival order, with their routing.
+    held: Mutex<VecDeque<(Ticket, Routing)>>,
+}
+
+/// A job's place in its session's [`Spans`] count until a pool takes it
+/// (or it is dropped unrun: its session ended).
+struct SpanMark {
+    spans: bool,
+    session: Option<Arc<SessionHandle>>,
+}
+
+impl SpanMark {
+    fn leave(&mut self) -> Option<Arc<SessionHandle>> {
+        let session = self.session.take()?;
+        let s = &session.spans;
+        if self.spans {
+            s.spanning.store(false, Ordering::SeqCst);
+        }
+        s.queued.fetch_sub(1, Ordering::SeqCst);
+        Some(session)
+    }
+
+    /// A pool took its job (or it was answered unrun): its session's
+    /// requests held behind it may go.
+    fn taken(mut self, shared: &Arc<Shared>) {
+        if let Some(session) = self.leave() {
+            Server::release(shared, &session);
+        }
+    }
+}
+
+impl Drop for SpanMark {
+    fn drop(&mut self) {
+        // Dropped unrun (its session ended): only the count is kept true.
+        self.leave();
+    }
 }
 
 /// The turns in which one session's requests start (see the module docs).
@@ -239,22 +291,32 @@ impl Server {
 
     /// The group a ticket runs in: the service's routing, else its
     /// channel's group, else the default.
-    fn group_of(&self, route: Option<&super::groups::Route>, t: &Ticket) -> GroupId {
-        if let Some(r) = route {
-            let g = r(&RouteInfo {
-                peer: t.peer,
-                channel: t.channel,
-                priority: t.priority,
-                body: &t.body,
-            });
-            if usize::from(g.0) < self.groups.len() {
-                return g;
-            }
-        }
-        self.channels
+    fn group_of(&self, route: Option<&super::groups::Route>, t: &Ticket) -> Routing {
+        let by_channel = self
+            .channels
             .get(&t.channel)
             .copied()
-            .unwrap_or(DEFAULT_GROUP)
+            .unwrap_or(DEFAULT_GROUP);
+        match route {
+            Some(r) => {
+                let g = r(&RouteInfo {
+                    peer: t.peer,
+                    channel: t.channel,
+                    priority: t.priority,
+                    body: &t.body,
+                });
+                if usize::from(g.group.0) < self.groups.len() {
+                    g
+                } else {
+                    // By channel, but still in its place if it spans.
+                    Routing {
+                        group: by_channel,
+                        ..g
+                    }
+                }
+            }
+            None => by_channel.into(),
+        }
     }
 
     /// Hands admitted requests (and promotions) to the scheduler. Called
@@ -272,26 +334,84 @@ impl Server {
         let server = &shared.server;
         let now = shared.clock.now_cached();
         let route = read(&server.handlers).route.clone();
+        let spans = &session.spans;
+        let mut held = lock(&spans.held);
         let mut q = lock(&server.queue);
         for t in tickets {
-            let key = TicketKey {
-                session: session.key,
-                call: t.call,
-            };
-            let prio = t.priority;
-            let group = server.group_of(route.as_deref(), &t);
-            let job = Job {
-                session: session.clone(),
-                ticket: t,
-            };
-            // `group_of` names an existing group: nothing is handed back.
-            let _ = q.push(now, group, key, prio, job);
+            let routing = server.group_of(route.as_deref(), &t);
+            let wait = !held.is_empty()
+                || spans.spanning.load(Ordering::SeqCst)
+                || (routing.spans_groups && spans.queued.load(Ordering::SeqCst) > 0);
+            if wait {
+                held.push_back((t, routing));
+            } else {
+                Server::queue_job(&mut q, now, session, t, routing);
+            }
         }
         for call in promotes {
             q.promote(TicketKey {
                 session: session.key,
                 call,
             });
+        }
+    }
+
+    /// Queues one admitted request (its session's [`Spans`] allow it).
+    fn queue_job(
+        q: &mut RecoveryScheduler<Job>,
+        now: surelink_proto::Time,
+        session: &Arc<SessionHandle>,
+        ticket: Ticket,
+        routing: Routing,
+    ) {
+        let key = TicketKey {
+            session: session.key,
+            call: ticket.call,
+        };
+        let prio = ticket.priority;
+        let spans = &session.spans;
+        spans.queued.fetch_add(1, Ordering::SeqCst);
+        if routing.spans_groups {
+            spans.spanning.store(true, Ordering::SeqCst);
+        }
+        let job = Job {
+            session: session.clone(),
+            ticket,
+            mark: SpanMark {
+                spans: routing.spans_groups,
+                session: Some(session.clone()),
+            },
+        };
+        // `group_of` names an existing group: nothing is handed back.
+        let _ = q.push(now, routing.group, key, prio, job);
+    }
+
+    /// Queues what `session` held back that may go now (a job of it was
+    /// taken). Not under the queue lock.
+    fn release(shared: &Arc<Shared>, session: &Arc<SessionHandle>) {
+        let spans = &session.spans;
+        let mut held = lock(&spans.held);
+        if held.is_empty() {
+            return;
+        }
+        let server = &shared.server;
+        let now = shared.clock.now_cached();
+        let mut q = lock(&server.queue);
+        let mut queued = false;
+        while let Some((_, r)) = held.front() {
+            if spans.spanning.load(Ordering::SeqCst)
+                || (r.spans_groups && spans.queued.load(Ordering::SeqCst) > 0)
+            {
+                break;
+            }
+            let Some((t, r)) = held.pop_front() else {
+                break;
+            };
+            Server::queue_job(&mut q, now, session, t, r);
+            queued = true;
+        }
+        if queued {
+            server.wake_one_with_room(&q);
         }
     }
 
@@ -339,8 +459,12 @@ impl Server {
 
     /// A session ended: its waiting requests are dropped (never run; the
     /// caller learns the session ended on its side).
-    pub(crate) fn remove_session(&self, key: u64) -> usize {
-        lock(&self.queue).remove_session(key).len()
+    pub(crate) fn remove_session(&self, session: &SessionHandle) -> usize {
+        // What it held back goes first (so no job of it taken later can
+        // release any), then what it queued; both dropped unrun.
+        let held = std::mem::take(&mut *lock(&session.spans.held));
+        let queued = lock(&self.queue).remove_session(session.key);
+        held.len() + queued.len()
     }
 
     /// Requests waiting and running.
@@ -460,7 +584,12 @@ async fn run(
     group: GroupId,
     abort: Option<AbortRegistration>,
 ) -> (TaskOutcome, Option<Cleanup>) {
-    let Job { session, ticket } = job;
+    let Job {
+        session,
+        ticket,
+        mark,
+    } = job;
+    mark.taken(&shared);
     session.start_order.wait(turn).await;
     let turn = Turn(&session.start_order, turn);
     let cleanup = Cleanup::default();
@@ -541,7 +670,12 @@ async fn run(
 
 /// Answers a request its group's recovery failed (it never ran).
 pub(super) fn fail_unrun(shared: &Arc<Shared>, job: Job, group: String) {
-    let Job { session, ticket } = job;
+    let Job {
+        session,
+        ticket,
+        mark,
+    } = job;
+    mark.taken(shared);
     shared.stats.handler_failed();
     session.complete(
         shared,

@@ -36,7 +36,44 @@ pub struct RouteInfo<'a> {
     pub body: &'a [u8],
 }
 
-pub(super) type Route = dyn Fn(&RouteInfo<'_>) -> GroupId + Send + Sync;
+/// Where a routed request runs ([`crate::Endpoint::route_requests`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Routing {
+    /// Its recovery group.
+    pub group: GroupId,
+    /// It touches what other groups' requests touch (a multi-key read, a
+    /// flush of everything): it starts only after every request its
+    /// session sent before it has started, and the session's later
+    /// requests start only after it. Requests of one group keep their
+    /// order anyway; those of different groups do not, unless one spans.
+    /// The price: while an earlier request of the session waits in a
+    /// recovering group, the spanning one and everything the session sends
+    /// after it wait too; and a handler must not wait for a later request
+    /// of its own session across a spanning one.
+    pub spans_groups: bool,
+}
+
+impl Routing {
+    /// A request of `group` that spans groups (see [`Routing::spans_groups`]).
+    pub fn spanning(group: GroupId) -> Routing {
+        Routing {
+            group,
+            spans_groups: true,
+        }
+    }
+}
+
+impl From<GroupId> for Routing {
+    fn from(group: GroupId) -> Routing {
+        Routing {
+            group,
+            spans_groups: false,
+        }
+    }
+}
+
+pub(super) type Route = dyn Fn(&RouteInfo<'_>) -> Routing + Send + Sync;
 type RecoverFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 pub(super) type Recover = dyn Fn(GroupId) -> RecoverFuture + Send + Sync;
 

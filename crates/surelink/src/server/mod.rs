@@ -34,8 +34,14 @@
 //!
 //! One peer's requests are *started* (the handler called) in the order the
 //! scheduler hands them out — per group and priority, the order they were
-//! sent — even across pools (each start waits for its turn). Once started
-//! they run concurrently.
+//! sent; a re-sent request promoted to the head takes its session's
+//! earlier waiting ones with it — even across pools (each start waits for
+//! its turn). Once started they run concurrently. Requests of different
+//! groups may start in any order, except one the service's routing marks
+//! as spanning groups ([`Routing::spans_groups`]: a multi-key read, a
+//! flush): it reaches the scheduler only after every earlier request of
+//! its session has been handed to a pool, and the later ones wait for it
+//! (in a per-session queue that holds no worker slot).
 
 mod exec;
 mod groups;
@@ -50,8 +56,8 @@ use bytes::Bytes;
 use surelink_proto::rpc::Priority;
 use surelink_proto::{CallId, ChannelId, NodeId};
 
-pub(crate) use exec::{Job, Server, StartOrder};
-pub use groups::{GroupError, GroupSnapshot, RecoveryEvent, RouteInfo};
+pub(crate) use exec::{Job, Server, Spans, StartOrder};
+pub use groups::{GroupError, GroupSnapshot, RecoveryEvent, RouteInfo, Routing};
 pub use surelink_proto::rpc::recovery::{
     GroupConfig, GroupEvent, GroupId, GroupState, GroupStats, Mapping, RecoveryPolicy,
 };

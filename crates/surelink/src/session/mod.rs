@@ -40,7 +40,7 @@ use surelink_proto::{
 use crate::conn::ConnIo;
 use crate::error::CallError;
 use crate::incoming::PeerLedger;
-use crate::server::StartOrder;
+use crate::server::{Spans, StartOrder};
 use crate::shared::Shared;
 
 pub(crate) use drive::Work;
@@ -115,6 +115,8 @@ pub(crate) struct SessionHandle {
     ended: AtomicBool,
     /// The order its requests start in.
     pub(crate) start_order: StartOrder,
+    /// Its requests that span groups, kept in place.
+    pub(crate) spans: Spans,
     /// The detector's traffic stamp for the peer (see
     /// [`SessionHandle::note_traffic`]).
     traffic: std::sync::OnceLock<Arc<crate::detector::TrafficCell>>,
@@ -203,6 +205,7 @@ impl SessionHandle {
             unflushed: AtomicUsize::new(0),
             ended: AtomicBool::new(false),
             start_order: StartOrder::default(),
+            spans: Spans::default(),
             traffic: std::sync::OnceLock::new(),
             relayed: AtomicBool::new(false),
             relayed_at: AtomicU64::new(0),

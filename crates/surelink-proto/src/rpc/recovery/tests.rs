@@ -325,7 +325,9 @@ fn high_priority_goes_first_within_a_group_and_promotion_finds_its_task() {
         order.push(task.dispatch.item);
         s.handle_done(t(1), PoolId(0), task.group, TaskOutcome::Completed);
     }
-    assert_eq!(order, vec![2, 50, 0, 1]);
+    // The re-sent 2 goes to the head with its session's earlier 0 and 1
+    // (a re-send never passes its own session's requests).
+    assert_eq!(order, vec![0, 1, 2, 50]);
 }
 
 /// `has_ready` says exactly whether `pop` would give the pool a task: not
