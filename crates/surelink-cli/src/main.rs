@@ -23,7 +23,7 @@ use surelink_node::surelink::proto::NodeId;
 /// mimalloc rather than glibc's malloc: a session, a proxy and a node
 /// allocate and free small buffers per message on one thread, where
 /// glibc's free lists cost 6–8 % of a cache server's CPU (`perf` at 10k
-/// req/s; docs/cache.md "What a request costs").
+/// req/s; docs/cache.md "Where the cost went").
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
