@@ -51,7 +51,7 @@ use bytes::{Bytes, BytesMut};
 use surelink::proto::NodeId;
 use surelink::CallError;
 
-use super::route::{attempt, join_queued, Attempt, Latch, Order, RouteError, Ticket};
+use super::route::{attempt, get_body, join_queued, Attempt, Latch, Order, RouteError, Ticket};
 use super::Shared;
 use crate::text::meta::{MetaOp, SetMode};
 use crate::text::{split_values, Command, StoreOp};
@@ -404,16 +404,9 @@ pub(super) async fn get(
             }
         }
         let latch = Latch::default();
-        let parts = per_node.iter().map(|(n, ks)| {
-            let mut body = BytesMut::new();
-            let _ = Command::Get {
-                keys: ks.clone(),
-                cas,
-                touch,
-            }
-            .encode(&mut body);
-            read(shared, *n, body.freeze(), latch.part())
-        });
+        let parts = per_node
+            .iter()
+            .map(|(n, ks)| read(shared, *n, get_body(ks, cas, touch), latch.part()));
         let done = join_queued(&latch, parts, || {
             if let Some(s) = sent.take() {
                 s();
@@ -496,16 +489,9 @@ async fn get_touch(
         per_key.push((k.clone(), nodes));
     }
     let latch = Latch::default();
-    let parts = per_node.iter().map(|(n, ks)| {
-        let mut body = BytesMut::new();
-        let _ = Command::Get {
-            keys: ks.clone(),
-            cas,
-            touch: Some(touch),
-        }
-        .encode(&mut body);
-        attempt(shared, *n, body.freeze(), latch.part())
-    });
+    let parts = per_node
+        .iter()
+        .map(|(n, ks)| attempt(shared, *n, get_body(ks, cas, Some(touch)), latch.part()));
     let done = join_queued(&latch, parts, || ticket.sent(gen)).await;
     let mut blocks: std::collections::HashMap<(NodeId, Bytes), Bytes> =
         std::collections::HashMap::new();

@@ -291,6 +291,18 @@ pub(super) async fn join_queued<F: Future>(
     .await
 }
 
+/// One node's share of a multi-get (`gets`, `gat` as `cas`/`touch` say).
+pub(super) fn get_body(keys: &[Bytes], cas: bool, touch: Option<i32>) -> Bytes {
+    let mut body = BytesMut::new();
+    let _ = Command::Get {
+        keys: keys.to_vec(),
+        cas,
+        touch,
+    }
+    .encode(&mut body);
+    body.freeze()
+}
+
 /// Why a routed command got no node's answer.
 pub(super) enum RouteError {
     /// Every node is out of the ring.
@@ -374,16 +386,9 @@ pub(super) async fn get(
             }
         }
         let latch = Latch::default();
-        let parts = per_node.iter().map(|(n, ks)| {
-            let mut body = BytesMut::new();
-            let _ = Command::Get {
-                keys: ks.clone(),
-                cas,
-                touch,
-            }
-            .encode(&mut body);
-            attempt(shared, *n, body.freeze(), latch.part())
-        });
+        let parts = per_node
+            .iter()
+            .map(|(n, ks)| attempt(shared, *n, get_body(ks, cas, touch), latch.part()));
         // All are queued before the command counts as sent.
         let done = join_queued(&latch, parts, || ticket.sent(gen)).await;
         for (a, (_, ks)) in done.into_iter().zip(per_node) {
