@@ -11,6 +11,7 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use surelink::DetectorConfig;
 
+use super::grpc::{self, GrpcContender};
 use super::latency::{latency_round, Caller};
 use super::nats::NatsContender;
 use super::report::{LatencyRound, ThroughputRound};
@@ -41,6 +42,7 @@ pub(super) struct Fixture {
     tcp: TcpBaseline,
     zeromq: Option<ZmqContender>,
     nats: Option<NatsContender>,
+    grpc: GrpcContender,
     /// The contenders that could not run, and why.
     pub(super) skipped: BTreeMap<Contender, String>,
 }
@@ -68,15 +70,19 @@ impl Fixture {
                 NatsContender::setup().await.context("setting up NATS")?,
                 &mut skipped,
             );
-            Ok::<_, anyhow::Error>((tcp, zeromq, nats))
+            let grpc = GrpcContender::setup()
+                .await
+                .context("setting up gRPC (tonic)")?;
+            Ok::<_, anyhow::Error>((tcp, zeromq, nats, grpc))
         };
         match others.await {
-            Ok((tcp, zeromq, nats)) => Ok(Fixture {
+            Ok((tcp, zeromq, nats, grpc)) => Ok(Fixture {
                 surelink,
                 surelink_insecure,
                 tcp,
                 zeromq,
                 nats,
+                grpc,
                 skipped,
             }),
             Err(e) => {
@@ -91,7 +97,10 @@ impl Fixture {
         Contender::ALL
             .into_iter()
             .filter(|&who| match who {
-                Contender::Surelink | Contender::SurelinkInsecure | Contender::Tcp => true,
+                Contender::Surelink
+                | Contender::SurelinkInsecure
+                | Contender::Tcp
+                | Contender::Grpc => true,
                 Contender::Zeromq => self.zeromq.is_some(),
                 Contender::Nats => self.nats.is_some(),
             })
@@ -117,6 +126,7 @@ impl Fixture {
                 .nats
                 .as_ref()
                 .map_or_else(String::new, NatsContender::describe),
+            Contender::Grpc => grpc::DESCRIPTION.to_owned(),
         }
     }
 
@@ -133,6 +143,7 @@ impl Fixture {
             Contender::SurelinkInsecure => Caller::Surelink(self.surelink_insecure.client.clone()),
             Contender::Tcp => Caller::Tcp(self.tcp.rpc.clone()),
             Contender::Nats => Caller::Nats(present(&self.nats, who)?.caller()),
+            Contender::Grpc => Caller::Grpc(self.grpc.caller()),
             // Blocking sockets: callers on threads of their own.
             Contender::Zeromq => {
                 return present_mut(&mut self.zeromq, who)?
@@ -166,6 +177,7 @@ impl Fixture {
                     .throughput_round(payload, plan)
                     .await
             }
+            Contender::Grpc => self.grpc.throughput_round(payload, plan).await,
         }
     }
 
@@ -182,6 +194,7 @@ impl Fixture {
         if let Some(n) = self.nats {
             notes.extend(n.shutdown().await);
         }
+        self.grpc.shutdown().await;
         self.surelink.shutdown().await;
         self.surelink_insecure.shutdown().await;
         notes

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use surelink::Endpoint;
 
+use super::grpc::GrpcCaller;
 use super::nats::NatsCaller;
 use super::report::{new_histogram, us, LatencyRound};
 use super::surelink_pair;
@@ -23,6 +24,7 @@ pub(super) enum Caller {
     Surelink(Endpoint),
     Tcp(Arc<TcpRpc>),
     Nats(NatsCaller),
+    Grpc(GrpcCaller),
 }
 
 impl Caller {
@@ -31,6 +33,7 @@ impl Caller {
             Caller::Surelink(ep) => surelink_pair::call(ep, payload).await,
             Caller::Tcp(rpc) => rpc.call(payload).await,
             Caller::Nats(nats) => nats.call(payload).await,
+            Caller::Grpc(grpc) => grpc.call(payload).await,
         }
     }
 }

@@ -1,5 +1,5 @@
 //! `surelink-lab bench`: surelink against the transports users would pick
-//! instead — plain TCP, ZeroMQ and NATS — all on loopback, all measured in
+//! instead — plain TCP, ZeroMQ, NATS and gRPC — all on loopback, all measured in
 //! the same process run with the same cases.
 //!
 //! # What is measured
@@ -66,6 +66,13 @@
 //!   reply-inbox subscription); the server side subscribes and answers each
 //!   request with `publish(reply_subject, payload)`. Throughput: the sender
 //!   loops `publish`, a subscriber on the other connection counts.
+//! * **grpc** ([`grpc`]): tonic's server and client with their default
+//!   transport (HTTP/2 over one TCP connection from 127.0.1.2 to
+//!   127.0.1.1, `TCP_NODELAY` on, no TLS) and prost messages (`bytes
+//!   payload = 1`). Latency: callers are tokio tasks on clones of the one
+//!   channel looping unary calls (HTTP/2 multiplexes them). Throughput:
+//!   one client-streaming call per round whose stream yields messages
+//!   until the round stops; the server counts each message it decodes.
 //!
 //! A contender that cannot run here is skipped with a `SKIPPED` line and the
 //! rest run: zeromq when the binary is built without the `zeromq` feature,
@@ -91,6 +98,7 @@
 pub(crate) mod cache;
 mod detector;
 mod fixture;
+mod grpc;
 pub(crate) mod helpers;
 pub(crate) mod idle_peers;
 mod idle_peers_churn;
@@ -262,16 +270,19 @@ enum Contender {
     Tcp,
     Zeromq,
     Nats,
+    /// gRPC (tonic), the RPC system most users would pick instead.
+    Grpc,
 }
 
 impl Contender {
     /// Every contender this bench knows.
-    const ALL: [Contender; 5] = [
+    const ALL: [Contender; 6] = [
         Contender::Surelink,
         Contender::SurelinkInsecure,
         Contender::Tcp,
         Contender::Zeromq,
         Contender::Nats,
+        Contender::Grpc,
     ];
 
     /// The name in progress lines, `SKIPPED` lines and `bench.json`.
@@ -282,6 +293,7 @@ impl Contender {
             Contender::Tcp => "tcp",
             Contender::Zeromq => "zeromq",
             Contender::Nats => "nats",
+            Contender::Grpc => "grpc",
         }
     }
 
@@ -293,6 +305,7 @@ impl Contender {
             Contender::Tcp => "plain TCP",
             Contender::Zeromq => "ZeroMQ",
             Contender::Nats => "NATS",
+            Contender::Grpc => "gRPC (tonic)",
         }
     }
 

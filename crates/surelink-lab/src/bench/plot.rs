@@ -49,6 +49,7 @@ fn color(who: Contender) -> RGBColor {
         Contender::Tcp => RED,
         Contender::Zeromq => RGBColor(0, 150, 0),
         Contender::Nats => RGBColor(230, 140, 0),
+        Contender::Grpc => RGBColor(120, 60, 170),
     }
 }
 
