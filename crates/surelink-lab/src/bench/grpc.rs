@@ -44,7 +44,7 @@ use tonic_prost::ProstCodec;
 
 use super::fixture::{Delivered, CALL_TIMEOUT, CLIENT_IPS, SERVER_IPS};
 use super::report::ThroughputRound;
-use super::throughput::{measure, Delivery};
+use super::throughput::{measure_task, Delivery};
 use super::Plan;
 
 /// The service's name on the wire.
@@ -209,9 +209,8 @@ impl GrpcContender {
         payload: &Bytes,
         plan: &Plan,
     ) -> Result<ThroughputRound> {
-        let (round, ()) = measure(&self.delivered, plan, Delivery::Reliable, |stop| {
-            let task = tokio::spawn(sink_call(self.channel.clone(), payload.clone(), stop));
-            async move { task.await.context("gRPC sender task failed")? }
+        let (round, ()) = measure_task(&self.delivered, plan, Delivery::Reliable, |stop| {
+            sink_call(self.channel.clone(), payload.clone(), stop)
         })
         .await?;
         Ok(round)
@@ -290,8 +289,6 @@ async fn sink_call(channel: Channel, payload: Bytes, stop: Arc<AtomicBool>) -> R
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -299,13 +296,7 @@ mod tests {
         let grpc = GrpcContender::setup().await.unwrap();
         let body = Bytes::from_static(b"ping");
         assert_eq!(grpc.caller().call(&body).await.unwrap(), body);
-        let plan = Plan {
-            rounds: 1,
-            measure: Duration::from_millis(50),
-            warmup: Duration::from_millis(20),
-            latency: Vec::new(),
-            throughput: Vec::new(),
-        };
+        let plan = Plan::tiny();
         let round = grpc.throughput_round(&body, &plan).await.unwrap();
         // Reliable: everything the stream yielded was counted by the server.
         assert!(round.sent > 0 && round.lost == 0, "{round:?}");

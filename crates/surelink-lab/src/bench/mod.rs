@@ -249,6 +249,19 @@ impl Plan {
         })
     }
 
+    /// A plan for tests: one round of 50 ms after 20 ms of warm-up, no
+    /// cases.
+    #[cfg(test)]
+    fn tiny() -> Plan {
+        Plan {
+            rounds: 1,
+            measure: Duration::from_millis(50),
+            warmup: Duration::from_millis(20),
+            latency: Vec::new(),
+            throughput: Vec::new(),
+        }
+    }
+
     /// Measurements of a run with `contenders` contenders.
     fn steps(&self, contenders: usize) -> usize {
         if self.latency.is_empty() && self.throughput.is_empty() {

@@ -30,7 +30,7 @@ use tokio::task::JoinHandle;
 use super::fixture::{Delivered, Setup, CALL_TIMEOUT};
 use super::nats_server::{find_server, NatsServer, START_TIMEOUT};
 use super::report::ThroughputRound;
-use super::throughput::{measure, Delivery};
+use super::throughput::{measure_task, Delivery};
 use super::Plan;
 use surelink_lab::lock;
 
@@ -169,9 +169,8 @@ impl NatsContender {
         payload: &Bytes,
         plan: &Plan,
     ) -> Result<ThroughputRound> {
-        let (round, ()) = measure(&self.delivered, plan, Delivery::AtMostOnce, |stop| {
-            let task = tokio::spawn(publish_loop(self.client.clone(), payload.clone(), stop));
-            async move { task.await.context("publisher task failed")? }
+        let (round, ()) = measure_task(&self.delivered, plan, Delivery::AtMostOnce, |stop| {
+            publish_loop(self.client.clone(), payload.clone(), stop)
         })
         .await?;
         Ok(round)
@@ -284,16 +283,6 @@ mod tests {
 
     use super::*;
 
-    fn tiny_plan() -> Plan {
-        Plan {
-            rounds: 1,
-            measure: Duration::from_millis(50),
-            warmup: Duration::from_millis(20),
-            latency: Vec::new(),
-            throughput: Vec::new(),
-        }
-    }
-
     // Two worker threads so the subscriber counts while the publisher runs
     // (on one thread a short window can close before the counter is polled).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -308,7 +297,7 @@ mod tests {
         let pid = nats.server.child.pid();
         let body = Bytes::from_static(b"ping");
         assert_eq!(nats.caller().call(&body).await.unwrap(), body);
-        let round = nats.throughput_round(&body, &tiny_plan()).await.unwrap();
+        let round = nats.throughput_round(&body, &Plan::tiny()).await.unwrap();
         // NATS may drop for a slow consumer; what matters here is that the
         // subscriber counted what arrived (in the window or in the drain).
         assert!(round.sent > 0 && round.lost < round.sent, "{round:?}");

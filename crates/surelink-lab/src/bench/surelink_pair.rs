@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 
 use super::fixture::{Delivered, CALL_TIMEOUT};
 use super::report::ThroughputRound;
-use super::throughput::{measure, Delivery};
+use super::throughput::{measure_task, Delivery};
 use super::Plan;
 
 /// How the contender is set up, for `bench.json`.
@@ -91,9 +91,8 @@ impl SurelinkPair {
         payload: &Bytes,
         plan: &Plan,
     ) -> Result<ThroughputRound> {
-        let (round, ()) = measure(&self.delivered, plan, Delivery::Reliable, |stop| {
-            let task = tokio::spawn(send_loop(self.client.clone(), payload.clone(), stop));
-            async move { task.await.context("sender task failed")? }
+        let (round, ()) = measure_task(&self.delivered, plan, Delivery::Reliable, |stop| {
+            send_loop(self.client.clone(), payload.clone(), stop)
         })
         .await?;
         settle(&self.client).await;

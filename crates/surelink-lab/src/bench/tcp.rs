@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 
 use super::fixture::{Delivered, CALL_TIMEOUT, CLIENT_IPS, SERVER_IPS};
 use super::report::ThroughputRound;
-use super::throughput::{measure, Delivery};
+use super::throughput::{measure_task, Delivery};
 use super::Plan;
 
 /// How the baseline is set up, for `bench.json`.
@@ -74,11 +74,11 @@ impl TcpBaseline {
             .writer
             .take()
             .context("the baseline writer was lost in an earlier round")?;
-        let (round, writer) = measure(&self.sink.delivered, plan, Delivery::Reliable, |stop| {
-            let task = tokio::spawn(send_loop(writer, payload.clone(), stop));
-            async move { task.await.context("sender task failed")? }
-        })
-        .await?;
+        let (round, writer) =
+            measure_task(&self.sink.delivered, plan, Delivery::Reliable, |stop| {
+                send_loop(writer, payload.clone(), stop)
+            })
+            .await?;
         self.sink.writer = Some(writer);
         Ok(round)
     }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 
 use super::fixture::Delivered;
 use super::report::ThroughputRound;
@@ -122,6 +122,25 @@ where
         lost,
     };
     Ok((round, handed_back))
+}
+
+/// [`measure`] with the sender run as a tokio task of its own: `sender`
+/// makes its future from the stop flag.
+pub(super) async fn measure_task<T, F>(
+    delivered: &Delivered,
+    plan: &Plan,
+    delivery: Delivery,
+    sender: impl FnOnce(Arc<AtomicBool>) -> F,
+) -> Result<(ThroughputRound, T)>
+where
+    F: Future<Output = Result<(T, u64)>> + Send + 'static,
+    T: Send + 'static,
+{
+    measure(delivered, plan, delivery, |stop| {
+        let task = tokio::spawn(sender(stop));
+        async move { task.await.context("sender task failed")? }
+    })
+    .await
 }
 
 #[cfg(test)]

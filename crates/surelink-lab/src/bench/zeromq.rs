@@ -428,13 +428,7 @@ mod tests {
         let Setup::Ready(mut z) = ZmqContender::setup().unwrap() else {
             panic!("ZeroMQ is built in: it cannot be skipped");
         };
-        let plan = Plan {
-            rounds: 1,
-            measure: Duration::from_millis(50),
-            warmup: Duration::from_millis(20),
-            latency: Vec::new(),
-            throughput: Vec::new(),
-        };
+        let plan = Plan::tiny();
         let body = Bytes::from(vec![7u8; 100]);
         let (round, _) = z.latency_round(&body, 3, &plan).await.unwrap();
         assert!(
