@@ -15,8 +15,10 @@ use surelink::testing::Loopback;
 use surelink::{Handler, HandlerError, HandlerFuture, Helper, Request};
 use surelink_cache::text::Limits;
 use surelink_cache::{Proxy, ProxyConfig, Shards, StoreHandler};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+mod common;
+use common::ask;
 
 /// The embedded store, each command delayed by `delay_ms`.
 struct Slow {
@@ -34,21 +36,6 @@ impl Handler for Slow {
             r
         })
     }
-}
-
-async fn ask(s: &mut TcpStream, req: &[u8], end: &[u8]) -> Vec<u8> {
-    s.write_all(req).await.unwrap();
-    let mut got = Vec::new();
-    while !got.ends_with(end) {
-        let mut b = [0u8; 4096];
-        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut b))
-            .await
-            .expect("an answer within 10 s")
-            .unwrap();
-        assert!(n > 0, "the proxy closed the connection");
-        got.extend_from_slice(&b[..n]);
-    }
-    got
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,42 +11,17 @@ use surelink_cache::local::LocalCluster;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+mod common;
+use common::{ask, connect_from, wait_until};
+
 async fn cluster() -> LocalCluster {
     LocalCluster::start(3, 16 << 20, "127.0.0.1:0".parse().unwrap())
         .await
         .unwrap()
 }
 
-/// Sends `req`, reads until the answer ends with `end` (or 5 s pass).
-async fn ask(s: &mut TcpStream, req: &[u8], end: &[u8]) -> Vec<u8> {
-    s.write_all(req).await.unwrap();
-    let mut got = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(12);
-    while !got.ends_with(end) {
-        let mut b = [0u8; 65536];
-        let n = tokio::time::timeout_at(deadline, s.read(&mut b))
-            .await
-            .unwrap_or_else(|_| {
-                panic!("no answer in time; got {:?}", String::from_utf8_lossy(&got))
-            })
-            .unwrap();
-        if n == 0 {
-            break;
-        }
-        got.extend_from_slice(&b[..n]);
-    }
-    got
-}
-
 async fn connect(addr: SocketAddr) -> TcpStream {
     TcpStream::connect(addr).await.unwrap()
-}
-
-/// Connects from loopback address `ip` (any port).
-async fn connect_from(addr: SocketAddr, ip: [u8; 4]) -> TcpStream {
-    let s = tokio::net::TcpSocket::new_v4().unwrap();
-    s.bind(SocketAddr::from((ip, 0))).unwrap();
-    s.connect(addr).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,11 +173,10 @@ async fn a_dead_nodes_commands_go_to_the_next_node_in_order() {
     assert!(waited < Duration::from_millis(1000), "{waited:?}");
     // Back, empty: its keys return to it.
     c.restart_node(dead).await.unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !c.proxy.ejected().is_empty() {
-        assert!(std::time::Instant::now() < deadline, "node not restored");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until("node not restored", Duration::from_secs(10), || {
+        c.proxy.ejected().is_empty()
+    })
+    .await;
     let got = ask(
         &mut s,
         format!("get {k}\r\nset {k} 0 0 1\r\nz\r\nget {k}\r\n").as_bytes(),
@@ -237,18 +211,10 @@ async fn a_node_cut_off_and_back_serves_nothing_stale() {
     let ep = c.node(node).unwrap().clone();
     ep.testing().mute_network(0, true);
     ep.testing().mute_network(1, true);
-    let wait_until = |what: &'static str, cond: Box<dyn Fn() -> bool>| async move {
-        let deadline = std::time::Instant::now() + Duration::from_secs(8);
-        while !cond() {
-            assert!(std::time::Instant::now() < deadline, "{what}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
-    let proxy = &c.proxy;
-    wait_until(
-        "node not ejected",
-        Box::new(move || proxy.ejected() == vec![node]),
-    )
+    let within = Duration::from_secs(8);
+    wait_until("node not ejected", within, || {
+        c.proxy.ejected() == vec![node]
+    })
     .await;
     let got = ask(
         &mut s,
@@ -259,11 +225,7 @@ async fn a_node_cut_off_and_back_serves_nothing_stale() {
     assert_eq!(got, b"STORED\r\n");
     ep.testing().mute_network(0, false);
     ep.testing().mute_network(1, false);
-    wait_until(
-        "node not restored",
-        Box::new(move || proxy.ejected().is_empty()),
-    )
-    .await;
+    wait_until("node not restored", within, || c.proxy.ejected().is_empty()).await;
     // Back on its node, which still held v1 before it was emptied.
     let got = ask(&mut s, format!("get {k}\r\n").as_bytes(), b"END\r\n").await;
     assert_eq!(String::from_utf8(got).unwrap(), "END\r\n");
@@ -300,7 +262,7 @@ async fn garbage_and_idle_clients_harm_no_one() {
     }
     let mut idle = Vec::with_capacity(n);
     for i in 0..n {
-        idle.push(connect_from(addr, [127, 0, 3, 1 + u8::try_from(i / 1000).unwrap()]).await);
+        idle.push(connect_from(addr, [127, 0, 3, 1 + u8::try_from(i / 1000).unwrap()], None).await);
     }
     // Every one was accepted (none refused at max_clients, 10 000 by default).
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -342,11 +304,7 @@ async fn a_node_that_fails_twice_serves_nothing_stale() {
     let mut s = connect(c.proxy.local_addr()).await;
     let wait = |c: &LocalCluster, out: bool| c.proxy.ejected().contains(&node) == out;
     c.kill_node(node);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !wait(&c, true) {
-        assert!(std::time::Instant::now() < deadline, "not ejected");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until("not ejected", Duration::from_secs(10), || wait(&c, true)).await;
     // Written on the next node while its own is out.
     let got = ask(
         &mut s,
@@ -356,11 +314,7 @@ async fn a_node_that_fails_twice_serves_nothing_stale() {
     .await;
     assert_eq!(got, b"STORED\r\n");
     c.restart_node(node).await.unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !wait(&c, false) {
-        assert!(std::time::Instant::now() < deadline, "not restored");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until("not restored", Duration::from_secs(10), || wait(&c, false)).await;
     let got = ask(
         &mut s,
         format!("set {k} 0 0 2\r\nv2\r\n").as_bytes(),
@@ -371,11 +325,7 @@ async fn a_node_that_fails_twice_serves_nothing_stale() {
     // Give the clean-up its moment (it follows the restore).
     tokio::time::sleep(Duration::from_millis(300)).await;
     c.kill_node(node);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !wait(&c, true) {
-        assert!(std::time::Instant::now() < deadline, "not ejected");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until("not ejected", Duration::from_secs(10), || wait(&c, true)).await;
     // v2 died with the node (one replica); v1 must not come back.
     let got = ask(&mut s, format!("get {k}\r\n").as_bytes(), b"END\r\n").await;
     assert_eq!(String::from_utf8(got).unwrap(), "END\r\n");
@@ -397,11 +347,8 @@ async fn a_copy_that_stood_in_for_two_nodes_goes_when_either_returns() {
     let until = |c: &LocalCluster, want: usize| c.proxy.ejected().len() == want;
     c.kill_node(o);
     c.kill_node(n1);
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while !until(&c, 2) {
-        assert!(std::time::Instant::now() < deadline, "not ejected");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let within = Duration::from_secs(15);
+    wait_until("not ejected", within, || until(&c, 2)).await;
     let got = ask(
         &mut s,
         format!("set {k} 0 0 2\r\nv1\r\n").as_bytes(),
@@ -410,10 +357,7 @@ async fn a_copy_that_stood_in_for_two_nodes_goes_when_either_returns() {
     .await;
     assert_eq!(got, b"STORED\r\n");
     c.restart_node(n1).await.unwrap();
-    while !until(&c, 1) {
-        assert!(std::time::Instant::now() < deadline, "not restored");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until("not restored", within, || until(&c, 1)).await;
     let got = ask(
         &mut s,
         format!("set {k} 0 0 2\r\nv2\r\n").as_bytes(),
@@ -423,10 +367,7 @@ async fn a_copy_that_stood_in_for_two_nodes_goes_when_either_returns() {
     assert_eq!(got, b"STORED\r\n");
     tokio::time::sleep(Duration::from_millis(300)).await;
     c.kill_node(n1);
-    while !until(&c, 2) {
-        assert!(std::time::Instant::now() < deadline, "not ejected again");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until("not ejected again", within, || until(&c, 2)).await;
     let got = ask(&mut s, format!("get {k}\r\n").as_bytes(), b"END\r\n").await;
     assert_eq!(String::from_utf8(got).unwrap(), "END\r\n");
     c.shutdown().await;

@@ -7,7 +7,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -15,6 +14,9 @@ use surelink_cache::local::LocalCluster;
 use surelink_cache::{Proxy, ProxyConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+mod common;
+use common::{ask, connect_from, read_until};
 
 async fn cluster() -> LocalCluster {
     LocalCluster::start(3, 256 << 20, "127.0.0.1:0".parse().unwrap())
@@ -27,40 +29,6 @@ async fn proxy(c: &LocalCluster, tune: impl FnOnce(&mut ProxyConfig)) -> Proxy {
     let mut cfg = ProxyConfig::new("127.0.0.1:0".parse().unwrap(), c.node_ids());
     tune(&mut cfg);
     Proxy::start(c.proxy_ep.clone(), cfg).await.unwrap()
-}
-
-/// Sends `req`, reads until the answer ends with `end` (or 12 s pass).
-async fn ask(s: &mut TcpStream, req: &[u8], end: &[u8]) -> Vec<u8> {
-    s.write_all(req).await.unwrap();
-    read_until(s, end).await
-}
-
-async fn read_until(s: &mut TcpStream, end: &[u8]) -> Vec<u8> {
-    let mut got = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(12);
-    while !got.ends_with(end) {
-        let mut b = vec![0u8; 1 << 16];
-        let n = tokio::time::timeout_at(deadline, s.read(&mut b))
-            .await
-            .unwrap_or_else(|_| panic!("no answer in time; got {} bytes", got.len()))
-            .unwrap();
-        if n == 0 {
-            break;
-        }
-        got.extend_from_slice(&b[..n]);
-    }
-    got
-}
-
-/// Connects from loopback address `ip`, with a small receive buffer if
-/// `rcvbuf` (so the kernel holds little of what the proxy writes).
-async fn connect_from(addr: SocketAddr, ip: [u8; 4], rcvbuf: Option<u32>) -> TcpStream {
-    let s = tokio::net::TcpSocket::new_v4().unwrap();
-    if let Some(n) = rcvbuf {
-        s.set_recv_buffer_size(n).unwrap();
-    }
-    s.bind(SocketAddr::from((ip, 0))).unwrap();
-    s.connect(addr).await.unwrap()
 }
 
 /// Whether the proxy closed `s` (EOF or reset) within 5 s.

@@ -13,8 +13,10 @@ use bytes::Bytes;
 use surelink::proto::NodeId;
 use surelink_cache::local::{Items, LocalCluster};
 use surelink_cache::{Ring, CACHE_CHANNEL};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+mod common;
+use common::ask_str as ask;
 
 async fn cluster() -> LocalCluster {
     LocalCluster::start_tuned(
@@ -25,25 +27,6 @@ async fn cluster() -> LocalCluster {
     )
     .await
     .unwrap()
-}
-
-/// Sends `req`, reads until the answer ends with `end`.
-async fn ask(s: &mut TcpStream, req: &[u8], end: &[u8]) -> String {
-    s.write_all(req).await.unwrap();
-    let mut got = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(12);
-    while !got.ends_with(end) {
-        let mut b = [0u8; 65536];
-        let n = tokio::time::timeout_at(deadline, s.read(&mut b))
-            .await
-            .unwrap_or_else(|_| {
-                panic!("no answer in time; got {:?}", String::from_utf8_lossy(&got))
-            })
-            .unwrap();
-        assert!(n > 0, "closed");
-        got.extend_from_slice(&b[..n]);
-    }
-    String::from_utf8(got).unwrap()
 }
 
 /// What node `n` itself holds for `key` (its `get` answer).
@@ -63,14 +46,6 @@ async fn held(c: &LocalCluster, n: NodeId, key: &str) -> String {
 
 fn replicas(c: &LocalCluster, key: &str) -> Vec<NodeId> {
     Ring::new(&c.node_ids()).replicas(key.as_bytes(), 2)
-}
-
-async fn wait_until(what: &str, cond: impl Fn() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(std::time::Instant::now() < deadline, "{what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -119,7 +94,10 @@ async fn a_dead_replica_costs_no_miss_and_no_error() {
             let got = ask(&mut s, format!("mg {k} v\r\nmn\r\n").as_bytes(), b"MN\r\n").await;
             assert_eq!(got, "VA 2\r\nv1\r\nMN\r\n", "round {round}: {k}");
         }
-        wait_until("node not ejected", || c.proxy.ejected() == vec![dead]).await;
+        common::wait_until("node not ejected", Duration::from_secs(10), || {
+            c.proxy.ejected() == vec![dead]
+        })
+        .await;
     }
     assert_eq!(c.proxy.stats().node_errors.load(Relaxed), 0);
     assert_eq!(c.proxy.stats().get_misses.load(Relaxed), 0);
@@ -134,7 +112,10 @@ async fn a_dead_replica_costs_no_miss_and_no_error() {
         .await;
     }
     c.restart_node(dead).await.unwrap();
-    wait_until("node not restored", || c.proxy.ejected().is_empty()).await;
+    common::wait_until("node not restored", Duration::from_secs(10), || {
+        c.proxy.ejected().is_empty()
+    })
+    .await;
     for chunk in keys.chunks(50) {
         let req = format!("get {}\r\n", chunk.join(" "));
         let got = ask(&mut s, req.as_bytes(), b"END\r\n").await;
@@ -176,7 +157,10 @@ async fn a_replica_cut_off_and_back_serves_nothing_stale() {
     let ep = c.node(node).unwrap().clone();
     ep.testing().mute_network(0, true);
     ep.testing().mute_network(1, true);
-    wait_until("node not ejected", || c.proxy.ejected() == vec![node]).await;
+    common::wait_until("node not ejected", Duration::from_secs(10), || {
+        c.proxy.ejected() == vec![node]
+    })
+    .await;
     for k in &keys {
         assert_eq!(
             ask(
