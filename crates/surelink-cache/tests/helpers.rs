@@ -18,7 +18,7 @@ use surelink_cache::{Proxy, ProxyConfig, Shards, StoreHandler};
 use tokio::net::TcpStream;
 
 mod common;
-use common::ask;
+use common::ask_open as ask;
 
 /// The embedded store, each command delayed by `delay_ms`.
 struct Slow {

@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 mod common;
-use common::{ask, connect_from, wait_until};
+use common::{ask, connect_from, wait_until, wait_until_at};
 
 async fn cluster() -> LocalCluster {
     LocalCluster::start(3, 16 << 20, "127.0.0.1:0".parse().unwrap())
@@ -347,8 +347,9 @@ async fn a_copy_that_stood_in_for_two_nodes_goes_when_either_returns() {
     let until = |c: &LocalCluster, want: usize| c.proxy.ejected().len() == want;
     c.kill_node(o);
     c.kill_node(n1);
-    let within = Duration::from_secs(15);
-    wait_until("not ejected", within, || until(&c, 2)).await;
+    // One deadline for the three waits.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    wait_until_at("not ejected", deadline, || until(&c, 2)).await;
     let got = ask(
         &mut s,
         format!("set {k} 0 0 2\r\nv1\r\n").as_bytes(),
@@ -357,7 +358,7 @@ async fn a_copy_that_stood_in_for_two_nodes_goes_when_either_returns() {
     .await;
     assert_eq!(got, b"STORED\r\n");
     c.restart_node(n1).await.unwrap();
-    wait_until("not restored", within, || until(&c, 1)).await;
+    wait_until_at("not restored", deadline, || until(&c, 1)).await;
     let got = ask(
         &mut s,
         format!("set {k} 0 0 2\r\nv2\r\n").as_bytes(),
@@ -367,7 +368,7 @@ async fn a_copy_that_stood_in_for_two_nodes_goes_when_either_returns() {
     assert_eq!(got, b"STORED\r\n");
     tokio::time::sleep(Duration::from_millis(300)).await;
     c.kill_node(n1);
-    wait_until("not ejected again", within, || until(&c, 2)).await;
+    wait_until_at("not ejected again", deadline, || until(&c, 2)).await;
     let got = ask(&mut s, format!("get {k}\r\n").as_bytes(), b"END\r\n").await;
     assert_eq!(String::from_utf8(got).unwrap(), "END\r\n");
     c.shutdown().await;

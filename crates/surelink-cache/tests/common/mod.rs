@@ -22,9 +22,20 @@ pub(crate) async fn ask(s: &mut TcpStream, req: &[u8], end: &[u8]) -> Vec<u8> {
     read_until(s, end).await
 }
 
-/// [`ask`], the answer as text.
+/// [`ask`], and the connection must stay open until the answer ends.
+pub(crate) async fn ask_open(s: &mut TcpStream, req: &[u8], end: &[u8]) -> Vec<u8> {
+    let got = ask(s, req, end).await;
+    assert!(
+        got.ends_with(end),
+        "the proxy closed the connection; got {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    got
+}
+
+/// [`ask_open`], the answer as text.
 pub(crate) async fn ask_str(s: &mut TcpStream, req: &[u8], end: &[u8]) -> String {
-    String::from_utf8(ask(s, req, end).await).unwrap()
+    String::from_utf8(ask_open(s, req, end).await).unwrap()
 }
 
 /// Reads until what arrived ends with `end` (or the connection closed).
@@ -63,7 +74,15 @@ pub(crate) async fn connect_from(addr: SocketAddr, ip: [u8; 4], rcvbuf: Option<u
 /// Waits until `cond` holds, looking every 20 ms; panics with `what` if
 /// it does not within `within`.
 pub(crate) async fn wait_until(what: &str, within: Duration, cond: impl Fn() -> bool) {
-    let deadline = std::time::Instant::now() + within;
+    wait_until_at(what, std::time::Instant::now() + within, cond).await;
+}
+
+/// [`wait_until`] with a deadline (one shared by several waits).
+pub(crate) async fn wait_until_at(
+    what: &str,
+    deadline: std::time::Instant,
+    cond: impl Fn() -> bool,
+) {
     while !cond() {
         assert!(std::time::Instant::now() < deadline, "{what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
