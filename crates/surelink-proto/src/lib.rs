@@ -125,6 +125,6 @@ pub use ids::{
 pub use router::{HelloDecision, HelloStep, OpenError, Router, SessionTable};
 pub use session::{
     CompleteError, Input, LocalIdentity, Message, MessageBatch, PathSnapshot, PathStats,
-    RoleSendError, Session, SessionStats, ROLE_QUEUE, ROLE_QUEUE_BYTES,
+    RoleSendError, SendLimits, Session, SessionStats, ROLE_QUEUE, ROLE_QUEUE_BYTES,
 };
 pub use time::Time;

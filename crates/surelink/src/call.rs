@@ -207,8 +207,44 @@ pub(crate) fn send_now(
     flush: Flush,
 ) -> Result<SendNow, SendError> {
     let session = shared.session_for(peer)?;
+    send_now_on(shared, &session, channel, priority, msgs, flush)
+}
+
+/// One normal one-way message: staged without the session's lock when a
+/// flush is coming anyway (see `session/stage.rs`), else as [`send_now`].
+pub(crate) fn send_one_now(
+    shared: &Arc<Shared>,
+    peer: NodeId,
+    channel: ChannelId,
+    message: Bytes,
+) -> Result<SendNow, SendError> {
+    let session = shared.session_for(peer)?;
+    match session.offer(shared, channel, message) {
+        Ok(()) => Ok(SendNow::Done(None)),
+        Err(m) => send_now_on(
+            shared,
+            &session,
+            channel,
+            Priority::Normal,
+            &mut std::iter::once(m),
+            Flush::Batched,
+        ),
+    }
+}
+
+/// [`send_now`] on a session already looked up.
+fn send_now_on(
+    shared: &Arc<Shared>,
+    session: &Arc<SessionHandle>,
+    channel: ChannelId,
+    priority: Priority,
+    msgs: &mut impl Iterator<Item = Bytes>,
+    flush: Flush,
+) -> Result<SendNow, SendError> {
     session.note_traffic(shared);
     session.with_output(shared, Reading::Cached, |g, now| {
+        // What was staged goes before these.
+        let drained = session.drain_stage(g, shared, now);
         let mut r = Ok(SendNow::Done(None));
         let mut last = None;
         let mut queued = 0usize;
@@ -216,6 +252,12 @@ pub(crate) fn send_now(
         for m in msgs.by_ref() {
             if g.is_ended() {
                 // The session ended under us: the waiting path opens a new one.
+                r = Ok(SendNow::Blocked(m));
+                break;
+            }
+            if !drained && priority == Priority::Normal {
+                // Staged messages wait for room: a smaller one must not
+                // pass them.
                 r = Ok(SendNow::Blocked(m));
                 break;
             }

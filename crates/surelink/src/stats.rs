@@ -14,6 +14,9 @@ use crate::histogram::Histogram;
 #[derive(Debug)]
 pub(crate) struct Stats {
     messages_sent: AtomicU64,
+    /// One-way sends queued behind a scheduled flush without the
+    /// session's lock (`session/stage.rs`), counted as they are drained.
+    sends_staged: AtomicU64,
     messages_received: AtomicU64,
     bytes_sent: AtomicU64,
     bytes_received: AtomicU64,
@@ -43,6 +46,7 @@ impl Default for Stats {
     fn default() -> Self {
         Stats {
             messages_sent: AtomicU64::new(0),
+            sends_staged: AtomicU64::new(0),
             messages_received: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
             bytes_received: AtomicU64::new(0),
@@ -71,6 +75,12 @@ impl Stats {
             self.messages_sent.fetch_add(n, Relaxed);
             metrics::counter!("surelink_messages_sent_total").increment(n);
         }
+    }
+    /// `n` staged sends drained into their session (already counted
+    /// sent by `messages_sent`).
+    pub(crate) fn sends_staged(&self, n: u64) {
+        self.sends_staged.fetch_add(n, Relaxed);
+        metrics::counter!("surelink_sends_staged_total").increment(n);
     }
     pub(crate) fn handler_panicked(&self) {
         self.handler_panics.fetch_add(1, Relaxed);
@@ -157,6 +167,7 @@ impl Stats {
         let ([p50, p99, p999], max) = self.call_rtt.quantiles([0.5, 0.99, 0.999]);
         StatsSnapshot {
             messages_sent: self.messages_sent.load(Relaxed),
+            sends_staged: self.sends_staged.load(Relaxed),
             messages_received: self.messages_received.load(Relaxed),
             duplicate_requests: sessions.iter().map(|(_, s)| s.duplicate_requests).sum(),
             calls_resent: sessions.iter().map(|(_, s)| s.calls_resent).sum(),
@@ -198,6 +209,10 @@ impl Stats {
 pub struct StatsSnapshot {
     /// Messages queued by this endpoint (one-way, requests, replies).
     pub messages_sent: u64,
+    /// Of the one-way messages, those a busy session took without its
+    /// lock, to leave with the flush already coming (`send` and
+    /// `try_send` while the session is writing back to back).
+    pub sends_staged: u64,
     /// Messages delivered to this endpoint.
     pub messages_received: u64,
     /// Requests that arrived again (re-sends) and were answered without
@@ -337,6 +352,11 @@ impl StatsSnapshot {
             "surelink_failover_resends_total",
             "Messages moved off a failed path",
             self.failover_resends,
+        );
+        counter(
+            "surelink_sends_staged_total",
+            "One-way sends queued behind a busy session's flush without its lock",
+            self.sends_staged,
         );
         counter("surelink_calls_total", "Calls completed", self.calls);
         counter(

@@ -47,7 +47,7 @@ use bytes::Bytes;
 
 pub(crate) use deliver::Released;
 pub use deliver::{Message, MessageBatch};
-pub use observe::{PathSnapshot, SessionStats};
+pub use observe::{PathSnapshot, SendLimits, SessionStats};
 pub use paths::PathStats;
 use paths::{PathState, Phase};
 use recv::RecvSide;

@@ -98,7 +98,37 @@ pub struct PathSnapshot {
     pub stats: PathStats,
 }
 
+/// What a normal one-way message must stay within to be accepted by
+/// [`Session::send`] on both ends' limits, once the peer's HELLO told
+/// them (see [`Session::send_limits`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendLimits {
+    /// Longest message, in bytes.
+    pub max_message: usize,
+    /// Channels below this one exist at both ends.
+    pub channels: u32,
+}
+
 impl Session {
+    /// The limits a normal one-way message must meet at both ends, or
+    /// `None` while the peer's are unknown or once the session ended. A
+    /// shell that queues messages in front of the session's lock checks
+    /// them there, so that only a full send buffer can refuse them later.
+    pub fn send_limits(&self) -> Option<SendLimits> {
+        if self.ended.is_some() {
+            return None;
+        }
+        let p = self.peer?;
+        Some(SendLimits {
+            max_message: self.cfg.max_message_size.min(p.max_message) as usize,
+            channels: self
+                .cfg
+                .max_channels
+                .min(p.max_channels)
+                .min(crate::StreamId::MAX_CHANNELS),
+        })
+    }
+
     /// The next path, peer or call event.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()

@@ -102,7 +102,9 @@ impl Endpoint {
     /// Sends a one-way message, waiting while the session's send buffer is
     /// full. A message sent while the session is idle leaves at once; ones
     /// sent back to back leave together (in BATCH frames) with the
-    /// session's next write.
+    /// session's next write, and are queued for it without taking the
+    /// session's lock (`StatsSnapshot::sends_staged`). For a stream of
+    /// small messages [`Endpoint::send_many`] is still the cheapest way.
     pub async fn send(&self, peer: NodeId, channel: u16, message: Bytes) -> Result<(), SendError> {
         // The common case waits for nothing: no future state beyond this.
         match self.send_one_now(peer, channel, message)? {
@@ -186,14 +188,7 @@ impl Endpoint {
         message: Bytes,
     ) -> Result<call::SendNow, SendError> {
         let ch = call::check_channel(&self.shared, channel)?;
-        call::send_now(
-            &self.shared,
-            peer,
-            ch,
-            Priority::Normal,
-            &mut std::iter::once(message),
-            Flush::Batched,
-        )
+        call::send_one_now(&self.shared, peer, ch, message)
     }
 
     /// Serves requests with `handler` (replacing any earlier one). Each

@@ -242,6 +242,7 @@ impl SessionHandle {
                     _ => warn!(%peer, ?reason, abandoned = n, "session ended"),
                 }
                 self.ended.store(true, Ordering::Release);
+                self.stage.close();
                 w.ended = true;
                 w.space = true;
                 w.events.push(NetEvent::SessionEnded {

@@ -10,7 +10,10 @@
 //! and then do the rest (socket writes, scheduling, events). Readers,
 //! callers, handlers, timers, the router's HELLO decisions and the
 //! detector's reactions all go through it; nothing outside this module
-//! touches a session's state. Sessions of different peers never contend,
+//! touches a session's state. The one input that may skip the lock is a
+//! normal one-way send while a flush is coming anyway: it waits in the
+//! session's send stage (`stage.rs`) until the lock's next holder moves
+//! it into the core. Sessions of different peers never contend,
 //! and one peer's overload never stalls another peer's replies, events or
 //! timers.
 //!
@@ -18,6 +21,7 @@
 //! or own sockets (connections are [`ConnIo`]s, shared with their tasks).
 
 mod drive;
+mod stage;
 mod task;
 
 use std::collections::HashMap;
@@ -33,7 +37,7 @@ use tracing::debug;
 use surelink_proto::rpc::{CallOptions, Priority, RemoteError};
 use surelink_proto::wire::TransmitBuf;
 use surelink_proto::{
-    CallId, ChannelId, Input, MessageId, NodeId, PathError, PathId, Session, SessionId,
+    CallId, ChannelId, Input, MessageId, NodeId, PathError, PathId, SendLimits, Session, SessionId,
     SessionStats, Time,
 };
 
@@ -68,6 +72,8 @@ pub(crate) struct SessionInner {
     out: TransmitBuf,
     /// The deadline the session's task sleeps towards.
     armed: Option<Time>,
+    /// The drain's buffer (its capacity kept between drains).
+    staged: Vec<stage::Staged>,
 }
 
 /// When the output of an input is written.
@@ -103,7 +109,10 @@ pub(crate) struct SessionHandle {
     space: Notify,
     /// Re-arms the session's task, or asks it to flush.
     wake: Notify,
+    /// Set and cleared only under the stage's lock (see `stage.rs`).
     flush_scheduled: AtomicBool,
+    /// One-way sends waiting for the scheduled flush (see `stage.rs`).
+    stage: stage::Stage,
     /// When the session last wrote (the shell's clock, ns).
     last_tx: AtomicU64,
     /// What the peer node's one-way messages hold in the incoming queue,
@@ -196,10 +205,12 @@ impl SessionHandle {
                 waiters: HashMap::new(),
                 out: TransmitBuf::with_head(BytesMut::with_capacity(16 * 1024)),
                 armed: None,
+                staged: Vec::new(),
             }),
             space: Notify::new(),
             wake: Notify::new(),
             flush_scheduled: AtomicBool::new(false),
+            stage: stage::Stage::default(),
             last_tx: AtomicU64::new(0),
             ledger,
             unflushed: AtomicUsize::new(0),
@@ -267,10 +278,20 @@ impl SessionHandle {
             }
             Reading::Cached => (shared.clock.now_cached(), None),
         };
+        // Staged sends the flush will not drain (what found the send
+        // buffer full) go now: the input may have freed room. While a flush
+        // is coming, they wait for it, to leave in one write (a send under
+        // the lock drains them first itself: `call::send_now_on`).
+        if !self.flush_scheduled.load(Ordering::Relaxed) {
+            self.drain_stage(&mut g, shared, now);
+        }
         let (r, out) = f(&mut g, now);
         let drive_at = match out {
             Output::Now => Some(fresh.unwrap_or_else(|| shared.clock.now())),
-            Output::Batched(len) => self.write_now(shared, len, fresh),
+            Output::Batched(len) => {
+                let core = &g.core;
+                self.write_now(shared, len, fresh, || core.send_limits())
+            }
             Output::Skip => None,
         };
         let w = drive_at.map(|now| self.drive(&mut g, shared, now));
@@ -388,7 +409,14 @@ impl SessionHandle {
     /// `None` to leave it to the flush. `now`: a fresh clock read, if the
     /// caller has one (the cached clock is stale after a quiet spell, which
     /// would make an idle session look busy).
-    fn write_now(&self, shared: &Shared, len: usize, now: Option<Time>) -> Option<Time> {
+    /// Scheduling the flush opens the send stage with `limits`.
+    fn write_now(
+        &self,
+        shared: &Shared,
+        len: usize,
+        now: Option<Time>,
+        limits: impl FnOnce() -> Option<SendLimits>,
+    ) -> Option<Time> {
         let unflushed = self.unflushed.load(Ordering::Relaxed) + len;
         self.unflushed.store(unflushed, Ordering::Relaxed);
         if unflushed >= FLUSH_BATCH {
@@ -406,7 +434,7 @@ impl SessionHandle {
         {
             return Some(now);
         }
-        if !self.flush_scheduled.swap(true, Ordering::AcqRel) {
+        if self.stage.schedule(&self.flush_scheduled, limits) {
             self.wake.notify_one();
         }
         None
@@ -422,7 +450,9 @@ impl SessionHandle {
         space.as_mut().enable();
         {
             let g = self.lock();
-            if g.core.has_room(len) || g.core.ended().is_some() {
+            // Staged messages that found the buffer full go first: room
+            // for this one alone is not enough.
+            if (g.core.has_room(len) && self.stage.is_empty_hint()) || g.core.ended().is_some() {
                 return;
             }
         }
@@ -455,6 +485,7 @@ impl SessionHandle {
             c.kill();
         }
         self.ended.store(true, Ordering::Release);
+        self.stage.close();
         let abandoned = g.core.stats().cache_messages;
         drop(g);
         self.space.notify_waiters();

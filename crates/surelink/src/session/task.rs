@@ -98,17 +98,29 @@ pub(crate) async fn run_session(shared: Arc<Shared>, h: Arc<SessionHandle>) {
                     // grows (up to a write's worth), then write it all in
                     // one go. A message that queues alone is written after
                     // one yield.
-                    let mut before = h.unflushed.load(Ordering::Relaxed);
-                    for _ in 0..MAX_FLUSH_YIELDS {
-                        tokio::task::yield_now().await;
-                        let now = h.unflushed.load(Ordering::Relaxed);
-                        if now == before || now >= FLUSH_BATCH || now == 0 {
+                    let queued = || h.unflushed.load(Ordering::Relaxed) + h.stage.bytes_hint();
+                    loop {
+                        let mut before = queued();
+                        for _ in 0..MAX_FLUSH_YIELDS {
+                            tokio::task::yield_now().await;
+                            let now = queued();
+                            if now == before || now >= FLUSH_BATCH || now == 0 {
+                                break;
+                            }
+                            before = now;
+                        }
+                        // Drains the send stage, which stays open meanwhile;
+                        // closed (and the flush done) only if nothing was
+                        // staged during the drive.
+                        if !h.poke_drain(&shared) {
+                            // Full: nothing more can leave until acks come.
+                            h.stage.unschedule(&h.flush_scheduled);
                             break;
                         }
-                        before = now;
+                        if h.stage.unschedule_if_empty(&h.flush_scheduled) {
+                            break;
+                        }
                     }
-                    h.flush_scheduled.store(false, Ordering::Release);
-                    h.poke(&shared);
                 }
             }
         }
