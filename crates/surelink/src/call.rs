@@ -218,18 +218,19 @@ pub(crate) fn send_one_now(
     channel: ChannelId,
     message: Bytes,
 ) -> Result<SendNow, SendError> {
+    let message = match shared.offer(peer, channel, message) {
+        Ok(()) => return Ok(SendNow::Done(None)),
+        Err(m) => m,
+    };
     let session = shared.session_for(peer)?;
-    match session.offer(shared, channel, message) {
-        Ok(()) => Ok(SendNow::Done(None)),
-        Err(m) => send_now_on(
-            shared,
-            &session,
-            channel,
-            Priority::Normal,
-            &mut std::iter::once(m),
-            Flush::Batched,
-        ),
-    }
+    send_now_on(
+        shared,
+        &session,
+        channel,
+        Priority::Normal,
+        &mut std::iter::once(message),
+        Flush::Batched,
+    )
 }
 
 /// [`send_now`] on a session already looked up.

@@ -26,14 +26,14 @@ use std::time::Duration;
 
 use parking_lot::{Mutex, MutexGuard, RwLock};
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use rustc_hash::FxHashMap;
 use tokio::task::JoinHandle;
 use tracing::warn;
 
 use surelink_proto::wire::Hello;
 use surelink_proto::{
-    NodeId, OpenError, PathError, PathId, Router, Session, SessionId, SessionTable,
+    ChannelId, NodeId, OpenError, PathError, PathId, Router, Session, SessionId, SessionTable,
 };
 
 use crate::clock::Clock;
@@ -45,7 +45,7 @@ use crate::events::{EventHub, NetEvent};
 use crate::incoming::IncomingQueue;
 use crate::ratelog::LogLimits;
 use crate::server::Server;
-use crate::session::{run_session, Output, Reading, SessionHandle, Work};
+use crate::session::{run_session, Offer, Output, Reading, SessionHandle, Work};
 use crate::stats::Stats;
 
 /// The router and the transports that have not said who they are.
@@ -303,6 +303,30 @@ impl Shared {
     /// The current session with `peer`, opening one if there is none (it
     /// is dialled if the peer is configured; otherwise it waits for the peer
     /// to dial us).
+    /// Stages a normal one-way message on `peer`'s current session if a
+    /// flush is coming there anyway (`session/stage.rs`); hands it back
+    /// otherwise. Looks the session up under the read lock without
+    /// cloning its handle: this runs once per `send`.
+    pub(crate) fn offer(&self, peer: NodeId, channel: ChannelId, m: Bytes) -> Result<(), Bytes> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(m);
+        }
+        let first = {
+            let sessions = self.sessions.read();
+            let Some(h) = sessions.get(&peer).filter(|h| !h.is_ended()) else {
+                return Err(m);
+            };
+            match h.offer(channel, m) {
+                Offer::Staged { first: false } => return Ok(()),
+                Offer::Staged { first: true } => h.clone(),
+                Offer::Refused(m) => return Err(m),
+            }
+        };
+        // Outside the read lock: the detector takes its own locks.
+        first.note_traffic(self);
+        Ok(())
+    }
+
     pub(crate) fn session_for(
         self: &Arc<Self>,
         peer: NodeId,

@@ -222,12 +222,34 @@ async fn paths_dialled_again_resume_with_a_ticket_and_carry_calls() {
     let pair = Loopback::new().start().await.unwrap();
     pair.server.serve(|r: Request| async move { r.body });
     echo_works(&pair).await;
+    // Each side stores the ticket a handshake minted when its own part
+    // ends: the server's a little after the client's. Redialling before
+    // the server held them made a path fall back to a full handshake
+    // (1 run in 10).
+    assert!(
+        pair.server
+            .wait_for_paths(CLIENT, 2, Duration::from_secs(5))
+            .await
+    );
     let before = (
         pair.client.stats().handshakes_resumed,
         pair.server.stats().handshakes_resumed,
     );
     redial(&pair).await;
     echo_works(&pair).await;
+    // The server counts a handshake when its own part ends, which can be
+    // just after the client's path is up and carrying calls.
+    assert!(
+        pair.server
+            .wait_for_paths(CLIENT, 2, Duration::from_secs(5))
+            .await
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while pair.server.stats().handshakes_resumed < before.1 + 2
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let (c, s) = (pair.client.stats(), pair.server.stats());
     // Both new paths resumed: the first handshake left a ticket.
     assert!(

@@ -506,6 +506,16 @@ impl Session {
         self.send.cache_bytes + message_cost(len) <= self.cfg.send_buffer
     }
 
+    /// A hint: `messages` messages of `bytes` bytes in all are about to be
+    /// sent back to back (a shell draining sends it queued). A batch formed
+    /// meanwhile is given room for them at once (up to the batch size)
+    /// rather than growing by copies. `expect_sends(0, 0)` clears it.
+    /// Changes nothing else: what is sent, and when, stays the same.
+    pub fn expect_sends(&mut self, messages: usize, bytes: usize) {
+        // Per message: the batch's message header and the one-way prefix.
+        self.send.expected = bytes.saturating_add(messages.saturating_mul(8));
+    }
+
     // ----- ending --------------------------------------------------------
 
     /// Ends the session from this side: abandons its outstanding messages

@@ -221,6 +221,10 @@ pub(crate) struct SendSide {
     pub(crate) cache_len: u64,
     /// Entries in the cache.
     pub(crate) cache_entries: u64,
+    /// Bytes of messages the caller said follow at once (a drain of many
+    /// queued sends): a batch formed meanwhile is sized for them from the
+    /// start instead of growing by copies.
+    pub(crate) expected: usize,
 }
 
 impl SendSide {
@@ -242,6 +246,7 @@ impl SendSide {
         batch: Option<BatchLimits>,
     ) -> u64 {
         let len = prefix.as_slice().len() + payload.len();
+        let expected = self.expected;
         let st = self.stream_mut(stream);
         let seq = st.next;
         if let (Some(limits), Some(last)) = (batch, st.entries.back_mut()) {
@@ -260,9 +265,15 @@ impl SendSide {
                 && last_len.saturating_add(framed) <= limits.bytes;
             if joins {
                 let before = last.len;
-                append(last, prefix.as_slice(), &payload);
+                append(
+                    last,
+                    prefix.as_slice(),
+                    &payload,
+                    expected.min(limits.bytes),
+                );
                 st.next += 1;
                 self.cache_bytes += (last.len - before) as u64;
+                self.expected = expected.saturating_sub(framed);
                 self.cache_len += 1;
                 return seq;
             }
@@ -281,6 +292,7 @@ impl SendSide {
         let cost = e.cost();
         st.entries.push_back(e);
         st.next += 1;
+        self.expected = expected.saturating_sub(batched_message_overhead(len) + len);
         self.cache_bytes += cost;
         self.new_queue.push_back((stream, seq));
         self.cache_len += 1;
@@ -463,7 +475,8 @@ fn mark_sacked(
 }
 
 /// Appends a message to a queued entry, turning a single into a batch.
-fn append(e: &mut Entry, prefix: &[u8], payload: &[u8]) {
+/// `reserve`: bytes the batch is expected to grow to (0: unknown).
+fn append(e: &mut Entry, prefix: &[u8], payload: &[u8], reserve: usize) {
     if let Body::Single {
         prefix: p0,
         payload: b0,
@@ -473,7 +486,7 @@ fn append(e: &mut Entry, prefix: &[u8], payload: &[u8]) {
         let next =
             batched_message_overhead(prefix.len() + payload.len()) + prefix.len() + payload.len();
         // Room for a few more: a batch forms when messages queue quickly.
-        let mut messages = BytesMut::with_capacity((first + next) * 4);
+        let mut messages = BytesMut::with_capacity(((first + next) * 4).max(reserve));
         put_batched_message(&mut messages, p0.as_slice(), b0);
         e.body = Body::Batch { messages };
     }
@@ -497,6 +510,45 @@ mod tests {
 
     fn msg(n: usize) -> Bytes {
         Bytes::from(vec![b'x'; n])
+    }
+
+    fn batch_buffer(s: &SendSide) -> (*const u8, usize) {
+        match &s.streams[S.index()].entries.back().unwrap().body {
+            Body::Batch { messages } => (messages.as_ptr(), messages.capacity()),
+            _ => panic!("not a batch"),
+        }
+    }
+
+    #[test]
+    fn an_expected_run_sizes_its_batch_once_and_the_hint_runs_out() {
+        let limits = Some(BatchLimits {
+            message: 100,
+            bytes: 4096,
+        });
+        let mut s = SendSide {
+            expected: 40 * 60,
+            ..SendSide::default()
+        };
+        s.push(S, Prefix::default(), msg(50), limits);
+        s.push(S, Prefix::default(), msg(50), limits);
+        let (ptr, cap) = batch_buffer(&s);
+        assert!(cap >= 40 * 52, "room for the whole run: {cap}");
+        for _ in 2..40 {
+            s.push(S, Prefix::default(), msg(50), limits);
+        }
+        // Never grown (moved) on the way.
+        assert_eq!(batch_buffer(&s), (ptr, cap));
+        assert_eq!(s.streams[S.index()].entries.len(), 1);
+        // The run used up the hint: the next batch is sized as usual.
+        assert!(s.expected < 40 * 60 - 39 * 52, "{}", s.expected);
+        s.expected = 0;
+        let t = StreamId(8);
+        s.push(t, Prefix::default(), msg(50), limits);
+        s.push(t, Prefix::default(), msg(50), limits);
+        match &s.streams[t.index()].entries.back().unwrap().body {
+            Body::Batch { messages } => assert!(messages.capacity() < 1024),
+            _ => panic!("not a batch"),
+        }
     }
 
     #[test]

@@ -48,6 +48,7 @@ use crate::server::{Spans, StartOrder};
 use crate::shared::Shared;
 
 pub(crate) use drive::Work;
+pub(crate) use stage::Offer;
 pub(crate) use task::run_session;
 
 /// Bytes of deferred sends after which the sender writes them itself.

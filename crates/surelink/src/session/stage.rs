@@ -157,13 +157,20 @@ impl Stage {
         self.bytes.load(Ordering::Relaxed)
     }
 
-    /// Moves everything staged into `out` (empty, its capacity reused).
-    pub(crate) fn take(&self, out: &mut Vec<Staged>) {
+    /// The size of the first message staged, if any.
+    pub(crate) fn head_len(&self) -> Option<usize> {
+        self.inner.lock().msgs.first().map(|(_, m)| m.len())
+    }
+
+    /// Moves everything staged into `out` (empty, its capacity reused);
+    /// returns the bytes moved.
+    pub(crate) fn take(&self, out: &mut Vec<Staged>) -> usize {
         let mut s = self.inner.lock();
         std::mem::swap(&mut s.msgs, out);
-        s.bytes = 0;
+        let bytes = std::mem::take(&mut s.bytes);
         self.len.store(0, Ordering::Relaxed);
         self.bytes.store(0, Ordering::Relaxed);
+        bytes
     }
 
     /// Puts back, in front of whatever was staged meanwhile, what the core
@@ -182,19 +189,11 @@ impl Stage {
 impl SessionHandle {
     /// A normal one-way message, queued without the session's lock if a
     /// flush is coming anyway (see the module docs); handed back
-    /// otherwise, for the locked path.
-    pub(crate) fn offer(&self, shared: &Shared, channel: ChannelId, m: Bytes) -> Result<(), Bytes> {
-        match self.stage.offer(channel, m) {
-            Offer::Staged { first } => {
-                // The detector's traffic stamp: once per staged run (a
-                // flush's worth), not once per message.
-                if first {
-                    self.note_traffic(shared);
-                }
-                Ok(())
-            }
-            Offer::Refused(m) => Err(m),
-        }
+    /// otherwise, for the locked path. On `Staged { first: true }` the
+    /// caller notes traffic for the detector: once per staged run (a
+    /// flush's worth), not once per message.
+    pub(crate) fn offer(&self, channel: ChannelId, m: Bytes) -> Offer {
+        self.stage.offer(channel, m)
     }
 
     /// Moves what was staged into the core, in order (before a send under
@@ -206,9 +205,23 @@ impl SessionHandle {
         if self.stage.is_empty_hint() {
             return true;
         }
+        // With the send buffer full (the drain on each input until acks
+        // free room), leave everything where it is: taking it all to put
+        // it all back costs as much as what is staged.
+        if !g.core.has_room(self.stage.bytes_hint())
+            && self
+                .stage
+                .head_len()
+                .is_some_and(|len| !g.core.has_room(len))
+            && !g.is_ended()
+        {
+            return false;
+        }
         let mut drained = true;
         let mut msgs = std::mem::take(&mut g.staged);
-        self.stage.take(&mut msgs);
+        let staged_bytes = self.stage.take(&mut msgs);
+        // Batches formed now get room for all of it at once.
+        g.core.expect_sends(msgs.len(), staged_bytes);
         let (mut sent, mut bytes, mut dropped) = (0u64, 0usize, 0usize);
         let mut it = msgs.drain(..);
         while let Some((channel, m)) = it.next() {
@@ -234,6 +247,7 @@ impl SessionHandle {
             }
         }
         drop(it);
+        g.core.expect_sends(0, 0);
         g.staged = msgs;
         if sent > 0 {
             shared.stats.messages_sent(sent);
