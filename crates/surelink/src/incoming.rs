@@ -25,7 +25,7 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 
 use surelink_proto::rpc::Priority;
-use surelink_proto::{ChannelId, NodeId, Time};
+use surelink_proto::{ChannelId, MessageBatch, NodeId, Time};
 
 use rustc_hash::FxHashMap;
 
@@ -41,6 +41,115 @@ pub struct Incoming {
     pub priority: Priority,
     /// The message.
     pub body: Bytes,
+}
+
+/// One-way messages of one peer, one channel and one priority, handed
+/// over together by [`Endpoint::recv_batches`](crate::Endpoint::recv_batches):
+/// a frame's messages as the session released them (read as slices of
+/// one buffer, with no reference count or allocation per message), or a
+/// single message.
+#[derive(Debug)]
+pub struct IncomingBatch {
+    repr: Repr,
+}
+
+#[derive(Debug)]
+enum Repr {
+    One(Incoming),
+    /// A normal one-way stream's frame: one channel, normal priority.
+    Frame {
+        peer: NodeId,
+        channel: ChannelId,
+        batch: MessageBatch,
+    },
+}
+
+impl IncomingBatch {
+    pub(crate) fn one(m: Incoming) -> IncomingBatch {
+        IncomingBatch { repr: Repr::One(m) }
+    }
+
+    /// A frame of a normal one-way stream on `channel`.
+    pub(crate) fn frame(peer: NodeId, channel: ChannelId, batch: MessageBatch) -> IncomingBatch {
+        IncomingBatch {
+            repr: Repr::Frame {
+                peer,
+                channel,
+                batch,
+            },
+        }
+    }
+
+    /// The sender.
+    pub fn peer(&self) -> NodeId {
+        match &self.repr {
+            Repr::One(m) => m.peer,
+            Repr::Frame { peer, .. } => *peer,
+        }
+    }
+
+    /// The channel of all its messages.
+    pub fn channel(&self) -> ChannelId {
+        match &self.repr {
+            Repr::One(m) => m.channel,
+            Repr::Frame { channel, .. } => *channel,
+        }
+    }
+
+    /// The priority of all its messages.
+    pub fn priority(&self) -> Priority {
+        match &self.repr {
+            Repr::One(m) => m.priority,
+            Repr::Frame { .. } => Priority::Normal,
+        }
+    }
+
+    /// How many messages it holds.
+    pub fn len(&self) -> usize {
+        match &self.repr {
+            Repr::One(_) => 1,
+            Repr::Frame { batch, .. } => batch.len(),
+        }
+    }
+
+    /// Whether it holds none (never so when handed over).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The messages' bodies, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        let it: Box<dyn Iterator<Item = &[u8]> + '_> = match &self.repr {
+            Repr::One(m) => Box::new(std::iter::once(&m.body[..])),
+            Repr::Frame { batch, .. } => Box::new(batch.iter().map(|(_, _, m)| m)),
+        };
+        it
+    }
+
+    /// The messages as [`Incoming`]s (a reference-counted slice each).
+    pub fn into_messages(self) -> impl Iterator<Item = Incoming> {
+        let it: Box<dyn Iterator<Item = Incoming>> = match self.repr {
+            Repr::One(m) => Box::new(std::iter::once(m)),
+            Repr::Frame { peer, batch, .. } => {
+                Box::new(batch.into_messages().map(move |m| Incoming {
+                    peer,
+                    channel: m.channel,
+                    priority: m.priority,
+                    body: m.payload,
+                }))
+            }
+        };
+        it
+    }
+
+    /// What it counts in its peer's ledger: body bytes (a frame's framing
+    /// included).
+    pub(crate) fn bytes(&self) -> usize {
+        match &self.repr {
+            Repr::One(m) => m.body.len(),
+            Repr::Frame { batch, .. } => batch.body_len(),
+        }
+    }
 }
 
 /// What one peer node's one-way messages hold in the queue, across all its
@@ -71,7 +180,7 @@ impl PeerLedger {
 struct Run {
     peer: Arc<PeerLedger>,
     at: Time,
-    msgs: VecDeque<Incoming>,
+    msgs: VecDeque<IncomingBatch>,
 }
 
 #[derive(Default)]
@@ -87,6 +196,11 @@ pub(crate) struct IncomingQueue {
     ledgers: Mutex<FxHashMap<NodeId, Arc<PeerLedger>>>,
     pub(crate) ready: Notify,
     aging: Duration,
+    /// The application took messages with `recv_batches`: sessions queue
+    /// frames whole from then on. Until then they queue single messages,
+    /// made on the reader's side, as `recv_many` wants them (splitting
+    /// frames on the receiver's side measured slower there).
+    frames: AtomicBool,
 }
 
 impl IncomingQueue {
@@ -96,7 +210,13 @@ impl IncomingQueue {
             ledgers: Mutex::new(FxHashMap::default()),
             ready: Notify::new(),
             aging,
+            frames: AtomicBool::new(false),
         }
+    }
+
+    /// Whether sessions should queue frames whole (see `frames`).
+    pub(crate) fn wants_frames(&self) -> bool {
+        self.frames.load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> MutexGuard<'_, Queues> {
@@ -144,22 +264,23 @@ impl IncomingQueue {
     }
 
     /// Queues messages a session released (counted against its admission
-    /// already) and wakes a receiver.
-    pub(crate) fn push(&self, peer: &Arc<PeerLedger>, now: Time, msgs: Vec<Incoming>) {
+    /// already: [`IncomingBatch::len`] messages, [`IncomingBatch::bytes`]
+    /// bytes each) and wakes a receiver.
+    pub(crate) fn push(&self, peer: &Arc<PeerLedger>, now: Time, msgs: Vec<IncomingBatch>) {
         if msgs.is_empty() {
             return;
         }
         {
             // Nearly always all of one priority: the vector becomes the run
             // as it is (no copy of the messages).
-            let (normal, high): (VecDeque<Incoming>, VecDeque<Incoming>) =
-                if msgs.iter().all(|m| m.priority == Priority::Normal) {
+            let (normal, high): (VecDeque<IncomingBatch>, VecDeque<IncomingBatch>) =
+                if msgs.iter().all(|m| m.priority() == Priority::Normal) {
                     (msgs.into(), VecDeque::new())
-                } else if msgs.iter().all(|m| m.priority == Priority::High) {
+                } else if msgs.iter().all(|m| m.priority() == Priority::High) {
                     (VecDeque::new(), msgs.into())
                 } else {
                     msgs.into_iter()
-                        .partition(|m| m.priority == Priority::Normal)
+                        .partition(|m| m.priority() == Priority::Normal)
                 };
             let mut q = self.lock();
             if !normal.is_empty() {
@@ -180,9 +301,9 @@ impl IncomingQueue {
         self.ready.notify_waiters();
     }
 
-    /// Moves up to `limit` messages into `buf`. Returns how many, and the
-    /// nodes whose admission just reopened (their current sessions are to
-    /// be driven again).
+    /// Moves up to `limit` messages into `buf`, splitting a frame that
+    /// does not fit whole. Returns how many, and the nodes whose admission
+    /// just reopened (their current sessions are to be driven again).
     pub(crate) fn take(
         &self,
         now: Time,
@@ -190,6 +311,108 @@ impl IncomingQueue {
         limit: usize,
         bound: usize,
         byte_bound: usize,
+    ) -> (usize, Vec<NodeId>) {
+        // Entries move out under the queue's lock; their messages are made
+        // after it is released (the readers queue under it).
+        let mut items: Vec<IncomingBatch> = Vec::new();
+        let r = self.take_with(now, limit, bound, byte_bound, |run, room| {
+            let mut n = 0;
+            let mut bytes = 0;
+            while n < room {
+                let Some(front) = run.msgs.front() else { break };
+                if front.len() > room - n {
+                    // Split: what is left stays in front, as single
+                    // messages counted by their bodies (the frame's
+                    // framing is no longer held).
+                    let Some(frame) = run.msgs.pop_front() else {
+                        break;
+                    };
+                    let (framed, counted) = (frame.bytes(), frame.len());
+                    let msgs: Vec<Incoming> = frame.into_messages().collect();
+                    let bodies: usize = msgs.iter().map(|m| m.body.len()).sum();
+                    run.peer
+                        .bytes
+                        .fetch_sub(framed.saturating_sub(bodies), Ordering::AcqRel);
+                    run.peer
+                        .messages
+                        .fetch_sub(counted.saturating_sub(msgs.len()), Ordering::AcqRel);
+                    for m in msgs.into_iter().rev() {
+                        run.msgs.push_front(IncomingBatch::one(m));
+                    }
+                    continue;
+                }
+                let Some(item) = run.msgs.pop_front() else {
+                    break;
+                };
+                n += item.len();
+                bytes += item.bytes();
+                match item.repr {
+                    // Single messages move as they are, until a frame:
+                    // from there on, in order, after the lock.
+                    Repr::One(m) if items.is_empty() => buf.push(m),
+                    repr => items.push(IncomingBatch { repr }),
+                }
+            }
+            (n, bytes)
+        });
+        for item in items {
+            match item.repr {
+                Repr::One(m) => buf.push(m),
+                repr => buf.extend(IncomingBatch { repr }.into_messages()),
+            }
+        }
+        r
+    }
+
+    /// Moves whole entries (frames or single messages) into `buf` until
+    /// `limit` messages are taken (at least one entry, however many it
+    /// holds). Returns how many messages, and the reopened nodes (as
+    /// [`IncomingQueue::take`]).
+    pub(crate) fn take_batches(
+        &self,
+        now: Time,
+        buf: &mut Vec<IncomingBatch>,
+        limit: usize,
+        bound: usize,
+        byte_bound: usize,
+    ) -> (usize, Vec<NodeId>) {
+        if !self.frames.load(Ordering::Relaxed) {
+            self.frames.store(true, Ordering::Relaxed);
+        }
+        let mut first = true;
+        self.take_with(now, limit, bound, byte_bound, |run, room| {
+            let mut n = 0;
+            let mut bytes = 0;
+            while let Some(front) = run.msgs.front() {
+                if !first && front.len() > room - n {
+                    break;
+                }
+                first = false;
+                let Some(item) = run.msgs.pop_front() else {
+                    break;
+                };
+                n += item.len();
+                bytes += item.bytes();
+                buf.push(item);
+                if n >= room {
+                    break;
+                }
+            }
+            (n, bytes)
+        })
+    }
+
+    /// The taking loop: runs in priority order (high first, unless the
+    /// oldest normal run aged past the bound); `from_run(run, room)`
+    /// moves up to `room` messages out of a run's front and returns the
+    /// messages and ledger bytes it took (0 messages: stop).
+    fn take_with(
+        &self,
+        now: Time,
+        limit: usize,
+        bound: usize,
+        byte_bound: usize,
+        mut from_run: impl FnMut(&mut Run, usize) -> (usize, usize),
     ) -> (usize, Vec<NodeId>) {
         let mut taken = 0;
         let mut reopened = Vec::new();
@@ -204,10 +427,7 @@ impl IncomingQueue {
                 &mut q.normal
             };
             let Some(run) = list.front_mut() else { break };
-            let n = run.msgs.len().min(limit - taken);
-            let from = buf.len();
-            buf.extend(run.msgs.drain(..n));
-            let bytes: usize = buf[from..].iter().map(|m| m.body.len()).sum();
+            let (n, bytes) = from_run(run, limit - taken);
             taken += n;
             let before = run.peer.messages.fetch_sub(n, Ordering::AcqRel);
             let before_bytes = run.peer.bytes.fetch_sub(bytes, Ordering::AcqRel);
@@ -221,6 +441,8 @@ impl IncomingQueue {
             }
             if run.msgs.is_empty() {
                 list.pop_front();
+            } else if n == 0 {
+                break;
             }
         }
         (taken, reopened)

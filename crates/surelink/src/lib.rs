@@ -95,7 +95,7 @@ pub use detector::{DelayPoint, DetectorSnapshot, RefusedCounts, StraysSnapshot};
 pub use endpoint::{Endpoint, PathInfo};
 pub use error::{BindError, CallError, SendError, TrySendError};
 pub use events::{Events, NetEvent, RecvError, TryRecvError};
-pub use incoming::Incoming;
+pub use incoming::{Incoming, IncomingBatch};
 pub use relay::{Helped, HelpedStatus, Helper, HelperError, HelperStats, RelayPath};
 pub use role::{ExternalRole, ExternalRoleError, RoleStatus};
 pub use server::{

@@ -300,9 +300,6 @@ impl Shared {
         h
     }
 
-    /// The current session with `peer`, opening one if there is none (it
-    /// is dialled if the peer is configured; otherwise it waits for the peer
-    /// to dial us).
     /// Stages a normal one-way message on `peer`'s current session if a
     /// flush is coming there anyway (`session/stage.rs`); hands it back
     /// otherwise. Looks the session up under the read lock without
@@ -327,6 +324,9 @@ impl Shared {
         Ok(())
     }
 
+    /// The current session with `peer`, opening one if there is none (it
+    /// is dialled if the peer is configured; otherwise it waits for the peer
+    /// to dial us).
     pub(crate) fn session_for(
         self: &Arc<Self>,
         peer: NodeId,

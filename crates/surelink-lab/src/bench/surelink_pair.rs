@@ -23,7 +23,7 @@ use super::Plan;
 
 /// How the contender is set up, for `bench.json`.
 pub(super) const DESCRIPTION: &str =
-    "Config::new defaults (authenticated, encrypted); 2 networks, 1 connection per network; echo handler; recv_many receiver";
+    "Config::new defaults (authenticated, encrypted); 2 networks, 1 connection per network; echo handler; recv_batches receiver";
 
 /// The fixture's server node.
 pub(super) const SERVER: NodeId = NodeId(1);
@@ -61,11 +61,14 @@ impl SurelinkPair {
             let server = server.clone();
             let delivered = delivered.clone();
             tokio::spawn(async move {
-                // Batches, as the baseline takes whole reads: one lock per batch.
-                let mut batch = Vec::with_capacity(1024);
-                while server.recv_many(&mut batch, 1024).await > 0 {
-                    for m in batch.drain(..) {
-                        delivered.add(m.body.len());
+                // Whole frames, as the baseline takes whole reads: one lock
+                // per batch, messages read in place.
+                let mut batches = Vec::with_capacity(64);
+                while server.recv_batches(&mut batches, 1024).await > 0 {
+                    for b in batches.drain(..) {
+                        for body in b.iter() {
+                            delivered.add(body.len());
+                        }
                     }
                 }
             })
@@ -85,7 +88,7 @@ impl SurelinkPair {
         self.receiver.abort();
     }
 
-    /// One throughput round: `send` in a loop, `recv_many` counting.
+    /// One throughput round: `send` in a loop, `recv_batches` counting.
     pub(super) async fn throughput_round(
         &self,
         payload: &Bytes,

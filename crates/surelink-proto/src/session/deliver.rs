@@ -81,6 +81,27 @@ impl MessageBatch {
         })
     }
 
+    /// Messages it holds (a withdrawn number holds none).
+    pub fn len(&self) -> usize {
+        match &self.body {
+            BatchBody::Single(None) => 0,
+            _ => self.count as usize,
+        }
+    }
+
+    /// Whether it holds no message (a withdrawn number).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of its body: the messages and their framing.
+    pub fn body_len(&self) -> usize {
+        match &self.body {
+            BatchBody::Single(p) => p.as_ref().map_or(0, Bytes::len),
+            BatchBody::Batch(b) => b.len(),
+        }
+    }
+
     /// The messages as [`Message`]s (one reference-counted slice each).
     pub fn into_messages(self) -> impl Iterator<Item = Message> {
         let Self {
@@ -238,6 +259,20 @@ impl Session {
             count,
             body,
         })
+    }
+
+    /// What [`Session::poll_batch`] would return next, without taking it:
+    /// its stream, messages (withdrawn numbers included) and body bytes
+    /// (framing included). Lets a shell take a frame whole only when its
+    /// bounds have room for all of it.
+    pub fn peek_batch(&self) -> Option<(StreamId, u32, usize)> {
+        let r = self.oneway.front()?;
+        let count = u32::try_from(r.end - r.next).unwrap_or(u32::MAX);
+        let bytes = match &r.cursor {
+            Cursor::Single(p) => p.as_ref().map_or(0, Bytes::len),
+            Cursor::Batch(it) => it.remaining(),
+        };
+        Some((r.stream, count, bytes))
     }
 
     /// Moves up to `max` one-way messages into `out`; returns how many.

@@ -172,6 +172,11 @@ impl BatchIter {
         BatchIter { buf }
     }
 
+    /// Bytes left, framing included.
+    pub(crate) fn remaining(&self) -> usize {
+        self.buf.len()
+    }
+
     /// What is left, framing included.
     pub(crate) fn into_inner(self) -> Bytes {
         self.buf

@@ -11,13 +11,13 @@ use std::sync::Arc;
 use tracing::{debug, info, warn};
 
 use surelink_proto::rpc::{CallFailure, RemoteError, Ticket};
-use surelink_proto::{CallId, Event, PathCloseReason, SessionEndReason, Time};
+use surelink_proto::{CallId, Event, PathCloseReason, SessionEndReason, StreamKind, Time};
 
 use super::{SessionHandle, SessionInner};
 use crate::conn::ConnIo;
 use crate::error::CallError;
 use crate::events::NetEvent;
-use crate::incoming::Incoming;
+use crate::incoming::{Incoming, IncomingBatch};
 use crate::server::Server;
 use crate::shared::Shared;
 
@@ -33,7 +33,7 @@ pub(crate) struct Work {
     events: Vec<NetEvent>,
     tickets: Vec<Ticket>,
     promotes: Vec<CallId>,
-    messages: Vec<Incoming>,
+    messages: Vec<IncomingBatch>,
     /// Helpers' relays and slots to start after the lock.
     relay: crate::relay::Started,
     ended: bool,
@@ -116,7 +116,33 @@ impl SessionHandle {
         let mut added = 0usize;
         // In bytes too (memory, not message count, is what a peer could
         // exhaust); one message is always let through an empty queue.
+        let mut count = 0usize;
+        let frames = shared.incoming.wants_frames();
         while room > 0 && (held + added < byte_bound || held + added == 0) {
+            // For `recv_batches`: a normal one-way frame goes whole when
+            // the bounds have room for all of it (no slice, reference
+            // count or `Incoming` per message here, on the session's lock).
+            if let Some((stream, n, bytes)) = g.core.peek_batch().filter(|_| frames) {
+                let n = n as usize;
+                if let StreamKind::Oneway(channel) = stream.kind() {
+                    if n > 1
+                        && n <= room
+                        && held + added + bytes <= byte_bound
+                        && !shared
+                            .relays
+                            .as_ref()
+                            .is_some_and(|r| r.takes(self.node, channel.0))
+                    {
+                        let Some(b) = g.core.poll_batch() else { break };
+                        let n = b.len();
+                        added += b.body_len();
+                        room = room.saturating_sub(n);
+                        count += n;
+                        w.messages.push(IncomingBatch::frame(self.node, channel, b));
+                        continue;
+                    }
+                }
+            }
             let Some(m) = g.core.poll_message() else {
                 break;
             };
@@ -131,13 +157,14 @@ impl SessionHandle {
                 continue;
             }
             added += m.payload.len();
-            w.messages.push(Incoming {
+            w.messages.push(IncomingBatch::one(Incoming {
                 peer: m.peer,
                 channel: m.channel,
                 priority: m.priority,
                 body: m.payload,
-            });
+            }));
             room -= 1;
+            count += 1;
         }
         if g.core.has_messages() && !ledger.blocked.swap(true, Ordering::Relaxed) {
             // Stopped at the bound with messages waiting: they stay
@@ -145,11 +172,9 @@ impl SessionHandle {
             shared.stats.peer_bound_hit();
         }
         if !w.messages.is_empty() {
-            ledger
-                .messages
-                .fetch_add(w.messages.len(), Ordering::AcqRel);
+            ledger.messages.fetch_add(count, Ordering::AcqRel);
             ledger.bytes.fetch_add(added, Ordering::AcqRel);
-            shared.stats.messages_received(w.messages.len());
+            shared.stats.messages_received(count);
             // Queued here, under the session's lock: two drives of one
             // session (a reader and the session task, say) must hand over
             // their runs in the order they took them from the core, or a
