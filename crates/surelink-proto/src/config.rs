@@ -76,6 +76,9 @@ pub struct EndpointConfig {
     pub path_inflight_limit: u64,
     /// Load balancing keeps using the last path until another is lighter by
     /// more than this many in-flight bytes (avoids needless reordering).
+    /// The default, equal to `path_inflight_limit`, keeps a stream on one
+    /// healthy path while that path has room: it spills to another only
+    /// when full, suspected or steered away from.
     pub balance_slack: u64,
     /// Messages up to this size join a BATCH frame with the messages queued
     /// behind them on their stream (never delaying a lone message). Larger
@@ -125,7 +128,7 @@ impl Default for EndpointConfig {
             path_idle_timeout: Duration::from_secs(60),
             linger: Duration::from_secs(30),
             path_inflight_limit: 2 << 20,
-            balance_slack: 1 << 20,
+            balance_slack: 2 << 20,
             batch_message_max: 1024,
             batch_bytes: 32 << 10,
             max_requests_per_peer: 1024,

@@ -196,6 +196,10 @@ pub(crate) struct IncomingQueue {
     ledgers: Mutex<FxHashMap<NodeId, Arc<PeerLedger>>>,
     pub(crate) ready: Notify,
     aging: Duration,
+    /// One peer node's share: messages and their body bytes
+    /// (`incoming_per_peer`, `incoming_bytes_per_peer`).
+    pub(crate) bound: usize,
+    pub(crate) byte_bound: usize,
     /// The application took messages with `recv_batches`: sessions queue
     /// frames whole from then on. Until then they queue single messages,
     /// made on the reader's side, as `recv_many` wants them (splitting
@@ -204,12 +208,14 @@ pub(crate) struct IncomingQueue {
 }
 
 impl IncomingQueue {
-    pub(crate) fn new(aging: Duration) -> IncomingQueue {
+    pub(crate) fn new(aging: Duration, bound: usize, byte_bound: usize) -> IncomingQueue {
         IncomingQueue {
             queues: Mutex::new(Queues::default()),
             ledgers: Mutex::new(FxHashMap::default()),
             ready: Notify::new(),
             aging,
+            bound,
+            byte_bound,
             frames: AtomicBool::new(false),
         }
     }
@@ -309,13 +315,11 @@ impl IncomingQueue {
         now: Time,
         buf: &mut Vec<Incoming>,
         limit: usize,
-        bound: usize,
-        byte_bound: usize,
     ) -> (usize, Vec<NodeId>) {
         // Entries move out under the queue's lock; their messages are made
         // after it is released (the readers queue under it).
         let mut items: Vec<IncomingBatch> = Vec::new();
-        let r = self.take_with(now, limit, bound, byte_bound, |run, room| {
+        let r = self.take_with(now, limit, |run, room| {
             let mut n = 0;
             let mut bytes = 0;
             while n < room {
@@ -373,14 +377,12 @@ impl IncomingQueue {
         now: Time,
         buf: &mut Vec<IncomingBatch>,
         limit: usize,
-        bound: usize,
-        byte_bound: usize,
     ) -> (usize, Vec<NodeId>) {
         if !self.frames.load(Ordering::Relaxed) {
             self.frames.store(true, Ordering::Relaxed);
         }
         let mut first = true;
-        self.take_with(now, limit, bound, byte_bound, |run, room| {
+        self.take_with(now, limit, |run, room| {
             let mut n = 0;
             let mut bytes = 0;
             while let Some(front) = run.msgs.front() {
@@ -410,10 +412,9 @@ impl IncomingQueue {
         &self,
         now: Time,
         limit: usize,
-        bound: usize,
-        byte_bound: usize,
         mut from_run: impl FnMut(&mut Run, usize) -> (usize, usize),
     ) -> (usize, Vec<NodeId>) {
+        let (bound, byte_bound) = (self.bound, self.byte_bound);
         let mut taken = 0;
         let mut reopened = Vec::new();
         let mut q = self.lock();

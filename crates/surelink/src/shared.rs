@@ -125,7 +125,11 @@ impl Shared {
             &config.executor,
             config.max_concurrent_requests,
         );
-        let incoming = IncomingQueue::new(config.scheduler.aging_bound);
+        let incoming = IncomingQueue::new(
+            config.scheduler.aging_bound,
+            config.incoming_per_peer,
+            config.incoming_bytes_per_peer,
+        );
         #[cfg(feature = "test-util")]
         let muted = detector
             .as_ref()

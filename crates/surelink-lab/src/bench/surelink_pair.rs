@@ -160,6 +160,9 @@ struct EndpointStats {
     paths_down: u64,
     resent: u64,
     timeouts: u64,
+    /// Frames that arrived ahead of a gap (sent on another path) and
+    /// waited in the reorder buffer.
+    frames_reordered: u64,
     paths: Vec<PathStats>,
 }
 
@@ -197,6 +200,7 @@ impl From<&StatsSnapshot> for EndpointStats {
             paths_down: s.paths_down,
             resent: sessions.clone().map(|st| st.resent).sum(),
             timeouts: sessions.clone().map(|st| st.timeouts).sum(),
+            frames_reordered: sessions.clone().map(|st| st.frames_reordered).sum(),
             paths: sessions
                 .flat_map(|st| st.paths.iter())
                 .map(|p| PathStats {

@@ -273,13 +273,8 @@ impl Endpoint {
             return 0;
         }
         self.recv_with(|| {
-            let (n, reopened) = self.shared.incoming.take_batches(
-                self.shared.clock.now_cached(),
-                buf,
-                limit,
-                self.shared.config.incoming_per_peer,
-                self.shared.config.incoming_bytes_per_peer,
-            );
+            let now = self.shared.clock.now_cached();
+            let (n, reopened) = self.shared.incoming.take_batches(now, buf, limit);
             self.reopen(reopened);
             n
         })
@@ -316,13 +311,8 @@ impl Endpoint {
     }
 
     fn take_incoming(&self, buf: &mut Vec<Incoming>, limit: usize) -> usize {
-        let (n, reopened) = self.shared.incoming.take(
-            self.shared.clock.now_cached(),
-            buf,
-            limit,
-            self.shared.config.incoming_per_peer,
-            self.shared.config.incoming_bytes_per_peer,
-        );
+        let now = self.shared.clock.now_cached();
+        let (n, reopened) = self.shared.incoming.take(now, buf, limit);
         self.reopen(reopened);
         n
     }

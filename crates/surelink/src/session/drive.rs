@@ -108,8 +108,7 @@ impl SessionHandle {
     /// One-way messages: up to this peer node's share of the incoming
     /// queue (counted across its sessions: see `incoming.rs`).
     fn take_messages(self: &Arc<Self>, g: &mut SessionInner, shared: &Shared, w: &mut Work) {
-        let bound = shared.config.incoming_per_peer;
-        let byte_bound = shared.config.incoming_bytes_per_peer;
+        let (bound, byte_bound) = (shared.incoming.bound, shared.incoming.byte_bound);
         let ledger = &self.ledger;
         let mut room = bound.saturating_sub(ledger.messages.load(Ordering::Acquire));
         let held = ledger.bytes.load(Ordering::Acquire);
