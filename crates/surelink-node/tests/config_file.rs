@@ -195,6 +195,20 @@ fn parses_the_documented_example_and_refuses_typos() {
     );
     let err = parse("node = 1\ncluster = 7\nprotection = \"none\"\n").unwrap_err();
     assert!(matches!(err, ConfigError::Protection(_)), "{err:?}");
+    // The record cipher: the faster here unless named.
+    let l = parse("node = 1\ncluster = 7\n").unwrap();
+    assert_eq!(l.config.record_cipher, None);
+    let l = parse("node = 1\ncluster = 7\nrecord_cipher = \"chacha20-poly1305\"\n").unwrap();
+    assert_eq!(
+        l.config.record_cipher,
+        Some(surelink::proto::secure::RecordCipher::ChaCha20Poly1305)
+    );
+    let err = parse("node = 1\ncluster = 7\nrecord_cipher = \"aes-128-gcm\"\n").unwrap_err();
+    assert!(
+        matches!(&err, ConfigError::RecordCipher(m) if m == "aes-128-gcm"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("chacha20-poly1305"), "{err}");
 }
 
 #[test]

@@ -14,7 +14,7 @@ use surelink_proto::rpc::recovery::{
     GroupConfig, GroupId, Mapping, RecoveryConfig, RecoveryConfigError,
 };
 use surelink_proto::rpc::{FifoScheduler, PriorityScheduler, Scheduler};
-use surelink_proto::secure::{Keypair, Members, Protection, TlsSetup};
+use surelink_proto::secure::{Keypair, Members, Protection, RecordCipher, TlsSetup};
 use surelink_proto::{ChannelId, ClusterId, EndpointConfig, Epoch, NodeId};
 
 use crate::server::Job;
@@ -304,6 +304,15 @@ pub struct Config {
     pub tls: Option<TlsSetup>,
     /// Encrypt frames (the default) or only authenticate them.
     pub protection: Protection,
+    /// The record cipher this endpoint prefers (member keys; with `tls`,
+    /// [`TlsSetup::from_pem_preferring`] sets it). An end preferring
+    /// ChaCha20-Poly1305 offers both ciphers; one preferring AES-256-GCM
+    /// offers it alone, exactly as builds before this setting did (so they
+    /// still connect). The accepting end's preference decides when the
+    /// dialler offers it. `None` (the default):
+    /// [`RecordCipher::fastest_here`], AES-256-GCM on CPUs with AES
+    /// instructions.
+    pub record_cipher: Option<RecordCipher>,
     /// Member keys (Noise): a further path to a peer this endpoint already
     /// completed a full handshake with resumes with a ticket from it (HMAC
     /// only, no public-key work; `surelink_proto::secure::Dial`). On by
@@ -425,6 +434,7 @@ impl Config {
             members: Members::new(),
             tls: None,
             protection: Protection::Encrypt,
+            record_cipher: None,
             resume_paths: true,
             helpers: Vec::new(),
             relay_channel: surelink_proto::helper::DEFAULT_RELAY_CHANNEL,

@@ -12,7 +12,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use surelink_proto::secure::{
     Accept, Dial, Handshake, Keypair, MakeHandshake, MemberError, Members, Opener, PathHandshake,
-    Protection, PublicKey, Sealer, SecureError, TicketLookup, TicketStore, TlsHandshake, TlsSetup,
+    Protection, PublicKey, RecordCipher, Sealer, SecureError, TicketLookup, TicketStore,
+    TlsHandshake, TlsSetup,
 };
 use surelink_proto::{ClusterId, NodeId, Time};
 
@@ -23,6 +24,8 @@ pub(crate) struct SecureSetup {
     method: Method,
     cluster: ClusterId,
     protection: Protection,
+    /// The record cipher our handshakes prefer.
+    cipher: RecordCipher,
     /// Noise: tickets from full handshakes, to resume further paths with
     /// the same peers without public-key work (`resume_paths`).
     tickets: Option<Arc<parking_lot::Mutex<TicketStore>>>,
@@ -67,6 +70,7 @@ impl SecureSetup {
             method,
             cluster: c.cluster,
             protection: c.protection,
+            cipher: c.record_cipher.unwrap_or_else(RecordCipher::fastest_here),
             tickets,
             base: tokio::time::Instant::now(),
             resumed: AtomicU64::new(0),
@@ -129,7 +133,7 @@ pub(crate) async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     timeout: Duration,
 ) -> Result<Secured, HandshakeFailure> {
     let (cluster, protection) = (setup.cluster, setup.protection);
-    let hs = match (&setup.method, dialled) {
+    let mut hs = match (&setup.method, dialled) {
         (Method::Noise { keys, members }, Some(peer)) => {
             let members = members.read().clone();
             let ticket = setup
@@ -175,6 +179,7 @@ pub(crate) async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             PathHandshake::Tls(Box::new(TlsHandshake::responder(t, protection)?))
         }
     };
+    hs.prefer_cipher(setup.cipher);
     let r = match tokio::time::timeout(timeout, run(hs, stream)).await {
         Ok(r) => r,
         Err(_) => Err(HandshakeFailure::Timeout(timeout)),
@@ -207,7 +212,10 @@ pub(crate) async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             Err(_) => {}
         }
     }
-    r.map(|(secured, _)| secured)
+    r.map(|(secured, _)| {
+        tracing::debug!(peer = %secured.peer, cipher = %secured.sealer.cipher(), "path secured");
+        secured
+    })
 }
 
 /// What a finished handshake means for the ticket store.

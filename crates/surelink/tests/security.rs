@@ -300,3 +300,33 @@ async fn a_ticket_the_server_forgot_falls_back_to_a_full_handshake() {
     assert_eq!((c.handshakes_failed, s.handshakes_failed), (0, 0));
     pair.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ends_preferring_different_record_ciphers_connect_and_resume() {
+    use surelink::proto::secure::RecordCipher;
+    for (client, server) in [
+        (RecordCipher::ChaCha20Poly1305, RecordCipher::Aes256Gcm),
+        (RecordCipher::Aes256Gcm, RecordCipher::ChaCha20Poly1305),
+        (
+            RecordCipher::ChaCha20Poly1305,
+            RecordCipher::ChaCha20Poly1305,
+        ),
+    ] {
+        let mut lb = Loopback::new();
+        lb.client.record_cipher = Some(client);
+        lb.server.record_cipher = Some(server);
+        let pair = lb.start().await.unwrap();
+        pair.server.serve(|r: Request| async move { r.body });
+        echo_works(&pair).await;
+        // Further paths resume with a ticket under the same agreement.
+        redial(&pair).await;
+        echo_works(&pair).await;
+        let (c, s) = (pair.client.stats(), pair.server.stats());
+        assert_eq!(
+            (c.handshakes_failed, s.handshakes_failed),
+            (0, 0),
+            "{client} against {server}"
+        );
+        pair.shutdown().await;
+    }
+}

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
+use surelink::proto::secure::RecordCipher;
 use surelink::DetectorConfig;
 
 use super::grpc::{self, GrpcContender};
@@ -45,14 +46,17 @@ pub(super) struct Fixture {
     grpc: GrpcContender,
     /// The contenders that could not run, and why.
     pub(super) skipped: BTreeMap<Contender, String>,
+    /// `--record-cipher`: the tuned variant's cipher.
+    cipher: Option<RecordCipher>,
 }
 
 impl Fixture {
     /// Sets every contender up; skips (with a `SKIPPED` line on stderr) the
     /// ones this machine or build cannot run. On an error, whatever was set
     /// up already is stopped again.
-    pub(super) async fn setup() -> Result<Fixture> {
-        let surelink = SurelinkPair::setup(DetectorConfig::default(), false).await?;
+    pub(super) async fn setup(cipher: Option<RecordCipher>) -> Result<Fixture> {
+        let surelink =
+            SurelinkPair::setup_preferring(DetectorConfig::default(), false, cipher).await?;
         let surelink_insecure = SurelinkPair::setup(DetectorConfig::default(), true).await?;
         let mut skipped = BTreeMap::new();
         let others = async {
@@ -84,6 +88,7 @@ impl Fixture {
                 nats,
                 grpc,
                 skipped,
+                cipher,
             }),
             Err(e) => {
                 surelink.shutdown().await;
@@ -110,7 +115,13 @@ impl Fixture {
     /// What `who` is and how it is tuned, for `bench.json`.
     pub(super) fn describe(&self, who: Contender) -> String {
         match who {
-            Contender::Surelink => surelink_pair::DESCRIPTION.to_owned(),
+            Contender::Surelink => match self.cipher {
+                Some(c) => format!(
+                    "{} — TUNED: record_cipher = {c} on both ends",
+                    surelink_pair::DESCRIPTION
+                ),
+                None => surelink_pair::DESCRIPTION.to_owned(),
+            },
             Contender::SurelinkInsecure => {
                 format!(
                     "{} — insecure = true (no handshake, no AEAD)",

@@ -158,6 +158,11 @@ pub(crate) struct BenchArgs {
     /// Run only one kind of measurement.
     #[arg(long, value_enum)]
     only: Option<Only>,
+    /// A tuned variant: both surelink ends prefer this record cipher
+    /// (aes-256-gcm or chacha20-poly1305) instead of the faster one on
+    /// this CPU; labelled in bench.json.
+    #[arg(long)]
+    record_cipher: Option<surelink::proto::secure::RecordCipher>,
     #[command(subcommand)]
     sub: Option<BenchSub>,
 }
@@ -409,7 +414,7 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<()> {
         eprintln!("wrote {}", path.display());
         return Ok(());
     }
-    let mut fixture = interruptible(Fixture::setup())
+    let mut fixture = interruptible(Fixture::setup(args.record_cipher))
         .await
         .context("setting up the contenders")?;
     let contenders = fixture.contenders();

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use serde::Serialize;
+use surelink::proto::secure::RecordCipher;
 use surelink::proto::NodeId;
 use surelink::testing::{Loopback, LoopbackPair};
 use surelink::{DetectorConfig, Endpoint, Request, StatsSnapshot};
@@ -45,7 +46,19 @@ impl SurelinkPair {
     /// `insecure`: both ends without authentication (the baseline that
     /// shows what it costs).
     pub(super) async fn setup(detector: DetectorConfig, insecure: bool) -> Result<SurelinkPair> {
+        SurelinkPair::setup_preferring(detector, insecure, None).await
+    }
+
+    /// [`SurelinkPair::setup`] with both ends preferring `cipher` (`None`:
+    /// the default, the faster on this CPU).
+    pub(super) async fn setup_preferring(
+        detector: DetectorConfig,
+        insecure: bool,
+        cipher: Option<RecordCipher>,
+    ) -> Result<SurelinkPair> {
         let mut lb = Loopback::new();
+        lb.server.record_cipher = cipher;
+        lb.client.record_cipher = cipher;
         lb.server.insecure = insecure;
         lb.client.insecure = insecure;
         lb.server.detector = detector.clone();

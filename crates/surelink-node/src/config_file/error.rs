@@ -23,6 +23,9 @@ pub enum ConfigError {
     /// `protection` names no known mode.
     #[error("protection {0:?}: use encrypt or integrity_only")]
     Protection(String),
+    /// `record_cipher` names no known cipher.
+    #[error("record_cipher {0:?}: use aes-256-gcm or chacha20-poly1305")]
+    RecordCipher(String),
     /// A file named by `[tls]` could not be read.
     #[error("reading the TLS {what} {}", path.display())]
     TlsFile {

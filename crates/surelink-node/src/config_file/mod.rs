@@ -27,6 +27,7 @@
 //! cluster = 7                     # required without cluster_file
 //! key_file = "node1.key"
 //! # protection = "integrity_only"  # default "encrypt"
+//! # record_cipher = "chacha20-poly1305"  # preferred; default: the faster here (aes-256-gcm with AES instructions)
 //! # resume_paths = false           # default true: further paths to a peer resume with a ticket
 //! # insecure = true                # no authentication or encryption: benchmarks only
 //! listen = ["127.0.1.1:7100", "127.0.2.1:7100"]   # one per network
@@ -293,6 +294,12 @@ fn parse_only(text: &str, base: &Path) -> Result<Loaded, ConfigError> {
             other => return Err(ConfigError::Protection(other.to_string())),
         };
     }
+    if let Some(r) = &f.record_cipher {
+        c.record_cipher = Some(
+            r.parse()
+                .map_err(|_| ConfigError::RecordCipher(r.clone()))?,
+        );
+    }
     if let Some(r) = f.resume_paths {
         c.resume_paths = r;
     }
@@ -302,12 +309,14 @@ fn parse_only(text: &str, base: &Path) -> Result<Loaded, ConfigError> {
             std::fs::read(&path).map_err(|source| ConfigError::TlsFile { what, path, source })
         };
         c.tls = Some(
-            surelink::proto::secure::TlsSetup::from_pem(
+            surelink::proto::secure::TlsSetup::from_pem_preferring(
                 c.cluster,
                 c.node,
                 &read(&t.cert, "certificate")?,
                 &read(&t.key, "key")?,
                 &read(&t.ca, "CA bundle")?,
+                c.record_cipher
+                    .unwrap_or_else(surelink::proto::secure::RecordCipher::fastest_here),
             )
             .map_err(ConfigError::Tls)?,
         );

@@ -36,6 +36,8 @@ pub(super) struct File {
     #[serde(default)]
     pub(super) insecure: bool,
     pub(super) protection: Option<String>,
+    /// `None`: the faster cipher on this CPU.
+    pub(super) record_cipher: Option<String>,
     /// `None`: resume further paths with tickets (the default).
     pub(super) resume_paths: Option<bool>,
     pub(super) max_connections: Option<usize>,

@@ -39,7 +39,9 @@ mod tls;
 pub use keys::{KeyError, Keypair, MemberError, Members, PublicKey, SecretKey, KEY_LEN};
 pub use noise::{Established, Handshake, NOISE_PARAMS};
 pub use preamble::{Auth, PREAMBLE_LEN};
-pub use record::{Opener, RecordError, Sealer, MAX_RECORD, RECORD_HEADER, RECORD_TAG};
+pub use record::{
+    Opener, RecordCipher, RecordError, Sealer, MAX_RECORD, RECORD_HEADER, RECORD_TAG,
+};
 pub use resume::{Accept, Dial, MakeHandshake, Ticket, TicketLookup, TicketStore, TICKET_ID_LEN};
 #[cfg(any(test, feature = "test-ca"))]
 pub use test_ca::{Issued, TestCa};
@@ -69,6 +71,18 @@ impl PathHandshake {
             PathHandshake::Tls(h) => h.poll_transmit(out),
             PathHandshake::Dial(h) => h.poll_transmit(out),
             PathHandshake::Accept(h) => h.poll_transmit(out),
+        }
+    }
+
+    /// Prefers `cipher` for the records (see [`Handshake::prefer_cipher`];
+    /// with TLS the [`TlsSetup`]'s preference decides instead). Call before
+    /// the first [`PathHandshake::poll_transmit`].
+    pub fn prefer_cipher(&mut self, cipher: RecordCipher) {
+        match self {
+            PathHandshake::Noise(h) => h.prefer_cipher(cipher),
+            PathHandshake::Tls(_) => {}
+            PathHandshake::Dial(h) => h.prefer_cipher(cipher),
+            PathHandshake::Accept(h) => h.prefer_cipher(cipher),
         }
     }
 
@@ -158,7 +172,8 @@ pub(crate) fn run_both(
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Protection {
-    /// Authenticated and encrypted (AES-256-GCM). The default.
+    /// Authenticated and encrypted (AES-256-GCM or ChaCha20-Poly1305: see
+    /// [`RecordCipher`]). The default.
     #[default]
     Encrypt,
     /// Authenticated only (GMAC over the plaintext): on-path observers can
@@ -231,6 +246,15 @@ pub enum SecureError {
         ours: Protection,
         /// Theirs.
         theirs: Protection,
+    },
+    /// The two ends offer no record cipher in common (one bit per
+    /// [`RecordCipher`] code each): a build that knows other ciphers only.
+    #[error("no record cipher in common (dialler offers {initiator:#06b}, acceptor {responder:#06b}); this build offers aes-256-gcm and chacha20-poly1305")]
+    NoCommonCipher {
+        /// The dialling side's offers.
+        initiator: u8,
+        /// The accepting side's offers.
+        responder: u8,
     },
     /// The connecting peer's key is not in the member list.
     #[error("the peer's key {0} is not in the member list")]

@@ -14,20 +14,29 @@
 //! allocated for it beyond this state. The preamble makes mismatches
 //! (another cluster, an insecure peer, another protection mode) name
 //! themselves instead of failing as "bad MAC". Each side checks the
-//! peer's preamble against its own values and uses its own as the Noise
-//! prologue, so both have agreed on cluster and protection before a key
-//! is trusted.
+//! peer's preamble against its own values and uses its own (without the
+//! cipher byte) as the Noise prologue, so both have agreed on cluster and
+//! protection before a key is trusted.
+//!
+//! The record cipher is chosen from both preambles' cipher bytes
+//! (`preamble::choose`) and bound to the keys: each direction's record key
+//! is HMAC-SHA256 of the Noise split key over the label, the chosen cipher
+//! and both cipher bytes — unless both bytes are `0` (both offer
+//! AES-256-GCM alone, as builds before the byte did), where it is the
+//! split key itself, as those builds use. An attacker who rewrites an
+//! offer makes the two ends derive different keys (each end binds the byte
+//! it really sent), and the first record fails.
 
 use bytes::{BufMut, BytesMut};
 
 use super::keys::{Keypair, Members, PublicKey, KEY_LEN};
-use super::preamble::{self, Auth, PREAMBLE_LEN};
-use super::record::{Opener, Sealer};
+use super::preamble::{self, Auth, CIPHERS, PREAMBLE_LEN};
+use super::record::{Opener, RecordCipher, Sealer};
 use super::{Protection, SecureError};
 use crate::ids::{ClusterId, NodeId};
 
-/// The Noise protocol name. AES-GCM: the record layer uses AES-256-GCM,
-/// which has hardware support where clusters run.
+/// The Noise protocol name. The handshake's own AEAD (two short messages)
+/// is AES-GCM whatever the record cipher is.
 pub const NOISE_PARAMS: &str = "Noise_XX_25519_AESGCM_SHA256";
 /// Longest handshake message we accept (XX's are 32, 96 and 64 bytes).
 const MAX_MESSAGE: usize = 256;
@@ -71,6 +80,10 @@ pub struct Handshake {
     members: std::sync::Arc<Members>,
     cluster: ClusterId,
     protection: Protection,
+    /// Our preamble (its cipher byte is what we offer).
+    pre: [u8; PREAMBLE_LEN],
+    /// The peer's cipher byte, once its preamble is read.
+    peer_ciphers: u8,
     got_preamble: bool,
     step: Step,
     out: BytesMut,
@@ -121,14 +134,16 @@ impl Handshake {
         initiator: bool,
         expected: Option<NodeId>,
     ) -> Result<Handshake, SecureError> {
-        let pre = preamble::encode(cluster, protection, Auth::Noise);
+        let offer = preamble::offer(RecordCipher::fastest_here());
+        let pre = preamble::encode(cluster, protection, Auth::Noise, offer);
         let params = NOISE_PARAMS
             .parse()
             .map_err(|e| SecureError::Noise(format!("{e}")))?;
         let secret = keys.secret().to_bytes();
+        let prologue = preamble::prologue(&pre);
         let b = snow::Builder::new(params)
             .local_private_key(&secret)
-            .and_then(|b| b.prologue(&pre))
+            .and_then(|b| b.prologue(&prologue))
             .map_err(|e| SecureError::Noise(format!("{e}")))?;
         let noise = if initiator {
             b.build_initiator()
@@ -145,10 +160,22 @@ impl Handshake {
             members,
             cluster,
             protection,
+            pre,
+            peer_ciphers: 0,
             got_preamble: false,
             step: Step::First,
             out,
         })
+    }
+
+    /// Prefers `cipher` for the records (the default is
+    /// [`RecordCipher::fastest_here`]); both are always offered. Call
+    /// before the first [`Handshake::poll_transmit`].
+    pub fn prefer_cipher(&mut self, cipher: RecordCipher) {
+        self.pre[CIPHERS] = preamble::offer(cipher);
+        if self.out.starts_with(b"SLNK") && self.out.len() >= PREAMBLE_LEN {
+            self.out[CIPHERS] = self.pre[CIPHERS];
+        }
     }
 
     /// Appends what this side has to send to `buf`; `false` when nothing.
@@ -165,11 +192,14 @@ impl Handshake {
     }
 
     /// Both preambles were already exchanged (`resume::Dial` falling back,
-    /// `resume::Accept` choosing Noise): ours is not sent again.
-    pub(super) fn skip_preamble(&mut self) {
+    /// `resume::Accept` choosing Noise): ours is not sent again, and the
+    /// cipher bytes are those the two sent.
+    pub(super) fn skip_preamble(&mut self, ours: &[u8; PREAMBLE_LEN], theirs: &[u8; PREAMBLE_LEN]) {
         if self.out.starts_with(b"SLNK") {
             let _ = self.out.split_to(PREAMBLE_LEN);
         }
+        self.pre[CIPHERS] = ours[CIPHERS];
+        self.peer_ciphers = theirs[CIPHERS];
         self.got_preamble = true;
     }
 
@@ -196,21 +226,34 @@ impl Handshake {
         Ok(PublicKey(k))
     }
 
-    fn establish(&mut self, peer: NodeId) -> Established {
+    fn establish(&mut self, peer: NodeId) -> Result<Established, SecureError> {
         self.step = Step::Done;
         let (i2r, r2i) = self.noise.dangerously_get_raw_split();
-        let (send, recv) = if self.initiator {
-            (i2r, r2i)
+        let (ic, rc) = if self.initiator {
+            (self.pre[CIPHERS], self.peer_ciphers)
         } else {
-            (r2i, i2r)
+            (self.peer_ciphers, self.pre[CIPHERS])
         };
-        Established {
+        let cipher = preamble::choose(ic, rc)?;
+        let bound = |k: &[u8; 32]| {
+            if ic == 0 && rc == 0 {
+                *k // AES alone both ways: the keys older builds derive
+            } else {
+                record_key(k, cipher, ic, rc)
+            }
+        };
+        let (send, recv) = if self.initiator {
+            (bound(&i2r), bound(&r2i))
+        } else {
+            (bound(&r2i), bound(&i2r))
+        };
+        Ok(Established {
             peer,
-            sealer: Sealer::new(&send, self.protection),
-            opener: Opener::new(&recv, self.protection),
+            sealer: Sealer::with_cipher(&send, self.protection, cipher),
+            opener: Opener::with_cipher(&recv, self.protection, cipher),
             exporter: None,
             ticket: Some(super::resume::Ticket::from_split(peer, &i2r, &r2i)),
-        }
+        })
     }
 
     /// Feeds bytes received; consumes what it uses. Returns the finished
@@ -222,9 +265,11 @@ impl Handshake {
                 return Err(SecureError::Malformed("handshake already finished"));
             }
             if !self.got_preamble {
-                if !preamble::read(buf, self.cluster, self.protection, Auth::Noise)? {
+                let Some(c) = preamble::read(buf, self.cluster, self.protection, Auth::Noise)?
+                else {
                     return Ok(None);
-                }
+                };
+                self.peer_ciphers = c;
                 self.got_preamble = true;
             }
             if buf.len() < 2 {
@@ -252,7 +297,7 @@ impl Handshake {
                         return Err(SecureError::WrongKey { expected, got });
                     }
                     self.write_message()?;
-                    return Ok(Some(self.establish(expected)));
+                    return self.establish(expected).map(Some);
                 }
                 (false, Step::First) => {
                     self.write_message()?;
@@ -264,12 +309,24 @@ impl Handshake {
                         .members
                         .node_of(&key)
                         .ok_or(SecureError::UnknownKey(key))?;
-                    return Ok(Some(self.establish(peer)));
+                    return self.establish(peer).map(Some);
                 }
                 _ => return Err(SecureError::Malformed("unexpected handshake message")),
             }
         }
     }
+}
+
+/// One direction's record key: the split key bound to the chosen cipher and
+/// both offers (see the module docs).
+fn record_key(split: &[u8; 32], cipher: RecordCipher, initiator: u8, responder: u8) -> [u8; 32] {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, split);
+    let mut ctx = ring::hmac::Context::with_key(&key);
+    ctx.update(b"surelink record key");
+    ctx.update(&[cipher.code(), initiator, responder]);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ctx.sign().as_ref());
+    out
 }
 
 #[cfg(test)]
@@ -316,6 +373,84 @@ mod tests {
             let mut out = BytesMut::new();
             ie.opener.open(&mut wire, &mut out).unwrap();
             assert_eq!(&out[..], b"from b");
+        }
+    }
+
+    /// Seals `msg` on one end and opens it on the other.
+    fn carries(from: &mut Established, to: &mut Established, msg: &[u8]) -> bool {
+        let mut wire = BytesMut::new();
+        from.sealer.seal([msg], &mut wire).unwrap();
+        let mut out = BytesMut::new();
+        to.opener.open(&mut wire, &mut out).is_ok() && &out[..] == msg
+    }
+
+    #[test]
+    fn the_acceptor_s_cipher_preference_decides_and_records_flow() {
+        let (a, b) = (node(1), node(2));
+        let m = members(&[&a, &b]);
+        let c = ClusterId(5);
+        for p in [Protection::Encrypt, Protection::IntegrityOnly] {
+            for pi in RecordCipher::ALL {
+                for pr in RecordCipher::ALL {
+                    let mut i = Handshake::initiator(&a.keys, m.clone(), c, p, b.id).unwrap();
+                    i.prefer_cipher(pi);
+                    let mut r = Handshake::responder(&b.keys, m.clone(), c, p).unwrap();
+                    r.prefer_cipher(pr);
+                    let (ie, re, _) = run(i, r);
+                    let (mut ie, mut re) = (ie.unwrap(), re.unwrap());
+                    // The acceptor's preference, unless the dialler
+                    // prefers AES (and so offers it alone).
+                    let want = if pi == RecordCipher::Aes256Gcm {
+                        pi
+                    } else {
+                        pr
+                    };
+                    assert_eq!((ie.sealer.cipher(), re.sealer.cipher()), (want, want));
+                    assert!(carries(&mut ie, &mut re, b"from a"), "{p:?} {pi} {pr}");
+                    assert!(carries(&mut re, &mut ie, b"from b"), "{p:?} {pi} {pr}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_rewritten_cipher_offer_breaks_the_first_record() {
+        let (a, b) = (node(1), node(2));
+        let m = members(&[&a, &b]);
+        let (c, p) = (ClusterId(5), Protection::Encrypt);
+        // An attacker on the path rewrites either side's offer into another
+        // valid one (preferring the other cipher). The handshake itself
+        // completes (the prologue leaves the cipher byte out), but the ends
+        // derive different record keys: nothing gets through.
+        let chacha = preamble::offer(RecordCipher::ChaCha20Poly1305);
+        for (tamper_initiator, forged) in
+            [(true, chacha), (false, chacha), (true, 0x01), (false, 0x01)]
+        {
+            let mut i = Handshake::initiator(&a.keys, m.clone(), c, p, b.id).unwrap();
+            i.prefer_cipher(RecordCipher::Aes256Gcm);
+            let mut r = Handshake::responder(&b.keys, m.clone(), c, p).unwrap();
+            r.prefer_cipher(RecordCipher::Aes256Gcm);
+            let (mut to_r, mut to_i) = (BytesMut::new(), BytesMut::new());
+            i.poll_transmit(&mut to_r);
+            if tamper_initiator {
+                to_r[CIPHERS] = forged;
+            }
+            assert!(r.handle_input(&mut to_r).unwrap().is_none());
+            r.poll_transmit(&mut to_i);
+            if !tamper_initiator {
+                to_i[CIPHERS] = forged;
+            }
+            let mut ie = i.handle_input(&mut to_i).unwrap().expect("initiator done");
+            i.poll_transmit(&mut to_r);
+            let mut re = r.handle_input(&mut to_r).unwrap().expect("responder done");
+            assert!(
+                !carries(&mut ie, &mut re, b"from a"),
+                "tampered {tamper_initiator}"
+            );
+            assert!(
+                !carries(&mut re, &mut ie, b"from b"),
+                "tampered {tamper_initiator}"
+            );
         }
     }
 
@@ -395,6 +530,8 @@ mod tests {
         let p = Protection::Encrypt;
         // Flip each byte the initiator sends first (preamble + message 1), then
         // run the rest: it must never complete with both sides agreeing.
+        // (The cipher byte is bound to the record keys instead of the
+        // transcript: `a_rewritten_cipher_offer_breaks_the_first_record`.)
         let mut first = BytesMut::new();
         Handshake::initiator(&a.keys, m.clone(), c, p, b.id)
             .unwrap()
@@ -402,6 +539,9 @@ mod tests {
         for i in 0..first.len() {
             let mut ini = Handshake::initiator(&a.keys, m.clone(), c, p, b.id).unwrap();
             let mut r = Handshake::responder(&b.keys, m.clone(), c, p).unwrap();
+            if i == CIPHERS {
+                continue;
+            }
             let mut to_r = BytesMut::new();
             ini.poll_transmit(&mut to_r);
             to_r[i] ^= 1;

@@ -1,5 +1,6 @@
 //! The record layer: after the handshake every byte on a path travels in
-//! AEAD records (AES-256-GCM keyed by the Noise split), so a frame is
+//! AEAD records (AES-256-GCM or ChaCha20-Poly1305, as the two ends agreed:
+//! see [`RecordCipher`]), so a frame is
 //! accepted only if the authenticated peer sent it, unaltered, once, in
 //! this position of this connection.
 //!
@@ -8,18 +9,18 @@
 //! [`Protection::Encrypt`] the body is the ciphertext. With
 //! [`Protection::IntegrityOnly`] the body is the plaintext and the tag is
 //! the one AES-GCM gives its encryption; the receiver encrypts a copy to
-//! check it. An altered plaintext is an altered ciphertext to GCM, so this
-//! is exactly as hard to forge, and with ring it is ~5x faster than GMAC
-//! over the body as associated data (measured 6.8 against 1.45 GB/s).
-//! Nonces are a per-direction counter
-//! (Noise's AESGCM nonce: 32 zero bits, 64-bit big-endian counter) never
+//! check it. An altered plaintext is an altered ciphertext to an AEAD, so
+//! this is exactly as hard to forge, and with ring it is ~5x faster than
+//! GMAC over the body as associated data (measured 6.8 against 1.45 GB/s).
+//! Nonces are a per-direction counter (for both ciphers: 32 zero bits,
+//! 64-bit big-endian counter) never
 //! sent: TCP delivers records in order, so a replayed, dropped or
 //! reordered record fails its tag. Keys are fresh per connection (the
 //! ephemeral keys of the handshake), so nothing replays across
 //! connections either.
 
 use bytes::{BufMut, Bytes, BytesMut};
-use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM};
+use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM, CHACHA20_POLY1305};
 
 use super::Protection;
 
@@ -48,6 +49,94 @@ pub enum RecordError {
     Exhausted,
 }
 
+/// The AEAD of a path's records. Both have 256-bit keys; the ends agree on
+/// one per connection (see `preamble`): the accepting side's preference
+/// when the dialler offers it.
+///
+/// `cargo bench -p surelink-proto --bench ciphers` compares them: with
+/// AES instructions AES-256-GCM costs a third to a half of
+/// ChaCha20-Poly1305; without them ChaCha20-Poly1305 is the faster (and
+/// constant-time in software, which AES is not).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RecordCipher {
+    /// AES-256-GCM.
+    Aes256Gcm,
+    /// ChaCha20-Poly1305 (RFC 8439).
+    ChaCha20Poly1305,
+}
+
+impl RecordCipher {
+    /// Every cipher, in code order.
+    pub const ALL: [RecordCipher; 2] = [RecordCipher::Aes256Gcm, RecordCipher::ChaCha20Poly1305];
+
+    /// The faster on this CPU: AES-256-GCM where it has AES and carry-less
+    /// multiply instructions, ChaCha20-Poly1305 elsewhere. The default
+    /// preference. (A fact of the hardware, read once; not a measurement.)
+    pub fn fastest_here() -> RecordCipher {
+        if aes_in_hardware() {
+            RecordCipher::Aes256Gcm
+        } else {
+            RecordCipher::ChaCha20Poly1305
+        }
+    }
+
+    pub(super) fn code(self) -> u8 {
+        match self {
+            RecordCipher::Aes256Gcm => 0,
+            RecordCipher::ChaCha20Poly1305 => 1,
+        }
+    }
+
+    pub(super) fn from_code(c: u8) -> Option<RecordCipher> {
+        RecordCipher::ALL.into_iter().find(|x| x.code() == c)
+    }
+
+    fn algorithm(self) -> &'static ring::aead::Algorithm {
+        match self {
+            RecordCipher::Aes256Gcm => &AES_256_GCM,
+            RecordCipher::ChaCha20Poly1305 => &CHACHA20_POLY1305,
+        }
+    }
+}
+
+impl std::fmt::Display for RecordCipher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RecordCipher::Aes256Gcm => "aes-256-gcm",
+            RecordCipher::ChaCha20Poly1305 => "chacha20-poly1305",
+        })
+    }
+}
+
+impl std::str::FromStr for RecordCipher {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        RecordCipher::ALL
+            .into_iter()
+            .find(|c| c.to_string() == s)
+            .ok_or_else(|| {
+                format!("unknown record cipher {s:?} (aes-256-gcm or chacha20-poly1305)")
+            })
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn aes_in_hardware() -> bool {
+    std::arch::is_x86_feature_detected!("aes") && std::arch::is_x86_feature_detected!("pclmulqdq")
+}
+
+#[cfg(target_arch = "aarch64")]
+fn aes_in_hardware() -> bool {
+    std::arch::is_aarch64_feature_detected!("aes")
+        && std::arch::is_aarch64_feature_detected!("pmull")
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn aes_in_hardware() -> bool {
+    false
+}
+
 #[derive(Debug)]
 struct Cipher {
     key: LessSafeKey,
@@ -58,10 +147,10 @@ struct Cipher {
 }
 
 impl Cipher {
-    fn new(key: &[u8; 32], protection: Protection) -> Cipher {
-        // A 32-byte key is always valid for AES-256-GCM.
+    fn new(key: &[u8; 32], protection: Protection, cipher: RecordCipher) -> Cipher {
+        // A 32-byte key is always valid for both ciphers.
         #[allow(clippy::expect_used)]
-        let key = UnboundKey::new(&AES_256_GCM, key).expect("32-byte AES-256 key");
+        let key = UnboundKey::new(cipher.algorithm(), key).expect("32-byte key");
         Cipher {
             key: LessSafeKey::new(key),
             counter: 0,
@@ -119,6 +208,14 @@ impl Cipher {
         }
     }
 
+    fn cipher(&self) -> RecordCipher {
+        if std::ptr::eq(self.key.algorithm(), &CHACHA20_POLY1305) {
+            RecordCipher::ChaCha20Poly1305
+        } else {
+            RecordCipher::Aes256Gcm
+        }
+    }
+
     fn next_nonce(&mut self) -> Result<Nonce, RecordError> {
         if self.counter == u64::MAX {
             return Err(RecordError::Exhausted);
@@ -143,7 +240,17 @@ impl Sealer {
     /// finished [`super::Handshake`]; this constructor is public for tests
     /// and fuzzing.
     pub fn new(key: &[u8; 32], protection: Protection) -> Sealer {
-        Sealer(Cipher::new(key, protection))
+        Sealer::with_cipher(key, protection, RecordCipher::Aes256Gcm)
+    }
+
+    /// [`Sealer::new`] with `cipher`.
+    pub fn with_cipher(key: &[u8; 32], protection: Protection, cipher: RecordCipher) -> Sealer {
+        Sealer(Cipher::new(key, protection, cipher))
+    }
+
+    /// The cipher these records use.
+    pub fn cipher(&self) -> RecordCipher {
+        self.0.cipher()
     }
 
     /// Appends `pieces` (concatenated, in order) to `out` as records.
@@ -206,7 +313,12 @@ impl Sealer {
 impl Opener {
     /// An opener for one direction of a connection (see [`Sealer::new`]).
     pub fn new(key: &[u8; 32], protection: Protection) -> Opener {
-        Opener(Cipher::new(key, protection))
+        Opener::with_cipher(key, protection, RecordCipher::Aes256Gcm)
+    }
+
+    /// [`Opener::new`] with `cipher`.
+    pub fn with_cipher(key: &[u8; 32], protection: Protection, cipher: RecordCipher) -> Opener {
+        Opener(Cipher::new(key, protection, cipher))
     }
 
     /// Opens the record at the front of `raw` (removing it) and returns
@@ -258,9 +370,16 @@ impl Opener {
 mod tests {
     use super::*;
 
-    fn pair(p: Protection) -> (Sealer, Opener) {
+    fn pair(p: Protection, c: RecordCipher) -> (Sealer, Opener) {
         let k = [7u8; 32];
-        (Sealer::new(&k, p), Opener::new(&k, p))
+        (Sealer::with_cipher(&k, p, c), Opener::with_cipher(&k, p, c))
+    }
+
+    /// Every protection mode with every cipher.
+    fn modes() -> impl Iterator<Item = (Protection, RecordCipher)> {
+        [Protection::Encrypt, Protection::IntegrityOnly]
+            .into_iter()
+            .flat_map(|p| RecordCipher::ALL.into_iter().map(move |c| (p, c)))
     }
 
     fn open_all(o: &mut Opener, raw: &[u8]) -> Result<Vec<u8>, RecordError> {
@@ -273,8 +392,8 @@ mod tests {
 
     #[test]
     fn round_trip_in_pieces_and_across_reads() {
-        for p in [Protection::Encrypt, Protection::IntegrityOnly] {
-            let (mut s, mut o) = pair(p);
+        for (p, c) in modes() {
+            let (mut s, mut o) = pair(p, c);
             let big = vec![3u8; MAX_RECORD * 2 + 100];
             let mut wire = BytesMut::new();
             s.seal([&b"hello "[..], b"world"], &mut wire).unwrap();
@@ -308,14 +427,14 @@ mod tests {
 
     #[test]
     fn any_altered_byte_replay_or_drop_is_refused() {
-        for p in [Protection::Encrypt, Protection::IntegrityOnly] {
-            let (mut s, _) = pair(p);
+        for (p, c) in modes() {
+            let (mut s, _) = pair(p, c);
             let r1 = s.seal_to_bytes([&b"first"[..]]).unwrap();
             let r2 = s.seal_to_bytes([&b"second"[..]]).unwrap();
             for i in 0..r1.len() {
                 let mut bad = r1.to_vec();
                 bad[i] ^= 0x40;
-                let (_, mut o) = pair(p);
+                let (_, mut o) = pair(p, c);
                 let mut raw = BytesMut::from(bad.as_slice());
                 let mut out = BytesMut::new();
                 let r = o.open(&mut raw, &mut out);
@@ -325,27 +444,42 @@ mod tests {
                 assert!(r.is_err() || i < RECORD_HEADER, "byte {i} altered: {r:?}");
             }
             // Dropped record: the second alone fails (wrong nonce).
-            let (_, mut o) = pair(p);
+            let (_, mut o) = pair(p, c);
             assert_eq!(open_all(&mut o, &r2), Err(RecordError::Forged));
             // Replayed record fails.
-            let (_, mut o) = pair(p);
+            let (_, mut o) = pair(p, c);
             let mut both = r1.to_vec();
             both.extend_from_slice(&r1);
             assert_eq!(open_all(&mut o, &both), Err(RecordError::Forged));
             // In order: fine.
-            let (_, mut o) = pair(p);
+            let (_, mut o) = pair(p, c);
             let mut both = r1.to_vec();
             both.extend_from_slice(&r2);
             assert_eq!(open_all(&mut o, &both).unwrap(), b"firstsecond");
             // Another key: refused.
-            let mut o = Opener::new(&[8u8; 32], p);
+            let mut o = Opener::with_cipher(&[8u8; 32], p, c);
             assert_eq!(open_all(&mut o, &r1), Err(RecordError::Forged));
+            // The same key under the other cipher: refused.
+            let other = RecordCipher::ALL.into_iter().find(|x| *x != c).unwrap();
+            let mut o = Opener::with_cipher(&[7u8; 32], p, other);
+            assert_eq!(open_all(&mut o, &r1), Err(RecordError::Forged));
+            assert_eq!(s.cipher(), c);
         }
     }
 
     #[test]
+    fn cipher_names_parse_back() {
+        for c in RecordCipher::ALL {
+            assert_eq!(c.to_string().parse::<RecordCipher>(), Ok(c));
+            assert_eq!(RecordCipher::from_code(c.code()), Some(c));
+        }
+        assert!("aes-128-gcm".parse::<RecordCipher>().is_err());
+        assert_eq!(RecordCipher::from_code(7), None);
+    }
+
+    #[test]
     fn oversized_header_is_refused_before_buffering() {
-        let (_, mut o) = pair(Protection::Encrypt);
+        let (_, mut o) = pair(Protection::Encrypt, RecordCipher::Aes256Gcm);
         let mut raw = BytesMut::from(&u32::MAX.to_be_bytes()[..]);
         let mut out = BytesMut::new();
         assert_eq!(

@@ -43,8 +43,8 @@ use ring::rand::{SecureRandom, SystemRandom};
 use rustc_hash::FxHashMap as HashMap;
 
 use super::noise::{Established, Handshake};
-use super::preamble::{self, Auth, PREAMBLE_LEN};
-use super::record::{Opener, Sealer};
+use super::preamble::{self, Auth, CIPHERS, PREAMBLE_LEN};
+use super::record::{Opener, RecordCipher, Sealer};
 use super::{Protection, SecureError};
 use crate::ids::{ClusterId, NodeId};
 use crate::time::Time;
@@ -270,11 +270,17 @@ fn path_keys(t: &Ticket, nonce_i: &[u8], nonce_r: &[u8]) -> ([u8; 32], [u8; 32])
     )
 }
 
-fn established(peer: NodeId, send: &[u8; 32], recv: &[u8; 32], p: Protection) -> Established {
+fn established(
+    peer: NodeId,
+    send: &[u8; 32],
+    recv: &[u8; 32],
+    p: Protection,
+    cipher: RecordCipher,
+) -> Established {
     Established {
         peer,
-        sealer: Sealer::new(send, p),
-        opener: Opener::new(recv, p),
+        sealer: Sealer::with_cipher(send, p, cipher),
+        opener: Opener::with_cipher(recv, p, cipher),
         exporter: None,
         ticket: None,
     }
@@ -331,7 +337,8 @@ impl Dial {
         protection: Protection,
         make_noise: MakeHandshake,
     ) -> Result<Dial, SecureError> {
-        let pre_i = preamble::encode(cluster, protection, Auth::Resume);
+        let offer = preamble::offer(RecordCipher::fastest_here());
+        let pre_i = preamble::encode(cluster, protection, Auth::Resume, offer);
         let nonce_i = random::<NONCE_LEN>()?;
         let mut out = BytesMut::with_capacity(PREAMBLE_LEN + TICKET_ID_LEN + NONCE_LEN);
         out.extend_from_slice(&pre_i);
@@ -350,6 +357,15 @@ impl Dial {
             out,
             done: false,
         })
+    }
+
+    /// See [`Handshake::prefer_cipher`] (the fallback's preference comes
+    /// from here too).
+    pub fn prefer_cipher(&mut self, cipher: RecordCipher) {
+        self.pre_i[CIPHERS] = preamble::offer(cipher);
+        if self.out.starts_with(b"SLNK") && self.out.len() >= PREAMBLE_LEN {
+            self.out[CIPHERS] = self.pre_i[CIPHERS];
+        }
     }
 
     /// The ticket tried (to forget it when refused).
@@ -379,7 +395,7 @@ impl Dial {
             if buf.len() >= PREAMBLE_LEN {
                 self.pre_r.copy_from_slice(&buf[..PREAMBLE_LEN]);
             }
-            if !preamble::read(buf, self.cluster, self.protection, Auth::Noise)? {
+            if preamble::read(buf, self.cluster, self.protection, Auth::Noise)?.is_none() {
                 return Ok(None);
             }
             self.got_preamble = true;
@@ -396,7 +412,7 @@ impl Dial {
                     .ok_or(SecureError::Malformed("fallback made twice"))?;
                 let mut h = make()?;
                 // Both preambles are already exchanged.
-                h.skip_preamble();
+                h.skip_preamble(&self.pre_i, &self.pre_r);
                 self.fallback = Some(Box::new(h));
                 self.fallback
                     .as_mut()
@@ -426,11 +442,13 @@ impl Dial {
                 self.out.extend_from_slice(mac_i.as_ref());
                 self.done = true;
                 let (i2r, r2i) = path_keys(&self.ticket, &self.nonce_i, &nonce_r);
+                let cipher = preamble::choose(self.pre_i[CIPHERS], self.pre_r[CIPHERS])?;
                 Ok(Some(established(
                     self.ticket.peer,
                     &i2r,
                     &r2i,
                     self.protection,
+                    cipher,
                 )))
             }
             _ => Err(SecureError::Malformed("resume status")),
@@ -495,7 +513,8 @@ impl Accept {
         cluster: ClusterId,
         protection: Protection,
     ) -> Accept {
-        let pre_r = preamble::encode(cluster, protection, Auth::Noise);
+        let offer = preamble::offer(RecordCipher::fastest_here());
+        let pre_r = preamble::encode(cluster, protection, Auth::Noise, offer);
         let mut out = BytesMut::with_capacity(PREAMBLE_LEN + 1 + NONCE_LEN + MAC_LEN);
         out.extend_from_slice(&pre_r);
         Accept {
@@ -513,6 +532,15 @@ impl Accept {
         }
     }
 
+    /// See [`Handshake::prefer_cipher`] (the Noise side's preference comes
+    /// from here too).
+    pub fn prefer_cipher(&mut self, cipher: RecordCipher) {
+        self.pre_r[CIPHERS] = preamble::offer(cipher);
+        if self.out.starts_with(b"SLNK") && self.out.len() >= PREAMBLE_LEN {
+            self.out[CIPHERS] = self.pre_r[CIPHERS];
+        }
+    }
+
     /// Switches to Noise XX (both preambles already exchanged).
     fn start_noise(&mut self) -> Result<(), SecureError> {
         let make = self
@@ -520,7 +548,7 @@ impl Accept {
             .take()
             .ok_or(SecureError::Malformed("handshake made twice"))?;
         let mut h = make()?;
-        h.skip_preamble();
+        h.skip_preamble(&self.pre_r, &self.pre_i);
         self.noise = Some(Box::new(h));
         self.step = AcceptStep::Noise;
         Ok(())
@@ -545,7 +573,7 @@ impl Accept {
                     if buf.len() >= PREAMBLE_LEN {
                         self.pre_i.copy_from_slice(&buf[..PREAMBLE_LEN]);
                     }
-                    let Some(auth) = preamble::read_either(
+                    let Some((auth, _)) = preamble::read_either(
                         buf,
                         self.cluster,
                         self.protection,
@@ -608,10 +636,11 @@ impl Accept {
                         &mac_i,
                     )?;
                     let (i2r, r2i) = path_keys(ticket, &self.nonce_i, nonce_r);
+                    let cipher = preamble::choose(self.pre_i[CIPHERS], self.pre_r[CIPHERS])?;
                     let peer = ticket.peer;
                     self.step = AcceptStep::Done;
                     self.resumed = true;
-                    return Ok(Some(established(peer, &r2i, &i2r, self.protection)));
+                    return Ok(Some(established(peer, &r2i, &i2r, self.protection, cipher)));
                 }
                 AcceptStep::Done => {
                     return Err(SecureError::Malformed("handshake already finished"))

@@ -264,3 +264,68 @@ fn a_ticket_just_minted_waits_to_settle_while_an_older_one_lives() {
     s.forget(b.id, &old.id);
     assert_eq!(at(&s, 1_010), young.id);
 }
+
+#[test]
+fn a_resumed_path_uses_the_acceptor_s_cipher_and_a_rewritten_offer_fails() {
+    let (a, b) = (node(1), node(2));
+    let m = members(&[&a, &b]);
+    let (ticket, store) = full(&a, &b, &m);
+    for (pi, pr, want) in [
+        (
+            RecordCipher::ChaCha20Poly1305,
+            RecordCipher::ChaCha20Poly1305,
+            RecordCipher::ChaCha20Poly1305,
+        ),
+        (
+            RecordCipher::ChaCha20Poly1305,
+            RecordCipher::Aes256Gcm,
+            RecordCipher::Aes256Gcm,
+        ),
+        // Preferring AES, the dialler offers it alone.
+        (
+            RecordCipher::Aes256Gcm,
+            RecordCipher::ChaCha20Poly1305,
+            RecordCipher::Aes256Gcm,
+        ),
+    ] {
+        let mut i = dial(ticket.clone(), &a.keys, &m);
+        i.prefer_cipher(pi);
+        let mut r = accept(&b.keys, &m, &store);
+        r.prefer_cipher(pr);
+        let (ie, re) = run(i, r);
+        let (mut ie, mut re) = (ie.unwrap(), re.unwrap());
+        assert_eq!((ie.sealer.cipher(), re.sealer.cipher()), (want, want));
+        assert!(carries(&mut ie, &mut re, b"hello from a"));
+        assert!(carries(&mut re, &mut ie, b"hello from b"));
+    }
+    // The dialler's offer rewritten in flight: both preambles are in the
+    // MACs, so the acceptor refuses the resumption.
+    let mut i = dial(ticket, &a.keys, &m);
+    let mut r = accept(&b.keys, &m, &store);
+    let mut to_r = BytesMut::new();
+    i.poll_transmit(&mut to_r);
+    let aes = preamble::offer(RecordCipher::Aes256Gcm);
+    to_r[CIPHERS] = if to_r[CIPHERS] == aes {
+        preamble::offer(RecordCipher::ChaCha20Poly1305)
+    } else {
+        aes
+    };
+    let mut failed = false;
+    let mut to_i = BytesMut::new();
+    for _ in 0..4 {
+        if r.handle_input(&mut to_r).is_err() {
+            failed = true;
+            break;
+        }
+        r.poll_transmit(&mut to_i);
+        if i.handle_input(&mut to_i).is_err() {
+            failed = true;
+            break;
+        }
+        i.poll_transmit(&mut to_r);
+    }
+    assert!(
+        failed,
+        "a resumption with a rewritten cipher offer completed"
+    );
+}

@@ -5,10 +5,11 @@
 //! ```text
 //! both  -> preamble (auth = TLS) | sender's node id (u64 BE)
 //! then TLS 1.3 records until the handshake is done (client certificate
-//! required; the only suite TLS_AES_256_GCM_SHA384; no tickets, no
-//! resumption, no early data)
-//! then our AEAD records (see `record`), keyed by TLS's application
-//! traffic secrets
+//! required; suites TLS_AES_256_GCM_SHA384 and
+//! TLS_CHACHA20_POLY1305_SHA256, the accepting side's order deciding;
+//! no tickets, no resumption, no early data)
+//! then our AEAD records (see `record`) with the suite's AEAD, keyed by
+//! TLS's application traffic secrets
 //! ```
 //!
 //! A node's certificate must name it: DNS name [`node_name`]`(cluster,
@@ -44,7 +45,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, ClientConnection, Connection, RootCertStore, ServerConfig};
 
 use super::preamble::{self, Auth, PREAMBLE_LEN};
-use super::record::{Opener, Sealer};
+use super::record::{Opener, RecordCipher, Sealer};
 use super::{Established, Protection, SecureError};
 use crate::ids::{ClusterId, NodeId};
 
@@ -101,11 +102,17 @@ pub struct TlsSetup {
     node: NodeId,
 }
 
-fn provider() -> Arc<CryptoProvider> {
+fn provider(prefer: RecordCipher) -> Arc<CryptoProvider> {
+    use rustls::crypto::ring::cipher_suite::{
+        TLS13_AES_256_GCM_SHA384 as AES, TLS13_CHACHA20_POLY1305_SHA256 as CHACHA,
+    };
     let mut p = rustls::crypto::ring::default_provider();
-    // One suite: the record layer after the handshake is AES-256-GCM, keyed
-    // by the secrets this suite derives.
-    p.cipher_suites = vec![rustls::crypto::ring::cipher_suite::TLS13_AES_256_GCM_SHA384];
+    // The record layer after the handshake uses the negotiated suite's
+    // AEAD, keyed by the secrets it derives: only 256-bit-key suites.
+    p.cipher_suites = match prefer {
+        RecordCipher::ChaCha20Poly1305 => vec![CHACHA, AES],
+        _ => vec![AES, CHACHA],
+    };
     Arc::new(p)
 }
 
@@ -116,13 +123,27 @@ fn rustls_err(e: impl std::fmt::Display) -> TlsSetupError {
 impl TlsSetup {
     /// Node `node` of `cluster` with its certificate chain (leaf first),
     /// private key and the CA certificates it trusts, all PEM. Checks that
-    /// the leaf names this node.
+    /// the leaf names this node. Prefers [`RecordCipher::fastest_here`].
     pub fn from_pem(
         cluster: ClusterId,
         node: NodeId,
         chain_pem: &[u8],
         key_pem: &[u8],
         ca_pem: &[u8],
+    ) -> Result<TlsSetup, TlsSetupError> {
+        let prefer = RecordCipher::fastest_here();
+        TlsSetup::from_pem_preferring(cluster, node, chain_pem, key_pem, ca_pem, prefer)
+    }
+
+    /// [`TlsSetup::from_pem`] preferring `prefer` (both suites are always
+    /// offered; an accepting node's preference decides).
+    pub fn from_pem_preferring(
+        cluster: ClusterId,
+        node: NodeId,
+        chain_pem: &[u8],
+        key_pem: &[u8],
+        ca_pem: &[u8],
+        prefer: RecordCipher,
     ) -> Result<TlsSetup, TlsSetupError> {
         let pem = |what| {
             move |e: rustls::pki_types::pem::Error| TlsSetupError::Pem {
@@ -152,7 +173,7 @@ impl TlsSetup {
             reason,
         })?;
         let roots = Arc::new(roots);
-        let p = provider();
+        let p = provider(prefer);
         let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), p.clone())
             .build()
             .map_err(rustls_err)?;
@@ -163,6 +184,7 @@ impl TlsSetup {
             .with_single_cert(chain.clone(), key.clone_key())
             .map_err(rustls_err)?;
         server.send_tls13_tickets = 0;
+        server.ignore_client_order = true;
         server.enable_secret_extraction = true;
         let mut client = ClientConfig::builder_with_provider(p)
             .with_protocol_versions(&[&rustls::version::TLS13])
@@ -260,7 +282,15 @@ impl TlsHandshake {
         conn: Connection,
     ) -> TlsHandshake {
         let mut out = BytesMut::with_capacity(PREAMBLE_LEN + 8 + 4096);
-        out.extend_from_slice(&preamble::encode(setup.cluster, protection, Auth::Tls));
+        // TLS negotiates its suite itself: the cipher byte says only "AES
+        // alone", the value every build reads.
+        let offer = preamble::offer(RecordCipher::Aes256Gcm);
+        out.extend_from_slice(&preamble::encode(
+            setup.cluster,
+            protection,
+            Auth::Tls,
+            offer,
+        ));
         out.put_u64(setup.node.0);
         TlsHandshake {
             conn: Some(conn),
@@ -383,21 +413,30 @@ impl TlsHandshake {
             Connection::Server(s) => s.dangerous_extract_secrets(),
         }
         .map_err(tls)?;
-        let key = |(seq, s): (u64, rustls::ConnectionTrafficSecrets)| match s {
+        let key = |(seq, s): (u64, rustls::ConnectionTrafficSecrets)| {
+            use rustls::ConnectionTrafficSecrets as S;
             // Our record layer starts its nonce counter at 0: TLS must not
             // have used these keys (no tickets, no early data).
-            rustls::ConnectionTrafficSecrets::Aes256Gcm { key, .. } if seq == 0 => {
-                <[u8; 32]>::try_from(key.as_ref())
-                    .map_err(|_| SecureError::Malformed("traffic key length"))
-            }
-            _ => Err(SecureError::Malformed("unexpected TLS traffic secrets")),
+            let (key, cipher) = match s {
+                S::Aes256Gcm { key, .. } if seq == 0 => (key, RecordCipher::Aes256Gcm),
+                S::Chacha20Poly1305 { key, .. } if seq == 0 => {
+                    (key, RecordCipher::ChaCha20Poly1305)
+                }
+                _ => return Err(SecureError::Malformed("unexpected TLS traffic secrets")),
+            };
+            let key = <[u8; 32]>::try_from(key.as_ref())
+                .map_err(|_| SecureError::Malformed("traffic key length"))?;
+            Ok((key, cipher))
         };
-        let send = key(secrets.tx)?;
-        let recv = key(secrets.rx)?;
+        let (send, cipher) = key(secrets.tx)?;
+        let (recv, rx_cipher) = key(secrets.rx)?;
+        if cipher != rx_cipher {
+            return Err(SecureError::Malformed("TLS traffic secrets of two suites"));
+        }
         Ok(Established {
             peer: claimed,
-            sealer: Sealer::new(&send, self.protection),
-            opener: Opener::new(&recv, self.protection),
+            sealer: Sealer::with_cipher(&send, self.protection, cipher),
+            opener: Opener::with_cipher(&recv, self.protection, cipher),
             exporter: Some(exporter),
             ticket: None,
         })
@@ -497,6 +536,42 @@ mod tests {
             let mut out = BytesMut::new();
             ie.opener.open(&mut raw, &mut out).unwrap();
             assert_eq!(&out[..], b"back");
+        }
+    }
+
+    #[test]
+    fn the_accepting_node_s_suite_order_picks_the_record_cipher() {
+        let ca = new_ca();
+        let setup_preferring = |node: u64, prefer: RecordCipher| {
+            let i = ca.issue(ClusterId(7), NodeId(node)).unwrap();
+            TlsSetup::from_pem_preferring(
+                ClusterId(7),
+                NodeId(node),
+                i.cert_pem.as_bytes(),
+                i.key_pem.as_bytes(),
+                ca.cert_pem().as_bytes(),
+                prefer,
+            )
+            .unwrap()
+        };
+        for pi in RecordCipher::ALL {
+            for pr in RecordCipher::ALL {
+                let (a, b) = (setup_preferring(1, pi), setup_preferring(2, pr));
+                let i = TlsHandshake::initiator(&a, Protection::Encrypt, NodeId(2)).unwrap();
+                let r = TlsHandshake::responder(&b, Protection::Encrypt).unwrap();
+                let (ie, re) = run(i, r);
+                let (mut ie, mut re) = (ie.unwrap(), re.unwrap());
+                assert_eq!(
+                    (ie.sealer.cipher(), re.sealer.cipher()),
+                    (pr, pr),
+                    "{pi} {pr}"
+                );
+                let rec = ie.sealer.seal_to_bytes([&b"hello"[..]]).unwrap();
+                let mut raw = BytesMut::from(&rec[..]);
+                let mut out = BytesMut::new();
+                re.opener.open(&mut raw, &mut out).unwrap();
+                assert_eq!(&out[..], b"hello");
+            }
         }
     }
 
