@@ -116,7 +116,7 @@ pub(crate) struct Secured {
 pub(crate) enum HandshakeFailure {
     #[error(transparent)]
     Secure(#[from] SecureError),
-    #[error("connection closed during the handshake (the peer refused us: another cluster, our key not in its member list, or it runs insecure)")]
+    #[error("connection closed during the handshake (the peer refused us: another cluster, our key not in its member list, it runs insecure, or it is a build from before 2026-12-08 and this node prefers chacha20-poly1305)")]
     Closed,
     #[error("handshake did not finish within {0:?}")]
     Timeout(Duration),
