@@ -82,7 +82,9 @@ pub struct EndpointConfig {
     pub balance_slack: u64,
     /// Messages up to this size join a BATCH frame with the messages queued
     /// behind them on their stream (never delaying a lone message). Larger
-    /// ones go alone, their payload written without a copy.
+    /// ones go alone, their payload written without a copy. The default,
+    /// 8 KiB (a quarter of `batch_bytes`): 4 KiB messages batched cost less
+    /// than their per-frame work alone (docs/data-path.md).
     pub batch_message_max: u32,
     /// Largest BATCH frame body, messages and their framing.
     pub batch_bytes: u32,
@@ -129,7 +131,7 @@ impl Default for EndpointConfig {
             linger: Duration::from_secs(30),
             path_inflight_limit: 2 << 20,
             balance_slack: 2 << 20,
-            batch_message_max: 1024,
+            batch_message_max: 8192,
             batch_bytes: 32 << 10,
             max_requests_per_peer: 1024,
             call_bytes_per_peer: 16 << 20,
