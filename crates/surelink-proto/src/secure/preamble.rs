@@ -105,11 +105,12 @@ fn expand(ciphers: u8) -> u8 {
 /// cipher bytes (both already checked by [`read_either`]).
 pub(super) fn choose(initiator: u8, responder: u8) -> Result<RecordCipher, SecureError> {
     let (initiator, responder) = (expand(initiator), expand(responder));
-    let common = initiator & responder & OFFER_MASK;
+    let common = u32::from(initiator & responder & OFFER_MASK);
+    // Codes are at most 15 (a nibble): the shift never overflows a u32.
     [responder >> 4, initiator >> 4]
         .into_iter()
         .chain(0..4)
-        .find(|code| common & (1 << code) != 0)
+        .find(|code| common & (1u32 << code) != 0)
         .and_then(RecordCipher::from_code)
         .ok_or(SecureError::NoCommonCipher {
             initiator: initiator & OFFER_MASK,
@@ -176,8 +177,8 @@ pub(super) fn read_either(
     }
     let ciphers = p[CIPHERS];
     let preferred = ciphers >> 4;
-    let known = RecordCipher::from_code(preferred).is_some();
-    if ciphers != 0 && (!known || ciphers & (1 << preferred) == 0) {
+    let offered = u32::from(ciphers) & (1u32 << preferred) != 0;
+    if ciphers != 0 && (RecordCipher::from_code(preferred).is_none() || !offered) {
         // Offers of ciphers we do not know are fine (a newer peer); its
         // preference must be among its offers.
         return Err(SecureError::Malformed("preamble cipher offer"));
@@ -226,6 +227,12 @@ mod tests {
         assert_eq!(choose(0x03, 0x13), Ok(CHACHA));
         assert_eq!(choose(0x13, 0x03), Ok(AES));
         assert_eq!(choose(offer(CHACHA), 0x01), Ok(AES));
+        // Any bytes at all: an answer or a typed error, never a panic.
+        for i in 0..=255u8 {
+            for r in 0..=255u8 {
+                let _ = choose(i, r);
+            }
+        }
         // Only the dialler's preference is common.
         assert_eq!(choose(0x02 | 1 << 4, 0x03 | 3 << 4), Ok(CHACHA));
         assert_eq!(
