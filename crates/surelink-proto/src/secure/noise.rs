@@ -169,8 +169,10 @@ impl Handshake {
     }
 
     /// Prefers `cipher` for the records (the default is
-    /// [`RecordCipher::fastest_here`]); both are always offered. Call
-    /// before the first [`Handshake::poll_transmit`].
+    /// [`RecordCipher::fastest_here`]): preferring ChaCha20-Poly1305 offers
+    /// both, preferring AES-256-GCM offers it alone, as earlier builds do
+    /// (see `preamble`). Call before the first
+    /// [`Handshake::poll_transmit`].
     pub fn prefer_cipher(&mut self, cipher: RecordCipher) {
         self.pre[CIPHERS] = preamble::offer(cipher);
         if self.out.starts_with(b"SLNK") && self.out.len() >= PREAMBLE_LEN {
